@@ -1,0 +1,290 @@
+"""Data-to-text: one subject's MEDS events as a readable, compressible record.
+
+Format (deterministic):
+
+    Age: 52 years
+    (1,204 earlier events omitted)
+    [static]
+    Gender: F
+    [2180-03-23 11:51]
+    Hematocrit (Blood): 32.7 %
+    Urine Color: Yellow
+    [13:05]
+    Heart Rate: 80 bpm (x2)
+
+- chronological, one line per event, events grouped under their timestamp; the date is written
+  when it changes (and on the first group shown), otherwise only the time;
+- a code is shown by its description from the codes metadata, else by a readable form of the
+  code itself (`LAB//220045//bpm` -> `Lab 220045`); a unit comes from the description's trailing
+  `[unit]` or from `LAB//<id>//<unit>` codes and is written after the value;
+- exact duplicates at one timestamp (same code, value and text) are shown once with `(xN)`;
+- only static events and events strictly before the prediction time are used (no leakage);
+- with a budget, the newest events are kept: static events first, then timed events from the
+  newest backwards. The budget is counted in ORIGINAL (base tokenizer) tokens and the final
+  text is re-counted, so the returned count is exact.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+import numpy as np
+
+from medtpe_core.meds import SubjectEvents
+
+STATIC_HEADER = "[static]"
+_BIRTH_CODE = "MEDS_BIRTH"
+_SPECIAL_CODES = {"MEDS_BIRTH": "Birth", "MEDS_DEATH": "Death"}
+_ACRONYMS = {"ICU", "ED", "DRG", "HCPCS", "ICD", "BMI", "MEDS", "ICD9", "ICD10"}
+_UNIT_IN_DESCRIPTION = re.compile(r"^(.*\S)\s+\[([^\[\]]+)\]$")
+
+
+class TokenEncoder(Protocol):
+    """What rendering needs from a tokenizer (`BaseTokenizer` fits)."""
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text, without special tokens added."""
+        ...
+
+
+class BudgetTooSmallError(ValueError):
+    """The token budget cannot hold even an empty record."""
+
+
+@dataclass(frozen=True)
+class RenderedRecord:
+    """A rendered record; `n_tokens` is its exact original-token count when an encoder was given."""
+
+    text: str
+    n_tokens: int | None
+    n_events_total: int
+    n_events_kept: int
+
+
+def describe_code(code: str, descriptions: Mapping[str, str]) -> tuple[str, str | None]:
+    """(label, unit) for a code: its metadata description, else a readable form of the code."""
+    parts = code.split("//")
+    unit = None
+    if len(parts) >= 3 and parts[1].isdigit() and parts[-1].strip() not in ("", "UNK"):
+        unit = parts[-1].strip()
+    description = descriptions.get(code)
+    if description:
+        match = _UNIT_IN_DESCRIPTION.match(description)
+        if match:
+            return match.group(1), unit or match.group(2)
+        return description, unit
+    if code in _SPECIAL_CODES:
+        return _SPECIAL_CODES[code], None
+    head = _humanise_head(parts[0])
+    rest = [_humanise_segment(p) for p in parts[1 : len(parts) - (1 if len(parts) >= 3 and parts[1].isdigit() else 0)]]
+    rest = [p for p in rest if p]
+    if not rest:
+        return head, unit
+    if len(rest) == 1 and rest[0].isdigit():
+        return f"{head} {rest[0]}", unit
+    return f"{head}: {' / '.join(rest)}", unit
+
+
+def _humanise_head(head: str) -> str:
+    if any(c.islower() for c in head):
+        return head.strip()
+    words = [w for w in head.split("_") if w]
+    if not words:
+        return head
+    shown = [w if w in _ACRONYMS else w.lower() for w in words]
+    if shown[0] not in _ACRONYMS:
+        shown[0] = shown[0].capitalize()
+    return " ".join(shown)
+
+
+def _humanise_segment(segment: str) -> str:
+    segment = segment.strip()
+    if segment == "UNK":
+        return ""
+    if segment.isupper() and (len(segment) > 5 or " " in segment):
+        return segment.lower()
+    return segment
+
+
+def format_value(value: float) -> str:
+    """Short, deterministic number: integers without decimals, else 6 significant digits."""
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.6g}"
+
+
+def _event_line(label: str, unit: str | None, value: float, text: str | None) -> str:
+    shown = []
+    if not np.isnan(value):
+        shown.append(format_value(value) + (f" {unit}" if unit else ""))
+    if text:
+        shown.append(text.replace("\n", " ").strip())
+    return f"{label}: {' '.join(shown)}" if shown else label
+
+
+def _age_line(events: SubjectEvents, prediction_time: datetime) -> str | None:
+    births = [t for t, c in zip(events.times, events.codes, strict=True) if c == _BIRTH_CODE and not np.isnat(t)]
+    if not births:
+        return None
+    days = (np.datetime64(prediction_time, "us") - births[0]) / np.timedelta64(1, "D")
+    return f"Age: {int(days // 365.25)} years"
+
+
+@dataclass
+class _Lines:
+    """Record lines before any budget: statics, then timed lines with their group index."""
+
+    statics: list[tuple[str, int]]  # (line, number of events it stands for)
+    timed: list[tuple[str, int]]
+    line_group: np.ndarray  # group index of each timed line
+    full_headers: list[str]  # "[YYYY-MM-DD HH:MM]" per group
+    natural_headers: list[str]  # full when the date changes, else "[HH:MM]"
+
+
+def _collect_lines(events: SubjectEvents, descriptions: Mapping[str, str]) -> _Lines:
+    cache: dict[str, tuple[str, str | None]] = {}
+    static = np.isnat(events.times)
+    statics: dict[str, int] = {}
+    timed: list[tuple[str, int]] = []
+    line_group: list[int] = []
+    full_headers: list[str] = []
+    natural_headers: list[str] = []
+    group: dict[str, int] = {}
+    previous_time = None
+    previous_date = None
+
+    def flush() -> None:
+        timed.extend(group.items())
+        line_group.extend([len(full_headers) - 1] * len(group))
+        group.clear()
+
+    for i, code in enumerate(events.codes):
+        if code not in cache:
+            cache[code] = describe_code(code, descriptions)
+        label, unit = cache[code]
+        line = _event_line(label, unit, events.numeric_values[i], events.text_values[i])
+        if static[i]:
+            statics[line] = statics.get(line, 0) + 1
+            continue
+        time = events.times[i]
+        if time != previous_time:
+            flush()
+            stamp = str(time.astype("datetime64[s]"))  # YYYY-MM-DDTHH:MM:SS
+            date, clock = stamp[:10], stamp[11:16] if stamp.endswith(":00") else stamp[11:19]
+            full_headers.append(f"[{date} {clock}]")
+            natural_headers.append(full_headers[-1] if date != previous_date else f"[{clock}]")
+            previous_time, previous_date = time, date
+        group[line] = group.get(line, 0) + 1
+    flush()
+    return _Lines(
+        statics=list(statics.items()),
+        timed=timed,
+        line_group=np.array(line_group, dtype=np.int64),
+        full_headers=full_headers,
+        natural_headers=natural_headers,
+    )
+
+
+def _shown(line: str, count: int) -> str:
+    return f"{line} (x{count})" if count > 1 else line
+
+
+def _assemble(lines: _Lines, n_static: int, start: int, preamble: list[str]) -> str:
+    """Text keeping the first `n_static` static lines and the timed lines from `start` on."""
+    out = list(preamble)
+    if n_static:
+        out.append(STATIC_HEADER)
+        out.extend(_shown(line, count) for line, count in lines.statics[:n_static])
+    previous_group = -1
+    for j in range(start, len(lines.timed)):
+        g = int(lines.line_group[j])
+        if g != previous_group:
+            out.append(lines.full_headers[g] if previous_group == -1 else lines.natural_headers[g])
+            previous_group = g
+        out.append(_shown(*lines.timed[j]))
+    return "\n".join(out)
+
+
+def render_record(
+    events: SubjectEvents,
+    descriptions: Mapping[str, str],
+    prediction_time: datetime | None = None,
+    encoder: TokenEncoder | None = None,
+    max_tokens: int | None = None,
+) -> RenderedRecord:
+    """Render `events` (static + strictly before `prediction_time`) as text.
+
+    With `max_tokens` (needs `encoder`, the ORIGINAL tokenizer) the newest events that fit are
+    kept and the returned `n_tokens` is the exact count of the returned text.
+    """
+    if prediction_time is not None:
+        events = events.before(prediction_time)
+    lines = _collect_lines(events, descriptions)
+    age = _age_line(events, prediction_time) if prediction_time is not None else None
+    n_total = len(events)
+    if max_tokens is None:
+        text = _assemble(lines, len(lines.statics), 0, [age] if age else [])
+        n_tokens = len(encoder.encode_batch([text])[0]) if encoder is not None else None
+        return RenderedRecord(text, n_tokens, n_total, n_total)
+    if encoder is None:
+        raise ValueError("a token budget needs the original tokenizer (encoder)")
+    return _fit(lines, age, n_total, encoder, max_tokens)
+
+
+def _omitted_line(n: int) -> str:
+    return f"({n:,} earlier events omitted)"
+
+
+def _fit(lines: _Lines, age: str | None, n_total: int, encoder: TokenEncoder, budget: int) -> RenderedRecord:
+    """Keep the newest lines whose text fits `budget` original tokens (see module docstring)."""
+    pieces = (
+        [line + "\n" for line in _shown_all(lines.statics)]
+        + [line + "\n" for line in _shown_all(lines.timed)]
+        + [h + "\n" for h in lines.full_headers]
+        + [h + "\n" for h in lines.natural_headers]
+        + [STATIC_HEADER + "\n", (age or "") + "\n", _omitted_line(n_total) + "\n"]
+    )
+    counts = np.array([len(ids) for ids in encoder.encode_batch(pieces)], dtype=np.int64)
+    n_s, n_t, n_g = len(lines.statics), len(lines.timed), len(lines.full_headers)
+    static_tok = counts[:n_s]
+    line_tok = counts[n_s : n_s + n_t]
+    full_tok = counts[n_s + n_t : n_s + n_t + n_g]
+    natural_tok = counts[n_s + n_t + n_g : n_s + n_t + 2 * n_g]
+    static_header_tok, age_tok, omitted_tok = counts[-3:]
+    fixed = (age_tok if age else 0) + omitted_tok  # the omission line is an upper bound
+    # cost of keeping timed lines start.. (start = n_t keeps none)
+    suffix_lines = np.append(np.cumsum(line_tok[::-1])[::-1], 0)
+    suffix_headers = np.append(np.cumsum(natural_tok[::-1])[::-1], 0)
+    timed_cost = np.zeros(n_t + 1, dtype=np.int64)
+    if n_t:
+        g = lines.line_group
+        timed_cost[:n_t] = suffix_lines[:n_t] + full_tok[g] + suffix_headers[g + 1]
+    static_cum = np.cumsum(np.concatenate([[0], static_tok])) + np.where(np.arange(n_s + 1) > 0, static_header_tok, 0)
+
+    target = budget
+    while True:
+        n_static = int(np.searchsorted(static_cum, target - fixed, side="right")) - 1
+        if n_static < 0:
+            raise BudgetTooSmallError(f"a budget of {budget} tokens cannot hold an empty record")
+        over = np.flatnonzero(fixed + static_cum[n_static] + timed_cost > target)
+        start = int(over[-1]) + 1 if over.size else 0
+        if n_static < n_s:
+            start = n_t  # static events come first: no timed event unless every static one fits
+        kept_timed = sum(count for _, count in lines.timed[start:])
+        kept = sum(count for _, count in lines.statics[:n_static]) + kept_timed
+        preamble = [age] if age else []
+        if kept < n_total:
+            preamble.append(_omitted_line(n_total - kept))
+        text = _assemble(lines, n_static, start, preamble)
+        n_tokens = len(encoder.encode_batch([text])[0])
+        if n_tokens <= budget:
+            return RenderedRecord(text, n_tokens, n_total, kept)
+        target -= n_tokens - budget  # BPE joins cost a few tokens more than the pieces: tighten
+
+
+def _shown_all(items: list[tuple[str, int]]) -> list[str]:
+    return [_shown(line, count) for line, count in items]
