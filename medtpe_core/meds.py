@@ -53,14 +53,26 @@ class MedsRecord(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    events: list[MedsEvent] = Field(max_length=MAX_EVENTS_PER_RECORD)
+    events: list[MedsEvent] = Field(max_length=MAX_EVENTS_PER_RECORD)  # shown in the JSON schema
+
+    @field_validator("events", mode="before")
+    @classmethod
+    def _cap_before_validation(cls, events: object) -> object:
+        # fail fast: do not validate a huge body event by event before rejecting it
+        if isinstance(events, list) and len(events) > MAX_EVENTS_PER_RECORD:
+            raise ValueError(
+                f"at most {MAX_EVENTS_PER_RECORD} events per record, got {len(events)}"
+            )
+        return events
 
     @field_validator("events")
     @classmethod
     def _one_subject(cls, events: list[MedsEvent]) -> list[MedsEvent]:
         subjects = {event.subject_id for event in events}
         if len(subjects) > 1:
-            raise ValueError(f"events of one subject expected, got subject_ids {sorted(subjects)[:5]}")
+            raise ValueError(
+                f"events of one subject expected, got subject_ids {sorted(subjects)[:5]}"
+            )
         return events
 
     def to_subject_events(self) -> SubjectEvents:
@@ -102,7 +114,10 @@ class SubjectEvents:
         """Build from validated events, sorting them by time (stable, static events first)."""
         subject_id = events[0].subject_id if events else 0
         times = np.array(
-            [np.datetime64(e.time, "us") if e.time is not None else np.datetime64("NaT") for e in events],
+            [
+                np.datetime64(e.time, "us") if e.time is not None else np.datetime64("NaT")
+                for e in events
+            ],
             dtype="datetime64[us]",
         )
         values = np.array(

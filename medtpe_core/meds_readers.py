@@ -38,7 +38,9 @@ def _parquet_files(path: Path) -> list[Path]:
     return files
 
 
-def _read_aligned(files: list[Path], schema: type[meds.DataSchema] | type[meds.LabelSchema]) -> pa.Table:
+def _read_aligned(
+    files: list[Path], schema: type[meds.DataSchema] | type[meds.LabelSchema]
+) -> pa.Table:
     tables = []
     for file in files:
         try:
@@ -60,13 +62,17 @@ def _require_finite(values: np.ndarray, column: str, where: Path) -> None:
     bad = np.isinf(values) | np.isnan(values)
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
-        raise MedsFormatError(f"{where}: column '{column}' has non-finite value {values[row]} at row {row}")
+        raise MedsFormatError(
+            f"{where}: column '{column}' has non-finite value {values[row]} at row {row}"
+        )
 
 
 class MedsDataset:
     """A MEDS dataset directory held as sorted columns, grouped by subject."""
 
-    def __init__(self, root: Path, table: pa.Table, descriptions: dict[str, str], metadata: dict[str, Any]):
+    def __init__(
+        self, root: Path, table: pa.Table, descriptions: dict[str, str], metadata: dict[str, Any]
+    ):
         self.root = root
         self.descriptions = descriptions
         self.metadata = metadata
@@ -79,11 +85,15 @@ class MedsDataset:
         self._codes = table.column("code").to_pylist()
         values = pc.fill_null(table.column("numeric_value").cast(pa.float64()), np.nan).to_numpy()
         # non-finite check on present values only (nulls became NaN just above)
-        present = ~np.asarray(table.column("numeric_value").is_null().to_numpy(zero_copy_only=False))
+        present = ~np.asarray(
+            table.column("numeric_value").is_null().to_numpy(zero_copy_only=False)
+        )
         _require_finite(values[present], "numeric_value", root)
         self._values = values
         self._texts: list[str | None] = (
-            table.column("text_value").to_pylist() if "text_value" in table.column_names else [None] * len(subjects)
+            table.column("text_value").to_pylist()
+            if "text_value" in table.column_names
+            else [None] * len(subjects)
         )
         ids, starts = np.unique(subjects, return_index=True)
         ends = np.append(starts[1:], len(subjects))
@@ -95,7 +105,9 @@ class MedsDataset:
         root = Path(root)
         data_dir = root / meds.data_subdirectory
         if not data_dir.is_dir():
-            raise MedsFormatError(f"{root}: no '{meds.data_subdirectory}/' directory (not a MEDS dataset)")
+            raise MedsFormatError(
+                f"{root}: no '{meds.data_subdirectory}/' directory (not a MEDS dataset)"
+            )
         table = _read_aligned(_parquet_files(data_dir), meds.DataSchema)
         _require_non_null(table, "subject_id", data_dir)
         _require_non_null(table, "code", data_dir)
@@ -134,10 +146,14 @@ def read_code_descriptions(root: str | Path) -> dict[str, str]:
     try:
         table = pq.read_table(path, columns=["code", "description"])
     except (OSError, pa.ArrowInvalid, KeyError) as exc:
-        raise MedsFormatError(f"{path}: needs string columns 'code' and 'description' ({exc})") from exc
+        raise MedsFormatError(
+            f"{path}: needs string columns 'code' and 'description' ({exc})"
+        ) from exc
     return {
         code: desc
-        for code, desc in zip(table.column("code").to_pylist(), table.column("description").to_pylist(), strict=True)
+        for code, desc in zip(
+            table.column("code").to_pylist(), table.column("description").to_pylist(), strict=True
+        )
         if code is not None and desc
     }
 
@@ -158,7 +174,7 @@ def read_dataset_metadata(root: str | Path) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class LabelRow:
-    """One row of a MEDS label file; `value` is the first non-null value column (None if none)."""
+    """One row of a MEDS label file; `value` is its value column's entry (None if it has none)."""
 
     subject_id: int
     prediction_time: datetime
@@ -175,7 +191,9 @@ def read_labels(path: str | Path) -> list[LabelRow]:
         floats = table.column("float_value")
         present = floats.filter(floats.is_valid()).cast(pa.float64()).to_numpy()
         _require_finite(present, "float_value", path)
-    value_columns = [table.column(c).to_pylist() for c in LABEL_VALUE_COLUMNS if c in table.column_names]
+    value_columns = [
+        table.column(c).to_pylist() for c in LABEL_VALUE_COLUMNS if c in table.column_names
+    ]
     subjects = table.column("subject_id").to_pylist()
     times = table.column("prediction_time").to_pylist()
     rows = []

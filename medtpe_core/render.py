@@ -80,7 +80,10 @@ def describe_code(code: str, descriptions: Mapping[str, str]) -> tuple[str, str 
     if code in _SPECIAL_CODES:
         return _SPECIAL_CODES[code], None
     head = _humanise_head(parts[0])
-    rest = [_humanise_segment(p) for p in parts[1 : len(parts) - (1 if len(parts) >= 3 and parts[1].isdigit() else 0)]]
+    rest = [
+        _humanise_segment(p)
+        for p in parts[1 : len(parts) - (1 if len(parts) >= 3 and parts[1].isdigit() else 0)]
+    ]
     rest = [p for p in rest if p]
     if not rest:
         return head, unit
@@ -127,7 +130,11 @@ def _event_line(label: str, unit: str | None, value: float, text: str | None) ->
 
 
 def _age_line(events: SubjectEvents, prediction_time: datetime) -> str | None:
-    births = [t for t, c in zip(events.times, events.codes, strict=True) if c == _BIRTH_CODE and not np.isnat(t)]
+    births = [
+        t
+        for t, c in zip(events.times, events.codes, strict=True)
+        if c == _BIRTH_CODE and not np.isnat(t)
+    ]
     if not births:
         return None
     days = (np.datetime64(prediction_time, "us") - births[0]) / np.timedelta64(1, "D")
@@ -239,7 +246,9 @@ def _omitted_line(n: int) -> str:
     return f"({n:,} earlier events omitted)"
 
 
-def _fit(lines: _Lines, age: str | None, n_total: int, encoder: TokenEncoder, budget: int) -> RenderedRecord:
+def _fit(
+    lines: _Lines, age: str | None, n_total: int, encoder: TokenEncoder, budget: int
+) -> RenderedRecord:
     """Keep the newest lines whose text fits `budget` original tokens (see module docstring)."""
     pieces = (
         [line + "\n" for line in _shown_all(lines.statics)]
@@ -263,7 +272,9 @@ def _fit(lines: _Lines, age: str | None, n_total: int, encoder: TokenEncoder, bu
     if n_t:
         g = lines.line_group
         timed_cost[:n_t] = suffix_lines[:n_t] + full_tok[g] + suffix_headers[g + 1]
-    static_cum = np.cumsum(np.concatenate([[0], static_tok])) + np.where(np.arange(n_s + 1) > 0, static_header_tok, 0)
+    static_cum = np.cumsum(np.concatenate([[0], static_tok])) + np.where(
+        np.arange(n_s + 1) > 0, static_header_tok, 0
+    )
 
     target = budget
     while True:

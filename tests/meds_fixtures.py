@@ -1,0 +1,148 @@
+"""Project-owned MEDS fixtures: a small synthetic dataset written with pyarrow, and a small
+byte-level BPE tokenizer trained on its rendered text (standing in for a base tokenizer)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+T0 = datetime(2150, 3, 1, 8, 0)
+PREDICTION_TIME = T0 + timedelta(hours=24)
+
+DESCRIPTIONS = {
+    "LAB//220045//bpm": "Heart Rate [bpm]",
+    "LAB//50912//mg/dL": "Creatinine (Blood) [mg/dL]",
+    "LAB//220210//insp/min": "Respiratory Rate [insp/min]",
+    "DIAGNOSIS//ICD//9//4019": "Diagnosis: Unspecified essential hypertension",
+    "MEDICATION//START//Heparin": "Medication: START Heparin",
+}
+
+DATA_SCHEMA = pa.schema(
+    [
+        ("subject_id", pa.int64()),
+        ("time", pa.timestamp("us")),
+        ("code", pa.string()),
+        ("numeric_value", pa.float32()),
+        ("text_value", pa.large_string()),
+    ]
+)
+
+
+def subject_rows(subject_id: int, hours: int = 30) -> list[dict]:
+    """Events of one synthetic ICU subject: statics, birth, diagnosis, hourly vitals, labs."""
+    rows = [
+        {"subject_id": subject_id, "time": None, "code": "GENDER//F"},
+        {"subject_id": subject_id, "time": datetime(2090, 1, 1), "code": "MEDS_BIRTH"},
+        {
+            "subject_id": subject_id,
+            "time": T0 - timedelta(days=3),
+            "code": "DIAGNOSIS//ICD//9//4019",
+        },
+        {
+            "subject_id": subject_id,
+            "time": T0,
+            "code": "ICU_ADMISSION//Medical Intensive Care Unit (MICU)",
+        },
+        {"subject_id": subject_id, "time": T0, "code": "MEDICATION//START//Heparin"},
+    ]
+    for h in range(hours):
+        time = T0 + timedelta(hours=h, minutes=30)
+        rows.append(
+            {
+                "subject_id": subject_id,
+                "time": time,
+                "code": "LAB//220045//bpm",
+                "numeric_value": 70.0 + h,
+            }
+        )
+        rows.append(
+            {
+                "subject_id": subject_id,
+                "time": time,
+                "code": "LAB//220210//insp/min",
+                "numeric_value": 18.0,
+            }
+        )
+        if h % 6 == 0:
+            rows.append(
+                {
+                    "subject_id": subject_id,
+                    "time": time,
+                    "code": "LAB//50912//mg/dL",
+                    "numeric_value": 1.1 + h / 10,
+                }
+            )
+            rows.append(
+                {
+                    "subject_id": subject_id,
+                    "time": time,
+                    "code": "LAB//51003//ng/mL",
+                    "text_value": "<0.01",
+                }
+            )
+    return rows
+
+
+def write_table(path: Path, rows: list[dict], schema: pa.Schema = DATA_SCHEMA) -> None:
+    """Write rows (missing keys become nulls) as a parquet file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    columns = {name: [row.get(name) for row in rows] for name in schema.names}
+    pq.write_table(pa.table(columns, schema=schema), path)
+
+
+def write_meds_dataset(root: Path, subjects: tuple[int, ...] = (1, 2, 3), hours: int = 30) -> Path:
+    """A MEDS dataset dir: two data shards (rows shuffled), codes metadata, dataset.json, labels."""
+    rows = [row for s in subjects for row in subject_rows(s, hours)]
+    rows = rows[::-1]  # out of order on purpose: the reader must sort
+    half = len(rows) // 2
+    write_table(root / "data" / "train" / "0.parquet", rows[:half])
+    write_table(root / "data" / "train" / "1.parquet", rows[half:])
+    codes = pa.table({"code": list(DESCRIPTIONS), "description": list(DESCRIPTIONS.values())})
+    (root / "metadata").mkdir(parents=True, exist_ok=True)
+    pq.write_table(codes, root / "metadata" / "codes.parquet")
+    (root / "metadata" / "dataset.json").write_text(json.dumps({"dataset_name": "synthetic"}))
+    labels = pa.table(
+        {
+            "subject_id": pa.array(list(subjects), pa.int64()),
+            "prediction_time": pa.array([PREDICTION_TIME] * len(subjects), pa.timestamp("us")),
+            "boolean_value": pa.array([s % 2 == 0 for s in subjects], pa.bool_()),
+        }
+    )
+    (root / "labels").mkdir(parents=True, exist_ok=True)
+    pq.write_table(labels, root / "labels" / "icu_mortality.parquet")
+    return root
+
+
+class TokenizerEncoder:
+    """`encode_batch` over a `tokenizers.Tokenizer` without special tokens (as `BaseTokenizer`)."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text."""
+        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of one text."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def train_tokenizer(texts: list[str], vocab_size: int = 400) -> TokenizerEncoder:
+    """A small byte-level BPE tokenizer (GPT-2 style pre-tokenisation, like SmolLM2's)."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return TokenizerEncoder(tokenizer)

@@ -1,0 +1,153 @@
+"""MEDS event models: validation errors name the field; documented normalisations."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta, timezone
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from medtpe_core.meds import MAX_EVENTS_PER_RECORD, MedsEvent, MedsRecord, SubjectEvents
+
+GOOD = {
+    "subject_id": 7,
+    "time": "2150-03-01T08:00:00",
+    "code": "LAB//220045//bpm",
+    "numeric_value": 80,
+}
+
+
+def error_locs(exc: ValidationError) -> list[tuple]:
+    return [e["loc"] for e in exc.errors()]
+
+
+def test_valid_event_from_json_and_static_event():
+    event = MedsEvent.model_validate_json(
+        '{"subject_id": 7, "time": "2150-03-01T08:00:00", "code": "X", '
+        '"numeric_value": 1.5, "text_value": "a"}'
+    )
+    assert (
+        event.time == datetime(2150, 3, 1, 8)
+        and event.numeric_value == 1.5
+        and event.text_value == "a"
+    )
+    static = MedsEvent(subject_id=7, time=None, code="GENDER//F")
+    assert static.time is None and static.numeric_value is None
+
+
+@pytest.mark.parametrize(
+    ("change", "loc"),
+    [
+        ({"code": None}, ("code",)),
+        ({"code": ""}, ("code",)),
+        ({"subject_id": "seven"}, ("subject_id",)),
+        ({"subject_id": "7"}, ("subject_id",)),  # strict: a string is not an id
+        ({"subject_id": 7.5}, ("subject_id",)),
+        ({"time": "yesterday"}, ("time",)),
+        ({"time": "2150-13-45T00:00:00"}, ("time",)),
+        ({"numeric_value": "high"}, ("numeric_value",)),
+        ({"numeric_value": math.nan}, ("numeric_value",)),
+        ({"numeric_value": math.inf}, ("numeric_value",)),
+        ({"numeric_value": -math.inf}, ("numeric_value",)),
+        ({"text_value": 5}, ("text_value",)),
+        ({"numeric_val": 3}, ("numeric_val",)),  # a typo is an error, not silently dropped
+    ],
+)
+def test_bad_fields_name_the_field(change, loc):
+    with pytest.raises(ValidationError) as info:
+        MedsEvent.model_validate({**GOOD, **change})
+    assert loc in error_locs(info.value)
+
+
+@pytest.mark.parametrize("field", ["subject_id", "time", "code"])
+def test_missing_required_field(field):
+    data = {k: v for k, v in GOOD.items() if k != field}
+    with pytest.raises(ValidationError) as info:
+        MedsEvent.model_validate(data)
+    assert (field,) in error_locs(info.value)
+
+
+def test_non_finite_in_json_body():
+    with pytest.raises(ValidationError) as info:
+        MedsEvent.model_validate_json(
+            '{"subject_id": 1, "time": null, "code": "A", "numeric_value": NaN}'
+        )
+    assert ("numeric_value",) in error_locs(info.value)
+
+
+def test_timezone_aware_time_becomes_naive_utc():
+    event = MedsEvent(
+        subject_id=1, time=datetime(2150, 1, 1, 10, tzinfo=timezone(timedelta(hours=2))), code="A"
+    )
+    assert event.time == datetime(2150, 1, 1, 8) and event.time.tzinfo is None
+    assert (
+        MedsEvent(subject_id=1, time=datetime(2150, 1, 1, tzinfo=UTC), code="A").time.tzinfo is None
+    )
+
+
+def test_record_sorts_events_stably_static_first():
+    events = [
+        {"subject_id": 1, "time": "2150-01-02T00:00:00", "code": "late"},
+        {"subject_id": 1, "time": "2150-01-01T00:00:00", "code": "early-1"},
+        {"subject_id": 1, "time": None, "code": "static"},
+        {"subject_id": 1, "time": "2150-01-01T00:00:00", "code": "early-2"},
+        {
+            "subject_id": 1,
+            "time": "2150-01-01T00:00:00",
+            "code": "early-1",
+        },  # exact duplicate: kept
+    ]
+    columns = MedsRecord.model_validate({"events": events}).to_subject_events()
+    assert list(columns.codes) == ["static", "early-1", "early-2", "early-1", "late"]
+    assert np.isnat(columns.times[0]) and len(columns) == 5
+
+
+def test_record_rejects_several_subjects():
+    events = [{**GOOD, "subject_id": 1}, {**GOOD, "subject_id": 2}]
+    with pytest.raises(ValidationError) as info:
+        MedsRecord.model_validate({"events": events})
+    assert ("events",) in error_locs(info.value)
+
+
+def test_record_event_errors_carry_the_event_index():
+    events = [GOOD, {**GOOD, "time": "not a time"}]
+    with pytest.raises(ValidationError) as info:
+        MedsRecord.model_validate({"events": events})
+    assert ("events", 1, "time") in error_locs(info.value)
+
+
+def test_record_hard_cap_on_event_count():
+    with pytest.raises(ValidationError) as info:
+        MedsRecord.model_validate({"events": [GOOD] * (MAX_EVENTS_PER_RECORD + 1)})
+    assert ("events",) in error_locs(info.value)
+    assert str(MAX_EVENTS_PER_RECORD) in str(info.value)
+
+
+def test_subject_events_before_excludes_prediction_time_itself():
+    events = SubjectEvents.from_events(
+        [
+            MedsEvent(subject_id=1, time=None, code="static"),
+            MedsEvent(subject_id=1, time=datetime(2150, 1, 1, 9, 59), code="before"),
+            MedsEvent(subject_id=1, time=datetime(2150, 1, 1, 10), code="at"),
+            MedsEvent(subject_id=1, time=datetime(2150, 1, 1, 11), code="after"),
+        ]
+    )
+    assert list(events.before(datetime(2150, 1, 1, 10)).codes) == ["static", "before"]
+
+
+def test_models_work_as_fastapi_request_bodies():
+    fastapi = pytest.importorskip("fastapi")
+    testclient = pytest.importorskip("fastapi.testclient")
+    app = fastapi.FastAPI()
+
+    @app.post("/echo")
+    def echo(record: MedsRecord) -> dict:
+        return {"n": len(record.events)}
+
+    client = testclient.TestClient(app)
+    assert client.post("/echo", json={"events": [GOOD]}).json() == {"n": 1}
+    response = client.post("/echo", json={"events": [{**GOOD, "numeric_value": "high"}]})
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == ["body", "events", 0, "numeric_value"]
