@@ -11,6 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from medtpe_core.base_tokenizer import BaseTokenizer
+
 T0 = datetime(2150, 3, 1, 8, 0)
 PREDICTION_TIME = T0 + timedelta(hours=24)
 
@@ -118,22 +120,7 @@ def write_meds_dataset(root: Path, subjects: tuple[int, ...] = (1, 2, 3), hours:
     return root
 
 
-class TokenizerEncoder:
-    """`encode_batch` over a `tokenizers.Tokenizer` without special tokens (as `BaseTokenizer`)."""
-
-    def __init__(self, tokenizer: Tokenizer):
-        self.tokenizer = tokenizer
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of each text."""
-        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
-
-    def encode(self, text: str) -> list[int]:
-        """Token ids of one text."""
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
-
-
-def train_tokenizer(texts: list[str], vocab_size: int = 400) -> TokenizerEncoder:
+def train_tokenizer(texts: list[str], vocab_size: int = 400) -> BaseTokenizer:
     """A small byte-level BPE tokenizer (GPT-2 style pre-tokenisation, like SmolLM2's)."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -145,4 +132,4 @@ def train_tokenizer(texts: list[str], vocab_size: int = 400) -> TokenizerEncoder
         show_progress=False,
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
-    return TokenizerEncoder(tokenizer)
+    return BaseTokenizer.from_json_obj(json.loads(tokenizer.to_str()), fingerprint="test")

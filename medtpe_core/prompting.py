@@ -1,0 +1,83 @@
+"""Task prompt for one record: rendered events inside the task's user message, through the
+model's chat template, within an input budget counted in ORIGINAL tokenizer tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from medtpe_core.base_tokenizer import BaseTokenizer
+from medtpe_core.chat_template import ChatTemplate
+from medtpe_core.meds import MedsEvent, SubjectEvents, to_naive_utc
+from medtpe_core.render import BudgetTooSmallError, render_record
+from medtpe_core.tasks import Task, get_task
+
+DEFAULT_MAX_INPUT_TOKENS = 8192
+_MAX_FIT_ROUNDS = 4
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """The final prompt text (chat template applied) and what went into it."""
+
+    text: str
+    record_text: str
+    n_tokens_original: int
+    n_events_total: int
+    n_events_kept: int
+
+
+def format_time(time: datetime) -> str:
+    """`YYYY-MM-DD HH:MM` (seconds only when present), as in the rendered record."""
+    return time.strftime(
+        "%Y-%m-%d %H:%M:%S" if time.second or time.microsecond else "%Y-%m-%d %H:%M"
+    )
+
+
+def build_prompt(
+    task: Task | str,
+    events: SubjectEvents | Sequence[MedsEvent],
+    prediction_time: datetime | None,
+    base_tokenizer: BaseTokenizer,
+    chat_template: ChatTemplate,
+    max_input_tokens: int = DEFAULT_MAX_INPUT_TOKENS,
+    descriptions: Mapping[str, str] | None = None,
+) -> Prompt:
+    """Prompt whose whole text is at most `max_input_tokens` original tokens; the newest events
+    that fit are kept. `prediction_time=None` uses every event (and states no prediction time)."""
+    task = get_task(task) if isinstance(task, str) else task
+    if not isinstance(events, SubjectEvents):
+        events = SubjectEvents.from_events(list(events))
+    if prediction_time is not None:
+        prediction_time = to_naive_utc(prediction_time)
+    when = format_time(prediction_time) if prediction_time is not None else None
+
+    def prompt_text(record_text: str) -> str:
+        messages = [{"role": "user", "content": task.user_message(record_text, when)}]
+        if task.system_prompt:
+            messages.insert(0, {"role": "system", "content": task.system_prompt})
+        return chat_template.render(messages, add_generation_prompt=True)
+
+    def count(text: str) -> int:  # the chat template's special tokens count as one token each
+        return len(base_tokenizer.encode(text, special_tokens=True))
+
+    shell_tokens = count(prompt_text(""))
+    too_small = BudgetTooSmallError(
+        f"max_input_tokens={max_input_tokens} cannot hold the {task.name} prompt "
+        f"({shell_tokens} tokens without a record)"
+    )
+    budget = max_input_tokens - shell_tokens
+    for _ in range(_MAX_FIT_ROUNDS):
+        try:
+            record = render_record(
+                events, descriptions or {}, prediction_time, base_tokenizer, budget
+            )
+        except BudgetTooSmallError as exc:
+            raise too_small from exc
+        text = prompt_text(record.text)
+        n_tokens = count(text)
+        if n_tokens <= max_input_tokens:
+            return Prompt(text, record.text, n_tokens, record.n_events_total, record.n_events_kept)
+        budget -= n_tokens - max_input_tokens  # joins at the record's edges cost a token or two
+    raise too_small

@@ -1,0 +1,96 @@
+"""build_prompt: the task prompt in the chat template, within the original-token budget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from meds_fixtures import PREDICTION_TIME, train_tokenizer, write_meds_dataset
+
+from medtpe_core.chat_template import ChatTemplate
+from medtpe_core.meds import MedsRecord
+from medtpe_core.meds_readers import MedsDataset
+from medtpe_core.prompting import build_prompt
+from medtpe_core.render import BudgetTooSmallError, render_record
+from medtpe_core.tasks import UnknownTaskError, get_task
+
+SMOLLM2_DIR = Path(__file__).parent / "fixtures" / "smollm2"
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return MedsDataset.load(write_meds_dataset(tmp_path_factory.mktemp("meds")))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(dataset):
+    return train_tokenizer([render_record(s, dataset.descriptions).text for s in dataset])
+
+
+@pytest.fixture(scope="module")
+def template():
+    return ChatTemplate.from_model_dir(SMOLLM2_DIR)
+
+
+def test_prompt_fits_budget_and_keeps_newest(dataset, tokenizer, template):
+    events = dataset.events(1)
+    for budget in (600, 800, 1100):
+        prompt = build_prompt(
+            "icu_mortality",
+            events,
+            PREDICTION_TIME,
+            tokenizer,
+            template,
+            budget,
+            dataset.descriptions,
+        )
+        assert prompt.n_tokens_original == len(tokenizer.encode(prompt.text, special_tokens=True))
+        assert budget - 40 < prompt.n_tokens_original <= budget
+        assert prompt.record_text in prompt.text
+        assert prompt.text.endswith("<|im_start|>assistant\n")
+        assert "Prediction time: 2150-03-02 08:00" in prompt.text
+        assert prompt.n_events_kept < prompt.n_events_total
+        assert prompt.record_text.endswith("Heart Rate: 93 bpm")
+
+
+def test_whole_record_when_it_fits(dataset, tokenizer, template):
+    prompt = build_prompt(
+        get_task("phenotyping"),
+        dataset.events(2),
+        PREDICTION_TIME,
+        tokenizer,
+        template,
+        8192,
+        dataset.descriptions,
+    )
+    assert prompt.n_events_kept == prompt.n_events_total
+    assert "Y. Shock" in prompt.text
+
+
+def test_prompt_from_request_events(tokenizer, template):
+    record = MedsRecord.model_validate(
+        {
+            "events": [
+                {
+                    "subject_id": 9,
+                    "time": "2150-01-01T10:00:00",
+                    "code": "LAB//220045//bpm",
+                    "numeric_value": 88,
+                },
+                {"subject_id": 9, "time": None, "code": "GENDER//M"},
+            ]
+        }
+    )
+    prompt = build_prompt("icu_mortality", record.events, None, tokenizer, template, 2000)
+    assert "[static]\nGender: M\n[2150-01-01 10:00]\nLab 220045: 88 bpm" in prompt.text
+    assert "Prediction time" not in prompt.text and prompt.n_events_kept == 2
+
+
+def test_budget_too_small_for_the_prompt(dataset, tokenizer, template):
+    with pytest.raises(BudgetTooSmallError, match="max_input_tokens"):
+        build_prompt("icu_mortality", dataset.events(1), PREDICTION_TIME, tokenizer, template, 50)
+
+
+def test_unknown_task(dataset, tokenizer, template):
+    with pytest.raises(UnknownTaskError):
+        build_prompt("nope", dataset.events(1), PREDICTION_TIME, tokenizer, template, 2000)
