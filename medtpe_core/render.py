@@ -250,6 +250,8 @@ def _fit(
     lines: _Lines, age: str | None, n_total: int, encoder: TokenEncoder, budget: int
 ) -> RenderedRecord:
     """Keep the newest lines whose text fits `budget` original tokens (see module docstring)."""
+    count = _PieceCounter(encoder)
+    lines = _newest(lines, _candidate_lines(lines, count, budget))
     pieces = (
         [line + "\n" for line in _shown_all(lines.statics)]
         + [line + "\n" for line in _shown_all(lines.timed)]
@@ -257,7 +259,7 @@ def _fit(
         + [h + "\n" for h in lines.natural_headers]
         + [STATIC_HEADER + "\n", (age or "") + "\n", _omitted_line(n_total) + "\n"]
     )
-    counts = np.array([len(ids) for ids in encoder.encode_batch(pieces)], dtype=np.int64)
+    counts = count(pieces)
     n_s, n_t, n_g = len(lines.statics), len(lines.timed), len(lines.full_headers)
     static_tok = counts[:n_s]
     line_tok = counts[n_s : n_s + n_t]
@@ -295,6 +297,49 @@ def _fit(
         if n_tokens <= budget:
             return RenderedRecord(text, n_tokens, n_total, kept)
         target -= n_tokens - budget  # BPE joins cost a few tokens more than the pieces: tighten
+
+
+class _PieceCounter:
+    """Token counts of text pieces; lines and headers repeat a lot, so each is encoded once."""
+
+    def __init__(self, encoder: TokenEncoder):
+        self.encoder = encoder
+        self.known: dict[str, int] = {}
+
+    def __call__(self, pieces: list[str]) -> np.ndarray:
+        missing = [p for p in dict.fromkeys(pieces) if p not in self.known]
+        if missing:
+            ids = self.encoder.encode_batch(missing)
+            self.known.update(zip(missing, map(len, ids), strict=True))
+        return np.array([self.known[p] for p in pieces], dtype=np.int64)
+
+
+def _candidate_lines(lines: _Lines, count: _PieceCounter, budget: int) -> int:
+    """How many newest timed lines can matter: a window from the newest end, doubled until its
+    lines alone exceed the budget (a line costs at least one token, so `budget` bounds it)."""
+    n_t = len(lines.timed)
+    window = min(256, n_t)
+    while window < n_t and window < budget:
+        tail = [line + "\n" for line in _shown_all(lines.timed[n_t - window :])]
+        if count(tail).sum() > budget:
+            break
+        window *= 2
+    return max(0, min(window, n_t, budget))
+
+
+def _newest(lines: _Lines, n: int) -> _Lines:
+    """Only the newest `n` timed lines: every line costs at least one token, so no more can fit."""
+    first = max(0, len(lines.timed) - n)
+    if first == 0:
+        return lines
+    group0 = int(lines.line_group[first]) if first < len(lines.timed) else len(lines.full_headers)
+    return _Lines(
+        statics=lines.statics,
+        timed=lines.timed[first:],
+        line_group=lines.line_group[first:] - group0,
+        full_headers=lines.full_headers[group0:],
+        natural_headers=lines.natural_headers[group0:],
+    )
 
 
 def _shown_all(items: list[tuple[str, int]]) -> list[str]:

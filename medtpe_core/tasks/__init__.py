@@ -2,12 +2,13 @@
 
 A user adds a task without code: a YAML or JSON file with the fields of `Task`, either loaded
 with `load_task_file(path)` or placed in a directory named by `MEDTPE_TASKS_DIR` (several
-directories separated by the OS path separator). A user task with a built-in task's name
-replaces it.
+directories separated by the OS path separator; read once per process). A user task with a
+built-in task's name replaces it.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -57,14 +58,19 @@ def load_task_file(path: str | Path) -> Task:
         raise TaskFileError(f"{path}: invalid task: {exc}") from exc
 
 
-def _task_dirs() -> list[Path]:
-    extra = os.environ.get(TASKS_DIR_ENV, "")
+def _task_dirs(extra: str) -> list[Path]:
     return [_BUILTIN_DIR, *(Path(p).expanduser() for p in extra.split(os.pathsep) if p)]
 
 
 def _registry() -> dict[str, Task]:
+    return _load_registry(os.environ.get(TASKS_DIR_ENV, ""))
+
+
+@functools.lru_cache(maxsize=8)
+def _load_registry(extra_dirs: str) -> dict[str, Task]:
+    """Tasks of the built-in and `extra_dirs` directories, read once per process and setting."""
     tasks: dict[str, Task] = {}
-    for directory in _task_dirs():
+    for directory in _task_dirs(extra_dirs):
         if not directory.is_dir():
             raise TaskFileError(f"{TASKS_DIR_ENV} names {directory}, which is not a directory")
         for path in sorted(p for p in directory.iterdir() if p.suffix in _SUFFIXES):
