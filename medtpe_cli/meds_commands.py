@@ -1,0 +1,126 @@
+"""`medtpe render`: MEDS dataset + label file -> one JSON line per label row (record and prompt)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from medtpe_core.prompting import DEFAULT_MAX_INPUT_TOKENS
+
+
+@click.command("render")
+@click.option(
+    "--meds",
+    "meds_dir",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="MEDS dataset directory (data/, metadata/).",
+)
+@click.option(
+    "--labels",
+    "labels_path",
+    required=True,
+    type=click.Path(exists=True, path_type=Path),
+    help="MEDS label file (or a directory of them).",
+)
+@click.option(
+    "--task",
+    "task_name",
+    required=True,
+    help="Task name (see medtpe_core/tasks, $MEDTPE_TASKS_DIR).",
+)
+@click.option(
+    "--base",
+    "base_path",
+    required=True,
+    type=click.Path(exists=True, path_type=Path),
+    help="Base tokenizer: a tokenizer.json or a model dir (its chat template is used too).",
+)
+@click.option(
+    "--chat-template",
+    "template_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Model dir whose chat template to use (default: --base if a dir, else the default model).",
+)
+@click.option(
+    "--max-input-tokens",
+    default=DEFAULT_MAX_INPUT_TOKENS,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Whole-prompt budget in ORIGINAL tokenizer tokens.",
+)
+@click.option(
+    "--out",
+    "out_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Output JSON-lines file.",
+)
+def render(
+    meds_dir: Path,
+    labels_path: Path,
+    task_name: str,
+    base_path: Path,
+    template_dir: Path | None,
+    max_input_tokens: int,
+    out_path: Path,
+) -> None:
+    """Render each label row's record and prompt (events strictly before its prediction time)."""
+    from tqdm import tqdm
+
+    from medtpe_core.base_tokenizer import BaseTokenizer
+    from medtpe_core.chat_template import ChatTemplate
+    from medtpe_core.meds_readers import MedsDataset, read_labels
+    from medtpe_core.paths import default_model_dir
+    from medtpe_core.prompting import build_prompt
+    from medtpe_core.tasks import UnknownTaskError, get_task
+
+    try:
+        task = get_task(task_name)
+    except UnknownTaskError as exc:
+        raise click.BadParameter(str(exc), param_hint="--task") from exc
+    tokenizer = BaseTokenizer.load(base_path)
+    template = ChatTemplate.from_model_dir(
+        template_dir or (base_path if base_path.is_dir() else default_model_dir())
+    )
+    dataset = MedsDataset.load(meds_dir)
+    rows = read_labels(labels_path)
+    known = set(dataset.subject_ids)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with out_path.open("w", encoding="utf-8") as out:
+        for i, row in enumerate(tqdm(rows, desc="render", unit="record")):
+            if row.subject_id not in known:
+                raise click.ClickException(
+                    f"label row {i}: subject {row.subject_id} is not in {meds_dir}"
+                )
+            try:
+                label = task.parse_label(row.value) if row.value is not None else None
+            except ValueError as exc:
+                raise click.ClickException(f"label row {i}: {exc}") from exc
+            prompt = build_prompt(
+                task,
+                dataset.events(row.subject_id),
+                row.prediction_time,
+                tokenizer,
+                template,
+                max_input_tokens,
+                dataset.descriptions,
+            )
+            line = {
+                "subject_id": row.subject_id,
+                "prediction_time": row.prediction_time.isoformat(),
+                "label": label,
+                "text": prompt.record_text,
+                "prompt": prompt.text,
+                "n_tokens_original": prompt.n_tokens_original,
+                "n_events_total": prompt.n_events_total,
+                "n_events_kept": prompt.n_events_kept,
+            }
+            out.write(json.dumps(line, ensure_ascii=False) + "\n")
+    click.echo(f"wrote {len(rows)} records to {out_path}", err=True)
+
+
+commands = [render]
