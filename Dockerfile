@@ -10,7 +10,8 @@
 # one and point MEDTPE_ARTEFACT_DIR at it to serve a different build.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
-ARG CUDA_IMAGE=nvidia/cuda:12.9.1-runtime-ubuntu24.04
+# CUDA 13: the torch 2.13.0 wheels that vllm 0.32.0 pins are CUDA 13 builds (nvidia-*-cu13)
+ARG CUDA_IMAGE=nvidia/cuda:13.0.0-runtime-ubuntu24.04
 ARG TORCH_VERSION=2.13.0
 ARG VLLM_VERSION=0.32.0
 ARG SMOLLM2_VERSION=0.1.2
