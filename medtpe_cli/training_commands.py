@@ -26,4 +26,125 @@ def prepare_model(out_dir: Path | None, force: bool) -> None:
     click.echo(str(prepare_default_model(out_dir, force=force)))
 
 
-commands = [prepare_model]
+def _dir_option(name: str, help_text: str) -> click.Option:
+    return click.option(
+        name,
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help=help_text,
+    )
+
+
+def _base_or_default(base_dir: Path | None) -> Path:
+    """`--base`, else the default model (prepared on first use)."""
+    from training.default_model import prepare_default_model
+
+    return base_dir if base_dir is not None else prepare_default_model()
+
+
+@click.command("ssft")
+@_dir_option("--base", "Base model dir (default: the default model).")
+@_dir_option("--medtpe", "MedTPE artefact dir (default: the default artefact).")
+@click.option(
+    "--data",
+    "data_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="JSONL with a `prompt` per line (`medtpe render` output).",
+)
+@click.option(
+    "--val-data",
+    "val_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Validation JSONL (default: hold out --val-fraction of --data's subjects).",
+)
+@click.option("--val-fraction", default=0.2, show_default=True, type=click.FloatRange(0, 1))
+@_dir_option("--run-dir", "Checkpoints, cached pseudo-labels, history.csv (default: cache).")
+@_dir_option("--out", "Where embeddings.safetensors goes (default: the --medtpe dir).")
+@click.option("--loss", type=click.Choice(["ce", "kl"]), default="ce", show_default=True)
+@click.option("--epochs", default=1, show_default=True, type=click.IntRange(1))
+@click.option("--max-steps", default=None, type=click.IntRange(1), help="Optimizer steps cap.")
+@click.option("--eval-every", default=25, show_default=True, type=click.IntRange(1))
+@click.option("--patience", default=3, show_default=True, type=click.IntRange(1))
+@click.option("--lr", default=5e-5, show_default=True, type=float)
+@click.option("--seed", default=1, show_default=True, type=int)
+@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1))
+@click.option("--device", default=None, help="torch device (default: cuda if present, else cpu).")
+@click.option("--gradient-checkpointing", is_flag=True, help="Trade compute for memory.")
+@click.option("--no-resume", is_flag=True, help="Ignore an existing checkpoint in --run-dir.")
+def ssft(
+    base: Path | None,
+    medtpe: Path | None,
+    data_path: Path,
+    val_path: Path | None,
+    val_fraction: float,
+    run_dir: Path | None,
+    out: Path | None,
+    loss: str,
+    epochs: int,
+    max_steps: int | None,
+    eval_every: int,
+    patience: int,
+    lr: float,
+    seed: int,
+    max_new_tokens: int,
+    device: str | None,
+    gradient_checkpointing: bool,
+    no_resume: bool,
+) -> None:
+    """Self-supervised fine-tuning of the new embedding rows on pseudo-labels."""
+    from medtpe_core.paths import cache_dir, default_artefact_dir
+    from training.pipeline import read_records, run_ssft, split_by_subject
+    from training.ssft import SSFTConfig
+
+    records = read_records(data_path)
+    if val_path is not None:
+        train, val = records, read_records(val_path)
+    else:
+        train, val = split_by_subject(records, val_fraction, seed)
+    config = SSFTConfig(
+        loss=loss,
+        lr=lr,
+        epochs=epochs,
+        max_steps=max_steps,
+        eval_every=eval_every,
+        patience=patience,
+        seed=seed,
+        device=device,
+        gradient_checkpointing=gradient_checkpointing,
+    )
+    artefact = medtpe or default_artefact_dir()
+    result = run_ssft(
+        _base_or_default(base),
+        artefact,
+        [r["prompt"] for r in train],
+        [r["prompt"] for r in val],
+        run_dir or cache_dir() / "runs" / f"ssft-{artefact.name}-{loss}",
+        config,
+        max_new_tokens=max_new_tokens,
+        out_dir=out,
+        resume=not no_resume,
+    )
+    click.echo(
+        f"validation pseudo-label loss {result.initial_val_loss:.4f} -> "
+        f"{result.best_val_loss:.4f} after {result.steps} steps"
+    )
+
+
+@click.command("export")
+@_dir_option("--base", "Base model dir (default: the default model).")
+@_dir_option("--medtpe", "MedTPE artefact dir (default: the default artefact).")
+@_dir_option("--out", "Output checkpoint dir (default: the cache's export dir).")
+def export(base: Path | None, medtpe: Path | None, out: Path | None) -> None:
+    """Write a plain HF checkpoint: base weights with the MedTPE rows, MedTPE tokenizer files."""
+    from medtpe_core.paths import default_artefact_dir, default_export_dir
+    from training.export import export_checkpoint
+
+    path = export_checkpoint(
+        _base_or_default(base), medtpe or default_artefact_dir(), out or default_export_dir()
+    )
+    click.echo(str(path))
+
+
+commands = [prepare_model, ssft, export]

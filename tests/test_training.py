@@ -1,0 +1,221 @@
+"""Training layer on a tiny Llama (SmolLM2's family: tied embeddings) with the real SmolLM2
+tokenizer and a MedTPE tokenizer built in the test: initialisation, embedding split, SSFT
+(only the new rows change), checkpoint/resume, export and reload."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import shutil
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from click.testing import CliRunner  # noqa: E402
+
+from medtpe_cli.main import cli  # noqa: E402
+from medtpe_core.build import build_tokenizer  # noqa: E402
+from medtpe_core.tokenizer import MedTPETokenizer  # noqa: E402
+from training import ssft as ssft_module  # noqa: E402
+from training.embedding_init import DEFAULT_ALPHA, init_new_rows, mean_row_norm  # noqa: E402
+from training.embedding_split import apply_split, split_rows  # noqa: E402
+from training.examples import Example  # noqa: E402
+from training.export import (  # noqa: E402
+    load_rows,
+    model_fingerprint,
+    save_rows,
+    write_rows_into,
+)
+from training.ssft import SSFTConfig, train_ssft  # noqa: E402
+
+FIXTURE = Path(__file__).parent / "fixtures" / "tokenizers" / "smollm2" / "tokenizer.json.gz"
+CORPUS = [
+    f"{t} Heart Rate [bpm] {80 + i}; Arterial Blood Pressure systolic [mmHg] {110 + i}; "
+    f"Respiratory Rate [insp/min] {14 + i % 5}; O2 saturation pulseoxymetry [%] {95 + i % 4}"
+    for i, t in enumerate(["08:00", "09:00", "10:00", "11:00", "12:00", "13:00"] * 8)
+]
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny tied Llama checkpoint with the SmolLM2 tokenizer."""
+    path = tmp_path_factory.mktemp("tiny-base")
+    with gzip.open(FIXTURE, "rb") as src, (path / "tokenizer.json").open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    _tiny_model(tie=True).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer(base_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> MedTPETokenizer:
+    """A MedTPE tokenizer (16 new tokens) mined from clinical-style lines, saved as an artefact."""
+    tok = build_tokenizer(base_dir / "tokenizer.json", CORPUS, budget=16, progress=False)
+    assert len(tok.new_tokens) == 16
+    return tok
+
+
+def _tiny_model(tie: bool, vocab_size: int = 49152) -> transformers.LlamaForCausalLM:
+    config = transformers.LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        tie_word_embeddings=tie,
+    )
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def _examples(tok: MedTPETokenizer, lines: list[str]) -> list[Example]:
+    """Examples whose answer is the next line's first base tokens (stands in for pseudo-labels)."""
+    examples = []
+    for line, answer in itertools.pairwise(lines):
+        teacher = tok.base_encode(line)
+        examples.append(Example(tok.encode(line), teacher, tok.base_encode(answer)[:6]))
+    return examples
+
+
+def _config(**overrides: object) -> SSFTConfig:
+    settings = {"lr": 1e-2, "max_steps": 4, "eval_every": 2, "device": "cpu"} | overrides
+    return SSFTConfig(**settings)
+
+
+def test_init_rows_are_rescaled_constituent_means(tokenizer: MedTPETokenizer) -> None:
+    model = _tiny_model(tie=True)
+    rows = init_new_rows(model, tokenizer.new_tokens)
+    weight = model.get_input_embeddings().weight.detach()
+    target = DEFAULT_ALPHA * mean_row_norm(weight)
+    assert rows.output is None
+    torch.testing.assert_close(rows.input.norm(dim=1), target.expand(len(rows.input)))
+    for row, token in zip(rows.input, tokenizer.new_tokens, strict=True):
+        mean = weight[list(token.constituents)].mean(dim=0)
+        assert torch.nn.functional.cosine_similarity(row, mean, dim=0) > 0.9999
+
+
+def test_untied_model_gets_input_and_output_rows(tokenizer: MedTPETokenizer) -> None:
+    model = _tiny_model(tie=False)
+    rows = init_new_rows(model, tokenizer.new_tokens)
+    assert rows.output is not None
+    head = model.get_output_embeddings().weight.detach()
+    torch.testing.assert_close(
+        rows.output.norm(dim=1), (DEFAULT_ALPHA * mean_row_norm(head)).expand(len(rows.output))
+    )
+    params = apply_split(model, [t.id for t in tokenizer.new_tokens], rows)
+    assert [p.shape for p in params] == [rows.input.shape, rows.output.shape]
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == [
+        "model.embed_tokens.new_rows",
+        "lm_head.new_rows",
+    ]
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_split_model_equals_model_with_rows_written(tokenizer: MedTPETokenizer, tie: bool) -> None:
+    ids = [t.id for t in tokenizer.new_tokens]
+    split = _tiny_model(tie)
+    rows = init_new_rows(split, tokenizer.new_tokens)
+    rows.input += 0.01 * torch.randn_like(rows.input)  # rows that differ from the init
+    apply_split(split, ids, rows)
+    full = _tiny_model(tie)
+    write_rows_into(full, ids, rows)
+    input_ids = torch.tensor([tokenizer.encode(CORPUS[0]) + ids[:4]])
+    torch.testing.assert_close(split(input_ids).logits, full(input_ids).logits)
+
+
+def test_ssft_changes_only_new_rows_and_export_round_trips(
+    base_dir: Path, tokenizer: MedTPETokenizer, tmp_path: Path
+) -> None:
+    examples = _examples(tokenizer, CORPUS[:14])
+    result = train_ssft(
+        base_dir, tokenizer, examples[:10], examples[10:], tmp_path / "run", _config()
+    )
+    assert result.steps == 3  # 10 examples / (2 × 2) per step
+    assert [row["step"] for row in result.history] == [0, 1, 2, 3]
+    assert result.best_val_loss < result.initial_val_loss
+
+    artefact = tmp_path / "artefact"
+    tokenizer.save(artefact)
+    base = transformers.AutoModelForCausalLM.from_pretrained(base_dir)
+    save_rows(artefact, result.rows, model_fingerprint(base))
+    rows, fingerprint = load_rows(artefact)
+    torch.testing.assert_close(rows.input, result.rows.input, rtol=0, atol=0)
+    assert fingerprint == model_fingerprint(base)
+
+    out = CliRunner().invoke(
+        cli,
+        [
+            "export",
+            "--base",
+            str(base_dir),
+            "--medtpe",
+            str(artefact),
+            "--out",
+            str(tmp_path / "x"),
+        ],
+    )
+    assert out.exit_code == 0, out.output
+    exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "x")
+    new_ids = torch.tensor([t.id for t in tokenizer.new_tokens])
+    base_state, exported_state = base.state_dict(), exported.state_dict()
+    assert base_state.keys() == exported_state.keys()
+    for name, tensor in base_state.items():
+        other = exported_state[name]
+        if name == "model.embed_tokens.weight" or name == "lm_head.weight":
+            keep = torch.ones(len(tensor), dtype=torch.bool)
+            keep[new_ids] = False
+            assert torch.equal(other[keep], tensor[keep]), name
+            torch.testing.assert_close(other[new_ids], result.rows.input, rtol=0, atol=0)
+            assert not torch.equal(other[new_ids], tensor[new_ids])
+        else:
+            assert torch.equal(other, tensor), name
+    assert (tmp_path / "x" / "medtpe.json").is_file()
+    assert MedTPETokenizer.load(tmp_path / "x").artefact_id == tokenizer.artefact_id
+
+
+def test_only_new_rows_receive_gradients(base_dir: Path, tokenizer: MedTPETokenizer) -> None:
+    model = transformers.AutoModelForCausalLM.from_pretrained(base_dir)
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters()}
+    rows = init_new_rows(model, tokenizer.new_tokens)
+    params = apply_split(model, [t.id for t in tokenizer.new_tokens], rows)
+    ids = torch.tensor([tokenizer.encode(CORPUS[0])])
+    model(ids).logits.logsumexp(-1).sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in params)
+    assert all(p.grad is None for p in model.parameters() if not p.requires_grad)
+    for name, tensor in model.state_dict().items():
+        if name in frozen:
+            assert torch.equal(tensor, frozen[name]), name
+    assert split_rows(model).input.shape == rows.input.shape
+
+
+def test_ssft_resume_continues_an_interrupted_run(
+    base_dir: Path,
+    tokenizer: MedTPETokenizer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    examples = _examples(tokenizer, CORPUS[:20])
+    train, val = examples[:16], examples[16:]
+    straight = train_ssft(base_dir, tokenizer, train, val, tmp_path / "a", _config(loss="kl"))
+
+    real_batch_loss, calls = ssft_module.batch_loss, []
+
+    def crash_in_step_three(*args: object, **kwargs: object) -> object:
+        calls.append(args[2])
+        if calls.count("kl") == 5:  # steps 1-2 done and checkpointed, step 3 starts
+            raise KeyboardInterrupt
+        return real_batch_loss(*args, **kwargs)
+
+    monkeypatch.setattr(ssft_module, "batch_loss", crash_in_step_three)
+    with pytest.raises(KeyboardInterrupt):
+        train_ssft(base_dir, tokenizer, train, val, tmp_path / "b", _config(loss="kl"))
+    monkeypatch.setattr(ssft_module, "batch_loss", real_batch_loss)
+    resumed = train_ssft(base_dir, tokenizer, train, val, tmp_path / "b", _config(loss="kl"))
+
+    assert resumed.steps == straight.steps == 4
+    torch.testing.assert_close(resumed.rows.input, straight.rows.input, rtol=0, atol=0)
+    assert resumed.history == straight.history

@@ -1,0 +1,68 @@
+"""Initial embedding rows for MedTPE's new tokens (paper, method step 4).
+
+A new token's row is the mean of its constituents' base rows, rescaled to the norm α·μ, where μ
+is the mean row norm of the base matrix (α = 0.5). With tied embeddings one set of rows serves
+input and output; untied models get an input set from the input matrix and an output set from
+the output head, each rescaled with its own matrix's μ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from medtpe_core.tokenizer import NewToken
+
+DEFAULT_ALPHA = 0.5
+
+
+@dataclass
+class NewRows:
+    """Embedding rows of the new tokens, row i for `new_tokens[i]` (float32, [M, hidden]).
+
+    `output` is None for tied models (the input rows serve the output head too).
+    """
+
+    input: torch.Tensor
+    output: torch.Tensor | None = None
+
+
+def mean_row_norm(weight: torch.Tensor) -> torch.Tensor:
+    """μ: the mean L2 norm of a matrix's rows (float32 scalar)."""
+    return weight.detach().float().norm(dim=1).mean()
+
+
+def init_rows(
+    weight: torch.Tensor, constituents: Sequence[Sequence[int]], alpha: float = DEFAULT_ALPHA
+) -> torch.Tensor:
+    """Rows [M, hidden]: mean of each constituent set's rows of `weight`, rescaled to α·μ."""
+    base = weight.detach().float()
+    if not constituents:
+        return base.new_zeros((0, base.shape[1]))
+    rows = torch.stack([base[list(ids)].mean(dim=0) for ids in constituents])
+    target = alpha * mean_row_norm(base)
+    return rows / rows.norm(dim=1, keepdim=True).clamp_min(1e-12) * target
+
+
+def has_tied_embeddings(model: PreTrainedModel) -> bool:
+    """True when the output head shares the input embedding matrix."""
+    output = model.get_output_embeddings()
+    return output is None or output.weight is model.get_input_embeddings().weight
+
+
+def init_new_rows(
+    model: PreTrainedModel, new_tokens: Sequence[NewToken], alpha: float = DEFAULT_ALPHA
+) -> NewRows:
+    """Initial rows for `new_tokens` from `model`'s (unmodified) embedding matrices."""
+    constituents = [token.constituents for token in new_tokens]
+    rows = init_rows(model.get_input_embeddings().weight, constituents, alpha)
+    if has_tied_embeddings(model):
+        return NewRows(rows)
+    output = init_rows(model.get_output_embeddings().weight, constituents, alpha)
+    return NewRows(rows, output)

@@ -1,0 +1,111 @@
+"""The artefact's trained rows (`embeddings.safetensors`) and the export of a MedTPE model.
+
+`embeddings.safetensors` holds `new_rows` [M, hidden] float32, row i for `new_tokens[i].id`
+(untied models also `new_rows_output`), with the base model's fingerprint in its metadata.
+`export_checkpoint` writes a plain Hugging Face checkpoint: the base weights with the reused
+rows overwritten (same config, same shapes) plus the artefact's tokenizer files, so
+transformers and vLLM load it as any other model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from safetensors.torch import load_file, safe_open, save_file
+
+from training.atomic import atomic_directory
+from training.embedding_init import NewRows, has_tied_embeddings
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+EMBEDDINGS_FILE = "embeddings.safetensors"
+FINGERPRINT_KEY = "base_model_fingerprint"
+# Tokenizer files an export takes from the artefact (tokenizer.json is required), else the base.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "medtpe.json",
+)
+
+
+class FingerprintMismatchError(ValueError):
+    """The rows were trained for another base model than the one given."""
+
+
+def model_fingerprint(model: PreTrainedModel) -> str:
+    """sha256 (hex) of the base input embedding matrix, as float32 bytes: the rows' reference."""
+    weight = model.get_input_embeddings().weight.detach().float().cpu().contiguous()
+    return hashlib.sha256(weight.numpy().tobytes()).hexdigest()
+
+
+def save_rows(artefact_dir: Path, rows: NewRows, base_fingerprint: str) -> Path:
+    """Write `embeddings.safetensors` into the artefact directory; returns its path."""
+    tensors = {"new_rows": rows.input.detach().float().cpu().contiguous()}
+    if rows.output is not None:
+        tensors["new_rows_output"] = rows.output.detach().float().cpu().contiguous()
+    path = Path(artefact_dir) / EMBEDDINGS_FILE
+    save_file(tensors, str(path), metadata={FINGERPRINT_KEY: base_fingerprint})
+    return path
+
+
+def load_rows(artefact_dir: Path) -> tuple[NewRows, str]:
+    """The artefact's rows and the fingerprint of the base model they belong to."""
+    path = Path(artefact_dir) / EMBEDDINGS_FILE
+    with safe_open(str(path), framework="pt") as handle:
+        fingerprint = (handle.metadata() or {}).get(FINGERPRINT_KEY, "")
+    tensors = load_file(str(path))
+    return NewRows(tensors["new_rows"], tensors.get("new_rows_output")), fingerprint
+
+
+def write_rows_into(model: PreTrainedModel, new_ids: list[int], rows: NewRows) -> None:
+    """Overwrite the reused ids' rows of `model`'s embedding (and untied head) in place."""
+    tied = has_tied_embeddings(model)
+    if tied != (rows.output is None):
+        raise ValueError("tied models take one set of rows, untied models two")
+    ids = torch.tensor(new_ids, dtype=torch.long)
+    with torch.no_grad():
+        weight = model.get_input_embeddings().weight
+        weight[ids.to(weight.device)] = rows.input.to(weight.device, weight.dtype)
+        if rows.output is not None:
+            head = model.get_output_embeddings().weight
+            head[ids.to(head.device)] = rows.output.to(head.device, head.dtype)
+
+
+def export_checkpoint(base_dir: Path, artefact_dir: Path, out_dir: Path) -> Path:
+    """Write base + MedTPE rows + MedTPE tokenizer files to `out_dir` (atomically); returns it."""
+    from transformers import AutoModelForCausalLM
+
+    from medtpe_core.tokenizer import MedTPETokenizer
+
+    base_dir, artefact_dir, out_dir = Path(base_dir), Path(artefact_dir), Path(out_dir)
+    tokenizer = MedTPETokenizer.load(artefact_dir)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype="auto")
+    rows, fingerprint = load_rows(artefact_dir)
+    if fingerprint and fingerprint != model_fingerprint(model):
+        raise FingerprintMismatchError(
+            f"{artefact_dir} was trained for another base model than {base_dir}"
+        )
+    write_rows_into(model, [token.id for token in tokenizer.new_tokens], rows)
+    with atomic_directory(out_dir) as tmp:
+        model.save_pretrained(tmp)
+        _copy_tokenizer_files(artefact_dir, base_dir, tmp)
+    return out_dir
+
+
+def _copy_tokenizer_files(artefact_dir: Path, base_dir: Path, out_dir: Path) -> None:
+    """Copy tokenizer files to `out_dir`: the artefact's, else the base's (not tokenizer.json)."""
+    if not (artefact_dir / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"{artefact_dir} holds no tokenizer.json")
+    for name in TOKENIZER_FILES:
+        source = artefact_dir / name
+        if not source.is_file() and name != "tokenizer.json":
+            source = base_dir / name
+        if source.is_file():
+            shutil.copyfile(source, out_dir / name)

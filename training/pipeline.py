@@ -1,0 +1,95 @@
+"""`medtpe ssft` end to end: prompts → pseudo-labelled examples (cached in the run directory)
+→ SSFT → the best rows written into the artefact's `embeddings.safetensors`."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from training.examples import Example, build_examples, load_examples, save_examples
+from training.export import model_fingerprint, save_rows
+from training.ssft import SSFTConfig, SSFTResult, train_ssft
+
+if TYPE_CHECKING:
+    from medtpe_core.tokenizer import MedTPETokenizer
+
+SUMMARY_FILE = "summary.json"
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of a `medtpe render` file (each has at least `prompt`)."""
+    with Path(path).open() as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def split_by_subject(
+    records: Sequence[dict[str, Any]], fraction: float, seed: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Hold out `fraction` of the subjects (`subject_id`; each line is its own subject when the
+    field is absent) for validation. Returns (train, validation)."""
+    keys = [r.get("subject_id", i) for i, r in enumerate(records)]
+    subjects = sorted(set(keys), key=str)
+    random.Random(seed).shuffle(subjects)
+    held_out = set(subjects[: max(1, round(len(subjects) * fraction))])
+    train = [r for r, k in zip(records, keys, strict=True) if k not in held_out]
+    val = [r for r, k in zip(records, keys, strict=True) if k in held_out]
+    return train, val
+
+
+def cached_examples(
+    path: Path,
+    base_dir: Path,
+    tokenizer: MedTPETokenizer,
+    prompts: Sequence[str],
+    max_new_tokens: int,
+) -> list[Example]:
+    """Pseudo-labelled examples for `prompts`, generated once and then read from `path`."""
+    if path.is_file():
+        return load_examples(path)
+    examples = build_examples(base_dir, tokenizer, prompts, max_new_tokens)
+    save_examples(path, examples)
+    return examples
+
+
+def run_ssft(
+    base_dir: Path,
+    artefact_dir: Path,
+    train_prompts: Sequence[str],
+    val_prompts: Sequence[str],
+    run_dir: Path,
+    config: SSFTConfig,
+    max_new_tokens: int = 64,
+    out_dir: Path | None = None,
+    resume: bool = True,
+) -> SSFTResult:
+    """Pseudo-label, train, and save the best rows to `out_dir` (default: the artefact)."""
+    from transformers import AutoModelForCausalLM
+
+    from medtpe_core.tokenizer import MedTPETokenizer
+
+    tokenizer = MedTPETokenizer.load(artefact_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tag = tokenizer.artefact_id
+    train = cached_examples(
+        run_dir / f"examples-{tag}-train.jsonl", base_dir, tokenizer, train_prompts, max_new_tokens
+    )
+    val = cached_examples(
+        run_dir / f"examples-{tag}-val.jsonl", base_dir, tokenizer, val_prompts, max_new_tokens
+    )
+    result = train_ssft(base_dir, tokenizer, train, val, run_dir, config, resume=resume)
+    base = AutoModelForCausalLM.from_pretrained(base_dir)
+    save_rows(out_dir or artefact_dir, result.rows, model_fingerprint(base))
+    summary = {
+        "artefact_id": tag,
+        "n_train": len(train),
+        "n_val": len(val),
+        "initial_val_loss": result.initial_val_loss,
+        "best_val_loss": result.best_val_loss,
+        "steps": result.steps,
+        "stopped_early": result.stopped_early,
+    }
+    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    return result
