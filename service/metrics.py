@@ -1,0 +1,101 @@
+"""Prometheus metrics of the service (names fixed in docs/architecture.md).
+
+Each app instance owns its registries, so several instances (tests, side-by-side modes) never
+share counters. Labels carry only endpoint, task, mode, tokenizer, result and reason: no patient
+data. The counter `medtpe_prompt_tokens_total` and the histogram `medtpe_prompt_tokens` share a
+base name, which one registry refuses: the counter lives in a second registry and `_created`
+series are off, so the text exposition (0.0.4) holds each name once.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+
+disable_created_metrics()
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
+TOKEN_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+RATE_BUCKETS = tuple(round(0.05 * i, 2) for i in range(0, 21))
+
+
+class ServiceMetrics:
+    """The `medtpe_*` metrics, registered in a registry of their own."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self._counter_registry = CollectorRegistry()
+        reg = self.registry
+        self.request_latency = Histogram(
+            "medtpe_request_latency_seconds",
+            "End-to-end request latency.",
+            ["endpoint", "task"],
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.generation_latency = Histogram(
+            "medtpe_generation_latency_seconds",
+            "Engine generation latency per record.",
+            ["task", "mode"],
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.prompt_tokens_total = Counter(
+            "medtpe_prompt_tokens",
+            "Prompt tokens, by tokenizer.",
+            ["tokenizer", "task"],
+            registry=self._counter_registry,
+        )
+        self.prompt_tokens = Histogram(
+            "medtpe_prompt_tokens",
+            "Prompt length per record, by tokenizer.",
+            ["tokenizer", "task"],
+            buckets=TOKEN_BUCKETS,
+            registry=reg,
+        )
+        self.compression_rate = Histogram(
+            "medtpe_compression_rate",
+            "1 - medtpe tokens / original tokens, per record.",
+            ["task"],
+            buckets=RATE_BUCKETS,
+            registry=reg,
+        )
+        self.format_compliance = Counter(
+            "medtpe_format_compliance",
+            "Answers whose format parsed (ok) or not (fail).",
+            ["task", "result"],
+            registry=reg,
+        )
+        self.inflight = Gauge(
+            "medtpe_inflight_requests", "Prediction requests being served.", registry=reg
+        )
+        self.rejections = Counter(
+            "medtpe_rejections", "Requests rejected before generation.", ["reason"], registry=reg
+        )
+        self.errors = Counter("medtpe_errors", "Failed requests.", ["reason"], registry=reg)
+        self.engine_ready = Gauge(
+            "medtpe_engine_ready", "1 when the engine is loaded, warmed up and alive.", registry=reg
+        )
+
+    def observe_record(
+        self, task: str, n_original: int, n_medtpe: int, rate: float, format_ok: bool
+    ) -> None:
+        """Record the token counts, compression and format compliance of one answered record."""
+        for tokenizer, count in (("original", n_original), ("medtpe", n_medtpe)):
+            self.prompt_tokens_total.labels(tokenizer, task).inc(count)
+            self.prompt_tokens.labels(tokenizer, task).observe(count)
+        self.compression_rate.labels(task).observe(rate)
+        self.format_compliance.labels(task, "ok" if format_ok else "fail").inc()
+
+    def render(self) -> bytes:
+        """The exposition text."""
+        return generate_latest(self.registry) + generate_latest(self._counter_registry)

@@ -1,0 +1,80 @@
+"""Service settings, read from the environment (prefix `MEDTPE_`); docs/configuration.md lists them.
+
+Every setting has a default, so `medtpe serve` runs the default model with the default artefact
+without any configuration.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
+
+Mode = Literal["medtpe", "original"]
+
+
+class ServiceSettings(BaseSettings):
+    """Configuration of one service instance."""
+
+    model_config = SettingsConfigDict(env_prefix="MEDTPE_", extra="ignore")
+
+    model_dir: Path = Field(
+        default_factory=default_model_dir,
+        description="Base Hugging Face checkpoint (prepared on first start when it is the default).",
+    )
+    artefact_dir: Path = Field(
+        default_factory=default_artefact_dir, description="MedTPE artefact directory."
+    )
+    export_dir: Path = Field(
+        default_factory=default_export_dir,
+        description="Exported checkpoint (base + MedTPE rows) that vLLM loads in `medtpe` mode; "
+        "written on first start when missing or built from another artefact.",
+    )
+    mode: Mode = Field("medtpe", description="`medtpe` or `original` (base tokenizer and model).")
+    max_input_tokens: int = Field(
+        8192,
+        gt=0,
+        description="Input budget in ORIGINAL-tokenizer tokens, prompt included; the newest "
+        "events that fit are kept.",
+    )
+    temperature: float = Field(0.0, ge=0.0, description="Default sampling temperature.")
+    max_new_tokens: int = Field(64, gt=0, description="Tokens generated per answer at most.")
+    max_n_samples: int = Field(9, gt=0, description="Largest `options.n_samples` accepted.")
+    max_concurrency: int = Field(16, gt=0, description="Records generating at the same time.")
+    queue_limit: int = Field(
+        64, ge=0, description="Records waiting for a generation slot; beyond that, 503."
+    )
+    request_timeout_s: float = Field(
+        300.0, gt=0, description="Generation deadline per request (queue wait included); 504."
+    )
+    max_request_bytes: int = Field(8 * 1024 * 1024, gt=0, description="Request body limit; 413.")
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated accepted API keys; empty turns authentication off.",
+    )
+    host: str = Field("0.0.0.0", description="Listen address of `medtpe serve`.")
+    port: int = Field(8000, description="Listen port of `medtpe serve`.")
+    kv_cache_gib: float | None = Field(
+        None, gt=0, description="KV cache size in GiB (unset: vLLM's default for the device)."
+    )
+    seed: int = Field(0, description="Engine seed (sampling at temperature > 0).")
+    shutdown_grace_s: float = Field(
+        60.0, gt=0, description="How long shutdown waits for in-flight requests to drain."
+    )
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        """Accept `a,b,c` from the environment."""
+        if isinstance(value, str):
+            return [key.strip() for key in value.split(",") if key.strip()]
+        return value
+
+    @property
+    def capacity(self) -> int:
+        """Records admitted at once: generating plus queued."""
+        return self.max_concurrency + self.queue_limit
