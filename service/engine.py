@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm import SamplingParams
+from vllm import CompletionOutput, SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.inputs import TokensPrompt
 from vllm.v1.engine.async_llm import AsyncLLM
@@ -43,6 +43,16 @@ class EngineConfig:
     seed: int = 0
     enforce_eager: bool = False
     """Skip torch.compile: starts about a minute sooner on CPU, decodes about 2x slower."""
+    enable_prefix_caching: bool | None = None
+    """None: vLLM's default (on); off for measurements where every prompt must pay its prefill."""
+
+
+def _answer_ids(completion: CompletionOutput) -> list[int]:
+    """A completion's token ids without the EOS / stop token that ended it."""
+    ids = list(completion.token_ids)
+    if completion.finish_reason == "stop" and ids:
+        ids.pop()
+    return ids
 
 
 def model_context_length(model_dir: Path) -> int | None:
@@ -72,6 +82,7 @@ class GenerationEngine:
             seed=config.seed,
             disable_log_stats=True,
             enforce_eager=config.enforce_eager,
+            enable_prefix_caching=config.enable_prefix_caching,
         )
         logger.info("starting vLLM engine on %s", config.model_dir)
         return cls(AsyncLLM.from_engine_args(args), config)
@@ -92,7 +103,7 @@ class GenerationEngine:
         max_new_tokens: int = 64,
         seed: int | None = None,
     ) -> list[list[int]]:
-        """Generate `n` answers to one prompt; returns their token ids (vLLM drops the stop token).
+        """Generate `n` answers to one prompt; returns their token ids, stop token excluded.
 
         Raises `EngineDead` when the engine is dead. Cancelling the caller (e.g. a timeout)
         aborts the request inside the engine.
@@ -121,7 +132,7 @@ class GenerationEngine:
             raise
         if final is None:  # pragma: no cover - vLLM always yields a final output
             raise RuntimeError("the engine returned no output")
-        return [list(c.token_ids) for c in sorted(final.outputs, key=lambda c: c.index)]
+        return [_answer_ids(c) for c in sorted(final.outputs, key=lambda c: c.index)]
 
     async def warm_up(self, prompt_ids: Sequence[int]) -> None:
         """One short generation, so the first real request does not pay the start-up costs."""

@@ -24,7 +24,7 @@ class ServiceSettings(BaseSettings):
 
     model_dir: Path = Field(
         default_factory=default_model_dir,
-        description="Base Hugging Face checkpoint (prepared on first start when it is the default).",
+        description="Base Hugging Face checkpoint (prepared on first start if it is the default).",
     )
     artefact_dir: Path = Field(
         default_factory=default_artefact_dir, description="MedTPE artefact directory."
