@@ -1,0 +1,139 @@
+"""`medtpe build-tokenizer` and `medtpe tokenize` (torch-free)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+
+from medtpe_core.build import DEFAULT_METHOD, METHODS
+
+
+def _jsonl_texts(path: Path) -> Iterator[str]:
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)["text"]
+
+
+def _protected_texts(base_path: Path) -> list[str]:
+    """Texts whose tokens are never evicted: every task's prompt scaffolding and system prompt,
+    and the base model's chat template."""
+    from medtpe_core.tasks import get_task, list_tasks
+
+    texts = []
+    for name in list_tasks():
+        task = get_task(name)
+        texts.append(task.user_message(""))
+        if task.system_prompt:
+            texts.append(task.system_prompt)
+    if base_path.is_dir():
+        texts.extend(p.read_text() for p in base_path.glob("chat_template.jinja"))
+        config = base_path / "tokenizer_config.json"
+        if config.is_file():
+            template = json.loads(config.read_text()).get("chat_template")
+            if isinstance(template, str):
+                texts.append(template)
+    return texts
+
+
+@click.command("build-tokenizer")
+@click.option(
+    "--base",
+    "base_path",
+    required=True,
+    type=click.Path(exists=True, path_type=Path),
+    help="Base tokenizer.json, or a model directory holding one.",
+)
+@click.option(
+    "--corpus",
+    required=True,
+    type=click.Path(exists=True, path_type=Path),
+    help='JSONL file with a "text" field per line, or a MEDS dataset directory.',
+)
+@click.option("--budget", default=5000, show_default=True, help="Number of new TPE tokens (M).")
+@click.option("--max-n", default=2, show_default=True, help="Longest new token, in base tokens.")
+@click.option("--method", type=click.Choice(METHODS), default=DEFAULT_METHOD, show_default=True)
+@click.option(
+    "--max-tokens",
+    type=int,
+    default=None,
+    help="MEDS corpus: cut each record to its newest N original tokens, as prompts do.",
+)
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Artefact directory.")
+def build_tokenizer(
+    base_path: Path,
+    corpus: Path,
+    budget: int,
+    max_n: int,
+    method: str,
+    max_tokens: int | None,
+    out: Path,
+) -> None:
+    """Mine a MedTPE vocabulary from a corpus and write the artefact directory."""
+    from medtpe_core.base_tokenizer import BaseTokenizer
+    from medtpe_core.build import build_tokenizer as build
+
+    started = time.perf_counter()
+    base = BaseTokenizer.load(base_path)
+    if corpus.is_dir():
+        from medtpe_core.corpus import iter_meds_corpus_texts
+
+        texts = iter_meds_corpus_texts(corpus, base, max_tokens)
+    else:
+        texts = _jsonl_texts(corpus)
+    tok = build(base, texts, budget, max_n, method, _protected_texts(base_path))
+    tok.save(out)
+    stats = tok.corpus_stats
+    click.echo(f"\nMedTPE artefact {tok.artefact_id} -> {out}")
+    click.echo(f"  corpus: {stats['n_records']} records, {stats['n_tokens']:,} base tokens")
+    click.echo(
+        f"  compression on {stats['sample_tokens']:,} corpus tokens: "
+        f"{stats['sample_compression_rate']:.1%}"
+    )
+    click.echo(
+        f"  {len(tok.new_tokens)} new tokens, e.g. "
+        + ", ".join(repr(tok.decode([t.id])) for t in tok.new_tokens[:8])
+    )
+    evicted = sorted(tok.evicted)[:8]
+    click.echo(
+        f"  {len(tok.evicted)} evicted base tokens, e.g. "
+        + ", ".join(repr(tok.base.decode([i])) for i in evicted)
+    )
+    click.echo(f"  time: {time.perf_counter() - started:.1f} s")
+
+
+@click.command("tokenize")
+@click.option(
+    "--tokenizer",
+    "artefact",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="MedTPE artefact directory.",
+)
+@click.argument("text")
+def tokenize(artefact: Path, text: str) -> None:
+    """Show the base and MedTPE segmentations of TEXT side by side."""
+    from medtpe_core.tokenizer import MedTPETokenizer
+
+    tok = MedTPETokenizer.load(artefact)
+    base_ids, ids = tok.base_encode(text), tok.encode(text)
+    base_cells = [repr(tok.base.decode([i])) for i in base_ids]
+    new_ids = {t.id for t in tok.new_tokens}
+    cells = [
+        ("*" if i in new_ids else "") + repr(s) for i, s in zip(ids, tok.tokens(ids), strict=True)
+    ]
+    width = max(map(len, base_cells), default=4) + 2
+    click.echo(f"{'base (' + str(len(base_ids)) + ')':<{width}}MedTPE ({len(ids)}, * = new token)")
+    for k in range(max(len(base_cells), len(cells))):
+        left = base_cells[k] if k < len(base_cells) else ""
+        right = cells[k] if k < len(cells) else ""
+        click.echo(f"{left:<{width}}{right}")
+    rate = 1 - len(ids) / len(base_ids) if base_ids else 0.0
+    click.echo(f"compression: {rate:.1%}")
+
+
+commands = [build_tokenizer, tokenize]

@@ -1,0 +1,101 @@
+"""The unmodified base tokenizer (a Hugging Face `tokenizer.json` with a BPE model)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+
+def canonical_fingerprint(obj: dict[str, Any]) -> str:
+    """sha256 of a tokenizer.json's parsed content, independent of its formatting."""
+    text = json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def merge_pair(merge: str | list[str]) -> tuple[str, str]:
+    """A BPE merge from tokenizer.json (`"a b"` or `["a", "b"]`) as a pair of token strings."""
+    if isinstance(merge, str):
+        left, right = merge.split(" ", 1)
+        return left, right
+    return merge[0], merge[1]
+
+
+@dataclass
+class BaseTokenizer:
+    """A base BPE tokenizer; `encode` treats special-token look-alikes in text as plain text."""
+
+    tokenizer: Tokenizer
+    json_obj: dict[str, Any]
+    fingerprint: str
+    path: Path | None = None
+    model_dir: Path | None = None
+    _plain: Tokenizer = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.json_obj.get("model", {}).get("type") != "BPE":
+            raise ValueError("MedTPE needs a tokenizer.json with a BPE model")
+        plain = dict(
+            self.json_obj, added_tokens=[]
+        )  # no added-token matching: lossless on any text
+        self._plain = Tokenizer.from_str(json.dumps(plain))
+        self.content_fingerprint = canonical_fingerprint(self.json_obj)
+
+    @classmethod
+    def load(cls, path: str | Path) -> BaseTokenizer:
+        """Load a `tokenizer.json`, or a directory that holds one."""
+        path = Path(path)
+        model_dir = path if path.is_dir() else None
+        file = path / "tokenizer.json" if path.is_dir() else path
+        raw = file.read_bytes()
+        return cls(
+            tokenizer=Tokenizer.from_str(raw.decode("utf-8")),
+            json_obj=json.loads(raw),
+            fingerprint=hashlib.sha256(raw).hexdigest(),
+            path=file,
+            model_dir=model_dir,
+        )
+
+    @classmethod
+    def from_json_obj(cls, obj: dict[str, Any], fingerprint: str) -> BaseTokenizer:
+        """Build from an already parsed tokenizer.json whose file fingerprint is known."""
+        return cls(
+            tokenizer=Tokenizer.from_str(json.dumps(obj)), json_obj=obj, fingerprint=fingerprint
+        )
+
+    def encode(self, text: str, special_tokens: bool = False) -> list[int]:
+        """Base ids of `text`, nothing added; `special_tokens=True` maps `<|im_end|>` to its id."""
+        tok = self.tokenizer if special_tokens else self._plain
+        return tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str], special_tokens: bool = False) -> list[list[int]]:
+        """`encode` over many texts (parallel in Rust)."""
+        tok = self.tokenizer if special_tokens else self._plain
+        return [e.ids for e in tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of base ids, special tokens included."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, added tokens included."""
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def id_to_token(self, i: int) -> str | None:
+        """The vocabulary string of id `i`."""
+        return self.tokenizer.id_to_token(i)
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """Ids of the added tokens (special or not): never evicted, never merged."""
+        return frozenset(int(t["id"]) for t in self.json_obj.get("added_tokens", []))
+
+    def merges(self) -> list[tuple[str, str]]:
+        """The BPE merges, in rank order."""
+        return [merge_pair(m) for m in self.json_obj["model"]["merges"]]

@@ -1,0 +1,113 @@
+"""Shared tokenizer-test material: the default model's tokenizer (committed fixture), a small
+byte-level BPE trained here, a synthetic ICU-style corpus, and MedTPE builds on them."""
+
+from __future__ import annotations
+
+import gzip
+import random
+from functools import cache
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from medtpe_core.base_tokenizer import BaseTokenizer
+from medtpe_core.build import build_tokenizer
+from medtpe_core.tokenizer import MedTPETokenizer
+
+FIXTURES = Path(__file__).parent / "fixtures" / "tokenizers"
+PROTECTED_TEXT = "<|im_start|>system\nYou are a clinical assistant.<|im_end|>\nAnswer in JSON."
+ENGLISH = (
+    "The quick brown fox jumps over the lazy dog. Please summarise the patient's history and "
+    "answer whether the patient will die during this ICU stay. Respond with a JSON object "
+    'such as {"answer": "yes"}; do not add any other text. Economic growth slowed in the '
+    "third quarter, while inflation remained above the central bank's target."
+)
+_ITEMS = [
+    ("Heart Rate", "bpm", 60, 130),
+    ("Arterial Blood Pressure systolic", "mmHg", 80, 170),
+    ("Arterial Blood Pressure diastolic", "mmHg", 40, 100),
+    ("Respiratory Rate", "insp/min", 8, 35),
+    ("O2 saturation pulseoxymetry", "%", 85, 100),
+    ("Glucose (Blood)", "mg/dL", 70, 300),
+    ("Potassium (Blood)", "mEq/L", 3, 6),
+    ("Creatinine (Blood)", "mg/dL", 0.4, 4.0),
+    ("Temperature Fahrenheit", "°F", 96, 103),
+    ("Hemoglobin (Blood)", "g/dL", 7, 16),
+]
+_TEXT_EVENTS = [
+    "Admission to MEDICAL INTENSIVE CARE UNIT",
+    "Heparin started",
+    "Diagnosis: Unspecified essential hypertension",
+    "Normal saline 0.9% infusion",
+]
+
+
+def icu_records(n: int, seed: int = 0, lines: int = 120) -> list[str]:
+    """Synthetic records in the rendered-prompt style: one timestamped event per line."""
+    rng = random.Random(seed)
+    records = []
+    for _ in range(n):
+        day, minute = rng.randint(1, 28), rng.randint(0, 600)
+        out = [f"Patient age: {rng.randint(20, 90)} years", "Events (oldest first):"]
+        for _ in range(lines):
+            minute += rng.randint(0, 30)
+            stamp = f"2180-03-{day:02d} {minute // 60 % 24:02d}:{minute % 60:02d}"
+            if rng.random() < 0.15:
+                out.append(f"[{stamp}] {rng.choice(_TEXT_EVENTS)}")
+            else:
+                name, unit, lo, hi = rng.choice(_ITEMS)
+                out.append(f"[{stamp}] {name}: {round(rng.uniform(lo, hi), 1)} {unit}")
+        records.append("\n".join(out))
+    return records
+
+
+@cache
+def smollm2_dir() -> Path:
+    """A model-like directory holding SmolLM2's tokenizer.json (unpacked from the fixture)."""
+    out = Path(__file__).parent.parent / ".cache" / "test-fixtures" / "smollm2-tokenizer"
+    out.mkdir(parents=True, exist_ok=True)
+    data = gzip.decompress((FIXTURES / "smollm2" / "tokenizer.json.gz").read_bytes())
+    target = out / "tokenizer.json"
+    if not target.is_file() or target.read_bytes() != data:
+        target.write_bytes(data)
+    (out / "chat_template.jinja").write_text(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    )
+    return out
+
+
+@cache
+def small_tokenizer_file() -> Path:
+    """A byte-level BPE (vocabulary 700) trained here on fixture text, with two special tokens."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=700,
+        special_tokens=["<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(icu_records(30, seed=7) + [ENGLISH] * 5, trainer=trainer)
+    out = Path(__file__).parent.parent / ".cache" / "test-fixtures" / "small-bpe.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out))
+    return out
+
+
+@cache
+def smollm2_medtpe(method: str = "static", max_n: int = 2) -> MedTPETokenizer:
+    """MedTPE on SmolLM2's tokenizer, mined from synthetic ICU records."""
+    base = BaseTokenizer.load(smollm2_dir())
+    return build_tokenizer(
+        base, icu_records(40), 300, max_n, method, [PROTECTED_TEXT], progress=False
+    )
+
+
+@cache
+def small_medtpe(method: str = "bpe", max_n: int = 3) -> MedTPETokenizer:
+    """MedTPE on the small trained tokenizer."""
+    base = BaseTokenizer.load(small_tokenizer_file())
+    return build_tokenizer(
+        base, icu_records(40), 60, max_n, method, [PROTECTED_TEXT], progress=False
+    )
