@@ -1,0 +1,38 @@
+"""`medtpe serve`: the prediction service (settings from `MEDTPE_*` environment variables)."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("serve")
+@click.option("--host", default=None, help="Listen address (default: $MEDTPE_HOST or 0.0.0.0).")
+@click.option("--port", type=int, default=None, help="Listen port (default: $MEDTPE_PORT or 8000).")
+def serve(host: str | None, port: int | None) -> None:
+    """Serve /predict, /predict/batch, /tokenize, /healthz, /readyz and /metrics.
+
+    On the first start this prepares the default model and exports it with the default MedTPE
+    artefact; `/readyz` turns green once the engine has answered a warm-up request. SIGTERM
+    drains the requests in flight before the engine stops. docs/configuration.md lists the
+    settings.
+    """
+    import logging
+
+    import uvicorn
+
+    from service.app import create_app
+    from service.settings import ServiceSettings
+
+    overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    settings = ServiceSettings(**overrides)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        timeout_graceful_shutdown=int(settings.shutdown_grace_s),
+        log_level="info",
+    )
+
+
+commands = [serve]

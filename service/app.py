@@ -1,0 +1,417 @@
+"""The FastAPI application: `/predict`, `/predict/batch`, `/tokenize`, `/healthz`, `/readyz`,
+`/metrics`.
+
+The engine starts in the background when the app starts (model preparation, export, engine start,
+one warm-up generation), so `/healthz` answers at once and `/readyz` turns green when the engine
+can serve. Logs and metric labels carry no patient data: endpoint, task, status, counts, timings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+import traceback
+from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Depends, FastAPI, Header, Request
+from fastapi.responses import JSONResponse, Response
+
+from medtpe_core.meds import MedsEvent
+from medtpe_core.tasks import Task, UnknownTaskError, get_task
+from service.engine import EngineDead, GenerationEngine
+from service.errors import ApiError, field_error, install_error_handlers
+from service.limits import Admission, BodySizeLimit, QueueFull
+from service.metrics import ServiceMetrics
+from service.model_setup import LoadedModel, load_model
+from service.pipeline import Predictor, Segmentation
+from service.schemas import (
+    BatchRequest,
+    BatchResponse,
+    Latency,
+    ModelInfo,
+    PredictRequest,
+    PredictResponse,
+    TokenCounts,
+    TokenizeRequest,
+    TokenizeResponse,
+    Vote,
+)
+from service.schemas import Segmentation as SegmentationOut
+from service.settings import ServiceSettings
+
+logger = logging.getLogger("medtpe.service")
+T = TypeVar("T")
+
+
+class ServiceState:
+    """What one app instance holds: settings, metrics, limits, and once started, model + engine."""
+
+    def __init__(self, settings: ServiceSettings) -> None:
+        self.settings = settings
+        self.metrics = ServiceMetrics()
+        self.admission = Admission(settings.max_concurrency, settings.queue_limit)
+        self.model: LoadedModel | None = None
+        self.engine: GenerationEngine | None = None
+        self.warmed_up = False
+        self.failure: str | None = None
+
+    @property
+    def status(self) -> str:
+        """`ready`, `starting`, `failed` (start-up error) or `engine_dead`."""
+        if self.failure is not None:
+            return "failed"
+        if self.engine is not None and self.engine.dead:
+            return "engine_dead"
+        return "ready" if self.warmed_up else "starting"
+
+    async def start(self) -> None:
+        """Prepare the model files, start the engine, warm it up (runs in the background)."""
+        try:
+            self.model = await asyncio.to_thread(load_model, self.settings)
+            self.engine = await asyncio.to_thread(GenerationEngine.start, self.model.engine_config)
+            predictor = self.model.predictor
+            await self.engine.warm_up(predictor.engine_ids(predictor.segment("Hello")))
+            self.warmed_up = True
+            self.metrics.engine_ready.set(1)
+            logger.info("ready: %s (%s mode)", self.model.identity.path, self.settings.mode)
+        except Exception as exc:
+            self.failure = f"{type(exc).__name__}: {exc}"
+            logger.exception("start-up failed")
+
+    def stop(self) -> None:
+        """Stop the engine process."""
+        self.metrics.engine_ready.set(0)
+        if self.engine is not None:
+            self.engine.shutdown()
+
+
+def _state(request: Request) -> ServiceState:
+    return request.app.state.service
+
+
+StateDep = Annotated[ServiceState, Depends(_state)]
+
+
+def _require_api_key(
+    state: StateDep,
+    authorization: Annotated[str | None, Header()] = None,
+    x_api_key: Annotated[str | None, Header()] = None,
+) -> None:
+    """`Authorization: Bearer KEY` or `X-API-Key: KEY`, when API keys are configured."""
+    keys = state.settings.api_keys
+    if not keys:
+        return
+    given = x_api_key
+    if authorization and authorization.lower().startswith("bearer "):
+        given = authorization[7:].strip()
+    if given is None or not any(secrets.compare_digest(given, key) for key in keys):
+        state.metrics.rejections.labels("unauthorized").inc()
+        raise ApiError(
+            401,
+            "unauthorized",
+            "a valid API key is required (Authorization: Bearer KEY or X-API-Key)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+def _loaded(state: ServiceState, need_engine: bool) -> LoadedModel:
+    """The loaded model (and a live engine when `need_engine`), else 503."""
+    status = state.status
+    if state.model is not None and (not need_engine or status == "ready"):
+        return state.model
+    if status == "engine_dead":
+        state.metrics.engine_ready.set(0)
+        raise ApiError(503, "engine_dead", "the engine died; this instance is not ready")
+    raise ApiError(503, "not_ready", f"the service is {status}", headers={"Retry-After": "10"})
+
+
+def _task(state: ServiceState, name: str, loc: Sequence[str | int]) -> Task:
+    try:
+        return get_task(name)
+    except UnknownTaskError as exc:
+        state.metrics.rejections.labels("unknown_task").inc()
+        raise ApiError(422, "unknown_task", field_error(loc, str(exc), "unknown_task")) from exc
+
+
+def _check_options(state: ServiceState, request: PredictRequest, loc: Sequence[str | int]) -> None:
+    limit = state.settings.max_n_samples
+    if request.options.n_samples > limit:
+        state.metrics.rejections.labels("invalid").inc()
+        raise ApiError(
+            422,
+            "invalid_request",
+            field_error(
+                [*loc, "options", "n_samples"],
+                f"at most {limit} samples per record",
+                "less_than_equal",
+            ),
+        )
+
+
+async def _predict_record(
+    state: ServiceState, model: LoadedModel, task: Task, request: PredictRequest
+) -> PredictResponse:
+    """Render and tokenize (worker thread), then generate within a concurrency slot."""
+    assert state.engine is not None
+    predictor: Predictor = model.predictor
+    start = time.perf_counter()
+    record = await asyncio.to_thread(
+        predictor.prepare, task, request.events, request.prediction_time
+    )
+    temperature = request.options.temperature
+    if temperature is None:
+        temperature = state.settings.temperature
+    try:
+        async with state.admission.slot():
+            answer = await predictor.answer(
+                state.engine,
+                record,
+                n_samples=request.options.n_samples,
+                temperature=temperature,
+                max_new_tokens=state.settings.max_new_tokens,
+            )
+    except EngineDead as exc:
+        state.metrics.errors.labels("engine").inc()
+        state.metrics.engine_ready.set(0)
+        raise ApiError(503, "engine_dead", "the engine died; this instance is not ready") from exc
+    total = time.perf_counter() - start
+    seg = record.segmentation
+    metrics = state.metrics
+    metrics.generation_latency.labels(task.name, predictor.mode).observe(answer.generate_s)
+    metrics.observe_record(
+        task.name,
+        len(seg.original_ids),
+        len(seg.medtpe_ids),
+        seg.compression_rate,
+        answer.format_ok,
+    )
+    return PredictResponse(
+        task=task.name,
+        prediction=answer.prediction,
+        format_ok=answer.format_ok,
+        votes=[
+            Vote(
+                prediction=s.prediction,
+                format_ok=s.format_ok,
+                text=s.text if request.options.return_text else None,
+            )
+            for s in answer.samples
+        ],
+        prediction_time=record.prediction_time,
+        events={"total": record.prompt.n_events_total, "kept": record.prompt.n_events_kept},
+        tokens=TokenCounts(
+            original=len(seg.original_ids),
+            medtpe=len(seg.medtpe_ids),
+            compression_rate=seg.compression_rate,
+        ),
+        latency_ms=Latency(
+            render=record.render_s * 1e3,
+            tokenize=record.tokenize_s * 1e3,
+            generate=answer.generate_s * 1e3,
+            total=total * 1e3,
+        ),
+        model=ModelInfo(**vars(model.identity)),
+    )
+
+
+@asynccontextmanager
+async def _served(
+    state: ServiceState, endpoint: str, task: str, n_records: int
+) -> AsyncIterator[None]:
+    """Admission, deadline, in-flight gauge, latency histogram and one log line per request."""
+    metrics = state.metrics
+    start = time.perf_counter()
+    status = 200
+    try:
+        with state.admission.admit(n_records), metrics.inflight.track_inprogress():
+            async with asyncio.timeout(state.settings.request_timeout_s):
+                yield
+    except QueueFull as exc:
+        status = 503
+        metrics.rejections.labels("queue_full").inc()
+        raise ApiError(
+            503,
+            "queue_full",
+            "too many requests in flight; retry later",
+            headers={"Retry-After": str(exc.retry_after_s)},
+        ) from exc
+    except TimeoutError as exc:
+        status = 504
+        metrics.errors.labels("timeout").inc()
+        raise ApiError(
+            504, "timeout", f"no answer within {state.settings.request_timeout_s} s"
+        ) from exc
+    except ApiError as exc:
+        status = exc.status
+        raise
+    except Exception as exc:
+        status = 500
+        metrics.errors.labels("internal").inc()
+        # the exception text may quote record content: log its type and stack only
+        logger.error(
+            "internal error %s on %s\n%s",
+            type(exc).__name__,
+            endpoint,
+            "".join(traceback.format_tb(exc.__traceback__)),
+        )
+        raise ApiError(500, "internal", "internal error") from exc
+    finally:
+        elapsed = time.perf_counter() - start
+        metrics.request_latency.labels(endpoint, task).observe(elapsed)
+        logger.info(
+            "%s task=%s records=%d status=%d ms=%.1f",
+            endpoint,
+            task,
+            n_records,
+            status,
+            elapsed * 1e3,
+        )
+
+
+def _api_router() -> APIRouter:
+    router = APIRouter(dependencies=[Depends(_require_api_key)])
+
+    @router.post("/predict", response_model=PredictResponse)
+    async def predict(body: PredictRequest, state: StateDep) -> PredictResponse:
+        """Predict the task for one record."""
+        model = _loaded(state, need_engine=True)
+        task = _task(state, body.task, ["body", "task"])
+        _check_options(state, body, ["body"])
+        async with _served(state, "predict", task.name, 1):
+            return await _predict_record(state, model, task, body)
+
+    @router.post("/predict/batch", response_model=BatchResponse)
+    async def predict_batch(body: BatchRequest, state: StateDep) -> BatchResponse:
+        """Predict several records, generated concurrently; answers in request order."""
+        model = _loaded(state, need_engine=True)
+        tasks = []
+        for i, record in enumerate(body.records):
+            tasks.append(_task(state, record.task, ["body", "records", i, "task"]))
+            _check_options(state, record, ["body", "records", i])
+        if len(body.records) > state.admission.capacity:
+            state.metrics.rejections.labels("invalid").inc()
+            raise ApiError(
+                422,
+                "invalid_request",
+                field_error(
+                    ["body", "records"],
+                    f"at most {state.admission.capacity} records per batch",
+                    "too_long",
+                ),
+            )
+        names = {task.name for task in tasks}
+        label = names.pop() if len(names) == 1 else "mixed"
+        async with _served(state, "predict_batch", label, len(tasks)):
+            results = await _all(
+                _predict_record(state, model, task, record)
+                for task, record in zip(tasks, body.records, strict=True)
+            )
+        return BatchResponse(results=results)
+
+    @router.post("/tokenize", response_model=TokenizeResponse)
+    async def tokenize(body: TokenizeRequest, state: StateDep) -> TokenizeResponse:
+        """Both segmentations of a text, or of the full prompt of a record and task."""
+        predictor = _loaded(state, need_engine=False).predictor
+        start = time.perf_counter()
+        if body.text is not None:
+            seg = await asyncio.to_thread(predictor.segment, body.text)
+            label = "text"
+        else:
+            task = _task(state, body.task or "", ["body", "task"])
+            seg = await asyncio.to_thread(
+                _record_segmentation, predictor, task, body.events or [], body.prediction_time
+            )
+            label = task.name
+        state.metrics.request_latency.labels("tokenize", label).observe(time.perf_counter() - start)
+        base = predictor.tokenizer.base
+        return TokenizeResponse(
+            original=SegmentationOut(
+                ids=seg.original_ids,
+                tokens=[base.decode([i]) for i in seg.original_ids],
+                count=len(seg.original_ids),
+            ),
+            medtpe=SegmentationOut(
+                ids=seg.medtpe_ids,
+                tokens=predictor.tokenizer.tokens(seg.medtpe_ids),
+                count=len(seg.medtpe_ids),
+            ),
+            compression_rate=seg.compression_rate,
+        )
+
+    return router
+
+
+async def _all(coroutines: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
+    """Run concurrently; the first failure cancels the rest and is raised as itself."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            jobs = [group.create_task(coroutine) for coroutine in coroutines]
+    except ExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+    return [job.result() for job in jobs]
+
+
+def _record_segmentation(
+    predictor: Predictor, task: Task, events: list[MedsEvent], prediction_time: datetime | None
+) -> Segmentation:
+    prompt, _ = predictor.build(task, events, prediction_time)
+    return predictor.segment(prompt.text, special_tokens=True)
+
+
+def create_app(settings: ServiceSettings | None = None) -> FastAPI:
+    """The service app; the engine starts with the app (in the background) and stops with it."""
+    state = ServiceState(settings or ServiceSettings())
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        starting = asyncio.create_task(state.start())
+        try:
+            yield
+        finally:
+            starting.cancel()
+            state.stop()
+
+    app = FastAPI(
+        title="MedTPE prediction service",
+        version="0.1.0",
+        summary="Clinical predictions from MEDS events with losslessly compressed prompts.",
+        lifespan=lifespan,
+    )
+    app.state.service = state
+    install_error_handlers(app, state.metrics)
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=state.settings.max_request_bytes,
+        on_reject=state.metrics.rejections.labels("too_large").inc,
+    )
+    app.include_router(_api_router())
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        """The process is alive."""
+        return {"status": "alive"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        """200 once the engine is loaded and warmed up; 503 while starting, failed or dead."""
+        status = state.status
+        state.metrics.engine_ready.set(1 if status == "ready" else 0)
+        body: dict[str, object] = {"status": status}
+        if state.failure is not None:
+            body["detail"] = state.failure
+        if state.model is not None:
+            body["model"] = vars(state.model.identity)
+        return JSONResponse(body, 200 if status == "ready" else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """Prometheus exposition of the `medtpe_*` metrics."""
+        state.metrics.engine_ready.set(1 if state.status == "ready" else 0)
+        return Response(state.metrics.render(), media_type=state.metrics.content_type)
+
+    return app

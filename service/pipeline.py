@@ -1,0 +1,191 @@
+"""One record to one prediction: prompt (medtpe_core) → token ids → engine → decoded, parsed answer.
+
+The service calls these steps per request; they hold no HTTP concerns, so any other caller of the
+engine (e.g. an offline runner) gets the very same prompt, ids and answer parsing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from medtpe_core.chat_template import ChatTemplate
+from medtpe_core.meds import MedsEvent
+from medtpe_core.metrics import compression_rate
+from medtpe_core.prompting import Prompt, build_prompt
+from medtpe_core.tasks import Prediction, Task
+from medtpe_core.tokenizer import MedTPETokenizer
+from service.engine import GenerationEngine
+from service.settings import Mode
+
+
+@dataclass(frozen=True)
+class Segmentation:
+    """A text under both tokenizers."""
+
+    original_ids: list[int]
+    medtpe_ids: list[int]
+
+    @property
+    def compression_rate(self) -> float:
+        """1 - MedTPE tokens / original tokens."""
+        return compression_rate(len(self.original_ids), len(self.medtpe_ids))
+
+
+@dataclass(frozen=True)
+class PreparedRecord:
+    """A record's prompt, its ids under both tokenizers and the time each step took."""
+
+    task: Task
+    prompt: Prompt
+    prediction_time: datetime | None
+    segmentation: Segmentation
+    engine_ids: list[int]
+    """The ids the engine gets: MedTPE ids in `medtpe` mode, base ids in `original` mode."""
+    render_s: float
+    tokenize_s: float
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One generated answer."""
+
+    prediction: Prediction | None
+    format_ok: bool
+    text: str
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The majority answer over the samples of one record."""
+
+    prediction: Prediction | None
+    format_ok: bool
+    samples: list[Sample]
+    generate_s: float
+
+
+def majority_vote(
+    parsed: Sequence[tuple[Prediction | None, bool]],
+) -> tuple[Prediction | None, bool]:
+    """The most frequent parsed answer (ties: the earliest sample); (None, False) if none parsed."""
+    answers = [prediction for prediction, ok in parsed if ok]
+    if not answers:
+        return None, False
+    counts = Counter(_hashable(answer) for answer in answers)
+    winner = max(counts.values())
+    return next(a for a in answers if counts[_hashable(a)] == winner), True
+
+
+def _hashable(answer: Prediction | None) -> Any:
+    return tuple(answer) if isinstance(answer, list) else answer
+
+
+def default_prediction_time(events: Sequence[MedsEvent]) -> datetime | None:
+    """One minute after the last timed event, on the minute (None when no event has a time)."""
+    times = [event.time for event in events if event.time is not None]
+    if not times:
+        return None
+    return max(times).replace(second=0, microsecond=0) + timedelta(minutes=1)
+
+
+class Predictor:
+    """Prompt building, tokenization, generation and answer parsing for one model and mode."""
+
+    def __init__(
+        self,
+        tokenizer: MedTPETokenizer,
+        chat_template: ChatTemplate,
+        mode: Mode,
+        max_input_tokens: int,
+        descriptions: Mapping[str, str] | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.mode = mode
+        self.max_input_tokens = max_input_tokens
+        self.descriptions = dict(descriptions or {})
+
+    def segment(self, text: str, special_tokens: bool = False) -> Segmentation:
+        """`text` under the base and the MedTPE tokenizer (one base pass for both)."""
+        base_ids = self.tokenizer.base_encode(text, special_tokens)
+        return Segmentation(base_ids, self.tokenizer.encode_ids(base_ids))
+
+    def engine_ids(self, segmentation: Segmentation) -> list[int]:
+        """The ids this mode feeds the engine: MedTPE ids, or base ids in `original` mode."""
+        return segmentation.medtpe_ids if self.mode == "medtpe" else segmentation.original_ids
+
+    def build(
+        self, task: Task, events: Sequence[MedsEvent], prediction_time: datetime | None
+    ) -> tuple[Prompt, datetime | None]:
+        """The task prompt for `events` within the input budget, and the prediction time used."""
+        when = prediction_time if prediction_time is not None else default_prediction_time(events)
+        prompt = build_prompt(
+            task,
+            events,
+            when,
+            self.tokenizer.base,
+            self.chat_template,
+            self.max_input_tokens,
+            self.descriptions,
+        )
+        return prompt, when
+
+    def prepare(
+        self, task: Task, events: Sequence[MedsEvent], prediction_time: datetime | None
+    ) -> PreparedRecord:
+        """Render the record into the task prompt and tokenize it (CPU work, no engine)."""
+        start = time.perf_counter()
+        prompt, when = self.build(task, events, prediction_time)
+        rendered = time.perf_counter()
+        segmentation = self.segment(prompt.text, special_tokens=True)
+        tokenized = time.perf_counter()
+        return PreparedRecord(
+            task=task,
+            prompt=prompt,
+            prediction_time=when,
+            segmentation=segmentation,
+            engine_ids=self.engine_ids(segmentation),
+            render_s=rendered - start,
+            tokenize_s=tokenized - rendered,
+        )
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of generated ids, with the tokenizer of this mode."""
+        if self.mode == "medtpe":
+            return self.tokenizer.decode(ids)
+        return self.tokenizer.base.decode(ids)
+
+    async def answer(
+        self,
+        engine: GenerationEngine,
+        record: PreparedRecord,
+        *,
+        n_samples: int,
+        temperature: float,
+        max_new_tokens: int,
+    ) -> Answer:
+        """Generate, decode and parse; majority vote over `n_samples` answers.
+
+        At temperature 0 every sample would be the same greedy answer, so one is generated and
+        counted `n_samples` times.
+        """
+        start = time.perf_counter()
+        n = n_samples if temperature > 0 else 1
+        outputs = await engine.generate(
+            record.engine_ids, n=n, temperature=temperature, max_new_tokens=max_new_tokens
+        )
+        generate_s = time.perf_counter() - start
+        samples = []
+        for ids in outputs:
+            text = self.decode(ids)
+            prediction, format_ok = record.task.parse_answer(text)
+            samples.append(Sample(prediction, format_ok, text))
+        if n < n_samples:
+            samples = samples * n_samples
+        prediction, format_ok = majority_vote([(s.prediction, s.format_ok) for s in samples])
+        return Answer(prediction, format_ok, samples, generate_s)
