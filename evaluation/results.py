@@ -1,0 +1,49 @@
+"""Per-record evaluation results: what one mode produced for one labelled record."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RecordResult:
+    """The outcome of one record under one mode (`original` or `medtpe`).
+
+    `prediction` is the parsed (majority-voted) answer, `None` when no sample parsed;
+    `latency_s` is the whole request path and `generate_s` its engine part; `n_tokens` counts
+    the prompt tokens fed to the model in this mode and `n_tokens_original` the same prompt
+    under the original tokenizer, so both modes of one record share `n_tokens_original` (equal
+    input information).
+    """
+
+    key: str
+    label: Any
+    prediction: Any
+    format_ok: bool
+    latency_s: float
+    generate_s: float
+    n_tokens: int
+    n_tokens_original: int
+    votes: list[Any] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (sets become sorted lists)."""
+        data = asdict(self)
+        for name in ("label", "prediction"):
+            data[name] = _jsonable(data[name])
+        data["votes"] = [_jsonable(vote) for vote in data["votes"]]
+        return data
+
+
+def record_key(subject_id: int, prediction_time: object) -> str:
+    """Identity of a labelled record across modes: subject and prediction time."""
+    return f"{subject_id}@{prediction_time}"
+
+
+def _jsonable(value: Any) -> Any:
+    """Sets and tuples (multi-label answers) as sorted lists; anything else unchanged."""
+    if isinstance(value, set | frozenset | tuple):
+        return sorted(value)
+    return value

@@ -1,0 +1,88 @@
+"""Run the records through the service's engine and pipeline, one record at a time, one mode
+per engine.
+
+A record's latency is the service's path for one request with nothing else in flight: prompt
+rendering within the budget, tokenization, generation, decoding and answer parsing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tqdm import tqdm
+
+from evaluation.records import EvalRecord
+from evaluation.results import RecordResult
+from evaluation.setup import ModeSetup
+from medtpe_core.tasks import Task
+from service.engine import GenerationEngine
+from service.pipeline import Predictor
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Generation settings shared by every mode of one evaluation."""
+
+    n_samples: int = 1
+    temperature: float = 0.0
+    max_new_tokens: int = 64
+
+
+async def evaluate_mode(
+    engine: GenerationEngine,
+    predictor: Predictor,
+    task: Task,
+    records: Sequence[EvalRecord],
+    sampling: Sampling,
+) -> list[RecordResult]:
+    """Answer each record in turn (after one warm-up request) and time it."""
+    await engine.warm_up(predictor.engine_ids(predictor.segment("Hello")))
+    results = []
+    for record in tqdm(records, desc=f"evaluate {predictor.mode}", unit="record"):
+        start = time.perf_counter()
+        prepared = predictor.prepare(task, record.events, record.prediction_time)
+        answer = await predictor.answer(
+            engine,
+            prepared,
+            n_samples=sampling.n_samples,
+            temperature=sampling.temperature,
+            max_new_tokens=sampling.max_new_tokens,
+        )
+        latency = time.perf_counter() - start
+        results.append(
+            RecordResult(
+                key=record.key,
+                label=record.label,
+                prediction=answer.prediction,
+                format_ok=answer.format_ok,
+                latency_s=latency,
+                generate_s=answer.generate_s,
+                n_tokens=len(prepared.engine_ids),
+                n_tokens_original=len(prepared.segmentation.original_ids),
+                votes=[sample.prediction for sample in answer.samples],
+                outputs=[sample.text for sample in answer.samples],
+            )
+        )
+    return results
+
+
+async def run_modes(
+    setups: Sequence[ModeSetup],
+    task: Task,
+    records: Sequence[EvalRecord],
+    sampling: Sampling,
+) -> dict[str, list[RecordResult]]:
+    """Evaluate each mode on its own engine, one after the other; each engine is shut down
+    before the next starts, so two never compete for memory or cores."""
+    results = {}
+    for setup in setups:
+        engine = GenerationEngine.start(setup.engine_config)
+        try:
+            results[setup.mode] = await evaluate_mode(
+                engine, setup.predictor, task, records, sampling
+            )
+        finally:
+            engine.shutdown()
+    return results

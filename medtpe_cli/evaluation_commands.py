@@ -1,0 +1,144 @@
+"""`medtpe evaluate`: a task's labelled records through the service's engine, original vs MedTPE.
+
+The engine (vLLM, torch) is imported inside the command, so loading the CLI stays light.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import click
+
+from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
+
+MODE_ORDER = {"original": ("original",), "medtpe": ("medtpe",), "both": ("original", "medtpe")}
+
+
+def _subject_ids(value: str | None) -> set[int] | None:
+    """Subject ids from a comma-separated list or a file holding one id per line."""
+    if value is None:
+        return None
+    path = Path(value)
+    text = path.read_text() if path.is_file() else value
+    try:
+        return {int(item) for item in text.replace(",", "\n").split() if item}
+    except ValueError as exc:
+        raise click.BadParameter(f"subject ids must be integers ({exc})") from exc
+
+
+@click.command("evaluate")
+@click.option("--meds", "meds_dir", required=True, type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--labels", "labels_path", required=True, type=click.Path(exists=True, path_type=Path)
+)
+@click.option("--task", "task_name", required=True, help="Task name (e.g. icu_mortality).")
+@click.option("--mode", type=click.Choice(list(MODE_ORDER)), default="both", show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="First N label rows.")
+@click.option(
+    "--subjects",
+    default=None,
+    help="Only these subjects: comma-separated ids or a file with one id per line.",
+)
+@click.option("--n-samples", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--temperature",
+    type=click.FloatRange(min=0.0),
+    default=None,
+    help="Sampling temperature [default: 0 for one sample, 0.7 for majority voting].",
+)
+@click.option(
+    "--max-input-tokens",
+    type=click.IntRange(min=1),
+    default=4096,
+    show_default=True,
+    help="Input budget in ORIGINAL tokenizer tokens, prompt included (same text for both "
+    "modes); shrunk to the model's context minus --max-new-tokens.",
+)
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=None)
+@click.option("--artefact", "artefact_dir", type=click.Path(path_type=Path), default=None)
+@click.option(
+    "--export-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Exported MedTPE checkpoint (written from --model and --artefact when missing or stale).",
+)
+@click.option("--kv-cache-gib", type=click.FloatRange(min=0.1), default=2.0, show_default=True)
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False, path_type=Path))
+def evaluate(
+    meds_dir: Path,
+    labels_path: Path,
+    task_name: str,
+    mode: str,
+    limit: int | None,
+    subjects: str | None,
+    n_samples: int,
+    temperature: float | None,
+    max_input_tokens: int,
+    max_new_tokens: int,
+    model_dir: Path | None,
+    artefact_dir: Path | None,
+    export_dir: Path | None,
+    kv_cache_gib: float,
+    seed: int,
+    out_path: Path,
+) -> None:
+    """Evaluate a task with the original and/or MedTPE tokenizer; writes a JSON report."""
+    from evaluation.records import load_records
+    from evaluation.report import build_report, format_table
+    from evaluation.runner import Sampling, run_modes
+    from evaluation.setup import mode_setup
+    from medtpe_core.tasks import get_task
+
+    task = get_task(task_name)
+    records = load_records(
+        meds_dir, labels_path, task, subjects=_subject_ids(subjects), limit=limit
+    )
+    if not records:
+        raise click.UsageError("no labelled records to evaluate")
+    sampling = Sampling(
+        n_samples=n_samples,
+        temperature=temperature if temperature is not None else (0.0 if n_samples == 1 else 0.7),
+        max_new_tokens=max_new_tokens,
+    )
+    setups = [
+        mode_setup(
+            name,
+            model_dir=model_dir or default_model_dir(),
+            artefact_dir=artefact_dir or default_artefact_dir(),
+            export_dir=export_dir or default_export_dir(),
+            codes_dir=meds_dir,
+            max_input_tokens=max_input_tokens,
+            max_new_tokens=max_new_tokens,
+            kv_cache_gib=kv_cache_gib,
+            seed=seed,
+        )
+        for name in MODE_ORDER[mode]
+    ]
+    results = asyncio.run(run_modes(setups, task, records, sampling))
+    budget = setups[0].predictor.max_input_tokens
+    settings = {
+        "task": task.name,
+        "meds": str(meds_dir),
+        "labels": str(labels_path),
+        "n_records": len(records),
+        "max_input_tokens": budget,
+        "n_samples": sampling.n_samples,
+        "temperature": sampling.temperature,
+        "max_new_tokens": max_new_tokens,
+        "seed": seed,
+        "models": {setup.mode: asdict(setup.identity) for setup in setups},
+    }
+    report = build_report(task, results, settings=settings)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(report, indent=2) + "\n")
+    click.echo(f"{task.title}: {len(records)} records, input budget {budget} original tokens")
+    click.echo(format_table(report))
+    click.echo(f"report: {out_path}")
+
+
+commands = [evaluate]

@@ -1,0 +1,122 @@
+"""The evaluation report's maths on hand-made per-record results: FCR, latency, tokens, CR,
+agreement, the JSON shape and the printed table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from evaluation.report import agreement, as_target, build_report, format_table, summarise_mode
+from evaluation.results import RecordResult, record_key
+from medtpe_core.metrics import bootstrap_f1
+from medtpe_core.tasks import get_task
+
+MORTALITY = get_task("icu_mortality")
+PHENOTYPING = get_task("phenotyping")
+
+
+def result(
+    i: int,
+    label: object,
+    prediction: object,
+    *,
+    ok: bool = True,
+    latency: float = 1.0,
+    tokens: int = 100,
+    original: int = 100,
+) -> RecordResult:
+    """One hand-made record result."""
+    return RecordResult(
+        key=record_key(i, "2150-03-02T08:00:00"),
+        label=label,
+        prediction=prediction,
+        format_ok=ok,
+        latency_s=latency,
+        generate_s=0.9 * latency,
+        n_tokens=tokens,
+        n_tokens_original=original,
+    )
+
+
+ORIGINAL = [
+    result(1, True, True, latency=4.0, tokens=1000, original=1000),
+    result(2, False, False, latency=2.0, tokens=600, original=600),
+    result(3, True, None, ok=False, latency=3.0, tokens=800, original=800),
+    result(4, False, True, latency=3.0, tokens=600, original=600),
+]
+MEDTPE = [
+    result(1, True, True, latency=2.0, tokens=700, original=1000),
+    result(2, False, False, latency=1.0, tokens=400, original=600),
+    result(3, True, None, ok=False, latency=1.5, tokens=500, original=800),
+    result(4, False, False, latency=1.5, tokens=400, original=600),
+]
+
+
+def test_summary_figures() -> None:
+    summary = summarise_mode("medtpe", MORTALITY, MEDTPE)
+    assert summary["n_records"] == 4
+    assert summary["fcr"] == pytest.approx(0.75)
+    assert summary["latency_s_total"] == pytest.approx(6.0)
+    assert summary["latency_s_mean"] == pytest.approx(1.5)
+    assert summary["generate_s_mean"] == pytest.approx(0.9 * 1.5)
+    assert summary["tokens_mean"] == pytest.approx(500.0)
+    assert summary["tokens_original_mean"] == pytest.approx(750.0)
+    assert summary["compression_rate"] == pytest.approx(1 - 2000 / 3000)
+    assert "compression_rate" not in summarise_mode("original", MORTALITY, ORIGINAL)
+
+
+def test_f1_counts_unparsed_answers_as_negative() -> None:
+    # record 3: positive label, no answer -> a false negative, not a dropped row
+    summary = summarise_mode("original", MORTALITY, ORIGINAL, n_resamples=200, seed=3)
+    expected = bootstrap_f1([True, False, True, False], [True, False, False, True], 200, seed=3)
+    assert (summary["f1"], summary["f1_std"]) == pytest.approx(expected)
+
+
+def test_targets_for_binary_and_multilabel() -> None:
+    assert as_target(MORTALITY, None) is False
+    assert as_target(MORTALITY, True) is True
+    first, third = PHENOTYPING.labels[0], PHENOTYPING.labels[2]
+    vector = as_target(PHENOTYPING, [first, third])
+    assert vector[0] and vector[2] and sum(vector) == 2
+    assert as_target(PHENOTYPING, None) == [False] * len(PHENOTYPING.labels)
+
+
+def test_agreement_counts_equal_answers_including_no_answer() -> None:
+    # records 1, 2 equal; 3 both unparsed (same: no answer); 4 differs
+    assert agreement(ORIGINAL, MEDTPE) == pytest.approx(0.75)
+
+
+def test_agreement_needs_the_same_records() -> None:
+    with pytest.raises(ValueError, match="same"):
+        agreement(ORIGINAL, MEDTPE[:3])
+
+
+def test_report_json_shape() -> None:
+    report = build_report(
+        MORTALITY, {"original": ORIGINAL, "medtpe": MEDTPE}, settings={"task": "icu_mortality"}
+    )
+    decoded = json.loads(json.dumps(report))
+    required = {"f1", "f1_std", "fcr", "latency_s_mean", "latency_s_total", "tokens_mean"}
+    assert required <= set(decoded["original"])
+    assert required | {"compression_rate"} <= set(decoded["medtpe"])
+    assert decoded["agreement"] == pytest.approx(0.75)
+    assert decoded["latency_reduction"] == pytest.approx(1 - 6.0 / 12.0)
+    assert [r["key"] for r in decoded["records"]["medtpe"]] == [r.key for r in MEDTPE]
+
+
+def test_single_mode_report_has_no_agreement() -> None:
+    report = build_report(MORTALITY, {"medtpe": MEDTPE}, settings={})
+    assert "original" not in report and "agreement" not in report
+
+
+def test_table_lists_both_modes_and_the_comparison() -> None:
+    report = build_report(MORTALITY, {"original": ORIGINAL, "medtpe": MEDTPE}, settings={})
+    table = format_table(report)
+    lines = table.splitlines()
+    assert lines[0].split()[:3] == ["tokenizer", "F1", "FCR"]
+    original_row = next(line for line in lines if line.startswith("original"))
+    medtpe_row = next(line for line in lines if line.startswith("medtpe"))
+    assert "75.0%" in original_row and original_row.rstrip().endswith("-")
+    assert medtpe_row.rstrip().endswith("33.3%")
+    assert "latency reduction 50.0%" in table and "75.0% of records" in table
