@@ -27,6 +27,10 @@ install: $(STAMP)
 model: install
 	$(BIN)/medtpe prepare-model
 
+# Rebuild the committed default artefact (tokenizer + SSFT rows) from the MIMIC-IV demo (CPU: ~1 h).
+artefact: model
+	$(BIN)/python benchmarks/build_default_artefact.py
+
 # First command of the README: set up, prepare the default model if needed, serve.
 serve: model
 	$(BIN)/medtpe serve --host $(HOST) --port $(PORT)
