@@ -3,10 +3,19 @@ small MedTPE artefact for the default model, used only while no default artefact
 
 from __future__ import annotations
 
+import os
 import random
+import signal
+import socket
+import subprocess
+import sys
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+import httpx
+import psutil
 
 # (code, low, high): ICU chart items and labs in MIMIC-IV MEDS spelling, without descriptions.
 _MEASUREMENTS = [
@@ -98,3 +107,119 @@ def build_test_artefact(model_dir: Path, out_dir: Path, budget: int = 400) -> Pa
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
     save_rows(out_dir, init_new_rows(model, tokenizer.new_tokens), model_fingerprint(model))
     return out_dir
+
+
+def service_artefact(cache: Path) -> tuple[Path, Path]:
+    """(artefact dir, export dir) for service tests: the default artefact once it is trained,
+    else a stand-in built here; the base model is prepared and the checkpoint exported first,
+    so service processes started afterwards only load files."""
+    from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
+    from service.model_setup import ensure_base_model, ensure_export
+
+    model_dir = ensure_base_model(default_model_dir())
+    artefact, export = default_artefact_dir(), default_export_dir()
+    if not (artefact / "embeddings.safetensors").is_file():
+        artefact, export = cache / "service-artefact", cache / "service-export"
+        if not (artefact / "embeddings.safetensors").is_file():
+            build_test_artefact(model_dir, artefact)
+    ensure_export(model_dir, artefact, export)
+    return artefact, export
+
+
+SERVICE_API_KEY = "test-key-1"
+
+
+def service_env(service_files: tuple[Path, Path], **overrides: str) -> dict[str, str]:
+    """Environment of a test service: small input budget and KV cache, eager engine."""
+    artefact, export = service_files
+    env = {
+        "MEDTPE_ARTEFACT_DIR": str(artefact),
+        "MEDTPE_EXPORT_DIR": str(export),
+        "MEDTPE_MAX_INPUT_TOKENS": "1024",
+        "MEDTPE_MAX_NEW_TOKENS": "16",
+        "MEDTPE_KV_CACHE_GIB": "1",
+        "MEDTPE_ENFORCE_EAGER": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    }
+    env.update(overrides)
+    return env
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServiceProcess:
+    """`medtpe serve` in a subprocess on 127.0.0.1, its output in a log file."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        medtpe = Path(sys.executable).with_name("medtpe")
+        self.process = subprocess.Popen(
+            [str(medtpe), "serve", "--host", "127.0.0.1", "--port", str(self.port)],
+            env={**os.environ, **env},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def log(self) -> str:
+        """Everything the service printed so far."""
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout_s: float = 600) -> None:
+        """Poll `/readyz` until it is green; fail with the log tail if the process dies."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"service exited ({self.process.returncode}):\n{self.log()[-4000:]}"
+                )
+            try:
+                if httpx.get(self.url + "/readyz", timeout=5).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(1)
+        raise TimeoutError(f"service not ready after {timeout_s} s:\n{self.log()[-4000:]}")
+
+    def engine_core_pids(self) -> list[int]:
+        """Pids of the vLLM engine processes this service started."""
+        children = psutil.Process(self.process.pid).children(recursive=True)
+        return [
+            child.pid
+            for child in children
+            if "EngineCore" in " ".join(child.cmdline() or [child.name()])
+        ]
+
+    def stop(self, timeout_s: float = 120) -> int:
+        """SIGTERM, wait for the exit; returns the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+        return self.process.returncode
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """The value of one sample of a Prometheus exposition (0 when absent)."""
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        sample, _, value = line.rpartition(" ")
+        metric, _, label_text = sample.partition("{")
+        if metric != name:
+            continue
+        found = dict(part.split("=", 1) for part in label_text.rstrip("}").split(",") if part)
+        if all(found.get(k) == f'"{v}"' for k, v in labels.items()):
+            return float(value)
+    return 0.0

@@ -1,0 +1,36 @@
+"""Shared fixtures. The service fixtures start real `medtpe serve` processes (vLLM engine on the
+default model), once per session: engine start-up dominates their cost."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from service_support import SERVICE_API_KEY, ServiceProcess, service_artefact, service_env
+
+
+@pytest.fixture(scope="session")
+def service_files() -> tuple[Path, Path]:
+    """(artefact dir, export dir) the service tests run on, prepared once."""
+    from medtpe_core.paths import cache_dir
+
+    return service_artefact(cache_dir() / "test-fixtures")
+
+
+@pytest.fixture(scope="session")
+def service_server(
+    service_files: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServiceProcess]:
+    """The service with API keys and a 256 KiB body limit (stopped by the shutdown test)."""
+    env = service_env(
+        service_files,
+        MEDTPE_API_KEYS=f"{SERVICE_API_KEY},test-key-2",
+        MEDTPE_MAX_REQUEST_BYTES=str(256 * 1024),
+    )
+    server = ServiceProcess(env, tmp_path_factory.mktemp("service") / "service.log")
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()

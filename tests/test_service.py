@@ -1,0 +1,233 @@
+"""The prediction service against a real vLLM engine on the default model (one server per session):
+predictions, batch, tokenization, concurrency, metrics, and every rejection path."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from service_support import SERVICE_API_KEY, ServiceProcess, metric_value, synthetic_events
+
+pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
+
+AUTH = {"Authorization": f"Bearer {SERVICE_API_KEY}"}
+
+
+def post(server: ServiceProcess, path: str, body: object, **kwargs) -> httpx.Response:
+    """POST JSON with the API key."""
+    headers = {**AUTH, **kwargs.pop("headers", {})}
+    return httpx.post(server.url + path, json=body, headers=headers, timeout=300, **kwargs)
+
+
+def record(subject_id: int, n_events: int = 30, **extra) -> dict:
+    """A predict request for a synthetic record."""
+    return {"task": "icu_mortality", "events": synthetic_events(subject_id, n_events), **extra}
+
+
+def test_health_and_readiness(service_server: ServiceProcess) -> None:
+    assert httpx.get(service_server.url + "/healthz").json() == {"status": "alive"}
+    ready = httpx.get(service_server.url + "/readyz")
+    assert ready.status_code == 200
+    body = ready.json()
+    assert body["status"] == "ready"
+    assert body["model"]["mode"] == "medtpe"
+    assert len(body["model"]["artefact_id"]) == 12
+
+
+def test_predict(service_server: ServiceProcess) -> None:
+    body = record(1, options={"n_samples": 3, "return_text": True})
+    response = post(service_server, "/predict", body)
+    assert response.status_code == 200, response.text
+    out = response.json()
+    assert out["task"] == "icu_mortality"
+    assert out["prediction"] in (True, False, None)
+    assert out["format_ok"] == (out["prediction"] is not None)
+    assert len(out["votes"]) == 3 and all(isinstance(v["text"], str) for v in out["votes"])
+    tokens = out["tokens"]
+    assert 0 < tokens["medtpe"] < tokens["original"] <= 1024
+    assert tokens["compression_rate"] == pytest.approx(1 - tokens["medtpe"] / tokens["original"])
+    latency = out["latency_ms"]
+    assert all(latency[k] > 0 for k in ("render", "tokenize", "generate", "total"))
+    assert latency["total"] >= latency["generate"]
+    last_event = max(e["time"] for e in body["events"] if e["time"])
+    assert out["prediction_time"] > last_event  # default: just after the last event
+    assert out["events"]["total"] == len(body["events"])
+    model = out["model"]
+    assert model["name"] == "smollm2-135m-instruct" and model["mode"] == "medtpe"
+    assert len(model["base_fingerprint"]) == 64
+
+
+def test_predict_long_record_is_cut_to_the_budget(service_server: ServiceProcess) -> None:
+    out = post(service_server, "/predict", record(2, 400)).json()
+    assert out["tokens"]["original"] <= 1024
+    assert 0 < out["events"]["kept"] < out["events"]["total"]
+
+
+def test_tokenize_text_both_segmentations(service_server: ServiceProcess) -> None:
+    text = "[2150-01-01 08:00] Heart Rate: 88 bpm\n[2150-01-01 08:05] Heart Rate: 91 bpm"
+    out = post(service_server, "/tokenize", {"text": text}).json()
+    for side in ("original", "medtpe"):
+        assert "".join(out[side]["tokens"]) == text
+        assert out[side]["count"] == len(out[side]["ids"]) == len(out[side]["tokens"])
+    assert out["medtpe"]["count"] < out["original"]["count"]
+    assert out["compression_rate"] == pytest.approx(
+        1 - out["medtpe"]["count"] / out["original"]["count"]
+    )
+
+
+def test_tokenize_record_matches_predict(service_server: ServiceProcess) -> None:
+    body = record(3)
+    tokenized = post(service_server, "/tokenize", body).json()
+    predicted = post(service_server, "/predict", body).json()
+    assert tokenized["original"]["count"] == predicted["tokens"]["original"]
+    assert tokenized["medtpe"]["count"] == predicted["tokens"]["medtpe"]
+
+
+def test_batch_matches_single_requests(service_server: ServiceProcess) -> None:
+    records = [record(10 + i) for i in range(3)]
+    batch = post(service_server, "/predict/batch", {"records": records})
+    assert batch.status_code == 200, batch.text
+    results = batch.json()["results"]
+    assert len(results) == 3
+    for r, result in zip(records, results, strict=True):
+        single = post(service_server, "/predict", r).json()
+        assert_same_answer(single, result)
+
+
+def assert_same_answer(single: dict, other: dict) -> None:
+    """Same record at temperature 0: same prompt, same parsed answer."""
+    assert other["tokens"] == single["tokens"]
+    assert other["prediction_time"] == single["prediction_time"]
+    assert (other["prediction"], other["format_ok"]) == (single["prediction"], single["format_ok"])
+
+
+def test_sixteen_concurrent_requests(service_server: ServiceProcess) -> None:
+    records = [record(100 + i, 20) for i in range(16)]
+    singles = [post(service_server, "/predict", r).json() for r in records]
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=service_server.url, headers=AUTH, timeout=300) as c:
+            return await asyncio.gather(*(c.post("/predict", json=r) for r in records))
+
+    responses = asyncio.run(burst())
+    assert [r.status_code for r in responses] == [200] * 16
+    for single, response in zip(singles, responses, strict=True):
+        assert_same_answer(single, response.json())
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": "Bearer wrong"}, {"X-API-Key": "wrong"}, {"Authorization": "Basic x"}],
+)
+def test_unauthorized(service_server: ServiceProcess, headers: dict) -> None:
+    response = httpx.post(service_server.url + "/predict", json=record(4), headers=headers)
+    assert response.status_code == 401
+    assert response.json()["error"] == "unauthorized"
+    assert response.headers["www-authenticate"] == "Bearer"
+
+
+def test_second_key_and_x_api_key_accepted(service_server: ServiceProcess) -> None:
+    response = httpx.post(
+        service_server.url + "/tokenize", json={"text": "x"}, headers={"X-API-Key": "test-key-2"}
+    )
+    assert response.status_code == 200
+
+
+def test_request_too_large(service_server: ServiceProcess) -> None:
+    big = {"text": "x" * 300_000}
+    assert post(service_server, "/tokenize", big).status_code == 413
+
+    def chunks():  # no Content-Length: counted while it streams in
+        data = json.dumps(big).encode()
+        for i in range(0, len(data), 65536):
+            yield data[i : i + 65536]
+
+    response = httpx.post(
+        service_server.url + "/tokenize",
+        content=chunks(),
+        headers={**AUTH, "content-type": "application/json"},
+    )
+    assert response.status_code == 413
+    assert response.json()["error"] == "too_large"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "loc"),
+    [
+        (lambda b: b["events"][1].update(time="not a time"), ["body", "events", 1, "time"]),
+        (
+            lambda b: b["events"][2].update(numeric_value="high"),
+            ["body", "events", 2, "numeric_value"],
+        ),
+        (lambda b: b["events"][0].pop("code"), ["body", "events", 0, "code"]),
+        (lambda b: b["events"][0].update(colour="red"), ["body", "events", 0, "colour"]),
+        (lambda b: b.update(events=[]), ["body", "events"]),
+        (lambda b: b.update(options={"n_samples": 0}), ["body", "options", "n_samples"]),
+        (lambda b: b.update(options={"n_samples": 99}), ["body", "options", "n_samples"]),
+        (lambda b: b.pop("task"), ["body", "task"]),
+    ],
+)
+def test_schema_errors_name_the_field(service_server: ServiceProcess, mutate, loc) -> None:
+    body = record(5)
+    mutate(body)
+    response = post(service_server, "/predict", body)
+    assert response.status_code == 422
+    out = response.json()
+    assert out["error"] == "invalid_request"
+    assert loc in [item["loc"] for item in out["detail"]]
+
+
+def test_unknown_task(service_server: ServiceProcess) -> None:
+    response = post(service_server, "/predict", record(6) | {"task": "horoscope"})
+    assert response.status_code == 422
+    out = response.json()
+    assert out["error"] == "unknown_task"
+    assert out["detail"][0]["loc"] == ["body", "task"]
+    assert "icu_mortality" in out["detail"][0]["msg"]
+    batch = post(
+        service_server, "/predict/batch", {"records": [record(7), record(8) | {"task": "x"}]}
+    )
+    assert batch.status_code == 422
+    assert batch.json()["detail"][0]["loc"] == ["body", "records", 1, "task"]
+
+
+def test_tokenize_needs_text_or_record(service_server: ServiceProcess) -> None:
+    assert post(service_server, "/tokenize", {}).status_code == 422
+    assert post(service_server, "/tokenize", {"events": synthetic_events(1, 3)}).status_code == 422
+
+
+def test_metrics_after_traffic(service_server: ServiceProcess) -> None:
+    post(service_server, "/predict", record(9))
+    httpx.post(service_server.url + "/predict", json=record(9))  # unauthorized
+    post(service_server, "/predict", record(9) | {"task": "x"})  # unknown task
+    post(service_server, "/predict", record(9) | {"events": []})  # invalid
+    text = httpx.get(service_server.url + "/metrics").text
+    m = metric_value
+    assert (
+        m(text, "medtpe_request_latency_seconds_count", endpoint="predict", task="icu_mortality")
+        >= 1
+    )
+    assert (
+        m(text, "medtpe_generation_latency_seconds_count", task="icu_mortality", mode="medtpe") >= 1
+    )
+    original = m(text, "medtpe_prompt_tokens_total", tokenizer="original", task="icu_mortality")
+    medtpe = m(text, "medtpe_prompt_tokens_total", tokenizer="medtpe", task="icu_mortality")
+    assert original > medtpe > 0
+    assert m(text, "medtpe_prompt_tokens_count", tokenizer="medtpe", task="icu_mortality") >= 1
+    assert m(text, "medtpe_compression_rate_count", task="icu_mortality") >= 1
+    compliance = sum(
+        m(text, "medtpe_format_compliance_total", task="icu_mortality", result=r)
+        for r in ("ok", "fail")
+    )
+    assert compliance >= 1
+    for reason in ("unauthorized", "unknown_task", "invalid"):
+        assert m(text, "medtpe_rejections_total", reason=reason) >= 1
+    assert m(text, "medtpe_inflight_requests") == 0
+    assert m(text, "medtpe_engine_ready") == 1
+    # no patient data in labels, nor in the log
+    for needle in ("LAB//", "2150-", "subject"):
+        assert needle not in text
+    log = service_server.log()
+    assert "LAB//220045" not in log and "numeric_value" not in log
