@@ -1,0 +1,307 @@
+"""The authenticated API: `/predict`, `/predict/batch`, `/tokenize`.
+
+Per request: admission (queue limit), deadline, in-flight gauge, latency histogram, one log line
+with endpoint, task, status, record count and time — never record content.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+import traceback
+from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Depends, Header, Request
+
+from medtpe_core.meds import MedsEvent
+from medtpe_core.tasks import Task, UnknownTaskError, get_task
+from service.engine import EngineDead
+from service.errors import ApiError, field_error
+from service.limits import QueueFull
+from service.model_setup import LoadedModel
+from service.pipeline import Predictor, Segmentation
+from service.schemas import (
+    BatchRequest,
+    BatchResponse,
+    Latency,
+    ModelInfo,
+    PredictRequest,
+    PredictResponse,
+    TokenCounts,
+    TokenizeRequest,
+    TokenizeResponse,
+    Vote,
+)
+from service.schemas import Segmentation as SegmentationOut
+from service.state import ServiceState
+
+logger = logging.getLogger("medtpe.service")
+T = TypeVar("T")
+
+
+def _state(request: Request) -> ServiceState:
+    return request.app.state.service
+
+
+StateDep = Annotated[ServiceState, Depends(_state)]
+
+
+def _require_api_key(
+    state: StateDep,
+    authorization: Annotated[str | None, Header()] = None,
+    x_api_key: Annotated[str | None, Header()] = None,
+) -> None:
+    """`Authorization: Bearer KEY` or `X-API-Key: KEY`, when API keys are configured."""
+    keys = state.settings.api_keys
+    if not keys:
+        return
+    given = x_api_key
+    if authorization and authorization.lower().startswith("bearer "):
+        given = authorization[7:].strip()
+    if given is None or not any(secrets.compare_digest(given, key) for key in keys):
+        state.metrics.rejections.labels("unauthorized").inc()
+        raise ApiError(
+            401,
+            "unauthorized",
+            "a valid API key is required (Authorization: Bearer KEY or X-API-Key)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+def _task(state: ServiceState, name: str, loc: Sequence[str | int]) -> Task:
+    try:
+        return get_task(name)
+    except UnknownTaskError as exc:
+        state.metrics.rejections.labels("unknown_task").inc()
+        raise ApiError(422, "unknown_task", field_error(loc, str(exc), "unknown_task")) from exc
+
+
+def _check_options(state: ServiceState, request: PredictRequest, loc: Sequence[str | int]) -> None:
+    limit = state.settings.max_n_samples
+    if request.options.n_samples > limit:
+        state.metrics.rejections.labels("invalid").inc()
+        raise ApiError(
+            422,
+            "invalid_request",
+            field_error(
+                [*loc, "options", "n_samples"],
+                f"at most {limit} samples per record",
+                "less_than_equal",
+            ),
+        )
+
+
+async def _predict_record(
+    state: ServiceState, model: LoadedModel, task: Task, request: PredictRequest
+) -> PredictResponse:
+    """Render and tokenize (worker thread), then generate within a concurrency slot."""
+    assert state.engine is not None
+    predictor: Predictor = model.predictor
+    start = time.perf_counter()
+    record = await asyncio.to_thread(
+        predictor.prepare, task, request.events, request.prediction_time
+    )
+    temperature = request.options.temperature
+    if temperature is None:
+        temperature = state.settings.temperature
+    try:
+        async with state.admission.slot():
+            answer = await predictor.answer(
+                state.engine,
+                record,
+                n_samples=request.options.n_samples,
+                temperature=temperature,
+                max_new_tokens=state.settings.max_new_tokens,
+            )
+    except EngineDead as exc:
+        state.metrics.errors.labels("engine").inc()
+        state.metrics.engine_ready.set(0)
+        raise ApiError(503, "engine_dead", "the engine died; this instance is not ready") from exc
+    total = time.perf_counter() - start
+    seg = record.segmentation
+    metrics = state.metrics
+    metrics.generation_latency.labels(task.name, predictor.mode).observe(answer.generate_s)
+    metrics.observe_record(
+        task.name,
+        len(seg.original_ids),
+        len(seg.medtpe_ids),
+        seg.compression_rate,
+        answer.format_ok,
+    )
+    return PredictResponse(
+        task=task.name,
+        prediction=answer.prediction,
+        format_ok=answer.format_ok,
+        votes=[
+            Vote(
+                prediction=s.prediction,
+                format_ok=s.format_ok,
+                text=s.text if request.options.return_text else None,
+            )
+            for s in answer.samples
+        ],
+        prediction_time=record.prediction_time,
+        events={"total": record.prompt.n_events_total, "kept": record.prompt.n_events_kept},
+        tokens=TokenCounts(
+            original=len(seg.original_ids),
+            medtpe=len(seg.medtpe_ids),
+            compression_rate=seg.compression_rate,
+        ),
+        latency_ms=Latency(
+            render=record.render_s * 1e3,
+            tokenize=record.tokenize_s * 1e3,
+            generate=answer.generate_s * 1e3,
+            total=total * 1e3,
+        ),
+        model=ModelInfo(**vars(model.identity)),
+    )
+
+
+@asynccontextmanager
+async def _served(
+    state: ServiceState, endpoint: str, task: str, n_records: int
+) -> AsyncIterator[None]:
+    """Admission, deadline, in-flight gauge, latency histogram and one log line per request."""
+    metrics = state.metrics
+    start = time.perf_counter()
+    status = 200
+    try:
+        with state.admission.admit(n_records), metrics.inflight.track_inprogress():
+            async with asyncio.timeout(state.settings.request_timeout_s):
+                yield
+    except QueueFull as exc:
+        status = 503
+        metrics.rejections.labels("queue_full").inc()
+        raise ApiError(
+            503,
+            "queue_full",
+            "too many requests in flight; retry later",
+            headers={"Retry-After": str(exc.retry_after_s)},
+        ) from exc
+    except TimeoutError as exc:
+        status = 504
+        metrics.errors.labels("timeout").inc()
+        raise ApiError(
+            504, "timeout", f"no answer within {state.settings.request_timeout_s} s"
+        ) from exc
+    except ApiError as exc:
+        status = exc.status
+        raise
+    except Exception as exc:
+        status = 500
+        metrics.errors.labels("internal").inc()
+        # the exception text may quote record content: log its type and stack only
+        logger.error(
+            "internal error %s on %s\n%s",
+            type(exc).__name__,
+            endpoint,
+            "".join(traceback.format_tb(exc.__traceback__)),
+        )
+        raise ApiError(500, "internal", "internal error") from exc
+    finally:
+        elapsed = time.perf_counter() - start
+        metrics.request_latency.labels(endpoint, task).observe(elapsed)
+        logger.info(
+            "%s task=%s records=%d status=%d ms=%.1f",
+            endpoint,
+            task,
+            n_records,
+            status,
+            elapsed * 1e3,
+        )
+
+
+def api_router() -> APIRouter:
+    """The routes that need an API key (when keys are configured)."""
+    router = APIRouter(dependencies=[Depends(_require_api_key)])
+
+    @router.post("/predict", response_model=PredictResponse)
+    async def predict(body: PredictRequest, state: StateDep) -> PredictResponse:
+        """Predict the task for one record."""
+        model = state.loaded(need_engine=True)
+        task = _task(state, body.task, ["body", "task"])
+        _check_options(state, body, ["body"])
+        async with _served(state, "predict", task.name, 1):
+            return await _predict_record(state, model, task, body)
+
+    @router.post("/predict/batch", response_model=BatchResponse)
+    async def predict_batch(body: BatchRequest, state: StateDep) -> BatchResponse:
+        """Predict several records, generated concurrently; answers in request order."""
+        model = state.loaded(need_engine=True)
+        tasks = []
+        for i, record in enumerate(body.records):
+            tasks.append(_task(state, record.task, ["body", "records", i, "task"]))
+            _check_options(state, record, ["body", "records", i])
+        if len(body.records) > state.admission.capacity:
+            state.metrics.rejections.labels("invalid").inc()
+            raise ApiError(
+                422,
+                "invalid_request",
+                field_error(
+                    ["body", "records"],
+                    f"at most {state.admission.capacity} records per batch",
+                    "too_long",
+                ),
+            )
+        names = {task.name for task in tasks}
+        label = names.pop() if len(names) == 1 else "mixed"
+        async with _served(state, "predict_batch", label, len(tasks)):
+            results = await _all(
+                _predict_record(state, model, task, record)
+                for task, record in zip(tasks, body.records, strict=True)
+            )
+        return BatchResponse(results=results)
+
+    @router.post("/tokenize", response_model=TokenizeResponse)
+    async def tokenize(body: TokenizeRequest, state: StateDep) -> TokenizeResponse:
+        """Both segmentations of a text, or of the full prompt of a record and task."""
+        predictor = state.loaded(need_engine=False).predictor
+        start = time.perf_counter()
+        if body.text is not None:
+            seg = await asyncio.to_thread(predictor.segment, body.text)
+            label = "text"
+        else:
+            task = _task(state, body.task or "", ["body", "task"])
+            seg = await asyncio.to_thread(
+                _record_segmentation, predictor, task, body.events or [], body.prediction_time
+            )
+            label = task.name
+        state.metrics.request_latency.labels("tokenize", label).observe(time.perf_counter() - start)
+        base = predictor.tokenizer.base
+        return TokenizeResponse(
+            original=SegmentationOut(
+                ids=seg.original_ids,
+                tokens=[base.decode([i]) for i in seg.original_ids],
+                count=len(seg.original_ids),
+            ),
+            medtpe=SegmentationOut(
+                ids=seg.medtpe_ids,
+                tokens=predictor.tokenizer.tokens(seg.medtpe_ids),
+                count=len(seg.medtpe_ids),
+            ),
+            compression_rate=seg.compression_rate,
+        )
+
+    return router
+
+
+async def _all(coroutines: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
+    """Run concurrently; the first failure cancels the rest and is raised as itself."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            jobs = [group.create_task(coroutine) for coroutine in coroutines]
+    except ExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+    return [job.result() for job in jobs]
+
+
+def _record_segmentation(
+    predictor: Predictor, task: Task, events: list[MedsEvent], prediction_time: datetime | None
+) -> Segmentation:
+    prompt, _ = predictor.build(task, events, prediction_time)
+    return predictor.segment(prompt.text, special_tokens=True)

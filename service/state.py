@@ -1,0 +1,68 @@
+"""Runtime state of one service instance: settings, metrics, limits, and once started the loaded
+model and the engine (started in the background, so health probes answer at once)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from service.engine import GenerationEngine
+from service.errors import ApiError
+from service.limits import Admission
+from service.metrics import ServiceMetrics
+from service.model_setup import LoadedModel, load_model
+from service.settings import ServiceSettings
+
+logger = logging.getLogger("medtpe.service")
+
+
+class ServiceState:
+    """What one app instance holds: settings, metrics, limits, and once started, model + engine."""
+
+    def __init__(self, settings: ServiceSettings) -> None:
+        self.settings = settings
+        self.metrics = ServiceMetrics()
+        self.admission = Admission(settings.max_concurrency, settings.queue_limit)
+        self.model: LoadedModel | None = None
+        self.engine: GenerationEngine | None = None
+        self.warmed_up = False
+        self.failure: str | None = None
+
+    @property
+    def status(self) -> str:
+        """`ready`, `starting`, `failed` (start-up error) or `engine_dead`."""
+        if self.failure is not None:
+            return "failed"
+        if self.engine is not None and self.engine.dead:
+            return "engine_dead"
+        return "ready" if self.warmed_up else "starting"
+
+    async def start(self) -> None:
+        """Prepare the model files, start the engine, warm it up (runs in the background)."""
+        try:
+            self.model = await asyncio.to_thread(load_model, self.settings)
+            self.engine = await asyncio.to_thread(GenerationEngine.start, self.model.engine_config)
+            predictor = self.model.predictor
+            await self.engine.warm_up(predictor.engine_ids(predictor.segment("Hello")))
+            self.warmed_up = True
+            self.metrics.engine_ready.set(1)
+            logger.info("ready: %s (%s mode)", self.model.identity.path, self.settings.mode)
+        except Exception as exc:
+            self.failure = f"{type(exc).__name__}: {exc}"
+            logger.exception("start-up failed")
+
+    def stop(self) -> None:
+        """Stop the engine process."""
+        self.metrics.engine_ready.set(0)
+        if self.engine is not None:
+            self.engine.shutdown()
+
+    def loaded(self, need_engine: bool) -> LoadedModel:
+        """The loaded model (and a live engine when `need_engine`), else 503."""
+        status = self.status
+        if self.model is not None and (not need_engine or status == "ready"):
+            return self.model
+        if status == "engine_dead":
+            self.metrics.engine_ready.set(0)
+            raise ApiError(503, "engine_dead", "the engine died; this instance is not ready")
+        raise ApiError(503, "not_ready", f"the service is {status}", headers={"Retry-After": "10"})
