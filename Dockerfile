@@ -103,8 +103,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     HF_HOME=/data/hf \
     MEDTPE_CACHE_DIR=/data/cache \
-    MEDTPE_ARTEFACT_DIR=/opt/medtpe/artifacts/smollm2-135m-icu \
-    VLLM_CPU_KVCACHE_SPACE=4
+    MEDTPE_ARTEFACT_DIR=/opt/medtpe/artifacts/smollm2-135m-icu
 VOLUME ["/data"]
 USER 10001:10001
 WORKDIR /home/medtpe

@@ -9,10 +9,15 @@ import os
 import re
 import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+if TYPE_CHECKING:
+    from service.settings import ServiceSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -110,6 +115,20 @@ def medtpe_environment_names() -> set[str]:
         for module in (ROOT / package).rglob("*.py"):
             names.update(n for n in _environment_names_read_in(module) if n.startswith("MEDTPE_"))
     return names
+
+
+def settings_from_environment(
+    env: Mapping[str, str], monkeypatch: pytest.MonkeyPatch
+) -> ServiceSettings:
+    """The service settings a process with exactly these MEDTPE_* variables would run with
+    (pydantic validates every value)."""
+    from service.settings import ServiceSettings
+
+    for name in [name for name in os.environ if name.startswith("MEDTPE_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return ServiceSettings()
 
 
 def substitute_grafana_macros(expr: str) -> str:

@@ -31,6 +31,7 @@ from deploy_support import (
     medtpe_environment_names,
     promql_metric_names,
     require_tool,
+    settings_from_environment,
     substitute_grafana_macros,
 )
 
@@ -128,7 +129,7 @@ def test_hadolint_passes() -> None:
 
 @pytest.mark.parametrize("target", ["cpu", "gpu"])
 def test_image_target_runs_the_service_as_non_root_with_a_volume_and_healthcheck(
-    target: str, environment_names: set[str]
+    target: str, environment_names: set[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     stage = parse_dockerfile(ROOT / "Dockerfile")[target]
     user = stage.last("USER").split(":")[0]
@@ -154,6 +155,7 @@ def test_image_target_runs_the_service_as_non_root_with_a_volume_and_healthcheck
     assert Path(env["HF_HOME"]).is_relative_to(volumes[0])
     medtpe_vars = {name for name in env if name.startswith("MEDTPE_")}
     assert medtpe_vars <= environment_names, medtpe_vars - environment_names
+    settings_from_environment({n: env[n] for n in medtpe_vars}, monkeypatch)
     # the artefact the image points at is the default one, copied from the build context
     copies = [args.split() for name, args in stage.instructions if name == "COPY"]
     artefact = Path(env["MEDTPE_ARTEFACT_DIR"])
@@ -234,7 +236,9 @@ def bind_mounts(service: dict[str, Any]) -> dict[str, Path]:
     }
 
 
-def test_compose_service_matches_the_image_and_settings(environment_names: set[str]) -> None:
+def test_compose_service_matches_the_image_and_settings(
+    environment_names: set[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = compose_config("docker-compose.yml")
     assert set(config["services"]) == {"medtpe", "prometheus", "grafana"}
     medtpe = config["services"]["medtpe"]
@@ -246,13 +250,15 @@ def test_compose_service_matches_the_image_and_settings(environment_names: set[s
     assert [v["target"] for v in data] == ["/data"] and data[0]["source"] in config["volumes"]
     names = set(medtpe["environment"])
     assert names and names <= environment_names, names - environment_names
+    settings = settings_from_environment(medtpe["environment"], monkeypatch)
+    assert settings.kv_cache_gib is not None  # the CPU engine needs an explicit KV cache size
     for service in config["services"].values():
         for host_path in bind_mounts(service).values():
             assert host_path.exists() and host_path.is_relative_to(DEPLOY), host_path
 
 
 def test_compose_gpu_override_selects_the_cuda_image_and_a_gpu(
-    environment_names: set[str],
+    environment_names: set[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     medtpe = compose_config("docker-compose.yml", "deploy/docker-compose.gpu.yml")["services"][
         "medtpe"
@@ -261,6 +267,8 @@ def test_compose_gpu_override_selects_the_cuda_image_and_a_gpu(
     devices = medtpe["deploy"]["resources"]["reservations"]["devices"]
     assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
     assert set(medtpe["environment"]) <= environment_names
+    settings = settings_from_environment(medtpe["environment"], monkeypatch)
+    assert settings.kv_cache_gib is None  # vLLM's share of the GPU's memory
 
 
 def test_compose_prometheus_and_grafana_are_wired_to_the_deploy_files() -> None:
@@ -414,7 +422,9 @@ def test_manifests_validate_against_the_kubernetes_schemas(version: str) -> None
         kubernetes_validate.validate(document, version, strict=True)
 
 
-def test_deployment_probes_resources_and_volume(environment_names: set[str]) -> None:
+def test_deployment_probes_resources_and_volume(
+    environment_names: set[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     documents = k8s_documents()
     deployment = documents["Deployment"]
     pod = deployment["spec"]["template"]["spec"]
@@ -454,6 +464,8 @@ def test_deployment_probes_resources_and_volume(environment_names: set[str]) -> 
     names = set(config["data"]) | {e["name"] for e in container.get("env", [])}
     assert {n for n in names if n.startswith("MEDTPE_")} <= environment_names
     assert all(n.startswith("MEDTPE_") for n in names)
+    settings = settings_from_environment(config["data"], monkeypatch)
+    assert settings.kv_cache_gib is None  # one GPU per pod: vLLM's share of its memory
     assert float(config["data"]["MEDTPE_SHUTDOWN_GRACE_S"]) < pod["terminationGracePeriodSeconds"]
 
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
