@@ -440,7 +440,8 @@ def test_deployment_probes_resources_and_volume(
 
     assert probe("readinessProbe") == ("/readyz", SERVICE_PORT)
     assert probe("livenessProbe") == ("/healthz", SERVICE_PORT)
-    assert probe("startupProbe") == ("/healthz", SERVICE_PORT)
+    # the engine starts in the background while /healthz already answers: startup waits for ready
+    assert probe("startupProbe") == ("/readyz", SERVICE_PORT)
     startup = container["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
 
