@@ -58,7 +58,10 @@ def build_tokenizer(
         merges: list[Merge] = [(g[:-1], g[-1:]) for g in chosen]
     else:
         n_symbols = int(np.count_nonzero(counts.unigrams))
-        merges = select_bpe(kept, budget, max_n, string_of, n_symbols, min_freq, progress)
+        line_ends = frozenset(i for i in range(base.vocab_size) if "\n" in base.decode([i]))
+        merges = select_bpe(
+            kept, budget, max_n, string_of, n_symbols, line_ends, min_freq, progress
+        )
         sample = kept
 
     graph = MergeGraph(base)

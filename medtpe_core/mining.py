@@ -186,12 +186,16 @@ def select_bpe(
     max_n: int,
     string_of: Callable[[Ngram], str | None],
     n_symbols: int,
+    line_ends: frozenset[int] = frozenset(),
     min_freq: int = 2,
     progress: bool = False,
 ) -> list[Merge]:
     """BPE over base ids across word boundaries: learn merges, re-counting pairs after each one.
 
     `n_symbols` bounds the number of distinct ids in `records` (the trainer's alphabet).
+    Records are cut into lines after each id of `line_ends` (newline tokens), the newline token
+    kept at the end of its line and repeated at the start of the next, so pairs on both sides of
+    it are still learned while the trainer's per-merge rescans stay short.
     A merge whose token may not exist (`string_of` gives None, or an earlier token has the same
     string) is dropped with every later merge built on it.
     """
@@ -203,7 +207,8 @@ def select_bpe(
         special_tokens=[],
     )
     bpe = Tokenizer(models.BPE())
-    bpe.train_from_iterator(("".join(map(id_char, ids)) for ids in records), trainer=trainer)
+    lines = (line for ids in records for line in _lines(ids, line_ends))
+    bpe.train_from_iterator(("".join(map(id_char, ids)) for ids in lines), trainer=trainer)
     merges: list[Merge] = []
     known: set[str] = set()
     taken: set[str | None] = {None}
@@ -223,3 +228,13 @@ def select_bpe(
             known.add(left + right)
             taken.add(string)
     return merges
+
+
+def _lines(ids: Sequence[int], line_ends: frozenset[int]) -> Iterator[Sequence[int]]:
+    start = 0
+    for k, i in enumerate(ids):
+        if i in line_ends and k > start:
+            yield ids[start : k + 1]
+            start = k
+    if start < len(ids):
+        yield ids[start:]

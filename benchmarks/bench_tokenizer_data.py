@@ -1,0 +1,58 @@
+"""Benchmark text for the tokenizer benchmarks: MIMIC-IV demo ICU records split by patient,
+plus text the vocabulary was not mined for (plain English, the task instructions)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from medtpe_core.base_tokenizer import BaseTokenizer
+from medtpe_core.meds_readers import MedsDataset, read_labels
+from medtpe_core.paths import project_root
+from medtpe_core.render import render_record
+from medtpe_core.tasks import get_task, list_tasks
+
+SHARED = project_root().parent / "shared"
+MEDS_DIR = SHARED / "data" / "mimic-iv-demo-meds"
+QWEN = SHARED / "tokenizers" / "qwen2.5" / "tokenizer.json"
+MAX_PROMPT_TOKENS = 8192  # original-token budget of a prompt (DESIGN.md)
+
+
+def icu_split(base: BaseTokenizer, held_out_every: int = 4) -> tuple[list[str], list[str]]:
+    """(mining texts, held-out prompt records). Every `held_out_every`-th patient (sorted ids) is
+    held out; mining uses the other patients' ICU prompt records and whole histories;
+    held-out records are ICU-mortality prompts (24 h after admission, newest 8,192 tokens)."""
+    dataset = MedsDataset.load(MEDS_DIR)
+    held_out = set(sorted(dataset.subject_ids)[::held_out_every])
+    train, test = [], []
+    for row in read_labels(MEDS_DIR / "labels"):
+        events = dataset.events(row.subject_id)
+        text = render_record(
+            events, dataset.descriptions, row.prediction_time, base, MAX_PROMPT_TOKENS
+        ).text
+        (test if row.subject_id in held_out else train).append(text)
+    for subject in sorted(set(dataset.subject_ids) - held_out):
+        train.append(render_record(dataset.events(subject), dataset.descriptions).text)
+    return train, test
+
+
+def unmined_texts() -> dict[str, str]:
+    """Text the vocabulary was not mined for: an English licence text and the task prompts."""
+    tasks = []
+    for name in list_tasks():
+        task = get_task(name)
+        tasks.append((task.system_prompt or "") + "\n" + task.user_message(""))
+    return {
+        "plain English (ODbL licence text)": (MEDS_DIR / "LICENSE.txt").read_text(),
+        "task instructions (all tasks)": "\n\n".join(tasks),
+    }
+
+
+def smollm2_tokenizer() -> Path:
+    """SmolLM2's tokenizer.json (the committed test fixture, unpacked)."""
+    import gzip
+
+    out = project_root() / ".cache" / "bench" / "smollm2-tokenizer.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    src = project_root() / "tests" / "fixtures" / "tokenizers" / "smollm2" / "tokenizer.json.gz"
+    out.write_bytes(gzip.decompress(src.read_bytes()))
+    return out
