@@ -20,7 +20,9 @@ Mode = Literal["medtpe", "original"]
 class ServiceSettings(BaseSettings):
     """Configuration of one service instance."""
 
-    model_config = SettingsConfigDict(env_prefix="MEDTPE_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="MEDTPE_", extra="ignore", env_parse_none_str="none"
+    )
 
     model_dir: Path = Field(
         default_factory=default_model_dir,
@@ -64,7 +66,9 @@ class ServiceSettings(BaseSettings):
     host: str = Field("0.0.0.0", description="Listen address of `medtpe serve`.")
     port: int = Field(8000, description="Listen port of `medtpe serve`.")
     kv_cache_gib: float | None = Field(
-        None, gt=0, description="KV cache size in GiB (unset: vLLM's default for the device)."
+        4.0,
+        gt=0,
+        description="KV cache size in GiB (`none`: vLLM's default, a share of the device memory).",
     )
     seed: int = Field(0, description="Engine seed (sampling at temperature > 0).")
     enforce_eager: bool = Field(
