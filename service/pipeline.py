@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.meds import MedsEvent
@@ -19,8 +19,10 @@ from medtpe_core.metrics import compression_rate
 from medtpe_core.prompting import Prompt, build_prompt
 from medtpe_core.tasks import Prediction, Task
 from medtpe_core.tokenizer import MedTPETokenizer
-from service.engine import GenerationEngine
 from service.settings import Mode
+
+if TYPE_CHECKING:  # the engine (vLLM) is only needed by callers that generate
+    from service.engine import GenerationEngine
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,123 @@
+"""Service parts that need no engine: settings, admission control, the prompt pipeline per mode,
+majority voting, metrics exposition."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+
+import pytest
+from service_support import synthetic_events
+from tokenizer_support import smollm2_dir, smollm2_medtpe
+
+from medtpe_core.chat_template import ChatTemplate
+from medtpe_core.meds import MedsEvent
+from medtpe_core.tasks import get_task
+from service.limits import Admission, QueueFull
+from service.metrics import ServiceMetrics
+from service.pipeline import Predictor, default_prediction_time, majority_vote
+from service.settings import ServiceSettings
+
+
+def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEDTPE_API_KEYS", " k1, k2 ,")
+    monkeypatch.setenv("MEDTPE_MODE", "original")
+    monkeypatch.setenv("MEDTPE_KV_CACHE_GIB", "none")
+    monkeypatch.setenv("MEDTPE_MAX_CONCURRENCY", "3")
+    settings = ServiceSettings()
+    assert settings.api_keys == ["k1", "k2"]
+    assert settings.mode == "original"
+    assert settings.kv_cache_gib is None
+    assert settings.capacity == 3 + settings.queue_limit
+    monkeypatch.setenv("MEDTPE_MODE", "fast")
+    with pytest.raises(ValueError, match="mode"):
+        ServiceSettings()
+
+
+def test_admission_counts_records_and_refuses_beyond_capacity() -> None:
+    admission = Admission(max_concurrency=2, queue_limit=1)
+    with admission.admit(2):
+        with pytest.raises(QueueFull) as refused, admission.admit(2):
+            pass
+        assert refused.value.retry_after_s >= 1
+        with admission.admit(1):
+            assert admission.admitted == 3
+    assert admission.admitted == 0
+
+
+def test_admission_slots_bound_concurrency() -> None:
+    admission = Admission(max_concurrency=2, queue_limit=10)
+    running = peak = 0
+
+    async def job() -> None:
+        nonlocal running, peak
+        async with admission.slot():
+            running += 1
+            peak = max(peak, running)
+            await asyncio.sleep(0.01)
+            running -= 1
+
+    async def main() -> None:
+        await asyncio.gather(*(job() for _ in range(8)))
+
+    asyncio.run(main())
+    assert peak == 2
+
+
+@pytest.fixture(scope="module")
+def events() -> list[MedsEvent]:
+    return [MedsEvent.model_validate(e) for e in synthetic_events(7, 80)]
+
+
+@pytest.mark.parametrize("mode", ["medtpe", "original"])
+def test_prepare_feeds_the_mode_s_ids(mode: str, events: list[MedsEvent]) -> None:
+    tokenizer = smollm2_medtpe()
+    predictor = Predictor(tokenizer, ChatTemplate.from_model_dir(smollm2_dir()), mode, 512)
+    record = predictor.prepare(get_task("icu_mortality"), events, None)
+    seg = record.segmentation
+    assert len(seg.original_ids) == record.prompt.n_tokens_original <= 512
+    assert seg.original_ids == tokenizer.base_encode(record.prompt.text, special_tokens=True)
+    assert seg.medtpe_ids == tokenizer.encode(record.prompt.text, special_tokens=True)
+    assert len(seg.medtpe_ids) < len(seg.original_ids)
+    assert record.engine_ids == (seg.medtpe_ids if mode == "medtpe" else seg.original_ids)
+    assert predictor.decode(record.engine_ids) == record.prompt.text
+    assert record.prediction_time == default_prediction_time(events)
+
+
+def test_default_prediction_time_is_just_after_the_last_event() -> None:
+    events = [
+        MedsEvent(subject_id=1, time=None, code="GENDER//F"),
+        MedsEvent(subject_id=1, time=datetime(2150, 1, 1, 8, 0, 30), code="A"),
+        MedsEvent(subject_id=1, time=datetime(2150, 1, 1, 7, 0), code="B"),
+    ]
+    assert default_prediction_time(events) == datetime(2150, 1, 1, 8, 1)
+    assert default_prediction_time(events[:1]) is None
+
+
+def test_majority_vote() -> None:
+    assert majority_vote([(True, True), (False, True), (False, True)]) == (False, True)
+    assert majority_vote([(None, False), (True, True)]) == (True, True)
+    assert majority_vote([(["A"], True), (["B"], True)]) == (["A"], True)  # tie: first
+    assert majority_vote([(None, False)]) == (None, False)
+
+
+def test_metrics_exposition_names() -> None:
+    metrics = ServiceMetrics()
+    metrics.observe_record("icu_mortality", 100, 60, 0.4, True)
+    metrics.rejections.labels("queue_full").inc()
+    text = metrics.render().decode()
+    for name in (
+        "medtpe_request_latency_seconds",
+        "medtpe_generation_latency_seconds",
+        "medtpe_prompt_tokens_total",
+        "medtpe_prompt_tokens",
+        "medtpe_compression_rate",
+        "medtpe_format_compliance_total",
+        "medtpe_inflight_requests",
+        "medtpe_rejections_total",
+        "medtpe_errors_total",
+        "medtpe_engine_ready",
+    ):
+        assert f"# TYPE {name} " in text
+    assert 'medtpe_prompt_tokens_total{task="icu_mortality",tokenizer="original"} 100.0' in text
+    assert "_created" not in text
