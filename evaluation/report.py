@@ -50,6 +50,7 @@ def summarise_mode(
         "generate_s_mean": fmean(r.generate_s for r in results),
         "tokens_mean": fmean(r.n_tokens for r in results),
         "tokens_original_mean": fmean(r.n_tokens_original for r in results),
+        "load_avg_1m_mean": fmean(r.load_avg_1m for r in results),
     }
     if mode == "medtpe":
         summary["compression_rate"] = compression_rate(

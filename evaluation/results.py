@@ -14,7 +14,8 @@ class RecordResult:
     `latency_s` is the whole request path and `generate_s` its engine part; `n_tokens` counts
     the prompt tokens fed to the model in this mode and `n_tokens_original` the same prompt
     under the original tokenizer, so both modes of one record share `n_tokens_original` (equal
-    input information).
+    input information). `load_avg_1m` is the machine's 1-minute load average right after the
+    record (other processes competing for the cores make latencies noisy).
     """
 
     key: str
@@ -25,6 +26,7 @@ class RecordResult:
     generate_s: float
     n_tokens: int
     n_tokens_original: int
+    load_avg_1m: float = 0.0
     votes: list[Any] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
 

@@ -7,6 +7,7 @@ rendering within the budget, tokenization, generation, decoding and answer parsi
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ async def evaluate_mode(
                 generate_s=answer.generate_s,
                 n_tokens=len(prepared.engine_ids),
                 n_tokens_original=len(prepared.segmentation.original_ids),
+                load_avg_1m=os.getloadavg()[0],
                 votes=[sample.prediction for sample in answer.samples],
                 outputs=[sample.text for sample in answer.samples],
             )

@@ -1,0 +1,182 @@
+"""F1 and FCR vs input budget (the paper's context-length robustness) and majority voting with
+n = 1, 3, 5 (test-time scaling), original vs MedTPE, through `medtpe evaluate`'s code.
+
+One engine per mode serves the whole grid (prefix caching off, one record at a time); each grid
+point gets its own `Predictor` with that point's input budget in ORIGINAL tokens, so both modes
+see the same text at every point. Points are `BUDGET:LIMIT` (the first LIMIT records);
+voting points run at `--vote-budget` with temperature `--vote-temperature`.
+
+    .venv/bin/python benchmarks/bench_eval_grid.py --subjects 10002428,10003046,... \\
+        --modes original,medtpe --out benchmarks/results/eval_grid.json
+
+`--modes original` and `--modes medtpe` may run at different times into different files; the
+`--merge` form joins them and draws the plots:
+
+    .venv/bin/python benchmarks/bench_eval_grid.py --merge A.json B.json \\
+        --out benchmarks/results/eval_grid.json --plot-dir docs/img
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from evaluation.records import EvalRecord, load_records
+from evaluation.report import build_report
+from evaluation.results import RecordResult
+from evaluation.runner import Sampling, evaluate_mode
+from evaluation.setup import ModeSetup, mode_setup
+from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
+from medtpe_core.tasks import Task, get_task
+from service.engine import GenerationEngine
+from service.pipeline import Predictor
+
+SHARED_MEDS = Path("../shared/data/mimic-iv-demo-meds")
+MAX_NEW_TOKENS = 64
+
+
+def grid_points(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The budget sweep (greedy, one sample) and the voting points."""
+    points = []
+    for spec in args.budgets.split(","):
+        budget, limit = (int(x) for x in spec.split(":"))
+        points.append({"name": f"budget-{budget}", "budget": budget, "limit": limit, "n": 1})
+    for n in (int(x) for x in args.votes.split(",")):
+        points.append(
+            {
+                "name": f"vote-{n}",
+                "budget": args.vote_budget,
+                "limit": args.vote_limit,
+                "n": n,
+                "temperature": args.vote_temperature,
+            }
+        )
+    return points
+
+
+def point_predictor(setup: ModeSetup, budget: int) -> Predictor:
+    """The service's predictor of this mode with another input budget."""
+    base = setup.predictor
+    return Predictor(base.tokenizer, base.chat_template, base.mode, budget, base.descriptions)
+
+
+async def run_mode(
+    setup: ModeSetup, task: Task, records: list[EvalRecord], points: list[dict[str, Any]]
+) -> dict[str, list[RecordResult]]:
+    """Every grid point of one mode on one engine."""
+    engine = GenerationEngine.start(setup.engine_config)
+    try:
+        results = {}
+        for point in points:
+            sampling = Sampling(point["n"], point.get("temperature", 0.0), MAX_NEW_TOKENS)
+            results[point["name"]] = await evaluate_mode(
+                engine,
+                point_predictor(setup, point["budget"]),
+                task,
+                records[: point["limit"]],
+                sampling,
+            )
+        return results
+    finally:
+        engine.shutdown()
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the grid for the requested modes; per point and mode, the report's summary."""
+    task = get_task(args.task)
+    subjects = {int(s) for s in args.subjects.split(",")} if args.subjects else None
+    records = load_records(args.meds, args.labels, task, subjects=subjects)
+    points = grid_points(args)
+    max_budget = max(point["budget"] for point in points)
+    out: dict[str, Any] = {"task": task.name, "points": points, "modes": {}}
+    for mode in args.modes.split(","):
+        setup = mode_setup(
+            mode,
+            model_dir=default_model_dir(),
+            artefact_dir=args.artefact or default_artefact_dir(),
+            export_dir=args.export_dir or default_export_dir(),
+            codes_dir=args.meds,
+            max_input_tokens=max_budget,
+            max_new_tokens=MAX_NEW_TOKENS,
+            kv_cache_gib=2.0,
+            seed=1,
+        )
+        results = asyncio.run(run_mode(setup, task, records, points))
+        out["modes"][mode] = {
+            name: build_report(task, {mode: rows}, settings={}) for name, rows in results.items()
+        }
+        args.out.write_text(json.dumps(out, indent=2) + "\n")  # keep what is done so far
+    return out
+
+
+def merge(paths: list[Path]) -> dict[str, Any]:
+    """Join per-mode grid files (same task and points)."""
+    parts = [json.loads(path.read_text()) for path in paths]
+    merged = {key: parts[0][key] for key in ("task", "points")}
+    merged["modes"] = {mode: part["modes"][mode] for part in parts for mode in part["modes"]}
+    return merged
+
+
+def plot(grid: dict[str, Any], plot_dir: Path) -> None:
+    """eval_budget.png (F1, FCR, latency vs budget) and eval_voting.png (F1, FCR vs n)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    budget_points = [p for p in grid["points"] if p["name"].startswith("budget-")]
+    vote_points = [p for p in grid["points"] if p["name"].startswith("vote-")]
+    panels = (("f1", "F1"), ("fcr", "FCR"), ("latency_s_mean", "latency per record (s)"))
+    for file, points, x_key, x_label, keys in (
+        ("eval_budget.png", budget_points, "budget", "input budget (original tokens)", panels),
+        ("eval_voting.png", vote_points, "n", "samples n (majority vote)", panels[:2]),
+    ):
+        fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.6))
+        for ax, (key, label) in zip(axes, keys, strict=True):
+            for mode, by_point in grid["modes"].items():
+                xs = [p[x_key] for p in points]
+                ys = [by_point[p["name"]][mode][key] for p in points]
+                ax.plot(xs, ys, marker="o", label=mode)
+            if x_key == "budget":
+                ax.set_xscale("log", base=2)
+            ax.set_xlabel(x_label)
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+            ax.legend()
+        fig.tight_layout()
+        plot_dir.mkdir(parents=True, exist_ok=True)
+        fig.savefig(plot_dir / file, dpi=120)
+
+
+def main() -> None:
+    """Run (or merge) the grid, write the JSON and, with --plot-dir, the plots."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--meds", type=Path, default=SHARED_MEDS)
+    parser.add_argument("--labels", type=Path, default=None)
+    parser.add_argument("--task", default="icu_mortality")
+    parser.add_argument("--subjects", default=None, help="comma-separated subject ids")
+    parser.add_argument("--modes", default="original,medtpe")
+    parser.add_argument("--budgets", default="512:22,1024:22,2048:16,4096:8,8128:6")
+    parser.add_argument("--votes", default="1,3,5")
+    parser.add_argument("--vote-budget", type=int, default=1024)
+    parser.add_argument("--vote-limit", type=int, default=22)
+    parser.add_argument("--vote-temperature", type=float, default=0.7)
+    parser.add_argument("--artefact", type=Path, default=None)
+    parser.add_argument("--export-dir", type=Path, default=None)
+    parser.add_argument("--merge", type=Path, nargs="+", default=None)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--plot-dir", type=Path, default=None)
+    args = parser.parse_args()
+    args.labels = args.labels or args.meds / "labels" / f"{args.task}.parquet"
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    grid = merge(args.merge) if args.merge else run(args)
+    args.out.write_text(json.dumps(grid, indent=2) + "\n")
+    if args.plot_dir:
+        plot(grid, args.plot_dir)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""`medtpe evaluate` end to end: a synthetic MEDS dataset through the real vLLM engine on the
+default model, original and MedTPE modes, two records, a small input budget."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from meds_fixtures import write_meds_dataset
+from service_support import service_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.engine]
+
+
+def test_evaluate_both_modes(service_files: tuple[Path, Path], tmp_path: Path) -> None:
+    meds = write_meds_dataset(tmp_path / "meds", subjects=(1, 2, 3), hours=30)
+    out = tmp_path / "report.json"
+    artefact, export = service_files
+    command = [
+        str(Path(sys.executable).with_name("medtpe")),
+        "evaluate",
+        "--meds",
+        str(meds),
+        "--labels",
+        str(meds / "labels" / "icu_mortality.parquet"),
+        "--task",
+        "icu_mortality",
+        "--mode",
+        "both",
+        "--limit",
+        "2",
+        "--max-input-tokens",
+        "512",
+        "--max-new-tokens",
+        "16",
+        "--kv-cache-gib",
+        "1",
+        "--artefact",
+        str(artefact),
+        "--export-dir",
+        str(export),
+        "--out",
+        str(out),
+    ]
+    env = {**os.environ, **service_env(service_files)}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+    report = json.loads(out.read_text())
+    for mode in ("original", "medtpe"):
+        summary = report[mode]
+        assert summary["n_records"] == 2
+        assert 0.0 <= summary["fcr"] <= 1.0 and 0.0 <= summary["f1"] <= 1.0
+        assert summary["latency_s_total"] >= summary["latency_s_mean"] > 0
+    original, medtpe = report["records"]["original"], report["records"]["medtpe"]
+    assert [r["key"] for r in original] == [r["key"] for r in medtpe]
+    # equal information: the same prompt, counted in original tokens, in both modes
+    assert [r["n_tokens_original"] for r in medtpe] == [r["n_tokens"] for r in original]
+    assert all(r["n_tokens_original"] <= 512 for r in original)
+    assert report["medtpe"]["tokens_mean"] < report["original"]["tokens_mean"]
+    assert report["medtpe"]["compression_rate"] > 0
+    assert 0.0 <= report["agreement"] <= 1.0
+    assert "original" in done.stdout and "same answer on" in done.stdout
