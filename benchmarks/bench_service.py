@@ -95,7 +95,8 @@ async def run_level(url: str, bodies: list[dict[str, Any]], concurrency: int) ->
     """Send `bodies` keeping `concurrency` requests in flight; latency and throughput."""
     queue = list(bodies)
     latencies: list[float] = []
-    tokens: list[tuple[int, int]] = []
+    tokens: list[tuple[int, int, int]] = []
+    server_ms: list[dict[str, float]] = []
 
     async def worker(client: httpx.AsyncClient) -> None:
         while queue:
@@ -104,8 +105,10 @@ async def run_level(url: str, bodies: list[dict[str, Any]], concurrency: int) ->
             response = await client.post("/predict", json=body)
             response.raise_for_status()
             latencies.append(time.perf_counter() - start)
-            out = response.json()["tokens"]
-            tokens.append((out["original"], out["medtpe"]))
+            out = response.json()
+            counts = out["tokens"]
+            tokens.append((counts["original"], counts["medtpe"], counts["generated"]))
+            server_ms.append(out["latency_ms"])
 
     async with httpx.AsyncClient(base_url=url, timeout=1800) as client:
         start = time.perf_counter()
@@ -120,6 +123,11 @@ async def run_level(url: str, bodies: list[dict[str, Any]], concurrency: int) ->
         "wall_s": wall,
         "mean_original_tokens": float(np.mean([t[0] for t in tokens])),
         "mean_medtpe_tokens": float(np.mean([t[1] for t in tokens])),
+        "mean_generated_tokens": float(np.mean([t[2] for t in tokens])),
+        **{
+            f"mean_{step}_ms": float(np.mean([ms[step] for ms in server_ms]))
+            for step in ("render", "tokenize", "generate")
+        },
     }
 
 
@@ -170,16 +178,33 @@ def main() -> None:
             indent=1,
         )
     )
-    print(
-        "| mode | concurrency | records | p50 s | p95 s | records/s | original tok. | medtpe tok. |"
+    columns = (
+        "mode",
+        "concurrency",
+        "records",
+        "p50 s",
+        "p95 s",
+        "records/s",
+        "prompt tokens",
+        "answer tokens",
+        "generate ms",
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| " + " | ".join(columns) + " |")
+    print("|" + " --- |" * len(columns))
     for r in results:
-        print(
-            f"| {r['mode']} | {r['concurrency']} | {r['records']} | {r['p50_s']:.2f} | "
-            f"{r['p95_s']:.2f} | {r['throughput_rps']:.3f} | {r['mean_original_tokens']:.0f} | "
-            f"{r['mean_medtpe_tokens']:.0f} |"
+        prompt = r["mean_medtpe_tokens"] if r["mode"] == "medtpe" else r["mean_original_tokens"]
+        cells = (
+            r["mode"],
+            r["concurrency"],
+            r["records"],
+            f"{r['p50_s']:.2f}",
+            f"{r['p95_s']:.2f}",
+            f"{r['throughput_rps']:.3f}",
+            f"{prompt:.0f}",
+            f"{r['mean_generated_tokens']:.1f}",
+            f"{r['mean_generate_ms']:.0f}",
         )
+        print("| " + " | ".join(map(str, cells)) + " |")
 
 
 if __name__ == "__main__":

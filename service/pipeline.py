@@ -69,6 +69,8 @@ class Answer:
     format_ok: bool
     samples: list[Sample]
     generate_s: float
+    n_generated: int
+    """Tokens generated over all samples (one greedy answer at temperature 0)."""
 
 
 def majority_vote(
@@ -190,4 +192,5 @@ class Predictor:
         if n < n_samples:
             samples = samples * n_samples
         prediction, format_ok = majority_vote([(s.prediction, s.format_ok) for s in samples])
-        return Answer(prediction, format_ok, samples, generate_s)
+        n_generated = sum(len(ids) for ids in outputs)
+        return Answer(prediction, format_ok, samples, generate_s, n_generated)

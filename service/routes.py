@@ -151,6 +151,7 @@ async def _predict_record(
             original=len(seg.original_ids),
             medtpe=len(seg.medtpe_ids),
             compression_rate=seg.compression_rate,
+            generated=answer.n_generated,
         ),
         latency_ms=Latency(
             render=record.render_s * 1e3,

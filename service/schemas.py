@@ -53,6 +53,7 @@ class TokenCounts(BaseModel):
     original: int
     medtpe: int
     compression_rate: float
+    generated: int = Field(description="Answer tokens generated (all samples).")
 
 
 class Latency(BaseModel):
