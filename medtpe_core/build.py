@@ -21,7 +21,7 @@ from medtpe_core.replacement import MergeGraph, choose_evictions, single_char_id
 from medtpe_core.tokenizer import MedTPETokenizer
 
 METHODS = ("static", "bpe")
-DEFAULT_METHOD = "bpe"  # compresses held-out ICU records more at equal budget (docs/benchmarks.md)
+DEFAULT_METHOD = "static"  # wins on held-out ICU records at N = 2 (docs/benchmarks.md)
 _SAMPLE_TOKENS = 2_000_000  # corpus tokens kept to report the build's compression
 
 
