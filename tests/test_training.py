@@ -29,6 +29,7 @@ from training.export import (  # noqa: E402
     save_rows,
     write_rows_into,
 )
+from training.pipeline import split_by_subject  # noqa: E402
 from training.ssft import SSFTConfig, train_ssft  # noqa: E402
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizers" / "smollm2" / "tokenizer.json.gz"
@@ -219,3 +220,12 @@ def test_ssft_resume_continues_an_interrupted_run(
     assert resumed.steps == straight.steps == 4
     torch.testing.assert_close(resumed.rows.input, straight.rows.input, rtol=0, atol=0)
     assert resumed.history == straight.history
+
+
+def test_split_by_subject_keeps_each_patient_on_one_side() -> None:
+    records = [{"subject_id": s, "prompt": f"p{i}"} for i, s in enumerate([1, 1, 2, 3, 3, 3, 4, 5])]
+    train, val = split_by_subject(records, 0.4, seed=1)
+    assert len(train) + len(val) == len(records)
+    assert {r["subject_id"] for r in train}.isdisjoint({r["subject_id"] for r in val})
+    assert len({r["subject_id"] for r in val}) == 2  # 40 % of 5 patients
+    assert split_by_subject(records, 0.4, seed=1) == (train, val)

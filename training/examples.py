@@ -46,7 +46,8 @@ def build_examples(
     prompts: Sequence[str],
     max_new_tokens: int,
 ) -> list[Example]:
-    """Examples for chat-templated `prompts`, pseudo-labelled by the base model with vLLM."""
+    """Examples for chat-templated `prompts` (same order), pseudo-labelled by the base model with
+    vLLM (an answer has at least one token: the engine generates until EOS or the cap)."""
     teacher = [tokenizer.base_encode(p, special_tokens=True) for p in prompts]
     student = [tokenizer.encode_ids(ids) for ids in teacher]
     max_len = max(len(ids) for ids in teacher) + max_new_tokens
@@ -54,7 +55,6 @@ def build_examples(
     return [
         Example(s, t, tokenizer.to_base_ids(tokenizer.encode_ids(a)))
         for s, t, a in zip(student, teacher, answers, strict=True)
-        if a
     ]
 
 

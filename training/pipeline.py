@@ -39,6 +39,11 @@ def split_by_subject(
     return train, val
 
 
+def examples_path(run_dir: Path, artefact_id: str, split: str) -> Path:
+    """Where a run caches its pseudo-labelled `split` ("train"/"val") examples."""
+    return run_dir / f"examples-{artefact_id}-{split}.jsonl"
+
+
 def cached_examples(
     path: Path,
     base_dir: Path,
@@ -74,10 +79,10 @@ def run_ssft(
     run_dir.mkdir(parents=True, exist_ok=True)
     tag = tokenizer.artefact_id
     train = cached_examples(
-        run_dir / f"examples-{tag}-train.jsonl", base_dir, tokenizer, train_prompts, max_new_tokens
+        examples_path(run_dir, tag, "train"), base_dir, tokenizer, train_prompts, max_new_tokens
     )
     val = cached_examples(
-        run_dir / f"examples-{tag}-val.jsonl", base_dir, tokenizer, val_prompts, max_new_tokens
+        examples_path(run_dir, tag, "val"), base_dir, tokenizer, val_prompts, max_new_tokens
     )
     result = train_ssft(base_dir, tokenizer, train, val, run_dir, config, resume=resume)
     base = AutoModelForCausalLM.from_pretrained(base_dir)

