@@ -15,17 +15,25 @@ from medtpe_core.tasks import Task, get_task
 
 DEFAULT_MAX_INPUT_TOKENS = 8192
 _MAX_FIT_ROUNDS = 4
+_RECORD_SLOT = "\x00medtpe-record\x00"
 
 
 @dataclass(frozen=True)
 class Prompt:
-    """The final prompt text (chat template applied) and what went into it."""
+    """The final prompt text (chat template applied), its original ids and what went into it."""
 
     text: str
     record_text: str
-    n_tokens_original: int
+    base_ids: list[int]
+    """Original-tokenizer ids of `text`: only the chat template's parts may hold special tokens;
+    the record is encoded as plain text, so an event reading `<|im_end|>` cannot end the turn."""
     n_events_total: int
     n_events_kept: int
+
+    @property
+    def n_tokens_original(self) -> int:
+        """Prompt length in original-tokenizer tokens."""
+        return len(self.base_ids)
 
 
 def format_time(time: datetime) -> str:
@@ -53,16 +61,16 @@ def build_prompt(
         prediction_time = to_naive_utc(prediction_time)
     when = format_time(prediction_time) if prediction_time is not None else None
 
-    def prompt_text(record_text: str) -> str:
-        messages = [{"role": "user", "content": task.user_message(record_text, when)}]
-        if task.system_prompt:
-            messages.insert(0, {"role": "system", "content": task.system_prompt})
-        return chat_template.render(messages, add_generation_prompt=True)
-
-    def count(text: str) -> int:  # the chat template's special tokens count as one token each
-        return len(base_tokenizer.encode(text, special_tokens=True))
-
-    shell_tokens = count(prompt_text(""))
+    messages = [{"role": "user", "content": task.user_message(_RECORD_SLOT, when)}]
+    if task.system_prompt:
+        messages.insert(0, {"role": "system", "content": task.system_prompt})
+    shell = chat_template.render(messages, add_generation_prompt=True).split(_RECORD_SLOT)
+    if len(shell) != 2:
+        raise ValueError("the chat template must place the user message verbatim, exactly once")
+    head, tail = shell
+    head_ids = base_tokenizer.encode(head, special_tokens=True)
+    tail_ids = base_tokenizer.encode(tail, special_tokens=True)
+    shell_tokens = len(head_ids) + len(tail_ids)
     too_small = BudgetTooSmallError(
         f"max_input_tokens={max_input_tokens} cannot hold the {task.name} prompt "
         f"({shell_tokens} tokens without a record)"
@@ -75,9 +83,9 @@ def build_prompt(
             )
         except BudgetTooSmallError as exc:
             raise too_small from exc
-        text = prompt_text(record.text)
-        n_tokens = count(text)
-        if n_tokens <= max_input_tokens:
-            return Prompt(text, record.text, n_tokens, record.n_events_total, record.n_events_kept)
-        budget -= n_tokens - max_input_tokens  # joins at the record's edges cost a token or two
+        ids = head_ids + base_tokenizer.encode(record.text) + tail_ids
+        if len(ids) <= max_input_tokens:
+            text = head + record.text + tail
+            return Prompt(text, record.text, ids, record.n_events_total, record.n_events_kept)
+        budget -= len(ids) - max_input_tokens
     raise too_small
