@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,28 +65,32 @@ def point_predictor(setup: ModeSetup, budget: int) -> Predictor:
 
 
 async def run_mode(
-    setup: ModeSetup, task: Task, records: list[EvalRecord], points: list[dict[str, Any]]
-) -> dict[str, list[RecordResult]]:
-    """Every grid point of one mode on one engine."""
+    setup: ModeSetup,
+    task: Task,
+    records: list[EvalRecord],
+    points: list[dict[str, Any]],
+    save: Callable[[str, list[RecordResult]], None],
+) -> None:
+    """Every grid point of one mode on one engine; `save` gets each point's results."""
     engine = GenerationEngine.start(setup.engine_config)
     try:
-        results = {}
         for point in points:
             sampling = Sampling(point["n"], point.get("temperature", 0.0), MAX_NEW_TOKENS)
-            results[point["name"]] = await evaluate_mode(
+            rows = await evaluate_mode(
                 engine,
                 point_predictor(setup, point["budget"]),
                 task,
                 records[: point["limit"]],
                 sampling,
             )
-        return results
+            save(point["name"], rows)
     finally:
         engine.shutdown()
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the grid for the requested modes; per point and mode, the report's summary."""
+    """Run the grid for the requested modes; per point and mode, the report's summary (the
+    JSON is rewritten after every point, so an interrupted run keeps what it finished)."""
     task = get_task(args.task)
     subjects = {int(s) for s in args.subjects.split(",")} if args.subjects else None
     records = load_records(args.meds, args.labels, task, subjects=subjects)
@@ -104,11 +109,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             kv_cache_gib=2.0,
             seed=1,
         )
-        results = asyncio.run(run_mode(setup, task, records, points))
-        out["modes"][mode] = {
-            name: build_report(task, {mode: rows}, settings={}) for name, rows in results.items()
-        }
-        args.out.write_text(json.dumps(out, indent=2) + "\n")  # keep what is done so far
+        by_point = out["modes"].setdefault(mode, {})
+
+        def save(
+            name: str, rows: list[RecordResult], by_point: dict = by_point, mode: str = mode
+        ) -> None:
+            by_point[name] = build_report(task, {mode: rows}, settings={})
+            args.out.write_text(json.dumps(out, indent=2) + "\n")
+
+        asyncio.run(run_mode(setup, task, records, points, save))
     return out
 
 
@@ -121,19 +130,23 @@ def merge(paths: list[Path]) -> dict[str, Any]:
 
 
 def plot(grid: dict[str, Any], plot_dir: Path) -> None:
-    """eval_budget.png (F1, FCR, latency vs budget) and eval_voting.png (F1, FCR vs n)."""
+    """eval_budget.png (F1, FCR, latency vs budget) and eval_voting.png (F1, FCR vs n), over
+    the points every mode finished."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    budget_points = [p for p in grid["points"] if p["name"].startswith("budget-")]
-    vote_points = [p for p in grid["points"] if p["name"].startswith("vote-")]
+    done = [p for p in grid["points"] if all(p["name"] in m for m in grid["modes"].values())]
+    budget_points = [p for p in done if p["name"].startswith("budget-")]
+    vote_points = [p for p in done if p["name"].startswith("vote-")]
     panels = (("f1", "F1"), ("fcr", "FCR"), ("latency_s_mean", "latency per record (s)"))
     for file, points, x_key, x_label, keys in (
         ("eval_budget.png", budget_points, "budget", "input budget (original tokens)", panels),
         ("eval_voting.png", vote_points, "n", "samples n (majority vote)", panels[:2]),
     ):
+        if not points:
+            continue
         fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.6))
         for ax, (key, label) in zip(axes, keys, strict=True):
             for mode, by_point in grid["modes"].items():

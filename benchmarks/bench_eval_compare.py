@@ -1,0 +1,36 @@
+"""Share of records on which two evaluation runs give the same answer (`medtpe evaluate`
+reports, same records), e.g. the "without SSFT" ablation against a Table-2 run's original mode:
+
+    .venv/bin/python benchmarks/bench_eval_compare.py \\
+        benchmarks/results/eval_table2.json:original \\
+        benchmarks/results/eval_ablation_no_ssft.json:medtpe
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from evaluation.report import agreement
+from evaluation.results import RecordResult
+
+
+def mode_records(spec: str) -> list[RecordResult]:
+    """`REPORT.json:MODE` → that mode's per-record results."""
+    path, _, mode = spec.rpartition(":")
+    return [RecordResult(**row) for row in json.loads(Path(path).read_text())["records"][mode]]
+
+
+def main() -> None:
+    """Print the agreement of the two runs."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("first", help="REPORT.json:MODE")
+    parser.add_argument("second", help="REPORT.json:MODE")
+    args = parser.parse_args()
+    share = agreement(mode_records(args.first), mode_records(args.second))
+    print(json.dumps({"first": args.first, "second": args.second, "agreement": share}))
+
+
+if __name__ == "__main__":
+    main()
