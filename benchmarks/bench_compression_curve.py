@@ -9,18 +9,20 @@ its prediction time within `--record-tokens` tokens of that base tokenizer.
     .venv/bin/python benchmarks/bench_compression_curve.py \\
         --tokenizer smollm2=.cache/models/smollm2-135m-instruct \\
         --tokenizer qwen2.5=../shared/tokenizers/qwen2.5/tokenizer.json \\
+        --budgets 100,250,500,1000,2500,5000,10000 --max-n 2,3,4 --methods static,bpe \\
         --out benchmarks/results/compression_curve.json --plot docs/img/compression_curve.png
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 from pathlib import Path
 
 from medtpe_core.base_tokenizer import BaseTokenizer
-from medtpe_core.build import DEFAULT_METHOD, build_tokenizer
+from medtpe_core.build import DEFAULT_METHOD, METHODS, build_tokenizer
 from medtpe_core.meds_readers import MedsDataset, read_labels
 from medtpe_core.metrics import compression_rate
 from medtpe_core.render import render_record
@@ -50,34 +52,39 @@ def rendered_records(
 
 
 def curve(
-    base: BaseTokenizer, train: list[str], test: list[str], budgets: list[int], max_ns: list[int]
+    base: BaseTokenizer,
+    train: list[str],
+    test: list[str],
+    budgets: list[int],
+    max_ns: list[int],
+    methods: list[str],
 ) -> list[dict[str, float]]:
-    """One point per (N, M): held-out compression rate and build time."""
+    """One point per (selection method, N, M): held-out compression rate and build time."""
     n_original = sum(map(len, base.encode_batch(test)))
     points = []
-    for max_n in max_ns:
-        for budget in budgets:
-            started = time.perf_counter()
-            tokenizer = build_tokenizer(base, train, budget, max_n=max_n, progress=False)
-            seconds = time.perf_counter() - started
-            n_medtpe = sum(map(len, tokenizer.encode_batch(test)))
-            points.append(
-                {
-                    "max_n": max_n,
-                    "budget": budget,
-                    "n_new_tokens": len(tokenizer.new_tokens),
-                    "compression_rate": compression_rate(n_original, n_medtpe),
-                    "held_out_tokens_original": n_original,
-                    "held_out_tokens_medtpe": n_medtpe,
-                    "build_s": round(seconds, 1),
-                }
-            )
-            print(json.dumps({"base": str(base.path), **points[-1]}), flush=True)
+    for method, max_n, budget in itertools.product(methods, max_ns, budgets):
+        started = time.perf_counter()
+        tokenizer = build_tokenizer(base, train, budget, max_n, method, progress=False)
+        seconds = time.perf_counter() - started
+        n_medtpe = sum(map(len, tokenizer.encode_batch(test)))
+        points.append(
+            {
+                "method": method,
+                "max_n": max_n,
+                "budget": budget,
+                "n_new_tokens": len(tokenizer.new_tokens),
+                "compression_rate": compression_rate(n_original, n_medtpe),
+                "held_out_tokens_original": n_original,
+                "held_out_tokens_medtpe": n_medtpe,
+                "build_s": round(seconds, 1),
+            }
+        )
+        print(json.dumps({"base": str(base.path), **points[-1]}), flush=True)
     return points
 
 
 def plot(results: dict[str, list[dict[str, float]]], path: Path) -> None:
-    """CR vs M, one panel per base tokenizer, one line per N."""
+    """CR vs M, one panel per base tokenizer, one line per (method, N)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -87,19 +94,22 @@ def plot(results: dict[str, list[dict[str, float]]], path: Path) -> None:
     for ax, (name, points) in zip(
         list(getattr(axes, "flat", [axes])), results.items(), strict=True
     ):
-        for max_n in sorted({p["max_n"] for p in points}):
-            line = [p for p in points if p["max_n"] == max_n]
+        methods = sorted({p["method"] for p in points}, reverse=True)
+        for method, max_n in itertools.product(methods, sorted({p["max_n"] for p in points})):
+            line = [p for p in points if p["max_n"] == max_n and p["method"] == method]
             ax.plot(
                 [p["budget"] for p in line],
                 [100 * p["compression_rate"] for p in line],
                 marker="o",
-                label=f"N = {max_n}",
+                linestyle="-" if method == methods[0] else "--",
+                color=f"C{max_n - 2}",
+                label=f"{method}, N = {max_n}",
             )
         ax.set_xscale("log")
         ax.set_title(f"{name} tokenizer")
         ax.set_xlabel("TPE budget M (new tokens)")
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=7, ncol=2)
     axes_list = list(getattr(axes, "flat", [axes]))
     axes_list[0].set_ylabel("compression rate on held-out records (%)")
     fig.tight_layout()
@@ -115,6 +125,7 @@ def main() -> None:
     parser.add_argument("--tokenizer", action="append", required=True, help="NAME=PATH")
     parser.add_argument("--budgets", default="500,1000,2500,5000,10000")
     parser.add_argument("--max-n", default="2,3,4")
+    parser.add_argument("--methods", default=",".join(METHODS), help="selection methods")
     parser.add_argument("--record-tokens", type=int, default=8192)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--plot", type=Path, required=True)
@@ -127,12 +138,12 @@ def main() -> None:
         name, path = spec.split("=", 1)
         base = BaseTokenizer.load(path)
         train, test = rendered_records(args.meds, labels, base, args.record_tokens)
-        results[name] = curve(base, train, test, budgets, max_ns)
+        results[name] = curve(base, train, test, budgets, max_ns, args.methods.split(","))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(
             {
-                "method": DEFAULT_METHOD,
+                "default_method": DEFAULT_METHOD,
                 "record_tokens": args.record_tokens,
                 "held_out_every": HELD_OUT_EVERY,
                 "results": results,
