@@ -1,4 +1,4 @@
-"""`medtpe build-tokenizer` and `medtpe tokenize` (torch-free)."""
+"""`medtpe build-tokenizer`, `medtpe add-byte-fallback` and `medtpe tokenize` (torch-free)."""
 
 from __future__ import annotations
 
@@ -106,6 +106,55 @@ def build_tokenizer(
     click.echo(f"  time: {time.perf_counter() - started:.1f} s")
 
 
+@click.command("add-byte-fallback")
+@click.option(
+    "--tokenizer",
+    "artefact",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="MedTPE artefact directory built without byte fallback.",
+)
+@click.option(
+    "--corpus",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    help="Optional corpus (JSONL or MEDS directory) to pick the cheapest tokens to evict; "
+    "without it the latest base merges are evicted.",
+)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Output artefact directory (the other files of --tokenizer are copied along).",
+)
+def add_byte_fallback(artefact: Path, corpus: Path | None, out: Path) -> None:
+    """Give the bytes the base vocabulary lacks an id each (lossless on any text); new tokens and
+    their ids are unchanged, so trained rows stay valid (re-export the checkpoint for its
+    tokenizer.json)."""
+    import shutil
+
+    from medtpe_core.build import add_byte_fallback as add
+    from medtpe_core.tokenizer import MedTPETokenizer
+
+    tok = MedTPETokenizer.load(artefact)
+    texts = None
+    if corpus is not None and corpus.is_dir():
+        from medtpe_core.corpus import iter_meds_corpus_texts
+
+        texts = iter_meds_corpus_texts(corpus, tok.base, None)
+    elif corpus is not None:
+        texts = _jsonl_texts(corpus)
+    new = add(tok, texts, _protected_texts(artefact))
+    if out.resolve() != artefact.resolve():
+        shutil.copytree(artefact, out, dirs_exist_ok=True)
+    new.save(out)
+    click.echo(f"MedTPE artefact {tok.artefact_id} -> {new.artefact_id} at {out}")
+    click.echo(
+        "  byte fallback: "
+        + (", ".join(f"0x{b:02X}->{i}" for b, i in new.byte_fallback.items()) or "none needed")
+    )
+
+
 @click.command("tokenize")
 @click.option(
     "--tokenizer",
@@ -136,4 +185,4 @@ def tokenize(artefact: Path, text: str) -> None:
     click.echo(f"compression: {rate:.1%}")
 
 
-commands = [build_tokenizer, tokenize]
+commands = [build_tokenizer, add_byte_fallback, tokenize]

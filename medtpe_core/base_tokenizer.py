@@ -18,6 +18,19 @@ def canonical_fingerprint(obj: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level map: byte value -> the printable character that stands for it."""
+    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table = {b: chr(b) for b in keep}
+    for n, b in enumerate(b for b in range(256) if b not in table):
+        table[b] = chr(256 + n)
+    return table
+
+
+# Byte values that some character's UTF-8 encoding holds (0xC0, 0xC1 and 0xF5..0xFF never occur).
+UTF8_BYTES = frozenset([*range(0xC0), *range(0xC2, 0xF5)])
+
+
 def merge_pair(merge: str | list[str]) -> tuple[str, str]:
     """A BPE merge from tokenizer.json (`"a b"` or `["a", "b"]`) as a pair of token strings."""
     if isinstance(merge, str):
@@ -95,6 +108,31 @@ class BaseTokenizer:
     def special_ids(self) -> frozenset[int]:
         """Ids of the added tokens (special or not): never evicted, never merged."""
         return frozenset(int(t["id"]) for t in self.json_obj.get("added_tokens", []))
+
+    @property
+    def is_byte_level(self) -> bool:
+        """Whether the decoder is byte-level (GPT-2 style: each byte has a symbol character)."""
+        decoder = self.json_obj.get("decoder") or {}
+        parts = (
+            decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
+        )
+        return any(d.get("type") == "ByteLevel" for d in parts)
+
+    def byte_ids(self) -> dict[int, int]:
+        """Byte value -> id of its byte-level symbol token, for the bytes the vocabulary has
+        (empty when the tokenizer is not byte-level)."""
+        if not self.is_byte_level:
+            return {}
+        vocab = self.tokenizer.get_vocab(with_added_tokens=False)
+        return {b: vocab[c] for b, c in bytes_to_unicode().items() if c in vocab}
+
+    def missing_bytes(self) -> list[int]:
+        """Byte values that occur in valid UTF-8 but have no token in this byte-level vocabulary:
+        the base tokenizer drops them (SmolLM2: 0x04 0x06 0x13 0x14 0x16 0x1D 0xF1 0xF2)."""
+        if not self.is_byte_level:
+            return []
+        present = self.byte_ids()
+        return sorted(b for b in UTF8_BYTES if b not in present)
 
     def merges(self) -> list[tuple[str, str]]:
         """The BPE merges, in rank order."""

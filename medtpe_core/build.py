@@ -69,11 +69,14 @@ def build_tokenizer(
     protected = dependent | base.special_ids | single_char_ids(base)
     for text in protected_texts:
         protected.update(base.encode(text, special_tokens=True), base.encode(text))
-    evicted = choose_evictions(graph, counts.unigrams, protected, len(merges))
+    missing = base.missing_bytes()
+    evicted = choose_evictions(graph, counts.unigrams, protected, len(merges) + len(missing))
+    order = list(evicted)  # eviction order: the M cheapest for new tokens, the next for bytes
+    byte_fallback = dict(zip(missing, sorted(order[len(merges) :]), strict=True))
 
     ids: dict[Ngram, int] = {}
     table = []
-    for (left, right), new_id in zip(merges, sorted(evicted), strict=True):
+    for (left, right), new_id in zip(merges, sorted(order[: len(merges)]), strict=True):
         table.append((ids.get(left, left[0]), ids.get(right, right[0]), new_id))
         ids[left + right] = new_id
     settings = {
@@ -84,7 +87,7 @@ def build_tokenizer(
         "n_protected_texts": len(protected_texts),
         "n_protected_ids": len(protected),
     }
-    tok = MedTPETokenizer(base, table, evicted, settings)
+    tok = MedTPETokenizer(base, table, evicted, settings, byte_fallback=byte_fallback)
     n_sample = sum(map(len, sample))
     n_compressed = sum(len(tok.encode_ids(ids)) for ids in sample)
     tok.corpus_stats.update(
@@ -96,6 +99,50 @@ def build_tokenizer(
         build_seconds=round(time.perf_counter() - started, 2),
     )
     return tok
+
+
+def add_byte_fallback(
+    tok: MedTPETokenizer,
+    texts: Iterable[str] | None = None,
+    protected_texts: Sequence[str] = (),
+    progress: bool = False,
+) -> MedTPETokenizer:
+    """`tok` with byte fallback: one more evicted base token for each byte its base vocabulary
+    lacks (see `BaseTokenizer.missing_bytes`). New tokens, their ids and the earlier evictions are
+    kept. Artefacts store no corpus frequencies: with `texts` the evicted tokens are the cheapest
+    on them (as in a build), without, the latest base merges (rarest in the base's own training
+    text). Tokens of `protected_texts` and every new token's merge path are never evicted.
+    Returns `tok` itself when nothing is missing or the fallback is already there."""
+    base = tok.base
+    missing = [b for b in base.missing_bytes() if b not in tok.byte_fallback]
+    if not missing:
+        return tok
+    if tok.byte_fallback:
+        raise ValueError("the artefact's byte fallback does not cover its base's missing bytes")
+    graph = MergeGraph(base)
+    dependent = graph.ancestry({i for t in tok.new_tokens for i in t.constituents})
+    protected = dependent | base.special_ids | single_char_ids(base)
+    for text in protected_texts:
+        protected.update(base.encode(text, special_tokens=True), base.encode(text))
+    counter = NgramCounter(base.vocab_size, 1)
+    for batch in encode_batches(base, texts or (), progress=progress):
+        counter.add(batch)
+    added = choose_evictions(graph, counter.result().unigrams, protected, len(missing), tok.evicted)
+    gone = tok.evicted.keys() | added.keys()
+    evicted = {i: graph.decompose(i, gone) for i in [*tok.evicted, *added]}
+    stats = dict(tok.corpus_stats)
+    if texts is not None:
+        stats["byte_fallback_corpus_frequency"] = int(
+            sum(counter.counts.unigrams[i] for i in added)
+        )
+    return MedTPETokenizer(
+        base,
+        tok.merges,
+        evicted,
+        tok.settings,
+        stats,
+        dict(zip(missing, sorted(added), strict=True)),
+    )
 
 
 def _token_strings(base: BaseTokenizer) -> Callable[[Ngram], str | None]:

@@ -1,12 +1,14 @@
 """Vectorised id rewriting after the base BPE: evicted-token decomposition and TPE pair merging.
 
 Both steps run on numpy arrays, so the per-token cost stays a small fraction of the base
-tokenizer's (see docs/benchmarks.md).
+tokenizer's (see docs/benchmarks.md). `ByteFallback` spells the characters a byte-level
+vocabulary has no bytes for (the base tokenizer drops them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -98,3 +100,47 @@ def _merge_depth(merges: Sequence[tuple[int, int, int]]) -> int:
     for a, b, new in merges:
         depth[new] = max(depth.get(a, 0), depth.get(b, 0)) + 1
     return max(depth.values(), default=0)
+
+
+def utf8_char_pattern(byte_values: Iterable[int]) -> re.Pattern[str] | None:
+    """A regex matching runs of characters whose UTF-8 encoding holds any of `byte_values`
+    (None when no character does). Built from numpy over all code points (tens of ms)."""
+    wanted = np.zeros(256, dtype=bool)
+    wanted[list(byte_values)] = True
+    cp = np.arange(0x110000, dtype=np.int64)
+    cp = cp[(cp < 0xD800) | (cp > 0xDFFF)]  # surrogates have no UTF-8 encoding
+    n = 1 + (cp >= 0x80) + (cp >= 0x800) + (cp >= 0x10000)
+    lead = np.select(
+        [n == 1, n == 2, n == 3],
+        [cp, 0xC0 | (cp >> 6), 0xE0 | (cp >> 12)],
+        0xF0 | (cp >> 18),
+    )
+    hit = wanted[lead]
+    for k in range(1, 4):  # continuation byte k of n: bits 6 * (n - 1 - k) upwards
+        shift = np.maximum(6 * (n - 1 - k), 0)
+        hit |= (n > k) & wanted[0x80 | ((cp >> shift) & 0x3F)]
+    chars = cp[hit]
+    if not chars.size:
+        return None
+    breaks = np.flatnonzero(np.diff(chars) != 1)
+    starts = chars[np.concatenate(([0], breaks + 1))]
+    ends = chars[np.concatenate((breaks, [chars.size - 1]))]
+    ranges = "".join(
+        f"\\U{a:08x}" if a == b else f"\\U{a:08x}-\\U{b:08x}"
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True)
+    )
+    return re.compile(f"([{ranges}]+)")
+
+
+class ByteFallback:
+    """Ids for characters the base vocabulary cannot spell: each UTF-8 byte of such a character
+    becomes its fallback id (bytes the base lacks) or its byte-level symbol's base id."""
+
+    def __init__(self, fallback: Mapping[int, int], byte_ids: Mapping[int, int]) -> None:
+        self.fallback = dict(fallback)
+        self._ids = {**byte_ids, **self.fallback}
+        self.pattern = utf8_char_pattern(self.fallback)
+
+    def ids(self, chars: str) -> list[int]:
+        """The ids of a run of characters matched by `pattern`."""
+        return [self._ids[b] for b in chars.encode("utf-8")]

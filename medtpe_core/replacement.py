@@ -51,29 +51,41 @@ def single_char_ids(base: BaseTokenizer) -> set[int]:
 
 
 def choose_evictions(
-    graph: MergeGraph, unigrams: np.ndarray, protected: set[int], count: int
+    graph: MergeGraph,
+    unigrams: np.ndarray,
+    protected: set[int],
+    count: int,
+    already: Iterable[int] = (),
 ) -> dict[int, tuple[int, ...]]:
     """Evict `count` decomposable, unprotected base tokens with the lowest corpus cost
     frequency × (decomposition length − 1); ties go to the latest base merge (rarest in the base
-    tokenizer's own training text). Returns evicted id -> decomposition into surviving ids."""
+    tokenizer's own training text). `already`: ids evicted before (not candidates, and split in
+    the decompositions). Returns evicted id -> decomposition into surviving ids, in eviction
+    order (the first k of a larger `count` are what `count=k` chooses)."""
     freq = unigrams.tolist()
 
-    evicted: dict[int, tuple[int, ...]] = {}
+    evicted: dict[int, tuple[int, ...]] = dict.fromkeys(already, ())
+    chosen: list[int] = []
 
     def cost(i: int) -> int:
         left, right = graph.parents[i]
         n_parts = len(graph.decompose(left, evicted)) + len(graph.decompose(right, evicted))
         return freq[i] * (n_parts - 1)
 
-    heap = [(cost(i), -graph.rank[i], i) for i in graph.parents if i not in protected]
+    heap = [
+        (cost(i), -graph.rank[i], i)
+        for i in graph.parents
+        if i not in protected and i not in evicted
+    ]
     heapq.heapify(heap)
-    while heap and len(evicted) < count:
+    while heap and len(chosen) < count:
         c, neg_rank, i = heapq.heappop(heap)
         current = cost(i)
         if current != c:  # parents evicted since: its cost grew
             heapq.heappush(heap, (current, neg_rank, i))
             continue
         evicted[i] = ()
-    if len(evicted) < count:
-        raise ValueError(f"only {len(evicted)} base tokens can be evicted, {count} needed")
-    return {i: graph.decompose(i, evicted) for i in evicted}
+        chosen.append(i)
+    if len(chosen) < count:
+        raise ValueError(f"only {len(chosen)} base tokens can be evicted, {count} needed")
+    return {i: graph.decompose(i, evicted) for i in chosen}

@@ -1,4 +1,12 @@
-"""`MedTPETokenizer`: base BPE, then evicted-token decomposition, then TPE pair merging."""
+"""`MedTPETokenizer`: base BPE, then evicted-token decomposition, then TPE pair merging.
+
+Byte fallback: a byte-level base vocabulary may lack the symbol of some bytes (SmolLM2: 0x04 0x06
+0x13 0x14 0x16 0x1D and the lead bytes 0xF1 0xF2 of U+40000..U+BFFFF); the base tokenizer drops
+them. A build gives each such byte the id of one more evicted base token (`byte_fallback`), so
+`decode(encode(s)) == s` for every string. Text with such a character is split there, the pieces
+encoded as usual (batched) and the character spelled byte by byte: fallback ids for the missing
+bytes, the base's byte-symbol tokens for the others (the continuation bytes of U+40000..U+BFFFF).
+"""
 
 from __future__ import annotations
 
@@ -10,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from medtpe_core import artefact
-from medtpe_core.base_tokenizer import BaseTokenizer
-from medtpe_core.encoding import IdExpansion, PairMerger
+from medtpe_core.base_tokenizer import BaseTokenizer, bytes_to_unicode
+from medtpe_core.encoding import ByteFallback, IdExpansion, PairMerger
 
 
 @dataclass(frozen=True)
@@ -26,7 +35,11 @@ class NewToken:
 
 
 class MedTPETokenizer:
-    """Lossless MedTPE tokenizer on top of an unmodified base tokenizer."""
+    """Lossless MedTPE tokenizer on top of an unmodified base tokenizer.
+
+    `evicted` holds every evicted base id (new-token ids and byte-fallback ids) with its
+    decomposition; `byte_fallback` maps a byte value to the evicted id that now spells it.
+    """
 
     def __init__(
         self,
@@ -35,6 +48,7 @@ class MedTPETokenizer:
         evicted: dict[int, tuple[int, ...]],
         settings: dict[str, Any] | None = None,
         corpus_stats: dict[str, Any] | None = None,
+        byte_fallback: dict[int, int] | None = None,
     ) -> None:
         self.base = base
         self.merges = [tuple(m) for m in merges]
@@ -48,7 +62,18 @@ class MedTPETokenizer:
             NewToken(i, c, "".join(base.id_to_token(j) or "" for j in c))
             for i, c in sorted(parts.items())
         ]
+        self.byte_fallback = {int(b): int(i) for b, i in sorted((byte_fallback or {}).items())}
+        fallback_ids = set(self.byte_fallback.values())
+        if len(fallback_ids) != len(self.byte_fallback) or fallback_ids & parts.keys():
+            raise ValueError("byte-fallback ids must be distinct and not new-token ids")
+        if not fallback_ids <= self.evicted.keys():
+            raise ValueError("byte-fallback ids must be evicted base ids")
         size = base.vocab_size
+        self._fallback = ByteFallback(self.byte_fallback, base.byte_ids()) if fallback_ids else None
+        self._fallback_re = self._fallback.pattern if self._fallback else None
+        self._is_fallback = np.zeros(size, dtype=bool)
+        self._is_fallback[list(fallback_ids)] = True
+        self._fallback_decoder: Tokenizer | None = None
         self._decompose = IdExpansion(self.evicted, size)
         self._merge = PairMerger(self.merges, size)
         self._to_base = IdExpansion(parts, size)
@@ -61,34 +86,90 @@ class MedTPETokenizer:
     @property
     def artefact_id(self) -> str:
         """Short hash identifying this build (base, merges, evictions)."""
-        blob = json.dumps([self.fingerprint, self.merges, sorted(self.evicted.items())])
+        parts: list[Any] = [self.fingerprint, self.merges, sorted(self.evicted.items())]
+        if self.byte_fallback:  # absent from older builds: their ids stay the same
+            parts.append(sorted(self.byte_fallback.items()))
+        blob = json.dumps(parts)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     def base_encode(self, text: str, special_tokens: bool = False) -> list[int]:
         """The unmodified base tokenizer's ids."""
         return self.base.encode(text, special_tokens)
 
+    @property
+    def fallback_ids(self) -> frozenset[int]:
+        """The byte-fallback ids (empty for builds without byte fallback)."""
+        return frozenset(self.byte_fallback.values())
+
+    def needs_fallback(self, text: str) -> bool:
+        """Whether `text` holds a character the base vocabulary cannot spell (one regex search)."""
+        return self._fallback_re is not None and self._fallback_re.search(text) is not None
+
     def encode(self, text: str, special_tokens: bool = False) -> list[int]:
-        """MedTPE ids of `text`, nothing added. Special-token look-alikes are plain text unless
-        `special_tokens=True` (for a rendered chat template)."""
+        """MedTPE ids of `text`, nothing added, lossless. Special-token look-alikes are plain text
+        unless `special_tokens=True` (for a rendered chat template)."""
+        if self.needs_fallback(text):
+            return self._encode_with_fallback([text], special_tokens)[0]
         return self.encode_ids(self.base.encode(text, special_tokens))
 
     def encode_batch(self, texts: Sequence[str], special_tokens: bool = False) -> list[list[int]]:
         """`encode` over many texts; the base step runs in parallel."""
+        if self._fallback_re is not None and any(map(self.needs_fallback, texts)):
+            return self._encode_with_fallback(texts, special_tokens)
         return [self.encode_ids(ids) for ids in self.base.encode_batch(texts, special_tokens)]
 
+    def _encode_with_fallback(self, texts: Sequence[str], special_tokens: bool) -> list[list[int]]:
+        """Split each text at the runs of characters the base cannot spell, encode the pieces
+        (one batch), spell the runs byte by byte."""
+        assert self._fallback is not None and self._fallback_re is not None
+        splits = [self._fallback_re.split(t) for t in texts]  # text, run, text, ..., text
+        pieces = [p for parts in splits for p in parts[::2]]
+        encoded = iter(self.base.encode_batch(pieces, special_tokens))
+        out = []
+        for parts in splits:
+            ids: list[int] = []
+            for k, part in enumerate(parts):
+                ids += self._fallback.ids(part) if k % 2 else self.encode_ids(next(encoded))
+            out.append(ids)
+        return out
+
     def encode_ids(self, base_ids: Sequence[int]) -> list[int]:
-        """MedTPE ids from base ids (evicted tokens split, TPE pairs merged)."""
+        """MedTPE ids from base ids (evicted tokens split, TPE pairs merged). As lossy as the base
+        ids: what the base tokenizer dropped is not recovered (use `encode` on the text); never
+        yields byte-fallback ids."""
         arr = np.array(base_ids, dtype=np.int64)
         return self._merge(self._decompose(arr)).tolist()
 
-    def to_base_ids(self, ids: Sequence[int]) -> list[int]:
-        """Base ids of MedTPE ids (new tokens replaced by their constituents)."""
-        return self._to_base(np.array(ids, dtype=np.int64)).tolist()
+    def to_base_ids(self, ids: Sequence[int], drop_fallback: bool = False) -> list[int]:
+        """Base ids of MedTPE ids (new tokens replaced by their constituents). A byte-fallback id
+        has no base equivalent: `ValueError`, or with `drop_fallback=True` it is left out (what
+        the base tokenizer does with that byte)."""
+        arr = np.array(ids, dtype=np.int64)
+        if self._fallback is not None and arr.size and self._is_fallback[arr].any():
+            if not drop_fallback:
+                raise ValueError("byte-fallback ids have no base-tokenizer equivalent")
+            arr = arr[~self._is_fallback[arr]]
+        return self._to_base(arr).tolist()
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Text of MedTPE ids."""
-        return self.base.decode(self.to_base_ids(ids))
+        """Text of MedTPE ids (byte-fallback ids included)."""
+        arr = np.array(ids, dtype=np.int64)
+        base_ids = self._to_base(arr).tolist()  # byte-fallback ids are kept as they are
+        if self._fallback is not None and arr.size and self._is_fallback[arr].any():
+            return self._byte_decoder().decode(base_ids, skip_special_tokens=False)
+        return self.base.decode(base_ids)
+
+    def _byte_decoder(self) -> Tokenizer:
+        """The base tokenizer with each byte-fallback id's vocabulary entry renamed to its byte's
+        symbol (built on first use)."""
+        if self._fallback_decoder is None:
+            obj, _ = artefact.detokenizer_json(self.base, self._fallback_strings())
+            self._fallback_decoder = Tokenizer.from_str(json.dumps(obj))
+        return self._fallback_decoder
+
+    def _fallback_strings(self) -> dict[int, str]:
+        symbol = bytes_to_unicode()
+        return {i: symbol[b] for b, i in self.byte_fallback.items()}
 
     def tokens(self, ids: Sequence[int]) -> list[str]:
         """Readable text of each token, for display."""
@@ -100,7 +181,7 @@ class MedTPETokenizer:
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
         detok, restore = artefact.detokenizer_json(
-            self.base, {t.id: t.string for t in self.new_tokens}
+            self.base, {t.id: t.string for t in self.new_tokens} | self._fallback_strings()
         )
         doc = {
             "format_version": artefact.FORMAT_VERSION,
@@ -118,6 +199,7 @@ class MedTPETokenizer:
                 for t in self.new_tokens
             ],
             "evicted": {str(i): list(d) for i, d in sorted(self.evicted.items())},
+            "byte_fallback": {str(b): i for b, i in self.byte_fallback.items()},
             "detokenizer": restore,
         }
         (out / artefact.MEDTPE_FILE).write_text(json.dumps(doc, ensure_ascii=False, indent=1))
@@ -151,4 +233,5 @@ class MedTPETokenizer:
             {int(i): tuple(d) for i, d in doc["evicted"].items()},
             doc["settings"],
             doc["corpus_stats"],
+            {int(b): int(i) for b, i in doc.get("byte_fallback", {}).items()},
         )

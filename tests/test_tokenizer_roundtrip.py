@@ -25,6 +25,11 @@ EDGE_CASES = [
     "   leading and trailing   ",
     "\n\n\n[2180-01-01 00:00] Heart Rate: 87.0 bpm\n",
     "\ud7ff\ue000\U0010ffff",
+    # bytes SmolLM2's vocabulary lacks (its own tokenizer drops them): byte fallback
+    "\x04\x06\x13\x14\x16\x1d",
+    "a\x04b. \x13x\x1d\x1d<|im_end|>\x06",
+    "\U00040000\U00050000z\U000bffff\U000c0000 \U0003ffff",
+    "<|im_start|>\x14user\n\U00080001<|im_end|>",
 ]
 
 TOKENIZERS = {
@@ -33,17 +38,23 @@ TOKENIZERS = {
     "small-bpe3": lambda: small_medtpe("bpe", 3),
     "small-static3": lambda: small_medtpe("static", 3),
 }
-# SmolLM2's vocabulary has no token for bytes 0x04 0x06 0x13 0x14 0x16 0x1D (nor for the lead
-# bytes of U+40000..U+BFFFF): its own tokenizer drops them. Strings without them must round-trip
-# exactly; any string must round-trip exactly as far as the base tokenizer does.
-_UNREPRESENTABLE = "\x04\x06\x13\x14\x16\x1d"
-_text = st.text(
-    st.characters(codec="utf-8", max_codepoint=0x3FFFF, exclude_characters=_UNREPRESENTABLE),
-    max_size=200,
-)
-_any_text = st.text(st.characters(codec="utf-8"), max_size=200)
+# SmolLM2's vocabulary has no token for bytes 0x04 0x06 0x13 0x14 0x16 0x1D nor for 0xF1 0xF2
+# (lead bytes of U+40000..U+BFFFF): its own tokenizer drops them, MedTPE spells them with its
+# byte-fallback ids. Every string round-trips exactly.
+_FALLBACK_CHARS = "\x04\x06\x13\x14\x16\x1d\U00040000\U0007ffff\U00080000\U000bffff"
+_text = st.text(st.characters(codec="utf-8"), max_size=200)
+# dense in the characters that need the fallback, next to text they could merge with
+_dense = st.lists(
+    st.one_of(
+        st.sampled_from(_FALLBACK_CHARS),
+        st.characters(min_codepoint=0x40000, max_codepoint=0xBFFFF),
+        st.sampled_from([" ", "\n", "a", ".", "1", "<|im_end|>", "Heart Rate", "é", "中"]),
+        st.characters(codec="utf-8"),
+    ),
+    max_size=40,
+).map("".join)
 _mixed = st.lists(
-    st.one_of(_text, st.sampled_from(EDGE_CASES), st.sampled_from(icu_records(3, seed=5))),
+    st.one_of(_text, _dense, st.sampled_from(EDGE_CASES), st.sampled_from(icu_records(3, seed=5))),
     max_size=4,
 ).map("".join)
 
@@ -73,10 +84,17 @@ def test_round_trip_property(tok: MedTPETokenizer, text: str) -> None:
     assert all(0 <= i < tok.base.vocab_size for i in ids)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(text=_any_text)
-def test_any_string_round_trips_as_far_as_the_base_does(tok: MedTPETokenizer, text: str) -> None:
-    assert tok.decode(tok.encode(text)) == tok.base.decode(tok.base_encode(text))
+@pytest.mark.parametrize("name", ["smollm2-static", "smollm2-bpe3"])
+@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=st.one_of(_text, _dense))
+def test_any_string_round_trips_exactly(name: str, text: str) -> None:
+    """Arbitrary Unicode, control characters included, on the builds that need byte fallback."""
+    tok = TOKENIZERS[name]()
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    assert tok.decode(tok.encode(text, special_tokens=True)) == text
+    if not tok.needs_fallback(text):  # fast path: exactly the base ids, decomposed and merged
+        assert ids == tok.encode_ids(tok.base_encode(text))
 
 
 @settings(max_examples=100, deadline=None)
@@ -95,6 +113,23 @@ def test_stock_detokenizer_decodes_medtpe_ids(tmp_path: Path) -> None:
         for text in [*EDGE_CASES, *icu_records(3, seed=11)]:
             ids = tok.encode(text)
             assert detok.decode(ids, skip_special_tokens=False) == tok.decode(ids) == text
+
+
+_DETOK: dict[str, Tokenizer] = {}
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=_mixed)
+def test_stock_detokenizer_matches_on_any_string(
+    tmp_path_factory: pytest.TempPathFactory, text: str
+) -> None:
+    tok = smollm2_medtpe("bpe", 3)
+    if "smollm2-bpe3" not in _DETOK:
+        out = tmp_path_factory.mktemp("detok")
+        tok.save(out)
+        _DETOK["smollm2-bpe3"] = Tokenizer.from_file(str(out / "tokenizer.json"))
+    ids = tok.encode(text)
+    assert _DETOK["smollm2-bpe3"].decode(ids, skip_special_tokens=False) == text
 
 
 def test_fixture_is_the_default_model_tokenizer() -> None:
