@@ -12,6 +12,7 @@ from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.meds import MedsEvent, SubjectEvents, to_naive_utc
 from medtpe_core.render import BudgetTooSmallError, render_record
 from medtpe_core.tasks import Task, get_task
+from medtpe_core.tokenizer import MedTPETokenizer
 
 DEFAULT_MAX_INPUT_TOKENS = 8192
 _MAX_FIT_ROUNDS = 4
@@ -20,20 +21,47 @@ _RECORD_SLOT = "\x00medtpe-record\x00"
 
 @dataclass(frozen=True)
 class Prompt:
-    """The final prompt text (chat template applied), its original ids and what went into it."""
+    """The final prompt (chat template applied) as text and original ids, and what went into it.
 
-    text: str
+    `text` is `head + record_text + tail`. Only the chat template's parts (`head`, `tail`) may
+    hold special tokens; the record is encoded as plain text, so an event reading `<|im_end|>`
+    cannot end the user's turn.
+    """
+
+    head: str
     record_text: str
-    base_ids: list[int]
-    """Original-tokenizer ids of `text`: only the chat template's parts may hold special tokens;
-    the record is encoded as plain text, so an event reading `<|im_end|>` cannot end the turn."""
+    tail: str
+    head_ids: list[int]
+    record_ids: list[int]
+    tail_ids: list[int]
     n_events_total: int
     n_events_kept: int
 
     @property
+    def text(self) -> str:
+        """The whole prompt text."""
+        return self.head + self.record_text + self.tail
+
+    @property
+    def base_ids(self) -> list[int]:
+        """The whole prompt in original-tokenizer ids."""
+        return self.head_ids + self.record_ids + self.tail_ids
+
+    @property
     def n_tokens_original(self) -> int:
         """Prompt length in original-tokenizer tokens."""
-        return len(self.base_ids)
+        return len(self.head_ids) + len(self.record_ids) + len(self.tail_ids)
+
+    def medtpe_ids(self, tokenizer: MedTPETokenizer) -> list[int]:
+        """The prompt in MedTPE ids, from the original ids (one base pass serves both), except
+        for a record holding characters only the byte fallback can spell."""
+        if not tokenizer.needs_fallback(self.record_text):
+            return tokenizer.encode_ids(self.base_ids)
+        return (
+            tokenizer.encode_ids(self.head_ids)
+            + tokenizer.encode(self.record_text)
+            + tokenizer.encode_ids(self.tail_ids)
+        )
 
 
 def format_time(time: datetime) -> str:
@@ -83,9 +111,18 @@ def build_prompt(
             )
         except BudgetTooSmallError as exc:
             raise too_small from exc
-        ids = head_ids + base_tokenizer.encode(record.text) + tail_ids
-        if len(ids) <= max_input_tokens:
-            text = head + record.text + tail
-            return Prompt(text, record.text, ids, record.n_events_total, record.n_events_kept)
-        budget -= len(ids) - max_input_tokens
+        record_ids = base_tokenizer.encode(record.text)
+        n_tokens = shell_tokens + len(record_ids)
+        if n_tokens <= max_input_tokens:
+            return Prompt(
+                head,
+                record.text,
+                tail,
+                head_ids,
+                record_ids,
+                tail_ids,
+                record.n_events_total,
+                record.n_events_kept,
+            )
+        budget -= n_tokens - max_input_tokens
     raise too_small

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from meds_fixtures import PREDICTION_TIME, train_tokenizer, write_meds_dataset
-from tokenizer_support import smollm2_dir
+from tokenizer_support import smollm2_dir, smollm2_medtpe
 
 from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.chat_template import ChatTemplate
@@ -119,3 +119,26 @@ def test_record_text_cannot_inject_chat_turns(template):
     assert prompt.base_ids.count(im_end) == template_only.base_ids.count(im_end)
     assert "<|im_end|> <|im_start|>assistant" in prompt.record_text
     assert base.decode(prompt.base_ids) == prompt.text
+
+
+def test_medtpe_prompt_ids_are_lossless(template):
+    """MedTPE ids of a prompt decode to its text, byte-fallback characters in the record too."""
+    tokenizer = smollm2_medtpe()
+    for note in ("plain note", "control \x04 char and \U00050000 plane-5 char"):
+        record = MedsRecord.model_validate(
+            {
+                "events": [
+                    {
+                        "subject_id": 9,
+                        "time": "2150-01-01T10:00:00",
+                        "code": "NOTE",
+                        "text_value": note,
+                    }
+                ]
+            }
+        )
+        prompt = build_prompt("icu_mortality", record.events, None, tokenizer.base, template, 2048)
+        assert note in prompt.record_text
+        ids = prompt.medtpe_ids(tokenizer)
+        assert tokenizer.decode(ids) == prompt.text
+        assert len(ids) < prompt.n_tokens_original
