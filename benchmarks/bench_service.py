@@ -1,5 +1,8 @@
 """Service latency and throughput, `medtpe` vs `original` mode, on real MIMIC-IV demo records.
 
+Other service settings come from the environment (`MEDTPE_ARTEFACT_DIR`, ...), recorded in the
+JSON output.
+
 For each mode a `medtpe serve` process is started (same settings but the mode), then requests are
 sent at concurrency 1, 4 and 16 (each request one distinct ICU stay: no two requests share a
 record, so the prefix cache never serves a prompt; both modes get the same records in the same
@@ -143,6 +146,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--meds", type=Path, default=Path("../shared/data/mimic-iv-demo-meds"))
     parser.add_argument("--max-input-tokens", type=int, default=2048)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--per-level", type=int, nargs=3, default=(4, 16, 32), metavar="N")
     parser.add_argument("--modes", nargs="+", default=["medtpe", "original"])
     parser.add_argument("--out", type=Path, default=Path("runs/bench_service.json"))
@@ -156,6 +160,7 @@ def main() -> None:
         env = {
             "MEDTPE_MODE": mode,
             "MEDTPE_MAX_INPUT_TOKENS": str(args.max_input_tokens),
+            "MEDTPE_MAX_NEW_TOKENS": str(args.max_new_tokens),
             "MEDTPE_CODES_DIR": str(args.meds.resolve()),
         }
         process = start_service(env, port, args.out.with_name(f"bench_service_{mode}.log"))
@@ -173,7 +178,12 @@ def main() -> None:
             process.wait(120)
     args.out.write_text(
         json.dumps(
-            {"machine": platform.platform(), "args": vars(args), "results": results},
+            {
+                "machine": f"{platform.platform()}, {os.cpu_count()} CPUs",
+                "args": vars(args),
+                "environment": {k: v for k, v in os.environ.items() if k.startswith("MEDTPE_")},
+                "results": results,
+            },
             default=str,
             indent=1,
         )
