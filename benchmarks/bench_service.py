@@ -1,13 +1,12 @@
 """Service latency and throughput, `medtpe` vs `original` mode, on real MIMIC-IV demo records.
 
-Other service settings come from the environment (`MEDTPE_ARTEFACT_DIR`, ...), recorded in the
-JSON output.
-
 For each mode a `medtpe serve` process is started (same settings but the mode), then requests are
 sent at concurrency 1, 4 and 16 (each request one distinct ICU stay: no two requests share a
-record, so the prefix cache never serves a prompt; both modes get the same records in the same
-order). Reported per mode and concurrency: client-side latency p50/p95, throughput (records/s
-over the level's wall time), mean prompt tokens.
+record, so the prefix cache only ever serves the task instruction every prompt starts with;
+both modes get the same records in the same order). Reported per mode and concurrency:
+client-side latency p50/p95, throughput (records/s over the level's wall time), mean prompt and
+answer tokens, mean server-side generation time. Other service settings come from the
+environment (`MEDTPE_ARTEFACT_DIR`, ...) and are recorded in the JSON output.
 
     .venv/bin/python benchmarks/bench_service.py --meds ../shared/data/mimic-iv-demo-meds
 """
