@@ -59,12 +59,28 @@ def curve(
     max_ns: list[int],
     methods: list[str],
 ) -> list[dict[str, float]]:
-    """One point per (selection method, N, M): held-out compression rate and build time."""
+    """One point per (selection method, N, M): held-out compression rate and build time;
+    combinations `build_tokenizer` rejects are skipped (and printed)."""
     n_original = sum(map(len, base.encode_batch(test)))
     points = []
     for method, max_n, budget in itertools.product(methods, max_ns, budgets):
         started = time.perf_counter()
-        tokenizer = build_tokenizer(base, train, budget, max_n, method, progress=False)
+        try:
+            tokenizer = build_tokenizer(base, train, budget, max_n, method, progress=False)
+        except ValueError as exc:  # e.g. static N = 4 on a 151k vocabulary: n-gram keys overflow
+            print(
+                json.dumps(
+                    {
+                        "base": str(base.path),
+                        "method": method,
+                        "max_n": max_n,
+                        "budget": budget,
+                        "skipped": str(exc),
+                    }
+                ),
+                flush=True,
+            )
+            continue
         seconds = time.perf_counter() - started
         n_medtpe = sum(map(len, tokenizer.encode_batch(test)))
         points.append(

@@ -36,16 +36,21 @@ from training.export import EMBEDDINGS_FILE, model_fingerprint, save_rows
 SHARED_MEDS = Path("../shared/data/mimic-iv-demo-meds")
 
 
+def copy_tokenizer_files(source: Path, out_dir: Path) -> None:
+    """Every file of artefact `source` but its trained rows, into `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for path in source.iterdir():
+        if path.is_file() and path.name != EMBEDDINGS_FILE:
+            shutil.copyfile(path, out_dir / path.name)
+
+
 def init_only_artefact(source: Path, model_dir: Path, out_dir: Path) -> Path:
     """A copy of `source` whose new rows are the initialisation, untrained."""
     from transformers import AutoModelForCausalLM
 
     from training.embedding_init import init_new_rows
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for path in source.iterdir():
-        if path.is_file() and path.name != EMBEDDINGS_FILE:
-            shutil.copyfile(path, out_dir / path.name)
+    copy_tokenizer_files(source, out_dir)
     tokenizer = MedTPETokenizer.load(out_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
     save_rows(out_dir, init_new_rows(model, tokenizer.new_tokens), model_fingerprint(model))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tqdm import tqdm
@@ -71,15 +71,19 @@ async def evaluate_mode(
 
 
 async def run_modes(
-    setups: Sequence[ModeSetup],
+    setups: Sequence[Callable[[], ModeSetup]],
     task: Task,
     records: Sequence[EvalRecord],
     sampling: Sampling,
-) -> dict[str, list[RecordResult]]:
-    """Evaluate each mode on its own engine, one after the other; each engine is shut down
-    before the next starts, so two never compete for memory or cores."""
-    results = {}
-    for setup in setups:
+) -> tuple[dict[str, list[RecordResult]], list[ModeSetup]]:
+    """Set up and evaluate each mode on its own engine, one after the other. A mode is set up
+    (e.g. its checkpoint exported) only when its turn comes, and each engine is shut down before
+    the next starts, so two never compete for memory or cores. Returns the results by mode and
+    the set-ups used."""
+    results, used = {}, []
+    for make_setup in setups:
+        setup = make_setup()
+        used.append(setup)
         engine = GenerationEngine.start(setup.engine_config)
         try:
             results[setup.mode] = await evaluate_mode(
@@ -87,4 +91,4 @@ async def run_modes(
             )
         finally:
             engine.shutdown()
-    return results
+    return results, used

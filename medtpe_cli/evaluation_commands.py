@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import click
@@ -106,7 +107,8 @@ def evaluate(
         max_new_tokens=max_new_tokens,
     )
     setups = [
-        mode_setup(
+        partial(
+            mode_setup,
             name,
             model_dir=model_dir or default_model_dir(),
             artefact_dir=artefact_dir or default_artefact_dir(),
@@ -119,8 +121,8 @@ def evaluate(
         )
         for name in MODE_ORDER[mode]
     ]
-    results = asyncio.run(run_modes(setups, task, records, sampling))
-    budget = setups[0].predictor.max_input_tokens
+    results, used = asyncio.run(run_modes(setups, task, records, sampling))
+    budget = used[0].predictor.max_input_tokens
     settings = {
         "task": task.name,
         "meds": str(meds_dir),
@@ -131,7 +133,7 @@ def evaluate(
         "temperature": sampling.temperature,
         "max_new_tokens": max_new_tokens,
         "seed": seed,
-        "models": {setup.mode: asdict(setup.identity) for setup in setups},
+        "models": {setup.mode: asdict(setup.identity) for setup in used},
     }
     report = build_report(task, results, settings=settings)
     out_path.parent.mkdir(parents=True, exist_ok=True)
