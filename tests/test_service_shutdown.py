@@ -43,5 +43,5 @@ def test_sigterm_drains_inflight_requests(service_server: ServiceProcess) -> Non
     # uvicorn re-raises the signal once shut down: "killed by SIGTERM" is its clean exit
     assert exit_code in (0, -signal.SIGTERM)
     log = service_server.log()
-    assert log.index("Shutting down") < log.rindex("POST /predict HTTP/1.1\" 200")
+    assert log.index("Shutting down") < log.rindex('POST /predict HTTP/1.1" 200')
     assert "Application shutdown complete." in log
