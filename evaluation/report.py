@@ -70,6 +70,18 @@ def agreement(original: Sequence[RecordResult], medtpe: Sequence[RecordResult]) 
     return sum(by_key[r.key] == r.prediction for r in medtpe) / len(medtpe)
 
 
+def answered_agreement(
+    original: Sequence[RecordResult], medtpe: Sequence[RecordResult]
+) -> float | None:
+    """Among the records the original model answered (its output parsed), the share on which
+    MedTPE gives the same answer; None when the original answered none."""
+    by_key = {r.key: r for r in medtpe}
+    answered = [r for r in original if r.format_ok]
+    if not answered:
+        return None
+    return sum(by_key[r.key].prediction == r.prediction for r in answered) / len(answered)
+
+
 def build_report(
     task: Task,
     results: dict[str, Sequence[RecordResult]],
@@ -87,6 +99,7 @@ def build_report(
             )
     if all(mode in results for mode in MODES):
         report["agreement"] = agreement(results["original"], results["medtpe"])
+        report["agreement_answered"] = answered_agreement(results["original"], results["medtpe"])
         report["latency_reduction"] = 1.0 - (
             report["medtpe"]["latency_s_total"] / report["original"]["latency_s_total"]
         )
@@ -114,8 +127,10 @@ def format_table(report: dict[str, Any]) -> str:
             f"{row['latency_s_mean']:>10.2f} {row['latency_s_total']:>9.1f} {cr:>7}"
         )
     if "agreement" in report:
+        answered = report["agreement_answered"]
         lines.append(
             f"latency reduction {report['latency_reduction']:.1%}, "
             f"same answer on {report['agreement']:.1%} of records"
+            + (f" ({answered:.1%} of those the original answered)" if answered is not None else "")
         )
     return "\n".join(lines)

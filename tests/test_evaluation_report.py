@@ -7,7 +7,14 @@ import json
 
 import pytest
 
-from evaluation.report import agreement, as_target, build_report, format_table, summarise_mode
+from evaluation.report import (
+    agreement,
+    answered_agreement,
+    as_target,
+    build_report,
+    format_table,
+    summarise_mode,
+)
 from evaluation.results import RecordResult, record_key
 from medtpe_core.metrics import bootstrap_f1
 from medtpe_core.tasks import get_task
@@ -87,6 +94,13 @@ def test_agreement_counts_equal_answers_including_no_answer() -> None:
     assert agreement(ORIGINAL, MEDTPE) == pytest.approx(0.75)
 
 
+def test_answered_agreement_ignores_records_the_original_did_not_answer() -> None:
+    # original answered records 1, 2, 4; MedTPE agrees on 1 and 2
+    assert answered_agreement(ORIGINAL, MEDTPE) == pytest.approx(2 / 3)
+    unanswered = [result(i, True, None, ok=False) for i in range(3)]
+    assert answered_agreement(unanswered, unanswered) is None
+
+
 def test_agreement_needs_the_same_records() -> None:
     with pytest.raises(ValueError, match="same"):
         agreement(ORIGINAL, MEDTPE[:3])
@@ -101,6 +115,7 @@ def test_report_json_shape() -> None:
     assert required <= set(decoded["original"])
     assert required | {"compression_rate"} <= set(decoded["medtpe"])
     assert decoded["agreement"] == pytest.approx(0.75)
+    assert decoded["agreement_answered"] == pytest.approx(2 / 3)
     assert decoded["latency_reduction"] == pytest.approx(1 - 6.0 / 12.0)
     assert [r["key"] for r in decoded["records"]["medtpe"]] == [r.key for r in MEDTPE]
 
@@ -120,3 +135,4 @@ def test_table_lists_both_modes_and_the_comparison() -> None:
     assert "75.0%" in original_row and original_row.rstrip().endswith("-")
     assert medtpe_row.rstrip().endswith("33.3%")
     assert "latency reduction 50.0%" in table and "75.0% of records" in table
+    assert "66.7% of those the original answered" in table
