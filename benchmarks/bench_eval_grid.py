@@ -42,10 +42,10 @@ MAX_NEW_TOKENS = 64
 def grid_points(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The budget sweep (greedy, one sample) and the voting points."""
     points = []
-    for spec in args.budgets.split(","):
+    for spec in filter(None, args.budgets.split(",")):
         budget, limit = (int(x) for x in spec.split(":"))
         points.append({"name": f"budget-{budget}", "budget": budget, "limit": limit, "n": 1})
-    for n in (int(x) for x in args.votes.split(",")):
+    for n in (int(x) for x in args.votes.split(",") if x):
         points.append(
             {
                 "name": f"vote-{n}",
@@ -130,28 +130,26 @@ def merge(paths: list[Path]) -> dict[str, Any]:
 
 
 def plot(grid: dict[str, Any], plot_dir: Path) -> None:
-    """eval_budget.png (F1, FCR, latency vs budget) and eval_voting.png (F1, FCR vs n), over
-    the points every mode finished."""
+    """eval_budget.png (F1, FCR, latency vs budget) and eval_voting.png (F1, FCR vs n); each
+    mode over the points it ran."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    done = [p for p in grid["points"] if all(p["name"] in m for m in grid["modes"].values())]
-    budget_points = [p for p in done if p["name"].startswith("budget-")]
-    vote_points = [p for p in done if p["name"].startswith("vote-")]
+    budget_points = [p for p in grid["points"] if p["name"].startswith("budget-")]
+    vote_points = [p for p in grid["points"] if p["name"].startswith("vote-")]
     panels = (("f1", "F1"), ("fcr", "FCR"), ("latency_s_mean", "latency per record (s)"))
     for file, points, x_key, x_label, keys in (
         ("eval_budget.png", budget_points, "budget", "input budget (original tokens)", panels),
         ("eval_voting.png", vote_points, "n", "samples n (majority vote)", panels[:2]),
     ):
-        if not points:
-            continue
         fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.6))
         for ax, (key, label) in zip(axes, keys, strict=True):
             for mode, by_point in grid["modes"].items():
-                xs = [p[x_key] for p in points]
-                ys = [by_point[p["name"]][mode][key] for p in points]
+                ran = [p for p in points if p["name"] in by_point]
+                xs = [p[x_key] for p in ran]
+                ys = [by_point[p["name"]][mode][key] for p in ran]
                 ax.plot(xs, ys, marker="o", label=mode)
             if x_key == "budget":
                 ax.set_xscale("log", base=2)

@@ -117,12 +117,14 @@ class GenerationEngine:
             seed=seed,
             detokenize=False,
         )
-        final = None
+        # with n > 1 the streamed outputs carry the completions separately: keep the latest
+        # (cumulative) state of each completion index
+        completions: dict[int, CompletionOutput] = {}
         try:
             async for output in self._llm.generate(
                 TokensPrompt(prompt_token_ids=list(prompt_ids)), params, uuid.uuid4().hex
             ):
-                final = output
+                completions.update((c.index, c) for c in output.outputs)
         except EngineDeadError as exc:
             self._dead = True
             raise EngineDead("the engine died during generation") from exc
@@ -130,9 +132,9 @@ class GenerationEngine:
             if self.dead:
                 raise EngineDead("the engine died during generation") from exc
             raise
-        if final is None:  # pragma: no cover - vLLM always yields a final output
+        if not completions:  # pragma: no cover - vLLM always yields a final output
             raise RuntimeError("the engine returned no output")
-        return [_answer_ids(c) for c in sorted(final.outputs, key=lambda c: c.index)]
+        return [_answer_ids(completions[i]) for i in sorted(completions)]
 
     async def warm_up(self, prompt_ids: Sequence[int]) -> None:
         """One short generation, so the first real request does not pay the start-up costs."""
