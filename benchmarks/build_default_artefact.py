@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from medtpe_core.paths import cache_dir, default_artefact_dir  # noqa: E402
+from medtpe_core.tokenizer import MedTPETokenizer  # noqa: E402
 
 WINDOW_HOURS = (6, 12, 24, 36, 48, 72, 96, 120)
 TASKS = ("icu_mortality", "phenotyping")
@@ -151,32 +152,53 @@ def measure(
     val_records: list[dict],
     max_new_tokens: int,
 ) -> dict:
-    """Export `artefact` onto `model`, answer the held-out prompts, compare with the original."""
-    from medtpe_core.tasks import get_task
-    from medtpe_core.tokenizer import MedTPETokenizer
+    """Export `artefact` onto `model`, answer the held-out prompts greedily (answers cached in
+    <work>/answers-<label>.json) and compare them with the original model's answers."""
     from training.examples import load_examples
 
     tokenizer = MedTPETokenizer.load(artefact)
     examples = load_examples(val_examples)
-    export_dir = work / f"export-{label}"
-    medtpe("export", "--base", model, "--medtpe", artefact, "--out", export_dir)
-    answers = greedy_texts(export_dir, [e.student for e in examples], max_new_tokens)
-    exact = same_prediction = format_ok = 0
-    for record, example, answer in zip(val_records, examples, answers, strict=True):
-        task = get_task(record["task"])
-        student_text = tokenizer.decode(answer).replace("<|im_end|>", "").strip()
-        teacher_text = tokenizer.decode(example.response).replace("<|im_end|>", "").strip()
-        exact += student_text == teacher_text
-        s_pred, s_ok = task.parse_answer(student_text)
-        t_pred, _ = task.parse_answer(teacher_text)
-        same_prediction += s_pred == t_pred
-        format_ok += s_ok
-    n = len(examples)
+    cached = work / f"answers-{label}.json"
+    if not cached.is_file():
+        export_dir = work / f"export-{label}"
+        medtpe("export", "--base", model, "--medtpe", artefact, "--out", export_dir)
+        answers = greedy_texts(export_dir, [e.student for e in examples], max_new_tokens)
+        texts = [answer_text(tokenizer, a) for a in answers]
+        cached.write_text(json.dumps(texts, ensure_ascii=False, indent=0) + "\n")
+    texts = json.loads(cached.read_text())
+    teacher = [answer_text(tokenizer, e.response) for e in examples]
+    return agreement([r["task"] for r in val_records], texts, teacher)
+
+
+def answer_text(tokenizer: MedTPETokenizer, ids: list[int]) -> str:
+    """An answer's text without the end-of-turn token."""
+    return tokenizer.decode(ids).replace("<|im_end|>", "").strip()
+
+
+def agreement(tasks: list[str], student: list[str], teacher: list[str]) -> dict:
+    """Exact-text agreement; prediction agreement where the original's answer parses; format
+    compliance of both."""
+    from medtpe_core.tasks import get_task
+
+    exact = agree = parsed = student_ok = teacher_ok = 0
+    for name, s_text, t_text in zip(tasks, student, teacher, strict=True):
+        task = get_task(name)
+        s_pred, s_ok = task.parse_answer(s_text)
+        t_pred, t_ok = task.parse_answer(t_text)
+        exact += s_text == t_text
+        student_ok += s_ok
+        teacher_ok += t_ok
+        if t_pred is not None:
+            parsed += 1
+            agree += s_pred == t_pred
+    n = len(tasks)
     return {
         "n": n,
         "exact_answer_agreement": exact / n,
-        "prediction_agreement": same_prediction / n,
-        "format_compliance": format_ok / n,
+        "n_original_parsed": parsed,
+        "prediction_agreement": agree / max(parsed, 1),
+        "format_compliance": student_ok / n,
+        "format_compliance_original": teacher_ok / n,
     }
 
 
@@ -219,8 +241,8 @@ def main() -> None:
     parser.add_argument("--n-val", type=int, default=40, help="held-out windows (sampled)")
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--max-steps", type=int, default=24, help="optimizer steps cap (0: none)")
-    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--max-steps", type=int, default=12, help="optimizer steps cap (0: none)")
+    parser.add_argument("--eval-every", type=int, default=6)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     args = parser.parse_args()
     work, out = args.work, args.out
@@ -317,7 +339,6 @@ def pseudo_label(
 ) -> Path:
     """Generate the pseudo-labels once, into every run dir (`medtpe ssft` then reuses them).
     Returns the held-out examples file."""
-    from medtpe_core.tokenizer import MedTPETokenizer
     from training.pipeline import cached_examples, examples_path, read_records
 
     tokenizer = MedTPETokenizer.load(artefact)
@@ -336,7 +357,6 @@ def write_init_rows(model: Path, artefact: Path) -> None:
     """The initialised (untrained) rows, for the before-SSFT measurement."""
     from transformers import AutoModelForCausalLM
 
-    from medtpe_core.tokenizer import MedTPETokenizer
     from training.embedding_init import init_new_rows
     from training.export import model_fingerprint, save_rows
 
