@@ -114,10 +114,9 @@ class Predictor:
         self.max_input_tokens = max_input_tokens
         self.descriptions = dict(descriptions or {})
 
-    def segment(self, text: str, special_tokens: bool = False) -> Segmentation:
-        """`text` under the base and the MedTPE tokenizer (one base pass for both)."""
-        base_ids = self.tokenizer.base_encode(text, special_tokens)
-        return Segmentation(base_ids, self.tokenizer.encode_ids(base_ids))
+    def segment(self, text: str) -> Segmentation:
+        """Plain `text` under the base and the MedTPE tokenizer (lossless MedTPE ids)."""
+        return Segmentation(self.tokenizer.base_encode(text), self.tokenizer.encode(text))
 
     def engine_ids(self, segmentation: Segmentation) -> list[int]:
         """The ids this mode feeds the engine: MedTPE ids, or base ids in `original` mode."""
@@ -146,7 +145,9 @@ class Predictor:
         start = time.perf_counter()
         prompt, when = self.build(task, events, prediction_time)
         rendered = time.perf_counter()
-        segmentation = self.segment(prompt.text, special_tokens=True)
+        # the prompt's original ids come from build_prompt (record text as plain text, so event
+        # text cannot inject chat turns); MedTPE ids are derived from them
+        segmentation = Segmentation(prompt.base_ids, prompt.medtpe_ids(self.tokenizer))
         tokenized = time.perf_counter()
         return PreparedRecord(
             task=task,

@@ -304,5 +304,4 @@ async def _all(coroutines: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
 def _record_segmentation(
     predictor: Predictor, task: Task, events: list[MedsEvent], prediction_time: datetime | None
 ) -> Segmentation:
-    prompt, _ = predictor.build(task, events, prediction_time)
-    return predictor.segment(prompt.text, special_tokens=True)
+    return predictor.prepare(task, events, prediction_time).segmentation
