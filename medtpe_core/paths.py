@@ -28,7 +28,9 @@ def default_model_dir() -> Path:
 def default_artefact_dir() -> Path:
     """The committed MedTPE artefact for the default model (`$MEDTPE_ARTEFACT_DIR` overrides)."""
     env = os.environ.get("MEDTPE_ARTEFACT_DIR")
-    return Path(env).expanduser().resolve() if env else project_root() / "artifacts" / DEFAULT_ARTEFACT_NAME
+    if env:
+        return Path(env).expanduser().resolve()
+    return project_root() / "artifacts" / DEFAULT_ARTEFACT_NAME
 
 
 def default_export_dir() -> Path:
