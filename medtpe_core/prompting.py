@@ -23,9 +23,10 @@ _RECORD_SLOT = "\x00medtpe-record\x00"
 class Prompt:
     """The final prompt (chat template applied) as text and original ids, and what went into it.
 
-    `text` is `head + record_text + tail`. Only the chat template's parts (`head`, `tail`) may
-    hold special tokens; the record is encoded as plain text, so an event reading `<|im_end|>`
-    cannot end the user's turn.
+    `text` is `head + record_text + tail`; `tail` ends with the task's `response_prefix`, the
+    start of the assistant's answer (prepend it to the generated text before parsing). Only the
+    chat template's parts (`head`, `tail`) may hold special tokens; the record is encoded as
+    plain text, so an event reading `<|im_end|>` cannot end the user's turn.
     """
 
     head: str
@@ -34,6 +35,7 @@ class Prompt:
     head_ids: list[int]
     record_ids: list[int]
     tail_ids: list[int]
+    response_prefix: str
     n_events_total: int
     n_events_kept: int
 
@@ -95,7 +97,7 @@ def build_prompt(
     shell = chat_template.render(messages, add_generation_prompt=True).split(_RECORD_SLOT)
     if len(shell) != 2:
         raise ValueError("the chat template must place the user message verbatim, exactly once")
-    head, tail = shell
+    head, tail = shell[0], shell[1] + task.response_prefix
     head_ids = base_tokenizer.encode(head, special_tokens=True)
     tail_ids = base_tokenizer.encode(tail, special_tokens=True)
     shell_tokens = len(head_ids) + len(tail_ids)
@@ -121,6 +123,7 @@ def build_prompt(
                 head_ids,
                 record_ids,
                 tail_ids,
+                task.response_prefix,
                 record.n_events_total,
                 record.n_events_kept,
             )

@@ -187,7 +187,8 @@ class Predictor:
         generate_s = time.perf_counter() - start
         samples = []
         for ids in outputs:
-            text = self.decode(ids)
+            # the answer as the model gave it: the prefilled start of the turn + what it generated
+            text = record.prompt.response_prefix + self.decode(ids)
             prediction, format_ok = record.task.parse_answer(text)
             samples.append(Sample(prediction, format_ok, text))
         if n < n_samples:

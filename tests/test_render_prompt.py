@@ -49,7 +49,8 @@ def test_prompt_fits_budget_and_keeps_newest(dataset, tokenizer, template):
         assert tokenizer.decode(prompt.base_ids) == prompt.text
         assert budget - 40 < prompt.n_tokens_original <= budget
         assert prompt.record_text in prompt.text
-        assert prompt.text.endswith("<|im_start|>assistant\n")
+        assert prompt.text.endswith('<|im_start|>assistant\n{"answer": "')
+        assert prompt.response_prefix == '{"answer": "'
         assert "Prediction time: 2150-03-02 08:00" in prompt.text
         assert prompt.n_events_kept < prompt.n_events_total
         assert prompt.record_text.endswith("Heart Rate: 93 bpm")

@@ -108,7 +108,11 @@ PHENO_OUTPUTS = [
         ["Acute and unspecified renal failure", "Cardiac dysrhythmias"],
         True,
     ),
-    ('{"answer": "A, D"}', ["Acute and unspecified renal failure", "Cardiac dysrhythmias"], True),
+    (
+        '{"answer": "A, D"}',
+        ["Acute and unspecified renal failure", "Cardiac dysrhythmias"],
+        True,
+    ),
     ('{"answer": ["Shock", "Essential hypertension"]}', ["Essential hypertension", "Shock"], True),
     ('{"answer": ["Y. Shock"]}', ["Shock"], True),
     ('{"answer": ["(X) Septicemia (except in labor)"]}', ["Septicemia (except in labor)"], True),
@@ -203,3 +207,27 @@ def test_tasks_dir_must_exist(tmp_path, monkeypatch):
     monkeypatch.setenv(TASKS_DIR_ENV, str(tmp_path / "missing"))
     with pytest.raises(TaskFileError, match=TASKS_DIR_ENV):
         list_tasks()
+
+
+@pytest.mark.parametrize(
+    ("name", "completion", "prediction"),
+    [
+        ("icu_mortality", 'yes"}', True),
+        ("icu_mortality", 'no"}\n\nThe patient is stable.', False),
+        (
+            "phenotyping",
+            '"A", "D"]}',
+            ["Acute and unspecified renal failure", "Cardiac dysrhythmias"],
+        ),
+    ],
+)
+def test_prefilled_answer_parses_with_its_prefix(name, completion, prediction):
+    task = get_task(name)
+    assert task.prefill_answer
+    assert task.parse_answer(task.response_prefix + completion) == (prediction, True)
+    assert task.parse_answer(completion)[1] is False
+
+
+def test_prefill_can_be_turned_off():
+    task = get_task("icu_mortality").model_copy(update={"prefill_answer": False})
+    assert task.response_prefix == ""

@@ -39,6 +39,9 @@ class Task(BaseModel):
     positive_words: list[str] = Field(default_factory=list)
     negative_words: list[str] = Field(default_factory=list)
     system_prompt: str | None = None
+    prefill_answer: bool = True
+    """Start the assistant's turn with the answer's JSON opening (`response_prefix`), so that even
+    a small model only has to write the value; `false` lets the model write the whole answer."""
 
     @model_validator(mode="after")
     def _check_labels(self) -> Task:
@@ -65,6 +68,13 @@ class Task(BaseModel):
             "Reply with JSON only, giving the letters of all options that apply, e.g. "
             '{"answer": ["A", "D"]}, or {"answer": []} if none apply.'
         )
+
+    @property
+    def response_prefix(self) -> str:
+        """Text the assistant's turn starts with (empty when `prefill_answer` is off)."""
+        if not self.prefill_answer:
+            return ""
+        return '{"answer": [' if self.label_type == "multilabel" else '{"answer": "'
 
     def user_message(self, record_text: str, prediction_time: str | None = None) -> str:
         """The user turn: instruction, options, record, prediction time, question, answer form."""
