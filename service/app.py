@@ -50,9 +50,13 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app.include_router(api_router())
 
     @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        """The process is alive."""
-        return {"status": "alive"}
+    async def healthz() -> JSONResponse:
+        """Liveness: 200 while the process can still serve (starting or ready); 503 once the
+        engine died or the start-up failed, so an orchestrator restarts the instance."""
+        status = state.status
+        if status in ("failed", "engine_dead"):
+            return JSONResponse({"status": status}, 503)
+        return JSONResponse({"status": "alive"}, 200)
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:

@@ -105,4 +105,6 @@ def test_dead_engine_turns_readiness_red(limited_server: ServiceProcess) -> None
     assert response.json()["error"] == "engine_dead"
     text = httpx.get(limited_server.url + "/metrics").text
     assert metric_value(text, "medtpe_engine_ready") == 0
-    assert httpx.get(limited_server.url + "/healthz").status_code == 200
+    # liveness turns red too, so an orchestrator restarts the instance
+    health = httpx.get(limited_server.url + "/healthz")
+    assert health.status_code == 503 and health.json() == {"status": "engine_dead"}
