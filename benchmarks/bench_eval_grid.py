@@ -10,7 +10,7 @@ voting points run at `--vote-budget` with temperature `--vote-temperature`.
         --modes original,medtpe --out benchmarks/results/eval_grid.json
 
 `--modes original` and `--modes medtpe` may run at different times into different files; the
-`--merge` form joins them and draws the plots:
+`--merge` form joins them (later files' points replace earlier ones) and draws the plots:
 
     .venv/bin/python benchmarks/bench_eval_grid.py --merge A.json B.json \\
         --out benchmarks/results/eval_grid.json --plot-dir docs/img
@@ -122,11 +122,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def merge(paths: list[Path]) -> dict[str, Any]:
-    """Join per-mode grid files (same task and points)."""
+    """Join grid files point by point (same task; a later file's point replaces an earlier one)."""
     parts = [json.loads(path.read_text()) for path in paths]
-    merged = {key: parts[0][key] for key in ("task", "points")}
-    merged["modes"] = {mode: part["modes"][mode] for part in parts for mode in part["modes"]}
-    return merged
+    points: dict[str, dict[str, Any]] = {}
+    modes: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        points.update((point["name"], point) for point in part["points"])
+        for mode, by_point in part["modes"].items():
+            modes.setdefault(mode, {}).update(by_point)
+    return {"task": parts[0]["task"], "points": list(points.values()), "modes": modes}
 
 
 def plot(grid: dict[str, Any], plot_dir: Path) -> None:
