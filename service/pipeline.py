@@ -115,8 +115,12 @@ class Predictor:
         self.descriptions = dict(descriptions or {})
 
     def segment(self, text: str) -> Segmentation:
-        """Plain `text` under the base and the MedTPE tokenizer (lossless MedTPE ids)."""
-        return Segmentation(self.tokenizer.base_encode(text), self.tokenizer.encode(text))
+        """Plain `text` under the base and the MedTPE tokenizer (lossless MedTPE ids); one base
+        pass serves both unless the text needs the byte fallback."""
+        base_ids = self.tokenizer.base_encode(text)
+        if self.tokenizer.needs_fallback(text):
+            return Segmentation(base_ids, self.tokenizer.encode(text))
+        return Segmentation(base_ids, self.tokenizer.encode_ids(base_ids))
 
     def engine_ids(self, segmentation: Segmentation) -> list[int]:
         """The ids this mode feeds the engine: MedTPE ids, or base ids in `original` mode."""
