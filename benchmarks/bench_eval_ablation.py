@@ -8,7 +8,8 @@
 - Without replacement (the paper's vocabulary expansion: new rows appended, no base token
   evicted): on a record where no evicted base token occurs, replacement and expansion feed the
   model the same token sequence up to the ids' names, and the same embedding rows, so their
-  answers are identical. The script counts evicted-token occurrences in the evaluated prompts.
+  answers are identical. The script counts evicted-token occurrences in the evaluated prompts;
+  `bench_eval_no_replacement.py` evaluates the extension twin itself.
 
     .venv/bin/python benchmarks/bench_eval_ablation.py --work .cache/eval/ablation \\
         --subjects 10002428,... --max-input-tokens 4096 \\

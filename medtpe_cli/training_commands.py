@@ -147,4 +147,38 @@ def export(base: Path | None, medtpe: Path | None, out: Path | None) -> None:
     click.echo(str(path))
 
 
-commands = [prepare_model, ssft, export]
+@click.command("extend-vocab")
+@click.option(
+    "--tokenizer",
+    "source",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Replacement MedTPE artefact directory (trained rows in embeddings.safetensors).",
+)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Output artefact directory (the twin).",
+)
+@_dir_option(
+    "--base", "Base model dir, read for the byte-fallback rows (default: the default model)."
+)
+def extend_vocab(source: Path, out: Path, base: Path | None) -> None:
+    """The "without replacement" variant (paper, Table 3) of a MedTPE artefact: the same new
+    tokens on fresh ids V, V+1, ... after the base vocabulary (byte fallback after them), nothing
+    evicted; `medtpe export` grows the embedding (and an untied head) to match. The trained rows
+    are carried over unchanged, so the ablation isolates replacement itself; the fallback bytes
+    keep the rows they have in the replacement checkpoint. No SSFT of the twin itself."""
+    from training.extension import write_extension_artefact
+
+    twin = write_extension_artefact(source, out, base)
+    rows = "rows carried over" if (out / "embeddings.safetensors").is_file() else "no rows"
+    click.echo(f"MedTPE extension artefact {twin.artefact_id} -> {out}")
+    click.echo(
+        f"  {len(twin.new_tokens)} new tokens and {len(twin.byte_fallback)} fallback bytes on "
+        f"ids {twin.base.vocab_size}..{twin.vocab_size - 1}; {rows}"
+    )
+
+
+commands = [prepare_model, ssft, export, extend_vocab]

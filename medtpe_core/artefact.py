@@ -31,17 +31,22 @@ def detokenizer_json(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The base tokenizer.json with vocabulary entries at `renamed` ids carrying new strings.
 
-    Base merges that mention a replaced string are dropped (in this file only: it serves
+    Ids from the base vocabulary size up (an extension artefact's fresh ids) are appended as new
+    entries. Base merges that mention a replaced string are dropped (in this file only: it serves
     decoding; MedTPE encoding always runs the untouched base). Also returns what `restore_base`
     needs to rebuild the base from it.
     """
     obj = copy.deepcopy(base.json_obj)
     vocab: dict[str, int] = obj["model"]["vocab"]
     by_id = {i: s for s, i in vocab.items()}
-    old = {i: by_id[i] for i in renamed}
+    fresh = sorted(i for i in renamed if i >= base.vocab_size)
+    old = {i: by_id[i] for i in renamed if i < base.vocab_size}
     gone = set(old.values())
     for i, new in renamed.items():
-        del vocab[old[i]]
+        if i in old:
+            del vocab[old[i]]
+        elif new in vocab:
+            raise ValueError(f"fresh id {i}: {new!r} is already in the vocabulary")
         vocab[new] = i
     kept, removed = [], []
     for index, merge in enumerate(obj["model"]["merges"]):
@@ -51,7 +56,12 @@ def detokenizer_json(
         else:
             kept.append(merge)
     obj["model"]["merges"] = kept
-    restore = {"old_strings": {str(i): s for i, s in old.items()}, "removed_merges": removed}
+    restore: dict[str, Any] = {
+        "old_strings": {str(i): s for i, s in old.items()},
+        "removed_merges": removed,
+    }
+    if fresh:  # absent for replacement artefacts: their medtpe.json stays as it was
+        restore["fresh_ids"] = fresh
     return obj, restore
 
 
@@ -60,6 +70,8 @@ def restore_base(detok: dict[str, Any], restore: dict[str, Any]) -> dict[str, An
     obj = copy.deepcopy(detok)
     vocab: dict[str, int] = obj["model"]["vocab"]
     by_id = {i: s for s, i in vocab.items()}
+    for i in restore.get("fresh_ids", ()):
+        del vocab[by_id[i]]
     for key, s in restore["old_strings"].items():
         del vocab[by_id[int(key)]]
         vocab[s] = int(key)

@@ -27,7 +27,8 @@ from medtpe_core.encoding import ByteFallback, IdExpansion, PairMerger
 
 @dataclass(frozen=True)
 class NewToken:
-    """A TPE token: its (reused) id, its base constituents and its byte-level vocabulary string."""
+    """A TPE token: its id (a reused one, or a fresh one in an extension artefact), its base
+    constituents and its byte-level vocabulary string."""
 
     id: int
     constituents: tuple[int, ...]
@@ -39,6 +40,9 @@ class MedTPETokenizer:
 
     `evicted` holds every evicted base id (new-token ids and byte-fallback ids) with its
     decomposition; `byte_fallback` maps a byte value to the evicted id that now spells it.
+    An extension artefact (`medtpe_core.extension`) evicts nothing: its new tokens and fallback
+    bytes have fresh ids from the base vocabulary size up (`is_extension`). `vocab_size`: the ids
+    the model needs (the base vocabulary size, or the largest fresh id + 1).
     """
 
     def __init__(
@@ -66,9 +70,10 @@ class MedTPETokenizer:
         fallback_ids = set(self.byte_fallback.values())
         if len(fallback_ids) != len(self.byte_fallback) or fallback_ids & parts.keys():
             raise ValueError("byte-fallback ids must be distinct and not new-token ids")
-        if not fallback_ids <= self.evicted.keys():
-            raise ValueError("byte-fallback ids must be evicted base ids")
-        size = base.vocab_size
+        if any(i < base.vocab_size and i not in self.evicted for i in fallback_ids):
+            raise ValueError("byte-fallback ids must be evicted base ids or fresh ids")
+        self.vocab_size = max(base.vocab_size, 1 + max([*parts, *fallback_ids], default=-1))
+        size = self.vocab_size
         self._fallback = ByteFallback(self.byte_fallback, base.byte_ids()) if fallback_ids else None
         self._fallback_re = self._fallback.pattern if self._fallback else None
         self._is_fallback = np.zeros(size, dtype=bool)
@@ -82,6 +87,11 @@ class MedTPETokenizer:
     def fingerprint(self) -> str:
         """sha256 of the base tokenizer.json."""
         return self.base.fingerprint
+
+    @property
+    def is_extension(self) -> bool:
+        """Whether ids go beyond the base vocabulary (the "without replacement" variant)."""
+        return self.vocab_size > self.base.vocab_size
 
     @property
     def artefact_id(self) -> str:

@@ -1,6 +1,6 @@
 """Training layer on a tiny Llama (SmolLM2's family: tied embeddings) with the real SmolLM2
 tokenizer and a MedTPE tokenizer built in the test: initialisation, embedding split, SSFT
-(only the new rows change), checkpoint/resume, export and reload."""
+(only the new rows change), checkpoint/resume, export and reload, the extension twin's export."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from click.testing import CliRunner  # noqa: E402
 
 from medtpe_cli.main import cli  # noqa: E402
 from medtpe_core.build import build_tokenizer  # noqa: E402
+from medtpe_core.extension import extension_twin  # noqa: E402
 from medtpe_core.tokenizer import MedTPETokenizer  # noqa: E402
 from training import ssft as ssft_module  # noqa: E402
 from training.embedding_init import DEFAULT_ALPHA, init_new_rows, mean_row_norm  # noqa: E402
@@ -29,7 +30,7 @@ from training.export import (  # noqa: E402
     save_rows,
     write_rows_into,
 )
-from training.pipeline import split_by_subject  # noqa: E402
+from training.pipeline import run_ssft, split_by_subject  # noqa: E402
 from training.ssft import SSFTConfig, train_ssft  # noqa: E402
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizers" / "smollm2" / "tokenizer.json.gz"
@@ -229,3 +230,81 @@ def test_split_by_subject_keeps_each_patient_on_one_side() -> None:
     assert {r["subject_id"] for r in train}.isdisjoint({r["subject_id"] for r in val})
     assert len({r["subject_id"] for r in val}) == 2  # 40 % of 5 patients
     assert split_by_subject(records, 0.4, seed=1) == (train, val)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_extension_twin_export(
+    tokenizer: MedTPETokenizer, tmp_path: Path, tie: bool, base_dir: Path
+) -> None:
+    """`medtpe extend-vocab` then `medtpe export`: V + M + fallback rows, the base rows bit for
+    bit, the replacement artefact's rows at the fresh ids, a tokenizer.json that decodes them."""
+    if not tie:
+        untied = tmp_path / "untied-base"
+        untied.mkdir()
+        shutil.copyfile(base_dir / "tokenizer.json", untied / "tokenizer.json")
+        _tiny_model(tie=False).save_pretrained(untied)
+        base_dir = untied
+    base = transformers.AutoModelForCausalLM.from_pretrained(base_dir)
+    rows = init_new_rows(base, tokenizer.new_tokens)
+    rows.input += 0.01 * torch.randn_like(rows.input)  # stands in for trained rows
+    source = tmp_path / "artefact"
+    tokenizer.save(source)
+    save_rows(source, rows, model_fingerprint(base))
+
+    runner = CliRunner()
+    twin_dir, out = tmp_path / "twin", tmp_path / "x"
+    args = ["--tokenizer", str(source), "--out", str(twin_dir), "--base", str(base_dir)]
+    result = runner.invoke(cli, ["extend-vocab", *args])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(
+        cli, ["export", "--base", str(base_dir), "--medtpe", str(twin_dir), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+
+    twin = MedTPETokenizer.load(twin_dir)
+    vocab, m, n_fallback = 49152, len(tokenizer.new_tokens), len(tokenizer.byte_fallback)
+    assert n_fallback == 8 and twin.vocab_size == vocab + m + n_fallback
+    fallback_ids = list(tokenizer.byte_fallback.values())
+    exported = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert exported.config.vocab_size == twin.vocab_size
+    matrices = {"model.embed_tokens.weight": (rows.input, base.get_input_embeddings().weight)}
+    if not tie:
+        head = base.get_output_embeddings().weight
+        matrices["lm_head.weight"] = (rows.output, head)
+    else:
+        assert exported.get_output_embeddings().weight is exported.get_input_embeddings().weight
+    state = exported.state_dict()
+    for name, (new_rows, base_weight) in matrices.items():
+        weight = state[name]
+        assert weight.shape == (twin.vocab_size, 16)
+        assert torch.equal(weight[:vocab], base_weight.detach()), name
+        torch.testing.assert_close(weight[vocab : vocab + m], new_rows, rtol=0, atol=0)
+        fallback_rows = base_weight.detach()[fallback_ids]  # as in the replacement checkpoint
+        torch.testing.assert_close(weight[vocab + m :], fallback_rows, rtol=0, atol=0)
+    for name, tensor in base.state_dict().items():
+        if name not in matrices and name != "lm_head.weight":
+            assert torch.equal(state[name], tensor), name
+    ids = torch.tensor([twin.encode(CORPUS[0] + "\x04")])
+    assert ids.max() >= vocab
+    assert exported(ids).logits.shape[-1] == twin.vocab_size
+
+    hf = transformers.AutoTokenizer.from_pretrained(out)
+    for token, replaced in zip(twin.new_tokens, tokenizer.new_tokens, strict=True):
+        assert hf.convert_ids_to_tokens(token.id) == token.string == replaced.string
+        assert hf.decode([token.id]) == tokenizer.decode([replaced.id])
+    text = CORPUS[1] + " a\x04b"
+    assert hf.decode(twin.encode(text)) == text
+
+
+def test_ssft_of_an_extension_artefact_is_refused(
+    tokenizer: MedTPETokenizer, base_dir: Path, tmp_path: Path
+) -> None:
+    twin = extension_twin(tokenizer)
+    model = transformers.AutoModelForCausalLM.from_pretrained(base_dir)
+    rows = init_new_rows(model, twin.new_tokens)  # the rows of the replacement tokens
+    torch.testing.assert_close(rows.input, init_new_rows(model, tokenizer.new_tokens).input)
+    with pytest.raises(ValueError, match="extension"):
+        apply_split(model, [t.id for t in twin.new_tokens], rows)
+    twin.save(tmp_path / "twin")
+    with pytest.raises(ValueError, match="not supported"):
+        run_ssft(base_dir, tmp_path / "twin", ["a"], ["b"], tmp_path / "run", _config())

@@ -1,5 +1,6 @@
 """Shared tokenizer-test material: the default model's tokenizer (committed fixture), a small
-byte-level BPE trained here, a synthetic ICU-style corpus, and MedTPE builds on them."""
+byte-level BPE trained here, a synthetic ICU-style corpus, MedTPE builds on them, and text
+strategies (hypothesis) for round-trip properties."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import random
 from functools import cache
 from pathlib import Path
 
+from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.build import build_tokenizer
+from medtpe_core.extension import extension_twin
 from medtpe_core.tokenizer import MedTPETokenizer
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tokenizers"
@@ -105,9 +108,64 @@ def smollm2_medtpe(method: str = "static", max_n: int = 2) -> MedTPETokenizer:
 
 
 @cache
+def smollm2_extension(method: str = "static", max_n: int = 2) -> MedTPETokenizer:
+    """The extension ("without replacement") twin of `smollm2_medtpe(method, max_n)`."""
+    return extension_twin(smollm2_medtpe(method, max_n))
+
+
+@cache
 def small_medtpe(method: str = "bpe", max_n: int = 3) -> MedTPETokenizer:
     """MedTPE on the small trained tokenizer."""
     base = BaseTokenizer.load(small_tokenizer_file())
     return build_tokenizer(
         base, icu_records(40), 60, max_n, method, [PROTECTED_TEXT], progress=False
     )
+
+
+@cache
+def small_extension(method: str = "bpe", max_n: int = 3) -> MedTPETokenizer:
+    """The extension twin of `small_medtpe(method, max_n)` (no byte fallback)."""
+    return extension_twin(small_medtpe(method, max_n))
+
+
+EDGE_CASES = [
+    "",
+    " ",
+    "<|im_start|>user\nhi<|im_end|>",
+    "<|endoftext|><|endoftext|>",
+    "a<|im_end",
+    "😀👩‍⚕️ 中文病历 テスト",
+    "\x00\x01\x02\t\r\n\x7f\u200b\ufeff",
+    "1" * 500,
+    "2180-03-23 11:51:00 " * 30,
+    "   leading and trailing   ",
+    "\n\n\n[2180-01-01 00:00] Heart Rate: 87.0 bpm\n",
+    "\ud7ff\ue000\U0010ffff",
+    # bytes SmolLM2's vocabulary lacks (its own tokenizer drops them): byte fallback
+    "\x04\x06\x13\x14\x16\x1d",
+    "a\x04b. \x13x\x1d\x1d<|im_end|>\x06",
+    "\U00040000\U00050000z\U000bffff\U000c0000 \U0003ffff",
+    "<|im_start|>\x14user\n\U00080001<|im_end|>",
+]
+
+# SmolLM2's vocabulary has no token for bytes 0x04 0x06 0x13 0x14 0x16 0x1D nor for 0xF1 0xF2
+# (lead bytes of U+40000..U+BFFFF): its own tokenizer drops them, MedTPE spells them with its
+# byte-fallback ids. Every string round-trips exactly.
+FALLBACK_CHARS = "\x04\x06\x13\x14\x16\x1d\U00040000\U0007ffff\U00080000\U000bffff"
+ANY_TEXT = st.text(st.characters(codec="utf-8"), max_size=200)
+# dense in the characters that need the fallback, next to text they could merge with
+DENSE_TEXT = st.lists(
+    st.one_of(
+        st.sampled_from(FALLBACK_CHARS),
+        st.characters(min_codepoint=0x40000, max_codepoint=0xBFFFF),
+        st.sampled_from([" ", "\n", "a", ".", "1", "<|im_end|>", "Heart Rate", "é", "中"]),
+        st.characters(codec="utf-8"),
+    ),
+    max_size=40,
+).map("".join)
+MIXED_TEXT = st.lists(
+    st.one_of(
+        ANY_TEXT, DENSE_TEXT, st.sampled_from(EDGE_CASES), st.sampled_from(icu_records(3, seed=5))
+    ),
+    max_size=4,
+).map("".join)

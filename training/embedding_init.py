@@ -59,7 +59,9 @@ def has_tied_embeddings(model: PreTrainedModel) -> bool:
 def init_new_rows(
     model: PreTrainedModel, new_tokens: Sequence[NewToken], alpha: float = DEFAULT_ALPHA
 ) -> NewRows:
-    """Initial rows for `new_tokens` from `model`'s (unmodified) embedding matrices."""
+    """Initial rows for `new_tokens` from `model`'s (unmodified) embedding matrices. Only the
+    constituents (base ids) are read, so an extension artefact's tokens (fresh ids) get the same
+    rows as their replacement twins'."""
     constituents = [token.constituents for token in new_tokens]
     rows = init_rows(model.get_input_embeddings().weight, constituents, alpha)
     if has_tied_embeddings(model):

@@ -21,6 +21,11 @@ from training.embedding_init import NewRows, has_tied_embeddings
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+EXTENSION_UNSUPPORTED = (
+    "SSFT of an extension (without-replacement) MedTPE artefact is not supported: train the "
+    "replacement artefact, then derive its twin with `medtpe extend-vocab` (rows carried over)"
+)
+
 
 class SplitEmbedding(nn.Module):
     """Input embedding lookup: new ids read `new_rows`, every other id the frozen `weight`."""
@@ -64,13 +69,16 @@ def apply_split(
     """Freeze `model` and swap its embedding and output head for split modules holding `rows`.
 
     Returns the trainable parameters (the new rows: one tensor if tied, two if not). The rows
-    are copied into float32 parameters on the model's device.
+    are copied into float32 parameters on the model's device. Ids must be the model's own
+    (replacement artefacts): `ValueError` for an extension artefact's fresh ids.
     """
     tied = has_tied_embeddings(model)
     if tied != (rows.output is None):
         raise ValueError("tied models take one set of rows, untied models two")
-    model.requires_grad_(False)
     embedding = model.get_input_embeddings()
+    if max(new_ids, default=-1) >= embedding.weight.shape[0]:
+        raise ValueError(f"new-token ids beyond the model's vocabulary; {EXTENSION_UNSUPPORTED}")
+    model.requires_grad_(False)
     device = embedding.weight.device
     ids = torch.tensor(list(new_ids), dtype=torch.long, device=device)
     input_rows = nn.Parameter(rows.input.detach().float().to(device).clone())

@@ -1,10 +1,13 @@
 """The artefact's trained rows (`embeddings.safetensors`) and the export of a MedTPE model.
 
 `embeddings.safetensors` holds `new_rows` [M, hidden] float32, row i for `new_tokens[i].id`
-(untied models also `new_rows_output`), with the base model's fingerprint in its metadata.
+(untied models also `new_rows_output`), with the base model's fingerprint in its metadata; an
+extension artefact's file also holds its byte-fallback ids' rows, after those (`row_ids`).
 `export_checkpoint` writes a plain Hugging Face checkpoint: the base weights with the reused
 rows overwritten (same config, same shapes) plus the artefact's tokenizer files, so
-transformers and vLLM load it as any other model.
+transformers and vLLM load it as any other model. For an extension artefact the input embedding
+(and an untied output head) first grows to the artefact's `vocab_size` rows (V + M + fallback
+bytes; `config.vocab_size` follows), the base rows kept bit for bit.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from training.embedding_init import NewRows, has_tied_embeddings
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+    from medtpe_core.tokenizer import MedTPETokenizer
 
 EMBEDDINGS_FILE = "embeddings.safetensors"
 FINGERPRINT_KEY = "base_model_fingerprint"
@@ -64,11 +69,37 @@ def load_rows(artefact_dir: Path) -> tuple[NewRows, str]:
     return NewRows(tensors["new_rows"], tensors.get("new_rows_output")), fingerprint
 
 
+def check_fingerprint(model: PreTrainedModel, fingerprint: str, artefact_dir: Path) -> None:
+    """Raise `FingerprintMismatchError` unless rows with `fingerprint` (empty: unknown) were
+    trained for `model`."""
+    if fingerprint and fingerprint != model_fingerprint(model):
+        raise FingerprintMismatchError(
+            f"{artefact_dir} was trained for another base model than {model.name_or_path}"
+        )
+
+
+def row_ids(tokenizer: MedTPETokenizer) -> list[int]:
+    """The ids of the artefact's rows, in row order: the new tokens', then for an extension
+    artefact its byte-fallback ids (fresh ids need rows; a replacement artefact's fallback ids
+    keep their base rows)."""
+    ids = [token.id for token in tokenizer.new_tokens]
+    return ids + list(tokenizer.byte_fallback.values()) if tokenizer.is_extension else ids
+
+
+def grow_vocabulary(model: PreTrainedModel, size: int) -> None:
+    """Give `model` `size` ids (no-op when it has as many): rows appended to the input embedding
+    and an untied head (`config.vocab_size` follows), the existing rows kept bit for bit."""
+    if size > model.get_input_embeddings().weight.shape[0]:
+        model.resize_token_embeddings(size, mean_resizing=False)
+
+
 def write_rows_into(model: PreTrainedModel, new_ids: list[int], rows: NewRows) -> None:
-    """Overwrite the reused ids' rows of `model`'s embedding (and untied head) in place."""
+    """Overwrite the rows of `new_ids` (reused or fresh) of `model`'s embedding and untied head."""
     tied = has_tied_embeddings(model)
     if tied != (rows.output is None):
         raise ValueError("tied models take one set of rows, untied models two")
+    if len(new_ids) != len(rows.input):
+        raise ValueError(f"{len(rows.input)} rows for {len(new_ids)} ids")
     ids = torch.tensor(new_ids, dtype=torch.long)
     with torch.no_grad():
         weight = model.get_input_embeddings().weight
@@ -88,11 +119,13 @@ def export_checkpoint(base_dir: Path, artefact_dir: Path, out_dir: Path) -> Path
     tokenizer = MedTPETokenizer.load(artefact_dir)
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype="auto")
     rows, fingerprint = load_rows(artefact_dir)
-    if fingerprint and fingerprint != model_fingerprint(model):
-        raise FingerprintMismatchError(
-            f"{artefact_dir} was trained for another base model than {base_dir}"
-        )
-    write_rows_into(model, [token.id for token in tokenizer.new_tokens], rows)
+    check_fingerprint(model, fingerprint, artefact_dir)
+    rows_before = model.get_input_embeddings().weight.shape[0]
+    grow_vocabulary(model, tokenizer.vocab_size)
+    ids = row_ids(tokenizer)
+    if not set(range(rows_before, tokenizer.vocab_size)) <= set(ids):
+        raise ValueError(f"{artefact_dir}: some fresh ids have no row")
+    write_rows_into(model, ids, rows)
     with atomic_directory(out_dir) as tmp:
         model.save_pretrained(tmp)
         _copy_tokenizer_files(artefact_dir, base_dir, tmp)

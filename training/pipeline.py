@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from training.embedding_split import EXTENSION_UNSUPPORTED
 from training.examples import Example, build_examples, load_examples, save_examples
 from training.export import model_fingerprint, save_rows
 from training.ssft import SSFTConfig, SSFTResult, train_ssft
@@ -76,6 +77,8 @@ def run_ssft(
     from medtpe_core.tokenizer import MedTPETokenizer
 
     tokenizer = MedTPETokenizer.load(artefact_dir)
+    if tokenizer.is_extension:  # fail before the pseudo-labelling, not after
+        raise ValueError(f"{artefact_dir}: {EXTENSION_UNSUPPORTED}")
     run_dir.mkdir(parents=True, exist_ok=True)
     tag = tokenizer.artefact_id
     train = cached_examples(
