@@ -15,7 +15,10 @@ class RecordResult:
     the prompt tokens fed to the model in this mode and `n_tokens_original` the same prompt
     under the original tokenizer, so both modes of one record share `n_tokens_original` (equal
     input information). `load_avg_1m` is the machine's 1-minute load average right after the
-    record (other processes competing for the cores make latencies noisy).
+    record (other processes competing for the cores make latencies noisy). `probabilities` are
+    the answer options' probabilities from the first answer token and `p_positive` that of the
+    positive answer (`yes`) of a binary task; None when not measured (results written before
+    they were, tasks without a closed set of options) or when no top token matched an option.
     """
 
     key: str
@@ -29,6 +32,8 @@ class RecordResult:
     load_avg_1m: float = 0.0
     votes: list[Any] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
+    probabilities: dict[str, float] | None = None
+    p_positive: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (sets become sorted lists)."""

@@ -18,6 +18,7 @@ from evaluation.records import EvalRecord
 from evaluation.results import RecordResult
 from evaluation.setup import ModeSetup
 from medtpe_core.tasks import Task
+from medtpe_core.tasks.option_probabilities import positive_probability
 from service.engine import GenerationEngine
 from service.pipeline import Predictor
 
@@ -38,7 +39,8 @@ async def evaluate_mode(
     records: Sequence[EvalRecord],
     sampling: Sampling,
 ) -> list[RecordResult]:
-    """Answer each record in turn (after one warm-up request) and time it."""
+    """Answer each record in turn (after one warm-up request) and time it; the answer options'
+    probabilities come from the same request (first-token logprobs)."""
     await engine.warm_up(predictor.engine_ids(predictor.segment("Hello")))
     results = []
     for record in tqdm(records, desc=f"evaluate {predictor.mode}", unit="record"):
@@ -50,6 +52,7 @@ async def evaluate_mode(
             n_samples=sampling.n_samples,
             temperature=sampling.temperature,
             max_new_tokens=sampling.max_new_tokens,
+            probabilities=True,
         )
         latency = time.perf_counter() - start
         results.append(
@@ -65,6 +68,8 @@ async def evaluate_mode(
                 load_avg_1m=os.getloadavg()[0],
                 votes=[sample.prediction for sample in answer.samples],
                 outputs=[sample.text for sample in answer.samples],
+                probabilities=answer.probabilities,
+                p_positive=positive_probability(task, answer.probabilities),
             )
         )
     return results

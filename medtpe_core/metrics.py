@@ -1,5 +1,5 @@
-"""Evaluation metrics: F1 (binary; macro over labels for multi-label), bootstrap F1, compression
-rate and format compliance rate (FCR).
+"""Evaluation metrics: F1 (binary; macro over labels for multi-label), bootstrap F1, AUROC,
+Pearson correlation, compression rate and format compliance rate (FCR).
 
 F1 conventions (as scikit-learn's defaults): a label with no true and no predicted positives has
 F1 = 0. Outputs whose answer did not parse must be mapped by the caller to a prediction first
@@ -66,6 +66,34 @@ def bootstrap_f1(
         fn = (t & ~p).sum(axis=0)
         scores[r] = _f1_from_counts(tp, fp, fn).mean()
     return float(scores.mean()), float(scores.std())
+
+
+def auroc(y_true: ArrayLike, scores: ArrayLike) -> float | None:
+    """Area under the ROC curve of `scores` for the boolean labels `y_true`: the probability that
+    a random positive scores above a random negative, ties counting one half (Mann-Whitney U).
+    None when either class is missing."""
+    true = np.asarray(y_true, dtype=bool)
+    score = np.asarray(scores, dtype=float)
+    if true.shape != score.shape or true.ndim != 1:
+        raise ValueError(f"y_true {true.shape} and scores {score.shape} must be equal 1-D shapes")
+    positive, negative = score[true], score[~true]
+    if not positive.size or not negative.size:
+        return None
+    pairs = positive[:, None] - negative[None, :]
+    return float(((pairs > 0).sum() + 0.5 * (pairs == 0).sum()) / pairs.size)
+
+
+def pearson(x: ArrayLike, y: ArrayLike) -> float | None:
+    """Pearson correlation of two equal-length series; None for fewer than two points or a
+    constant series (undefined)."""
+    a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"x {a.shape} and y {b.shape} must be equal 1-D shapes")
+    if a.size < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
+        return None
+    da, db = a - a.mean(), b - b.mean()
+    r = (da * db).sum() / np.sqrt((da * da).sum() * (db * db).sum())
+    return float(np.clip(r, -1.0, 1.0))
 
 
 def compression_rate(original: int, compressed: int) -> float:

@@ -2,7 +2,8 @@
 
 Prompts go in as token ids (`TokensPrompt`), so the caller's tokenizer (MedTPE or the base one)
 decides the segmentation; answers come back as token ids, decoded by the same tokenizer. vLLM's
-own detokenizer is skipped.
+own detokenizer is skipped. On request, each answer also carries the top-k log-probabilities of
+its first generated token, by token id.
 """
 
 from __future__ import annotations
@@ -47,12 +48,31 @@ class EngineConfig:
     """None: vLLM's default (on); off for measurements where every prompt must pay its prefill."""
 
 
-def _answer_ids(completion: CompletionOutput) -> list[int]:
-    """A completion's token ids without the EOS / stop token that ended it."""
-    ids = list(completion.token_ids)
-    if completion.finish_reason == "stop" and ids:
+@dataclass(frozen=True)
+class Completion:
+    """One generated answer."""
+
+    ids: list[int]
+    """Its token ids, without the EOS / stop token that ended it."""
+    first_logprobs: dict[int, float] | None = None
+    """Top-k log-probabilities of the first generated token by token id, when asked for (the
+    model's raw distribution, before temperature); None otherwise or when nothing was generated."""
+
+
+def _completion(output: CompletionOutput, top_k: int | None) -> Completion:
+    """An engine output as a `Completion`: stop token dropped, first-token top-k logprobs kept
+    (vLLM adds the sampled token to the top k; it is left out unless it ranks within them)."""
+    ids = list(output.token_ids)
+    if output.finish_reason == "stop" and ids:
         ids.pop()
-    return ids
+    first = None
+    if top_k and output.logprobs:
+        first = {
+            token_id: entry.logprob
+            for token_id, entry in output.logprobs[0].items()
+            if entry.rank is None or entry.rank <= top_k
+        }
+    return Completion(ids, first)
 
 
 def model_context_length(model_dir: Path) -> int | None:
@@ -102,8 +122,10 @@ class GenerationEngine:
         temperature: float = 0.0,
         max_new_tokens: int = 64,
         seed: int | None = None,
-    ) -> list[list[int]]:
-        """Generate `n` answers to one prompt; returns their token ids, stop token excluded.
+        top_logprobs: int | None = None,
+    ) -> list[Completion]:
+        """Generate `n` answers to one prompt (stop token excluded); with `top_logprobs` = k,
+        each carries the top-k log-probabilities of its first token.
 
         Raises `EngineDead` when the engine is dead. Cancelling the caller (e.g. a timeout)
         aborts the request inside the engine.
@@ -116,6 +138,7 @@ class GenerationEngine:
             max_tokens=max_new_tokens,
             seed=seed,
             detokenize=False,
+            logprobs=top_logprobs,
         )
         # with n > 1 the streamed outputs carry the completions separately: keep the latest
         # (cumulative) state of each completion index
@@ -134,7 +157,7 @@ class GenerationEngine:
             raise
         if not completions:  # pragma: no cover - vLLM always yields a final output
             raise RuntimeError("the engine returned no output")
-        return [_answer_ids(completions[i]) for i in sorted(completions)]
+        return [_completion(completions[i], top_logprobs) for i in sorted(completions)]
 
     async def warm_up(self, prompt_ids: Sequence[int]) -> None:
         """One short generation, so the first real request does not pay the start-up costs."""

@@ -18,11 +18,15 @@ from medtpe_core.meds import MedsEvent
 from medtpe_core.metrics import compression_rate
 from medtpe_core.prompting import Prompt, build_prompt
 from medtpe_core.tasks import Prediction, Task
+from medtpe_core.tasks.option_probabilities import option_probabilities
 from medtpe_core.tokenizer import MedTPETokenizer
 from service.settings import Mode
 
 if TYPE_CHECKING:  # the engine (vLLM) is only needed by callers that generate
     from service.engine import GenerationEngine
+
+OPTION_TOP_K = 20
+"""First-token log-probabilities asked for when answer-option probabilities are wanted."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,9 @@ class Answer:
     generate_s: float
     n_generated: int
     """Tokens generated over all samples (one greedy answer at temperature 0)."""
+    probabilities: dict[str, float] | None = None
+    """{answer option: probability} from the first answer token, when asked for and the task
+    has a closed set of options (see `medtpe_core.tasks.option_probabilities`)."""
 
 
 def majority_vote(
@@ -169,6 +176,16 @@ class Predictor:
             return self.tokenizer.decode(ids)
         return self.tokenizer.base.decode(ids)
 
+    def option_probabilities(
+        self, task: Task, first_logprobs: Mapping[int, float] | None
+    ) -> dict[str, float] | None:
+        """{answer option: probability} from first-token logprobs (token ids decoded by this
+        mode's tokenizer); None without logprobs, options or mass on any option."""
+        if not first_logprobs or not task.answer_options:
+            return None
+        tokens = ((self.decode([token_id]), lp) for token_id, lp in first_logprobs.items())
+        return option_probabilities(tokens, task.answer_options)
+
     async def answer(
         self,
         engine: GenerationEngine,
@@ -177,26 +194,35 @@ class Predictor:
         n_samples: int,
         temperature: float,
         max_new_tokens: int,
+        probabilities: bool = False,
     ) -> Answer:
-        """Generate, decode and parse; majority vote over `n_samples` answers.
+        """Generate, decode and parse; majority vote over `n_samples` answers; with
+        `probabilities`, the answer options' probabilities from the first answer token.
 
         At temperature 0 every sample would be the same greedy answer, so one is generated and
-        counted `n_samples` times.
+        counted `n_samples` times. The first token's distribution is the same for every sample
+        (raw logprobs, before temperature): the first sample's is used.
         """
         start = time.perf_counter()
         n = n_samples if temperature > 0 else 1
+        want_logprobs = probabilities and bool(record.task.answer_options)
         outputs = await engine.generate(
-            record.engine_ids, n=n, temperature=temperature, max_new_tokens=max_new_tokens
+            record.engine_ids,
+            n=n,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            top_logprobs=OPTION_TOP_K if want_logprobs else None,
         )
         generate_s = time.perf_counter() - start
         samples = []
-        for ids in outputs:
+        for output in outputs:
             # the answer as the model gave it: the prefilled start of the turn + what it generated
-            text = record.prompt.response_prefix + self.decode(ids)
+            text = record.prompt.response_prefix + self.decode(output.ids)
             prediction, format_ok = record.task.parse_answer(text)
             samples.append(Sample(prediction, format_ok, text))
         if n < n_samples:
             samples = samples * n_samples
         prediction, format_ok = majority_vote([(s.prediction, s.format_ok) for s in samples])
-        n_generated = sum(len(ids) for ids in outputs)
-        return Answer(prediction, format_ok, samples, generate_s, n_generated)
+        n_generated = sum(len(output.ids) for output in outputs)
+        option_probs = self.option_probabilities(record.task, outputs[0].first_logprobs)
+        return Answer(prediction, format_ok, samples, generate_s, n_generated, option_probs)

@@ -117,6 +117,7 @@ async def _predict_record(
                 n_samples=request.options.n_samples,
                 temperature=temperature,
                 max_new_tokens=state.settings.max_new_tokens,
+                probabilities=request.options.return_probabilities,
             )
     except EngineDead as exc:
         state.metrics.errors.labels("engine").inc()
@@ -145,6 +146,7 @@ async def _predict_record(
             )
             for s in answer.samples
         ],
+        probabilities=answer.probabilities,
         prediction_time=record.prediction_time,
         events={"total": record.prompt.n_events_total, "kept": record.prompt.n_events_kept},
         tokens=TokenCounts(

@@ -22,6 +22,11 @@ class PredictOptions(_Strict):
         None, ge=0.0, le=2.0, description="Sampling temperature (default: the service's)."
     )
     return_text: bool = Field(False, description="Include each sample's generated text.")
+    return_probabilities: bool = Field(
+        False,
+        description="Include the answer options' probabilities from the first answer token "
+        "(tasks with a closed set of options: yes/no, option letters).",
+    )
 
 
 class PredictRequest(_Strict):
@@ -90,6 +95,12 @@ class PredictResponse(BaseModel):
     prediction: Prediction | None
     format_ok: bool
     votes: list[Vote]
+    probabilities: dict[str, float] | None = Field(
+        None,
+        description="{option: probability} from the first answer token's top-20 logprobs, "
+        "when asked for; null otherwise, for multilabel tasks or when no top token spells an "
+        "option.",
+    )
     prediction_time: datetime | None
     events: dict[str, int] = Field(description="`total` and `kept` within the input budget.")
     tokens: TokenCounts

@@ -1,9 +1,11 @@
 """The evaluation report's maths on hand-made per-record results: FCR, latency, tokens, CR,
-agreement, the JSON shape and the printed table."""
+agreement, AUROC and the shift of p_positive between modes, the JSON shape, the printed table
+and results written before p_positive existed."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -13,6 +15,8 @@ from evaluation.report import (
     as_target,
     build_report,
     format_table,
+    positive_auroc,
+    positive_shift,
     summarise_mode,
 )
 from evaluation.results import RecordResult, record_key
@@ -32,8 +36,9 @@ def result(
     latency: float = 1.0,
     tokens: int = 100,
     original: int = 100,
+    p: float | None = None,
 ) -> RecordResult:
-    """One hand-made record result."""
+    """One hand-made record result (`p`: its p_positive)."""
     return RecordResult(
         key=record_key(i, "2150-03-02T08:00:00"),
         label=label,
@@ -43,19 +48,21 @@ def result(
         generate_s=0.9 * latency,
         n_tokens=tokens,
         n_tokens_original=original,
+        probabilities=None if p is None else {"yes": p, "no": 1 - p},
+        p_positive=p,
     )
 
 
 ORIGINAL = [
-    result(1, True, True, latency=4.0, tokens=1000, original=1000),
-    result(2, False, False, latency=2.0, tokens=600, original=600),
-    result(3, True, None, ok=False, latency=3.0, tokens=800, original=800),
-    result(4, False, True, latency=3.0, tokens=600, original=600),
+    result(1, True, True, latency=4.0, tokens=1000, original=1000, p=0.9),
+    result(2, False, False, latency=2.0, tokens=600, original=600, p=0.4),
+    result(3, True, None, ok=False, latency=3.0, tokens=800, original=800, p=0.6),
+    result(4, False, True, latency=3.0, tokens=600, original=600, p=0.6),
 ]
-MEDTPE = [
-    result(1, True, True, latency=2.0, tokens=700, original=1000),
-    result(2, False, False, latency=1.0, tokens=400, original=600),
-    result(3, True, None, ok=False, latency=1.5, tokens=500, original=800),
+MEDTPE = [  # record 4: no top token spelled an option (no p_positive)
+    result(1, True, True, latency=2.0, tokens=700, original=1000, p=0.8),
+    result(2, False, False, latency=1.0, tokens=400, original=600, p=0.6),
+    result(3, True, None, ok=False, latency=1.5, tokens=500, original=800, p=0.7),
     result(4, False, False, latency=1.5, tokens=400, original=600),
 ]
 
@@ -117,6 +124,13 @@ def test_report_json_shape() -> None:
     assert decoded["agreement"] == pytest.approx(0.75)
     assert decoded["agreement_answered"] == pytest.approx(2 / 3)
     assert decoded["latency_reduction"] == pytest.approx(1 - 6.0 / 12.0)
+    assert decoded["original"]["auroc"] == pytest.approx(0.875)
+    assert decoded["medtpe"]["auroc"] == pytest.approx(1.0)
+    assert decoded["p_positive_mae"] == pytest.approx(0.4 / 3)
+    assert decoded["records"]["medtpe"][0]["probabilities"] == pytest.approx(
+        {"yes": 0.8, "no": 0.2}
+    )
+    assert decoded["records"]["medtpe"][3]["p_positive"] is None
     assert [r["key"] for r in decoded["records"]["medtpe"]] == [r.key for r in MEDTPE]
 
 
@@ -136,3 +150,47 @@ def test_table_lists_both_modes_and_the_comparison() -> None:
     assert medtpe_row.rstrip().endswith("33.3%")
     assert "latency reduction 50.0%" in table and "75.0% of records" in table
     assert "66.7% of those the original answered" in table
+    assert lines[0].split()[3] == "AUROC"
+    assert original_row.split()[5] == "0.875" and medtpe_row.split()[5] == "1.000"
+    assert "p(positive) MedTPE vs original on 3 records: Pearson r 0.993" in table
+    assert "mean |Δp| 0.133, max |Δp| 0.200" in table
+
+
+def test_auroc_of_p_positive_per_mode() -> None:
+    # original: positives 0.9, 0.6 vs negatives 0.4, 0.6 -> (1 + 1 + 1 + 1/2) / 4
+    assert positive_auroc(MORTALITY, ORIGINAL) == {"auroc": 0.875, "p_positive_n": 4}
+    # medtpe: record 4 has no p_positive; positives 0.8, 0.7 vs negative 0.6 -> 1
+    assert positive_auroc(MORTALITY, MEDTPE) == {"auroc": 1.0, "p_positive_n": 3}
+    one_class = [result(i, True, True, p=0.5) for i in range(3)]
+    assert positive_auroc(MORTALITY, one_class)["auroc"] is None
+    unscored = [result(1, True, True), result(2, False, False)]
+    assert positive_auroc(MORTALITY, unscored) == {"auroc": None, "p_positive_n": 0}
+
+
+def test_p_positive_shift_between_modes() -> None:
+    # records 1-3 scored in both: (0.9, 0.8), (0.4, 0.6), (0.6, 0.7); x*30 - mean: 8, -7, -1;
+    # y*30 - mean: 3, -3, 0
+    shift = positive_shift(ORIGINAL, MEDTPE)
+    assert shift["p_positive_pairs"] == 3
+    assert shift["p_positive_correlation"] == pytest.approx(45 / math.sqrt(114 * 18))
+    assert shift["p_positive_mae"] == pytest.approx(0.4 / 3)
+    assert shift["p_positive_max_abs_diff"] == pytest.approx(0.2)
+    constant = [result(i, True, True, p=0.7) for i in (1, 2)]
+    moved = [result(1, True, True, p=0.6), result(2, True, True, p=0.9)]
+    assert positive_shift(constant, moved)["p_positive_correlation"] is None
+    assert positive_shift(constant, moved)["p_positive_mae"] == pytest.approx(0.15)
+
+
+def test_results_without_p_positive_still_load_and_report() -> None:
+    # a record as written before p_positive existed (bench_eval_compare.py loads rows like this)
+    row = MEDTPE[0].to_json()
+    del row["probabilities"], row["p_positive"]
+    old = RecordResult(**row)
+    assert old.p_positive is None and old.probabilities is None
+    rows = [RecordResult(**{**row, "key": record_key(i, "x")}) for i in range(2)]
+    report = build_report(MORTALITY, {"original": rows, "medtpe": rows}, settings={})
+    assert report["original"]["auroc"] is None and report["p_positive_pairs"] == 0
+    assert report["p_positive_correlation"] is None and report["p_positive_mae"] is None
+    table = format_table(report)
+    assert "p(positive)" not in table
+    assert next(line for line in table.splitlines() if line.startswith("medtpe")).split()[5] == "-"

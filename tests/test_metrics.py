@@ -1,11 +1,18 @@
-"""F1, bootstrap F1, compression rate and FCR."""
+"""F1, bootstrap F1, AUROC, Pearson correlation, compression rate and FCR."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from medtpe_core.metrics import bootstrap_f1, compression_rate, f1, format_compliance_rate
+from medtpe_core.metrics import (
+    auroc,
+    bootstrap_f1,
+    compression_rate,
+    f1,
+    format_compliance_rate,
+    pearson,
+)
 
 
 def test_binary_f1():
@@ -52,3 +59,26 @@ def test_compression_rate_and_fcr():
     assert format_compliance_rate([True, False, True, True]) == 0.75
     with pytest.raises(ValueError):
         format_compliance_rate([])
+
+
+def test_auroc_counts_ordered_pairs_and_half_ties():
+    # positives 0.9, 0.6 vs negatives 0.4, 0.6: pairs 1 + 1 + 1 + 1/2 of 4
+    assert auroc([True, False, True, False], [0.9, 0.4, 0.6, 0.6]) == pytest.approx(0.875)
+    assert auroc([1, 0, 1], [0.8, 0.9, 0.95]) == pytest.approx(0.5)
+    assert auroc([1, 0], [0.1, 0.9]) == 0.0
+    assert auroc([1, 1, 0], [0.5, 0.5, 0.5]) == 0.5  # constant scores: chance
+
+
+def test_auroc_needs_both_classes():
+    assert auroc([True, True], [0.2, 0.3]) is None
+    assert auroc([False], [0.2]) is None
+    with pytest.raises(ValueError, match="shape"):
+        auroc([True, False], [0.2])
+
+
+def test_pearson():
+    # x*30 = 27, 12, 18 (deviations 8, -7, -1); y*30 = 24, 18, 21 (3, -3, 0)
+    assert pearson([0.9, 0.4, 0.6], [0.8, 0.6, 0.7]) == pytest.approx(45 / np.sqrt(114 * 18))
+    assert pearson([1, 2, 3], [6, 4, 2]) == pytest.approx(-1.0)
+    assert pearson([0.7, 0.7, 0.7], [0.1, 0.2, 0.3]) is None  # constant: undefined
+    assert pearson([0.5], [0.4]) is None

@@ -37,7 +37,8 @@ def test_health_and_readiness(service_server: ServiceProcess) -> None:
 
 
 def test_predict(service_server: ServiceProcess) -> None:
-    body = record(1, options={"n_samples": 3, "return_text": True})
+    options = {"n_samples": 3, "return_text": True, "return_probabilities": True}
+    body = record(1, options=options)
     response = post(service_server, "/predict", body)
     assert response.status_code == 200, response.text
     out = response.json()
@@ -45,6 +46,9 @@ def test_predict(service_server: ServiceProcess) -> None:
     assert out["prediction"] in (True, False, None)
     assert out["format_ok"] == (out["prediction"] is not None)
     assert len(out["votes"]) == 3 and all(isinstance(v["text"], str) for v in out["votes"])
+    probabilities = out["probabilities"]
+    assert set(probabilities) == {"yes", "no"} and sum(probabilities.values()) == pytest.approx(1)
+    assert all(0.0 <= p <= 1.0 for p in probabilities.values())
     tokens = out["tokens"]
     assert 0 < tokens["medtpe"] < tokens["original"] <= 1024
     assert tokens["compression_rate"] == pytest.approx(1 - tokens["medtpe"] / tokens["original"])
@@ -62,6 +66,7 @@ def test_predict(service_server: ServiceProcess) -> None:
 
 def test_predict_long_record_is_cut_to_the_budget(service_server: ServiceProcess) -> None:
     out = post(service_server, "/predict", record(2, 400)).json()
+    assert out["probabilities"] is None  # not asked for
     assert out["tokens"]["original"] <= 1024
     assert 0 < out["events"]["kept"] < out["events"]["total"]
 

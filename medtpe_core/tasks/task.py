@@ -19,6 +19,8 @@ _NONE = {"", "none", "no", "n/a", "na", "null", "nothing", "[]"}
 _LETTER = re.compile(r"^\(?([A-Za-z])\s*[).:]?$")
 _LETTER_AND_NAME = re.compile(r"^\(?([A-Za-z])\s*[).:]\s+(\S.*)$")
 _MIN_PREFIX = 5
+BINARY_OPTIONS = ("yes", "no")
+"""What a binary task's prompt asks the model to write, the positive answer first."""
 
 
 def _norm(text: str) -> str:
@@ -57,6 +59,19 @@ class Task(BaseModel):
     def letters(self) -> list[str]:
         """Option letters, `A`, `B`, ... one per label."""
         return list(string.ascii_uppercase[: len(self.labels)])
+
+    @property
+    def answer_options(self) -> tuple[str, ...]:
+        """The closed set of answer values the prompt asks for: `yes`/`no` (binary), the option
+        letters (multiclass); empty for multilabel (a list, not one choice)."""
+        if self.label_type == "binary":
+            return BINARY_OPTIONS
+        return tuple(self.letters) if self.label_type == "multiclass" else ()
+
+    @property
+    def positive_option(self) -> str | None:
+        """The answer option of the positive class (`yes`) for a binary task; None otherwise."""
+        return BINARY_OPTIONS[0] if self.label_type == "binary" else None
 
     def answer_format(self) -> str:
         """The sentence that tells the model how to answer."""

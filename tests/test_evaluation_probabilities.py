@@ -1,0 +1,61 @@
+"""p_positive from the real default model: one short synthetic record through the evaluation path
+(`run_modes` → `evaluate_mode` → `Predictor.answer` → vLLM first-token logprobs), medtpe mode."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from meds_fixtures import write_meds_dataset
+
+from evaluation.records import load_records
+from evaluation.report import build_report
+from evaluation.runner import Sampling, run_modes
+from evaluation.setup import ModeSetup, mode_setup
+from medtpe_core.paths import default_model_dir
+from medtpe_core.tasks import get_task
+
+pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
+
+
+def test_p_positive_is_a_probability(
+    service_files: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    task = get_task("icu_mortality")
+    meds = write_meds_dataset(tmp_path / "meds", subjects=(1,), hours=6)
+    records = load_records(meds, meds / "labels" / "icu_mortality.parquet", task)
+    artefact, export = service_files
+
+    def setup() -> ModeSetup:
+        made = mode_setup(
+            "medtpe",
+            model_dir=default_model_dir(),
+            artefact_dir=artefact,
+            export_dir=export,
+            codes_dir=meds,
+            max_input_tokens=512,
+            max_new_tokens=8,
+            kv_cache_gib=1.0,
+            seed=1,
+        )
+        return replace(made, engine_config=replace(made.engine_config, enforce_eager=True))
+
+    results, _ = asyncio.run(run_modes([setup], task, records, Sampling(max_new_tokens=8)))
+
+    [record] = results["medtpe"]
+    assert record.probabilities is not None, record.outputs
+    assert set(record.probabilities) == {"yes", "no"}
+    assert sum(record.probabilities.values()) == pytest.approx(1.0)
+    assert record.p_positive == record.probabilities["yes"]
+    assert 0.0 <= record.p_positive <= 1.0
+    # the greedy first token is the top one: the answer's option has mass
+    if record.prediction is True:
+        assert record.p_positive > 0
+    elif record.prediction is False:
+        assert record.p_positive < 1
+    report = build_report(task, results, settings={}, n_resamples=10)
+    assert report["medtpe"]["p_positive_n"] == 1
+    assert report["medtpe"]["auroc"] is None  # one record: one class only
