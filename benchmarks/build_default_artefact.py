@@ -11,8 +11,11 @@ Steps (each a `medtpe` command; finished steps are skipped on a re-run, SSFT res
 3. `medtpe render` the windows: training patients at --max-input-tokens (SSFT inputs) and at
    8,192 tokens (the mining corpus, as prompts look at inference); held-out patients at
    --max-input-tokens.
-4. `medtpe build-tokenizer` on the training patients' records (M = --budget, N = 2).
-5. `medtpe ssft --loss ce` (the artefact's rows) and, for comparison, `--loss kl` into a copy.
+4. `medtpe build-tokenizer` on the training patients' records (M = --budget, N = 2, --method),
+   then `medtpe add-byte-fallback` (lossless on every string).
+5. `medtpe ssft --loss ce` and `--loss kl`, side by side (one CPU thread each), each into its
+   own copy of the artefact; the one with the lower held-out pseudo-label loss (--keep: or the
+   one named) is copied into the artefact.
 6. Measure on the held-out windows: pseudo-label cross-entropy and answer agreement with the
    original model (greedy, vLLM, from the exported checkpoint), before SSFT (initialised rows)
    and after (CE, KL). Results: <work>/results.json, the artefact's training curve and README.
@@ -42,11 +45,11 @@ TASKS = ("icu_mortality", "phenotyping")
 MEDTPE = [str(Path(sys.executable).parent / "medtpe")]
 
 
-def medtpe(*args: str | Path) -> None:
-    """Run one `medtpe` command, echoing it."""
+def medtpe(*args: str | Path | int | float, env: dict[str, str] | None = None) -> None:
+    """Run one `medtpe` command (with `env` added to the environment), echoing it."""
     command = [*MEDTPE, *map(str, args)]
     print("+ medtpe", " ".join(map(str, args)), flush=True)
-    subprocess.run(command, check=True, cwd=ROOT)
+    subprocess.run(command, check=True, cwd=ROOT, env={**os.environ, **(env or {})})
 
 
 def split_subjects(meds: Path, fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -154,25 +157,30 @@ def measure(
 ) -> dict:
     """Export `artefact` onto `model`, answer the held-out prompts greedily (answers cached in
     <work>/answers-<label>.json) and compare them with the original model's answers."""
+    from medtpe_core.tasks import get_task
     from training.examples import load_examples
 
     tokenizer = MedTPETokenizer.load(artefact)
     examples = load_examples(val_examples)
+    prefixes = [get_task(r["task"]).response_prefix for r in val_records]
     cached = work / f"answers-{label}.json"
     if not cached.is_file():
         export_dir = work / f"export-{label}"
         medtpe("export", "--base", model, "--medtpe", artefact, "--out", export_dir)
         answers = greedy_texts(export_dir, [e.student for e in examples], max_new_tokens)
-        texts = [answer_text(tokenizer, a) for a in answers]
+        pairs = zip(answers, prefixes, strict=True)
+        texts = [answer_text(tokenizer, a, prefix) for a, prefix in pairs]
         cached.write_text(json.dumps(texts, ensure_ascii=False, indent=0) + "\n")
     texts = json.loads(cached.read_text())
-    teacher = [answer_text(tokenizer, e.response) for e in examples]
+    teacher = [
+        answer_text(tokenizer, e.response, p) for e, p in zip(examples, prefixes, strict=True)
+    ]
     return agreement([r["task"] for r in val_records], texts, teacher)
 
 
-def answer_text(tokenizer: MedTPETokenizer, ids: list[int]) -> str:
-    """An answer's text without the end-of-turn token."""
-    return tokenizer.decode(ids).replace("<|im_end|>", "").strip()
+def answer_text(tokenizer: MedTPETokenizer, ids: list[int], prefix: str = "") -> str:
+    """An answer's text (after the prompt's answer `prefix`) without the end-of-turn token."""
+    return (prefix + tokenizer.decode(ids)).replace("<|im_end|>", "").strip()
 
 
 def agreement(tasks: list[str], student: list[str], teacher: list[str]) -> dict:
@@ -235,15 +243,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=default_artefact_dir())
     parser.add_argument("--work", type=Path, default=cache_dir() / "artefact-build")
     parser.add_argument("--budget", type=int, default=2000, help="new tokens (M)")
+    parser.add_argument("--method", choices=("static", "bpe"), default="static")
     parser.add_argument("--max-input-tokens", type=int, default=768, help="SSFT prompt budget")
     parser.add_argument("--held-out", type=float, default=0.2)
     parser.add_argument("--n-train", type=int, default=160, help="training windows (sampled)")
     parser.add_argument("--n-val", type=int, default=40, help="held-out windows (sampled)")
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--max-steps", type=int, default=12, help="optimizer steps cap (0: none)")
-    parser.add_argument("--eval-every", type=int, default=6)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--max-steps", type=int, default=40, help="optimizer steps cap (0: none)")
+    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--keep", choices=("best", "ce", "kl"), default="best")
     args = parser.parse_args()
     work, out = args.work, args.out
     work.mkdir(parents=True, exist_ok=True)
@@ -257,35 +267,21 @@ def main() -> None:
     val = render_split(args.meds, model, work, "val", held_ids, args.max_input_tokens)
     train, val = sample_records(train, args.n_train), sample_records(val, args.n_val)
     corpus = render_split(args.meds, model, work, "mining", train_ids, 8192)
-    if not (out / "medtpe.json").is_file():
-        medtpe(
-            "build-tokenizer",
-            "--base",
-            model,
-            "--corpus",
-            corpus,
-            "--budget",
-            args.budget,
-            "--max-n",
-            2,
-            "--out",
-            out,
-        )
+    tokenizer_dir = build_tokenizer(model, corpus, work, args.budget, args.method)
 
     common = ["--base", model, "--data", train, "--val-data", val, "--lr", args.lr]
     common += ["--epochs", args.epochs, "--eval-every", args.eval_every]
     common += ["--max-new-tokens", args.max_new_tokens]
     if args.max_steps:
         common += ["--max-steps", args.max_steps]
-    artefacts = {"before": work / "artefact-init", "ce": out, "kl": work / "artefact-kl"}
-    for copy in (artefacts["before"], artefacts["kl"]):
+    labels = ("before", "ce", "kl")
+    artefacts = {label: work / f"artefact-{label}" for label in labels}
+    for copy in artefacts.values():
         if not copy.is_dir():
-            skip = shutil.ignore_patterns("embeddings.safetensors", "*.md", "*.png", "*.csv")
-            shutil.copytree(out, copy, ignore=skip)
+            shutil.copytree(tokenizer_dir, copy)
     runs = {"ce": work / "run-ce", "kl": work / "run-kl"}
-    val_examples = pseudo_label(model, out, train, val, runs, args.max_new_tokens)
+    val_examples = pseudo_label(model, tokenizer_dir, train, val, runs, args.max_new_tokens)
     write_init_rows(model, artefacts["before"])
-
     val_records = [json.loads(line) for line in val.read_text().splitlines()]
 
     def measured(label: str) -> dict:
@@ -293,9 +289,10 @@ def main() -> None:
             model, artefacts[label], work, label, val_examples, val_records, args.max_new_tokens
         )
 
-    # The CPU is shared: the two trainings and the first measurement run side by side.
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        trainings = [
+    results_before = measured("before")
+    # Two trainings side by side, one CPU thread each (2-core machine).
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        jobs = [
             pool.submit(
                 medtpe,
                 "ssft",
@@ -306,32 +303,45 @@ def main() -> None:
                 "--loss",
                 loss,
                 *common,
+                env={"OMP_NUM_THREADS": "1"},
             )
-            for loss in ("ce", "kl")
+            for loss in runs
         ]
-        before = pool.submit(measured, "before")
-        results_before = before.result()
-        for job in trainings:
+        for job in jobs:
             job.result()
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        after = {loss: pool.submit(measured, loss) for loss in ("ce", "kl")}
-        results = {
-            "settings": vars(args) | {"meds": str(args.meds), "out": str(out), "work": str(work)},
-            "n_train_patients": len(train_ids),
-            "n_held_out_patients": len(held_ids),
-            "before": results_before,
-        }
-        for loss, job in after.items():
-            results[loss] = job.result() | json.loads((runs[loss] / "summary.json").read_text())
+    results = {
+        "settings": vars(args) | {"meds": str(args.meds), "out": str(out), "work": str(work)},
+        "n_train_patients": len(train_ids),
+        "n_held_out_patients": len(held_ids),
+        "before": results_before,
+    }
+    for loss, run in runs.items():
+        results[loss] = measured(loss) | json.loads((run / "summary.json").read_text())
     results["before"]["held_out_ce"] = results["ce"]["initial_val_loss"]
-    for label in ("ce", "kl"):
-        results[label]["held_out_ce"] = results[label]["best_val_loss"]
+    for loss in runs:
+        results[loss]["held_out_ce"] = results[loss]["best_val_loss"]
+    keep = args.keep if args.keep != "best" else min(runs, key=lambda k: results[k]["held_out_ce"])
+    results["kept"] = keep
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(artefacts[keep], out)
     (work / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
-    shutil.copyfile(runs["ce"] / "history.csv", out / "training_curve.csv")
-    shutil.copyfile(runs["kl"] / "history.csv", work / "training_curve_kl.csv")
+    for loss, run in runs.items():
+        shutil.copyfile(run / "history.csv", out / f"training_curve_{loss}.csv")
     plot_curves({k: v / "history.csv" for k, v in runs.items()}, out / "training_curve.png")
     shutil.copyfile(work / "results.json", out / "ssft_results.json")
     print(json.dumps(results, indent=2, default=str))
+
+
+def build_tokenizer(model: Path, corpus: Path, work: Path, budget: int, method: str) -> Path:
+    """`medtpe build-tokenizer` then `medtpe add-byte-fallback` (both skipped when done)."""
+    raw, final = work / "tokenizer-raw", work / "tokenizer"
+    if not (raw / "medtpe.json").is_file():
+        medtpe("build-tokenizer", "--base", model, "--corpus", corpus, "--budget", budget,
+               "--max-n", 2, "--method", method, "--out", raw)  # fmt: skip
+    if not (final / "medtpe.json").is_file():
+        medtpe("add-byte-fallback", "--tokenizer", raw, "--corpus", corpus, "--out", final)
+    return final
 
 
 def pseudo_label(
@@ -343,6 +353,7 @@ def pseudo_label(
 
     tokenizer = MedTPETokenizer.load(artefact)
     first, *others = runs.values()
+    first.mkdir(parents=True, exist_ok=True)
     for split, data in (("train", train), ("val", val)):
         path = examples_path(first, tokenizer.artefact_id, split)
         prompts = [r["prompt"] for r in read_records(data)]
