@@ -90,6 +90,7 @@ def main() -> None:
     parser.add_argument("--task", default="icu_mortality")
     parser.add_argument("--subjects", required=True, help="comma-separated subject ids")
     parser.add_argument("--max-input-tokens", type=int, default=4096)
+    parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.labels = args.meds / "labels" / f"{args.task}.parquet"
@@ -99,6 +100,7 @@ def main() -> None:
     command = [str(Path(sys.executable).with_name("medtpe")), "evaluate", "--mode", "medtpe"]
     command += ["--meds", str(args.meds), "--labels", str(args.labels), "--task", args.task]
     command += ["--subjects", args.subjects, "--max-input-tokens", str(args.max_input_tokens)]
+    command += ["--max-new-tokens", str(args.max_new_tokens)]
     command += ["--artefact", str(artefact), "--export-dir", str(args.work / "export")]
     command += ["--out", str(args.out)]
     subprocess.run(command, check=True)

@@ -7,13 +7,13 @@ see the same text at every point. Points are `BUDGET:LIMIT` (the first LIMIT rec
 voting points run at `--vote-budget` with temperature `--vote-temperature`.
 
     .venv/bin/python benchmarks/bench_eval_grid.py --subjects 10002428,10003046,... \\
-        --modes original,medtpe --out benchmarks/results/eval_grid.json
+        --modes original,medtpe --out benchmarks/results/eval_grid_v2.json
 
 `--modes original` and `--modes medtpe` may run at different times into different files; the
 `--merge` form joins them (later files' points replace earlier ones) and draws the plots:
 
     .venv/bin/python benchmarks/bench_eval_grid.py --merge A.json B.json \\
-        --out benchmarks/results/eval_grid.json --plot-dir docs/img
+        --out benchmarks/results/eval_grid_v2.json --plot-dir docs/img
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def merge(paths: list[Path]) -> dict[str, Any]:
 
 
 def plot(grid: dict[str, Any], plot_dir: Path) -> None:
-    """eval_budget.png (F1, FCR, latency vs budget) and eval_voting.png (F1, FCR vs n); each
+    """eval_budget.png (F1, FCR, latency vs budget) and eval_voting.png (the same vs n); each
     mode over the points it ran."""
     import matplotlib
 
@@ -146,7 +146,7 @@ def plot(grid: dict[str, Any], plot_dir: Path) -> None:
     panels = (("f1", "F1"), ("fcr", "FCR"), ("latency_s_mean", "latency per record (s)"))
     for file, points, x_key, x_label, keys in (
         ("eval_budget.png", budget_points, "budget", "input budget (original tokens)", panels),
-        ("eval_voting.png", vote_points, "n", "samples n (majority vote)", panels[:2]),
+        ("eval_voting.png", vote_points, "n", "samples n (majority vote)", panels),
     ):
         fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.6))
         for ax, (key, label) in zip(axes, keys, strict=True):
@@ -157,6 +157,7 @@ def plot(grid: dict[str, Any], plot_dir: Path) -> None:
                 ax.plot(xs, ys, marker="o", label=mode)
             if x_key == "budget":
                 ax.set_xscale("log", base=2)
+            ax.set_ylim(bottom=0, top=1.05 if key == "fcr" else None)
             ax.set_xlabel(x_label)
             ax.set_ylabel(label)
             ax.grid(alpha=0.3)

@@ -11,8 +11,8 @@ Steps (each a `medtpe` command; finished steps are skipped on a re-run, SSFT res
 3. `medtpe render` the windows: training patients at --max-input-tokens (SSFT inputs) and at
    8,192 tokens (the mining corpus, as prompts look at inference); held-out patients at
    --max-input-tokens.
-4. `medtpe build-tokenizer` on the training patients' records (M = --budget, N = 2, --method),
-   then `medtpe add-byte-fallback` (lossless on every string).
+4. `medtpe build-tokenizer` on the training patients' records (M = --budget, N = 2, --method;
+   byte fallback included, so the artefact is lossless on every string).
 5. `medtpe ssft --loss ce` and `--loss kl`, side by side (one CPU thread each), each into its
    own copy of the artefact; the one with the lower held-out pseudo-label loss (--keep: or the
    one named) is copied into the artefact.
@@ -246,12 +246,12 @@ def main() -> None:
     parser.add_argument("--method", choices=("static", "bpe"), default="static")
     parser.add_argument("--max-input-tokens", type=int, default=768, help="SSFT prompt budget")
     parser.add_argument("--held-out", type=float, default=0.2)
-    parser.add_argument("--n-train", type=int, default=160, help="training windows (sampled)")
+    parser.add_argument("--n-train", type=int, default=368, help="training windows (sampled)")
     parser.add_argument("--n-val", type=int, default=40, help="held-out windows (sampled)")
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--max-steps", type=int, default=40, help="optimizer steps cap (0: none)")
-    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--max-steps", type=int, default=90, help="optimizer steps cap (0: none)")
+    parser.add_argument("--eval-every", type=int, default=15)
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--keep", choices=("best", "ce", "kl"), default="best")
     args = parser.parse_args()
@@ -322,9 +322,13 @@ def main() -> None:
         results[loss]["held_out_ce"] = results[loss]["best_val_loss"]
     keep = args.keep if args.keep != "best" else min(runs, key=lambda k: results[k]["held_out_ce"])
     results["kept"] = keep
+    readme = out / "README.md"
+    kept_readme = readme.read_bytes() if readme.is_file() else None
     if out.exists():
         shutil.rmtree(out)
     shutil.copytree(artefacts[keep], out)
+    if kept_readme is not None:  # the artefact's documentation is written by hand
+        readme.write_bytes(kept_readme)
     (work / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     for loss, run in runs.items():
         shutil.copyfile(run / "history.csv", out / f"training_curve_{loss}.csv")
@@ -334,14 +338,12 @@ def main() -> None:
 
 
 def build_tokenizer(model: Path, corpus: Path, work: Path, budget: int, method: str) -> Path:
-    """`medtpe build-tokenizer` then `medtpe add-byte-fallback` (both skipped when done)."""
-    raw, final = work / "tokenizer-raw", work / "tokenizer"
-    if not (raw / "medtpe.json").is_file():
+    """`medtpe build-tokenizer` (byte fallback included) into <work>/tokenizer, once."""
+    out = work / "tokenizer"
+    if not (out / "medtpe.json").is_file():
         medtpe("build-tokenizer", "--base", model, "--corpus", corpus, "--budget", budget,
-               "--max-n", 2, "--method", method, "--out", raw)  # fmt: skip
-    if not (final / "medtpe.json").is_file():
-        medtpe("add-byte-fallback", "--tokenizer", raw, "--corpus", corpus, "--out", final)
-    return final
+               "--max-n", 2, "--method", method, "--out", out)  # fmt: skip
+    return out
 
 
 def pseudo_label(
