@@ -37,6 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench_eval_ablation import init_only_artefact  # noqa: E402
+
 from medtpe_core.paths import cache_dir, default_artefact_dir  # noqa: E402
 from medtpe_core.tokenizer import MedTPETokenizer  # noqa: E402
 
@@ -281,7 +283,7 @@ def main() -> None:
             shutil.copytree(tokenizer_dir, copy)
     runs = {"ce": work / "run-ce", "kl": work / "run-kl"}
     val_examples = pseudo_label(model, tokenizer_dir, train, val, runs, args.max_new_tokens)
-    write_init_rows(model, artefacts["before"])
+    init_only_artefact(tokenizer_dir, model, artefacts["before"])  # rows for "before SSFT"
     val_records = [json.loads(line) for line in val.read_text().splitlines()]
 
     def measured(label: str) -> dict:
@@ -364,18 +366,6 @@ def pseudo_label(
             run.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, examples_path(run, tokenizer.artefact_id, split))
     return examples_path(first, tokenizer.artefact_id, "val")
-
-
-def write_init_rows(model: Path, artefact: Path) -> None:
-    """The initialised (untrained) rows, for the before-SSFT measurement."""
-    from transformers import AutoModelForCausalLM
-
-    from training.embedding_init import init_new_rows
-    from training.export import model_fingerprint, save_rows
-
-    base = AutoModelForCausalLM.from_pretrained(model)
-    rows = init_new_rows(base, MedTPETokenizer.load(artefact).new_tokens)
-    save_rows(artefact, rows, model_fingerprint(base))
 
 
 if __name__ == "__main__":
