@@ -28,12 +28,12 @@ from typing import Any
 from evaluation.records import EvalRecord, load_records
 from evaluation.report import build_report
 from evaluation.results import RecordResult
-from evaluation.runner import Sampling, evaluate_mode
-from evaluation.setup import ModeSetup, mode_setup
+from evaluation.runner import Sampling, evaluate_mode, measured
+from inference.engine import EngineOptions, start_vllm
+from inference.model import LoadedModel, ModelConfig, load_model
+from inference.predictor import Predictor
 from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
 from medtpe_core.tasks import Task, get_task
-from service.engine import GenerationEngine
-from service.pipeline import Predictor
 
 SHARED_MEDS = Path("../shared/data/mimic-iv-demo-meds")
 MAX_NEW_TOKENS = 64
@@ -58,21 +58,21 @@ def grid_points(args: argparse.Namespace) -> list[dict[str, Any]]:
     return points
 
 
-def point_predictor(setup: ModeSetup, budget: int) -> Predictor:
+def point_predictor(setup: LoadedModel, budget: int) -> Predictor:
     """The service's predictor of this mode with another input budget."""
     base = setup.predictor
     return Predictor(base.tokenizer, base.chat_template, base.mode, budget, base.descriptions)
 
 
 async def run_mode(
-    setup: ModeSetup,
+    setup: LoadedModel,
     task: Task,
     records: list[EvalRecord],
     points: list[dict[str, Any]],
     save: Callable[[str, list[RecordResult]], None],
 ) -> None:
     """Every grid point of one mode on one engine; `save` gets each point's results."""
-    engine = GenerationEngine.start(setup.engine_config)
+    engine = start_vllm(setup.engine_config)
     try:
         for point in points:
             sampling = Sampling(point["n"], point.get("temperature", 0.0), MAX_NEW_TOKENS)
@@ -98,17 +98,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     max_budget = max(point["budget"] for point in points)
     out: dict[str, Any] = {"task": task.name, "points": points, "modes": {}}
     for mode in args.modes.split(","):
-        setup = mode_setup(
-            mode,
+        config = ModelConfig(
             model_dir=default_model_dir(),
             artefact_dir=args.artefact or default_artefact_dir(),
             export_dir=args.export_dir or default_export_dir(),
+            mode=mode,
             codes_dir=args.meds,
             max_input_tokens=max_budget,
             max_new_tokens=MAX_NEW_TOKENS,
-            kv_cache_gib=2.0,
-            seed=1,
+            engine=EngineOptions(kv_cache_gib=2.0, seed=1),
         )
+        setup = load_model(measured(config))
         by_point = out["modes"].setdefault(mode, {})
 
         def save(

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from tqdm import tqdm
 
 from evaluation.records import EvalRecord
 from evaluation.results import RecordResult
-from evaluation.setup import ModeSetup
+from inference.engine import Engine, EngineFactory, start_vllm
+from inference.model import LoadedModel, ModelConfig, load_model
+from inference.predictor import Predictor
 from medtpe_core.tasks import Task
 from medtpe_core.tasks.option_probabilities import positive_probability
-from service.engine import GenerationEngine
-from service.pipeline import Predictor
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class Sampling:
 
 
 async def evaluate_mode(
-    engine: GenerationEngine,
+    engine: Engine,
     predictor: Predictor,
     task: Task,
     records: Sequence[EvalRecord],
@@ -75,24 +75,31 @@ async def evaluate_mode(
     return results
 
 
+def measured(config: ModelConfig) -> ModelConfig:
+    """`config` with automatic prefix caching off, so that every record pays its full prefill,
+    as a first request would."""
+    return replace(config, engine=replace(config.engine, enable_prefix_caching=False))
+
+
 async def run_modes(
-    setups: Sequence[Callable[[], ModeSetup]],
+    configs: Sequence[ModelConfig],
     task: Task,
     records: Sequence[EvalRecord],
     sampling: Sampling,
-) -> tuple[dict[str, list[RecordResult]], list[ModeSetup]]:
-    """Set up and evaluate each mode on its own engine, one after the other. A mode is set up
-    (e.g. its checkpoint exported) only when its turn comes, and each engine is shut down before
-    the next starts, so two never compete for memory or cores. Returns the results by mode and
-    the set-ups used."""
+    engine_factory: EngineFactory = start_vllm,
+) -> tuple[dict[str, list[RecordResult]], list[LoadedModel]]:
+    """Load and evaluate each mode on its own engine, one after the other (prefix caching off).
+    A mode is loaded (e.g. its checkpoint exported) only when its turn comes, and each engine is
+    shut down before the next starts, so two never compete for memory or cores. Returns the
+    results by mode and the models used."""
     results, used = {}, []
-    for make_setup in setups:
-        setup = make_setup()
-        used.append(setup)
-        engine = GenerationEngine.start(setup.engine_config)
+    for config in configs:
+        model = load_model(measured(config))
+        used.append(model)
+        engine = engine_factory(model.engine_config)
         try:
-            results[setup.mode] = await evaluate_mode(
-                engine, setup.predictor, task, records, sampling
+            results[config.mode] = await evaluate_mode(
+                engine, model.predictor, task, records, sampling
             )
         finally:
             engine.shutdown()

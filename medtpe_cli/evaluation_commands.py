@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import asdict
-from functools import partial
 from pathlib import Path
 
 import click
@@ -92,7 +91,8 @@ def evaluate(
     from evaluation.records import load_records
     from evaluation.report import build_report, format_table
     from evaluation.runner import Sampling, run_modes
-    from evaluation.setup import mode_setup
+    from inference.engine import EngineOptions
+    from inference.model import ModelConfig
     from medtpe_core.tasks import get_task
 
     task = get_task(task_name)
@@ -106,22 +106,20 @@ def evaluate(
         temperature=temperature if temperature is not None else (0.0 if n_samples == 1 else 0.7),
         max_new_tokens=max_new_tokens,
     )
-    setups = [
-        partial(
-            mode_setup,
-            name,
+    configs = [
+        ModelConfig(
             model_dir=model_dir or default_model_dir(),
             artefact_dir=artefact_dir or default_artefact_dir(),
             export_dir=export_dir or default_export_dir(),
+            mode=name,
             codes_dir=meds_dir,
             max_input_tokens=max_input_tokens,
             max_new_tokens=max_new_tokens,
-            kv_cache_gib=kv_cache_gib,
-            seed=seed,
+            engine=EngineOptions(kv_cache_gib=kv_cache_gib, seed=seed),
         )
         for name in MODE_ORDER[mode]
     ]
-    results, used = asyncio.run(run_modes(setups, task, records, sampling))
+    results, used = asyncio.run(run_modes(configs, task, records, sampling))
     budget = used[0].predictor.max_input_tokens
     settings = {
         "task": task.name,
@@ -133,7 +131,7 @@ def evaluate(
         "temperature": sampling.temperature,
         "max_new_tokens": max_new_tokens,
         "seed": seed,
-        "models": {setup.mode: asdict(setup.identity) for setup in used},
+        "models": {model.identity.mode: asdict(model.identity) for model in used},
     }
     report = build_report(task, results, settings=settings)
     out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
+from inference.engine import EngineFactory, start_vllm
 from service.errors import install_error_handlers
 from service.limits import BodySizeLimit
 from service.routes import api_router
@@ -21,9 +22,12 @@ from service.settings import ServiceSettings
 from service.state import ServiceState
 
 
-def create_app(settings: ServiceSettings | None = None) -> FastAPI:
-    """The service app; the engine starts with the app (in the background) and stops with it."""
-    state = ServiceState(settings or ServiceSettings())
+def create_app(
+    settings: ServiceSettings | None = None, engine_factory: EngineFactory = start_vllm
+) -> FastAPI:
+    """The service app; the engine (vLLM unless `engine_factory` says otherwise) starts with the
+    app, in the background, and stops with it."""
+    state = ServiceState(settings or ServiceSettings(), engine_factory)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -18,26 +18,25 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Header, Request
 
+from inference.engine import EngineDead
+from inference.model import LoadedModel
+from inference.predictor import Predictor, Segmentation
 from medtpe_core.meds import MedsEvent
 from medtpe_core.tasks import Task, UnknownTaskError, get_task
-from service.engine import EngineDead
 from service.errors import ApiError, field_error
 from service.limits import QueueFull
-from service.model_setup import LoadedModel
-from service.pipeline import Predictor, Segmentation
 from service.schemas import (
     BatchRequest,
     BatchResponse,
     Latency,
-    ModelInfo,
     PredictRequest,
     PredictResponse,
     TokenCounts,
     TokenizeRequest,
     TokenizeResponse,
+    TokenList,
     Vote,
 )
-from service.schemas import Segmentation as SegmentationOut
 from service.state import ServiceState
 
 logger = logging.getLogger("medtpe.service")
@@ -161,7 +160,7 @@ async def _predict_record(
             generate=answer.generate_s * 1e3,
             total=total * 1e3,
         ),
-        model=ModelInfo(**vars(model.identity)),
+        model=model.identity,
     )
 
 
@@ -277,12 +276,12 @@ def api_router() -> APIRouter:
         state.metrics.request_latency.labels("tokenize", label).observe(time.perf_counter() - start)
         base = predictor.tokenizer.base
         return TokenizeResponse(
-            original=SegmentationOut(
+            original=TokenList(
                 ids=seg.original_ids,
                 tokens=[base.decode([i]) for i in seg.original_ids],
                 count=len(seg.original_ids),
             ),
-            medtpe=SegmentationOut(
+            medtpe=TokenList(
                 ids=seg.medtpe_ids,
                 tokens=predictor.tokenizer.tokens(seg.medtpe_ids),
                 count=len(seg.medtpe_ids),

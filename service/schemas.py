@@ -6,6 +6,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from inference.model import ModelIdentity
 from medtpe_core.meds import MAX_EVENTS_PER_RECORD, MedsEvent
 from medtpe_core.tasks import Prediction
 
@@ -70,16 +71,6 @@ class Latency(BaseModel):
     total: float
 
 
-class ModelInfo(BaseModel):
-    """The model and artefact that answered."""
-
-    name: str
-    path: str
-    mode: str
-    artefact_id: str
-    base_fingerprint: str
-
-
 class Vote(BaseModel):
     """One sample's parsed answer (and text when asked for)."""
 
@@ -105,7 +96,7 @@ class PredictResponse(BaseModel):
     events: dict[str, int] = Field(description="`total` and `kept` within the input budget.")
     tokens: TokenCounts
     latency_ms: Latency
-    model: ModelInfo
+    model: ModelIdentity = Field(description="The model, mode and artefact that answered.")
 
 
 class BatchResponse(BaseModel):
@@ -131,7 +122,7 @@ class TokenizeRequest(_Strict):
         return self
 
 
-class Segmentation(BaseModel):
+class TokenList(BaseModel):
     """One tokenizer's view of the text."""
 
     ids: list[int]
@@ -142,8 +133,8 @@ class Segmentation(BaseModel):
 class TokenizeResponse(BaseModel):
     """Both segmentations of the same text."""
 
-    original: Segmentation
-    medtpe: Segmentation
+    original: TokenList
+    medtpe: TokenList
     compression_rate: float
 
 

@@ -7,14 +7,15 @@ without any configuration.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from inference.engine import DistributedBackend, EngineOptions
+from inference.model import ModelConfig
+from inference.predictor import Mode
 from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
-
-Mode = Literal["medtpe", "original"]
 
 
 class ServiceSettings(BaseSettings):
@@ -76,6 +77,17 @@ class ServiceSettings(BaseSettings):
         description="Skip torch.compile in the engine: starts about a minute sooner on CPU, "
         "decodes about 2x slower (tests).",
     )
+    tensor_parallel_size: int = Field(
+        1, gt=0, description="GPUs the model is split across (vLLM tensor parallelism)."
+    )
+    pipeline_parallel_size: int = Field(
+        1, gt=0, description="Pipeline stages the model is split into (e.g. one per node)."
+    )
+    distributed_executor_backend: DistributedBackend | None = Field(
+        None,
+        description="How vLLM launches its workers for parallel runs: `mp` (one node), `ray` "
+        "(several nodes), `uni`, `external_launcher`; unset: vLLM chooses.",
+    )
     shutdown_grace_s: float = Field(
         60.0, gt=0, description="How long shutdown waits for in-flight requests to drain."
     )
@@ -87,6 +99,27 @@ class ServiceSettings(BaseSettings):
         if isinstance(value, str):
             return [key.strip() for key in value.split(",") if key.strip()]
         return value
+
+    def model(self) -> ModelConfig:
+        """What to load and how to run the engine, from these settings."""
+        return ModelConfig(
+            model_dir=self.model_dir,
+            artefact_dir=self.artefact_dir,
+            export_dir=self.export_dir,
+            mode=self.mode,
+            codes_dir=self.codes_dir,
+            max_input_tokens=self.max_input_tokens,
+            max_new_tokens=self.max_new_tokens,
+            engine=EngineOptions(
+                max_num_seqs=self.max_concurrency,
+                kv_cache_gib=self.kv_cache_gib,
+                seed=self.seed,
+                enforce_eager=self.enforce_eager,
+                tensor_parallel_size=self.tensor_parallel_size,
+                pipeline_parallel_size=self.pipeline_parallel_size,
+                distributed_executor_backend=self.distributed_executor_backend,
+            ),
+        )
 
     @property
     def capacity(self) -> int:

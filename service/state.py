@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from service.engine import GenerationEngine
+from inference.engine import Engine, EngineFactory, start_vllm
+from inference.model import LoadedModel, load_model
 from service.errors import ApiError
 from service.limits import Admission
 from service.metrics import ServiceMetrics
-from service.model_setup import LoadedModel, load_model
 from service.settings import ServiceSettings
 
 logger = logging.getLogger("medtpe.service")
@@ -19,12 +19,15 @@ logger = logging.getLogger("medtpe.service")
 class ServiceState:
     """What one app instance holds: settings, metrics, limits, and once started, model + engine."""
 
-    def __init__(self, settings: ServiceSettings) -> None:
+    def __init__(
+        self, settings: ServiceSettings, engine_factory: EngineFactory = start_vllm
+    ) -> None:
         self.settings = settings
+        self.engine_factory = engine_factory
         self.metrics = ServiceMetrics()
         self.admission = Admission(settings.max_concurrency, settings.queue_limit)
         self.model: LoadedModel | None = None
-        self.engine: GenerationEngine | None = None
+        self.engine: Engine | None = None
         self.warmed_up = False
         self.failure: str | None = None
 
@@ -40,13 +43,13 @@ class ServiceState:
     async def start(self) -> None:
         """Prepare the model files, start the engine, warm it up (runs in the background)."""
         try:
-            self.model = await asyncio.to_thread(load_model, self.settings)
-            self.engine = await asyncio.to_thread(GenerationEngine.start, self.model.engine_config)
+            self.model = await asyncio.to_thread(load_model, self.settings.model())
+            self.engine = await asyncio.to_thread(self.engine_factory, self.model.engine_config)
             predictor = self.model.predictor
             await self.engine.warm_up(predictor.engine_ids(predictor.segment("Hello")))
             self.warmed_up = True
             self.metrics.engine_ready.set(1)
-            logger.info("ready: %s (%s mode)", self.model.identity.path, self.settings.mode)
+            logger.info("ready: %s", self.model.engine_config.model_dir)
         except Exception as exc:
             self.failure = f"{type(exc).__name__}: {exc}"
             logger.exception("start-up failed")

@@ -113,8 +113,8 @@ def service_artefact(cache: Path) -> tuple[Path, Path]:
     """(artefact dir, export dir) for service tests: the default artefact once it is trained,
     else a stand-in built here; the base model is prepared and the checkpoint exported first,
     so service processes started afterwards only load files."""
+    from inference.model import ensure_base_model, ensure_export
     from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
-    from service.model_setup import ensure_base_model, ensure_export
 
     model_dir = ensure_base_model(default_model_dir())
     artefact, export = default_artefact_dir(), default_export_dir()

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,8 @@ from meds_fixtures import write_meds_dataset
 from evaluation.records import load_records
 from evaluation.report import build_report
 from evaluation.runner import Sampling, run_modes
-from evaluation.setup import ModeSetup, mode_setup
+from inference.engine import EngineOptions
+from inference.model import ModelConfig
 from medtpe_core.paths import default_model_dir
 from medtpe_core.tasks import get_task
 
@@ -29,21 +29,17 @@ def test_p_positive_is_a_probability(
     records = load_records(meds, meds / "labels" / "icu_mortality.parquet", task)
     artefact, export = service_files
 
-    def setup() -> ModeSetup:
-        made = mode_setup(
-            "medtpe",
-            model_dir=default_model_dir(),
-            artefact_dir=artefact,
-            export_dir=export,
-            codes_dir=meds,
-            max_input_tokens=512,
-            max_new_tokens=8,
-            kv_cache_gib=1.0,
-            seed=1,
-        )
-        return replace(made, engine_config=replace(made.engine_config, enforce_eager=True))
-
-    results, _ = asyncio.run(run_modes([setup], task, records, Sampling(max_new_tokens=8)))
+    config = ModelConfig(
+        model_dir=default_model_dir(),
+        artefact_dir=artefact,
+        export_dir=export,
+        mode="medtpe",
+        codes_dir=meds,
+        max_input_tokens=512,
+        max_new_tokens=8,
+        engine=EngineOptions(kv_cache_gib=1.0, seed=1, enforce_eager=True),
+    )
+    results, _ = asyncio.run(run_modes([config], task, records, Sampling(max_new_tokens=8)))
 
     [record] = results["medtpe"]
     assert record.probabilities is not None, record.outputs

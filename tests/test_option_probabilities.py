@@ -8,6 +8,7 @@ import math
 import pytest
 from tokenizer_support import smollm2_dir, smollm2_medtpe
 
+from inference.predictor import Predictor
 from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.tasks import Task, get_task
 from medtpe_core.tasks.option_probabilities import (
@@ -15,7 +16,6 @@ from medtpe_core.tasks.option_probabilities import (
     option_probabilities,
     positive_probability,
 )
-from service.pipeline import Predictor
 
 YES_NO = ("yes", "no")
 MORTALITY = get_task("icu_mortality")

@@ -10,12 +10,12 @@ import pytest
 from service_support import synthetic_events
 from tokenizer_support import smollm2_dir, smollm2_medtpe
 
+from inference.predictor import Predictor, default_prediction_time, majority_vote
 from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.meds import MedsEvent
 from medtpe_core.tasks import get_task
 from service.limits import Admission, QueueFull
 from service.metrics import ServiceMetrics
-from service.pipeline import Predictor, default_prediction_time, majority_vote
 from service.settings import ServiceSettings
 
 

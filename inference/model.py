@@ -1,21 +1,23 @@
-"""What the service loads: the base checkpoint (prepared on first start when it is the default),
-the MedTPE artefact, and in `medtpe` mode the exported checkpoint (written when missing or stale).
+"""What a caller of the engine loads: the base checkpoint (prepared on first use when it is the
+default), the MedTPE artefact, and in `medtpe` mode the exported checkpoint (written when missing
+or stale). `load_model(ModelConfig(...))` is the one entry point of the service, the evaluation
+and the benchmarks.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from inference.engine import EngineConfig, EngineOptions
+from inference.predictor import Mode, Predictor
 from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.meds_readers import read_code_descriptions
-from medtpe_core.paths import default_model_dir
+from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
 from medtpe_core.tokenizer import MedTPETokenizer
-from service.engine import EngineConfig, model_context_length
-from service.pipeline import Predictor
-from service.settings import ServiceSettings
 
 logger = logging.getLogger(__name__)
 
@@ -25,11 +27,28 @@ _ARTEFACT_FILES = ("medtpe.json", "embeddings.safetensors")
 
 
 @dataclass(frozen=True)
+class ModelConfig:
+    """Which model, artefact and mode to load, the prompt budget and the engine's options."""
+
+    model_dir: Path = field(default_factory=default_model_dir)
+    """Base Hugging Face checkpoint (the default one is converted on first use)."""
+    artefact_dir: Path = field(default_factory=default_artefact_dir)
+    export_dir: Path = field(default_factory=default_export_dir)
+    """Where the base + MedTPE rows checkpoint is exported (`medtpe` mode)."""
+    mode: Mode = "medtpe"
+    codes_dir: Path | None = None
+    """MEDS dataset root with `metadata/codes.parquet` (None: the artefact directory's)."""
+    max_input_tokens: int = 8192
+    """Input budget in original-tokenizer tokens (shrunk to fit the model's context)."""
+    max_new_tokens: int = 64
+    engine: EngineOptions = field(default_factory=EngineOptions)
+
+
+@dataclass(frozen=True)
 class ModelIdentity:
-    """Which model and artefact answer: returned with every prediction."""
+    """Which model and artefact answer: returned with every prediction (no filesystem path)."""
 
     name: str
-    path: str
     mode: str
     artefact_id: str
     base_fingerprint: str
@@ -78,42 +97,41 @@ def ensure_export(model_dir: Path, artefact_dir: Path, export_dir: Path) -> Path
     return Path(export_dir)
 
 
-def input_budget(settings: ServiceSettings, checkpoint: Path) -> int:
+def model_context_length(model_dir: Path) -> int | None:
+    """`max_position_embeddings` of a Hugging Face checkpoint, if its config declares one."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    value = config.get("max_position_embeddings")
+    return int(value) if value else None
+
+
+def input_budget(config: ModelConfig, checkpoint: Path) -> int:
     """Prompt tokens allowed: the configured budget, shrunk so the answer fits the context."""
     context = model_context_length(checkpoint)
     if context is None:
-        return settings.max_input_tokens
-    return min(settings.max_input_tokens, context - settings.max_new_tokens)
+        return config.max_input_tokens
+    return min(config.max_input_tokens, context - config.max_new_tokens)
 
 
-def load_model(settings: ServiceSettings) -> LoadedModel:
-    """Prepare and load the model files of `settings` (blocking: minutes on a first start)."""
-    base_dir = ensure_base_model(settings.model_dir)
-    tokenizer = MedTPETokenizer.load(settings.artefact_dir, base=base_dir)
-    if settings.mode == "medtpe":
-        checkpoint = ensure_export(base_dir, settings.artefact_dir, settings.export_dir)
+def load_model(config: ModelConfig) -> LoadedModel:
+    """Prepare and load the model files of `config` (blocking: minutes on a first start)."""
+    base_dir = ensure_base_model(config.model_dir)
+    tokenizer = MedTPETokenizer.load(config.artefact_dir, base=base_dir)
+    if config.mode == "medtpe":
+        checkpoint = ensure_export(base_dir, config.artefact_dir, config.export_dir)
     else:
         checkpoint = base_dir
-    budget = input_budget(settings, checkpoint)
+    budget = input_budget(config, checkpoint)
     predictor = Predictor(
         tokenizer,
         ChatTemplate.from_model_dir(base_dir),
-        settings.mode,
+        config.mode,
         budget,
-        read_code_descriptions(settings.codes_dir or settings.artefact_dir),
+        read_code_descriptions(config.codes_dir or config.artefact_dir),
     )
-    engine_config = EngineConfig(
-        model_dir=checkpoint,
-        max_model_len=budget + settings.max_new_tokens,
-        max_num_seqs=settings.max_concurrency,
-        kv_cache_gib=settings.kv_cache_gib,
-        seed=settings.seed,
-        enforce_eager=settings.enforce_eager,
-    )
+    engine_config = EngineConfig(checkpoint, budget + config.max_new_tokens, config.engine)
     identity = ModelIdentity(
         name=base_dir.name,
-        path=str(checkpoint),
-        mode=settings.mode,
+        mode=config.mode,
         artefact_id=tokenizer.artefact_id,
         base_fingerprint=tokenizer.fingerprint,
     )

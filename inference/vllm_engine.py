@@ -1,4 +1,4 @@
-"""The vLLM engine wrapper shared by the service and the offline evaluation runner.
+"""The vLLM engine behind `inference.engine.Engine`.
 
 Prompts go in as token ids (`TokensPrompt`), so the caller's tokenizer (MedTPE or the base one)
 decides the segmentation; answers come back as token ids, decoded by the same tokenizer. vLLM's
@@ -8,12 +8,9 @@ its first generated token, by token id.
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
 from vllm import CompletionOutput, SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
@@ -21,42 +18,11 @@ from vllm.inputs import TokensPrompt
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
+from inference.engine import Completion, EngineConfig, EngineDead
+
 logger = logging.getLogger(__name__)
 
 GIB = 1024**3
-
-
-class EngineDead(RuntimeError):
-    """The engine process died; the engine cannot serve any more requests."""
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """What the engine loads and how much it may hold."""
-
-    model_dir: Path
-    max_model_len: int | None = None
-    """Context length (prompt + answer); None: the model's own limit."""
-    max_num_seqs: int = 16
-    """Sequences the scheduler runs in one batch."""
-    kv_cache_gib: float | None = None
-    """KV cache size; None: vLLM's default for the device."""
-    seed: int = 0
-    enforce_eager: bool = False
-    """Skip torch.compile: starts about a minute sooner on CPU, decodes about 2x slower."""
-    enable_prefix_caching: bool | None = None
-    """None: vLLM's default (on); off for measurements where every prompt must pay its prefill."""
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One generated answer."""
-
-    ids: list[int]
-    """Its token ids, without the EOS / stop token that ended it."""
-    first_logprobs: dict[int, float] | None = None
-    """Top-k log-probabilities of the first generated token by token id, when asked for (the
-    model's raw distribution, before temperature); None otherwise or when nothing was generated."""
 
 
 def _completion(output: CompletionOutput, top_k: int | None) -> Completion:
@@ -75,14 +41,26 @@ def _completion(output: CompletionOutput, top_k: int | None) -> Completion:
     return Completion(ids, first)
 
 
-def model_context_length(model_dir: Path) -> int | None:
-    """`max_position_embeddings` of a Hugging Face checkpoint, if its config declares one."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    value = config.get("max_position_embeddings")
-    return int(value) if value else None
+def engine_args(config: EngineConfig) -> AsyncEngineArgs:
+    """vLLM's engine arguments for `config`: model, context, batch, KV cache, parallelism, stats."""
+    options = config.options
+    kv_bytes = int(options.kv_cache_gib * GIB) if options.kv_cache_gib else None
+    return AsyncEngineArgs(
+        model=str(config.model_dir),
+        max_model_len=config.max_model_len,
+        max_num_seqs=options.max_num_seqs,
+        kv_cache_memory_bytes=kv_bytes,
+        seed=options.seed,
+        disable_log_stats=not options.log_stats,
+        enforce_eager=options.enforce_eager,
+        enable_prefix_caching=options.enable_prefix_caching,
+        tensor_parallel_size=options.tensor_parallel_size,
+        pipeline_parallel_size=options.pipeline_parallel_size,
+        distributed_executor_backend=options.distributed_executor_backend,
+    )
 
 
-class GenerationEngine:
+class VllmEngine:
     """An `AsyncLLM` with a token-ids-in, token-ids-out interface and death detection."""
 
     def __init__(self, llm: AsyncLLM, config: EngineConfig) -> None:
@@ -92,20 +70,10 @@ class GenerationEngine:
         self._dead = False
 
     @classmethod
-    def start(cls, config: EngineConfig) -> GenerationEngine:
+    def start(cls, config: EngineConfig) -> VllmEngine:
         """Start the engine (blocking, about 30 s on CPU; run it off the event loop)."""
-        args = AsyncEngineArgs(
-            model=str(config.model_dir),
-            max_model_len=config.max_model_len,
-            max_num_seqs=config.max_num_seqs,
-            kv_cache_memory_bytes=int(config.kv_cache_gib * GIB) if config.kv_cache_gib else None,
-            seed=config.seed,
-            disable_log_stats=True,
-            enforce_eager=config.enforce_eager,
-            enable_prefix_caching=config.enable_prefix_caching,
-        )
         logger.info("starting vLLM engine on %s", config.model_dir)
-        return cls(AsyncLLM.from_engine_args(args), config)
+        return cls(AsyncLLM.from_engine_args(engine_args(config)), config)
 
     @property
     def dead(self) -> bool:

@@ -11,8 +11,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
+from inference.engine import Engine
 from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.meds import MedsEvent
 from medtpe_core.metrics import compression_rate
@@ -20,10 +21,9 @@ from medtpe_core.prompting import Prompt, build_prompt
 from medtpe_core.tasks import Prediction, Task
 from medtpe_core.tasks.option_probabilities import option_probabilities
 from medtpe_core.tokenizer import MedTPETokenizer
-from service.settings import Mode
 
-if TYPE_CHECKING:  # the engine (vLLM) is only needed by callers that generate
-    from service.engine import GenerationEngine
+Mode = Literal["medtpe", "original"]
+"""`medtpe`: MedTPE ids into the exported checkpoint; `original`: base ids into the base model."""
 
 OPTION_TOP_K = 20
 """First-token log-probabilities asked for when answer-option probabilities are wanted."""
@@ -188,7 +188,7 @@ class Predictor:
 
     async def answer(
         self,
-        engine: GenerationEngine,
+        engine: Engine,
         record: PreparedRecord,
         *,
         n_samples: int,

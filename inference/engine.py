@@ -1,0 +1,106 @@
+"""The engine interface: token ids in, token ids out, one error type.
+
+Everything that generates (the service, the evaluation, the benchmarks) talks to an `Engine`;
+`inference.vllm_engine.VllmEngine` is the real one. A test of the HTTP layer may hand the service
+another `EngineFactory` (e.g. one that answers at once); the end-to-end tests use vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol
+
+DistributedBackend = Literal["mp", "ray", "uni", "external_launcher"]
+
+
+class EngineDead(RuntimeError):
+    """The engine process died; the engine cannot serve any more requests."""
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How the engine runs, whatever model it loads."""
+
+    max_num_seqs: int = 16
+    """Sequences the scheduler runs in one batch."""
+    kv_cache_gib: float | None = None
+    """KV cache size; None: vLLM's default for the device."""
+    seed: int = 0
+    enforce_eager: bool = False
+    """Skip torch.compile: starts about a minute sooner on CPU, decodes about 2x slower."""
+    enable_prefix_caching: bool | None = None
+    """None: vLLM's default (on); off for measurements where every prompt must pay its prefill."""
+    tensor_parallel_size: int = 1
+    """GPUs one model is split across, layer by layer (vLLM `tensor_parallel_size`)."""
+    pipeline_parallel_size: int = 1
+    """Pipeline stages (vLLM `pipeline_parallel_size`), e.g. one per node."""
+    distributed_executor_backend: DistributedBackend | None = None
+    """How workers are launched for parallel runs (None: vLLM chooses; `ray` across nodes)."""
+    log_stats: bool = True
+    """Keep vLLM's own statistics (prefix-cache hits, time to first token, ...)."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What the engine loads and how much it may hold."""
+
+    model_dir: Path
+    max_model_len: int | None = None
+    """Context length (prompt + answer); None: the model's own limit."""
+    options: EngineOptions = field(default_factory=EngineOptions)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One generated answer."""
+
+    ids: list[int]
+    """Its token ids, without the EOS / stop token that ended it."""
+    first_logprobs: dict[int, float] | None = None
+    """Top-k log-probabilities of the first generated token by token id, when asked for (the
+    model's raw distribution, before temperature); None otherwise or when nothing was generated."""
+
+
+class Engine(Protocol):
+    """Generates answers to token-id prompts; raises `EngineDead` once it cannot serve."""
+
+    max_model_len: int
+
+    @property
+    def dead(self) -> bool:
+        """True once the engine cannot serve any more requests."""
+        ...
+
+    async def generate(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        n: int = 1,
+        temperature: float = 0.0,
+        max_new_tokens: int = 64,
+        seed: int | None = None,
+        top_logprobs: int | None = None,
+    ) -> list[Completion]:
+        """`n` answers to one prompt; with `top_logprobs` = k, each with its first token's top k."""
+        ...
+
+    async def warm_up(self, prompt_ids: Sequence[int]) -> None:
+        """One short generation, so the first real request does not pay the start-up costs."""
+        ...
+
+    def shutdown(self) -> None:
+        """Stop the engine."""
+        ...
+
+
+EngineFactory = Callable[[EngineConfig], Engine]
+"""Starts an engine for a config (blocking; callers run it off the event loop)."""
+
+
+def start_vllm(config: EngineConfig) -> Engine:
+    """The real engine: vLLM, imported only when one is started."""
+    from inference.vllm_engine import VllmEngine
+
+    return VllmEngine.start(config)
