@@ -7,7 +7,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from service_support import SERVICE_API_KEY, ServiceProcess, service_artefact, service_env
+from service_support import (
+    SERVICE_API_KEY,
+    Api,
+    ServedApi,
+    ServiceProcess,
+    instant_client,
+    instant_settings,
+    service_artefact,
+    service_env,
+)
+from starlette.testclient import TestClient
 
 
 @pytest.fixture(scope="session")
@@ -34,3 +44,22 @@ def service_server(
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def instant_api(service_files: tuple[Path, Path]) -> Iterator[TestClient]:
+    """The app in-process with `service_server`'s settings, on an engine that answers at once."""
+    with instant_client(instant_settings(service_files)) as client:
+        yield client
+
+
+@pytest.fixture(
+    params=["instant", pytest.param("vllm", marks=[pytest.mark.slow, pytest.mark.engine])]
+)
+def api(request: pytest.FixtureRequest) -> Iterator[Api]:
+    """The HTTP API twice: in-process on an instant engine, and served on the real vLLM engine."""
+    if request.param == "instant":
+        yield request.getfixturevalue("instant_api")
+        return
+    with ServedApi(request.getfixturevalue("service_server")) as client:
+        yield client

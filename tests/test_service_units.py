@@ -10,7 +10,13 @@ import pytest
 from service_support import synthetic_events
 from tokenizer_support import smollm2_dir, smollm2_medtpe
 
-from inference.predictor import Predictor, default_prediction_time, majority_vote
+from inference.predictor import (
+    Answer,
+    Predictor,
+    Segmentation,
+    default_prediction_time,
+    majority_vote,
+)
 from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.meds import MedsEvent
 from medtpe_core.tasks import get_task
@@ -103,7 +109,8 @@ def test_majority_vote() -> None:
 
 def test_metrics_exposition_names() -> None:
     metrics = ServiceMetrics()
-    metrics.observe_record("icu_mortality", 100, 60, 0.4, True)
+    answer = Answer(True, True, [], generate_s=0.5, n_generated=3)
+    metrics.observe_answer("icu_mortality", "medtpe", Segmentation([1] * 100, [2] * 60), answer)
     metrics.rejections.labels("queue_full").inc()
     text = metrics.render().decode()
     for name in (
