@@ -3,10 +3,12 @@ default model), once per session: engine start-up dominates their cost."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 from service_support import (
     SERVICE_API_KEY,
     Api,
@@ -18,6 +20,18 @@ from service_support import (
     service_env,
 )
 from starlette.testclient import TestClient
+
+# CI (`CI=true`, as .ci/run is called) draws the same examples on every run, so a red build is
+# reproducible and never flaky; locally each run explores new ones. HYPOTHESIS_PROFILE overrides.
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("dev", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
 @pytest.fixture(scope="session")
