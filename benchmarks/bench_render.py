@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from results_file import write_results
 
 from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.chat_template import ChatTemplate
@@ -46,6 +48,16 @@ def stats(values: list[int]) -> str:
     )
 
 
+def summary(values: list[float]) -> dict[str, float]:
+    """Mean, median, min and max."""
+    return {
+        "mean": round(statistics.mean(values), 3),
+        "median": round(statistics.median(values), 3),
+        "min": min(values),
+        "max": max(values),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--meds", type=Path, required=True)
@@ -53,7 +65,9 @@ def main() -> None:
     parser.add_argument("--base", type=Path, action="append", required=True)
     parser.add_argument("--task", default="icu_mortality")
     parser.add_argument("--max-input-tokens", type=int, default=8192)
+    parser.add_argument("--out", type=Path, default=None, help="results JSON file")
     args = parser.parse_args()
+    results: dict[str, object] = {}
 
     start = time.perf_counter()
     dataset = MedsDataset.load(args.meds)
@@ -112,6 +126,19 @@ def main() -> None:
             f"render (no budget): {render_s / len(rows) * 1000:.0f} ms/record; "
             f"build_prompt with budget: {prompt_s / len(rows) * 1000:.0f} ms/record"
         )
+        results[str(base)] = {
+            "records": len(rows),
+            "events_before_prediction_time": summary(events),
+            "tokens_whole_record": summary(full),
+            "tokens_one_line_per_event": summary(naive),
+            "prompt_tokens": summary([p.n_tokens_original for p in prompts]),
+            "share_of_events_kept": summary(kept),
+            "fewer_tokens_than_baseline": round(1 - sum(full) / sum(naive), 4),
+            "truncated": sum(p.n_events_kept < p.n_events_total for p in prompts),
+            "render_ms_per_record": round(render_s / len(rows) * 1000, 1),
+            "build_prompt_ms_per_record": round(prompt_s / len(rows) * 1000, 1),
+        }
+    write_results(args.out, " ".join(sys.argv), results)
 
 
 if __name__ == "__main__":

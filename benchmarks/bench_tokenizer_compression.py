@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 from bench_tokenizer_data import QWEN, icu_split, smollm2_tokenizer, unmined_texts
+from results_file import write_results
 
 from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.build import METHODS, build_tokenizer
+from medtpe_core.metrics import compression_rate
 
 
 def main() -> None:
@@ -21,6 +25,7 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=5000)
     parser.add_argument("--max-n", type=int, nargs="+", default=[2, 3])
     parser.add_argument("--bases", nargs="+", default=["smollm2", "qwen2.5"])
+    parser.add_argument("--out", type=Path, default=None, help="results JSON file")
     args = parser.parse_args()
     paths = {"smollm2": smollm2_tokenizer(), "qwen2.5": QWEN}
     rows = []
@@ -47,7 +52,7 @@ def main() -> None:
                     "budget": args.budget,
                     "new_tokens": len(tok.new_tokens),
                     "build_s": round(seconds, 1),
-                    "held_out_cr": round(1 - n_new / n_test, 4),
+                    "held_out_cr": round(compression_rate(n_test, n_new), 4),
                     "mined_cr": round(tok.corpus_stats["sample_compression_rate"], 4),
                 }
                 for label, text in unmined_texts().items():
@@ -56,6 +61,7 @@ def main() -> None:
                     )
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+    write_results(args.out, " ".join(sys.argv), rows)
 
 
 if __name__ == "__main__":

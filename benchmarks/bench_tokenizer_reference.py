@@ -21,8 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench_tokenizer_data import QWEN, icu_split, smollm2_tokenizer
+from results_file import write_results
 
 from medtpe_core.base_tokenizer import BaseTokenizer
+from medtpe_core.metrics import compression_rate
 
 
 class _Rows(list):
@@ -43,6 +45,7 @@ def main() -> None:
     parser.add_argument("--max-n", type=int, default=2)
     parser.add_argument("--bases", nargs="+", default=["smollm2", "qwen2.5"])
     parser.add_argument("--filter-numbers", nargs="+", default=["true", "false"])
+    parser.add_argument("--out", type=Path, default=None, help="results JSON file")
     args = parser.parse_args()
     sys.modules["datasets"] = types.SimpleNamespace(DatasetDict=dict, load_dataset=None)
     sys.path.insert(0, str(args.reference_repo))
@@ -51,6 +54,7 @@ def main() -> None:
     from transformers import PreTrainedTokenizerFast
 
     paths = {"smollm2": smollm2_tokenizer(), "qwen2.5": QWEN}
+    rows: list[dict] = []
     for name in args.bases:
         base = BaseTokenizer.load(paths[name])
         train, test = icu_split(base)
@@ -75,21 +79,19 @@ def main() -> None:
             seconds = time.perf_counter() - started
             merger = TrieMerger(tok_merges)
             n_new = sum(len(merger.tokenize(toks)) for toks in test_tokens)
-            print(
-                json.dumps(
-                    {
-                        "base": name,
-                        "reference": True,
-                        "filter_numbers": flag,
-                        "max_n": args.max_n,
-                        "budget": args.budget,
-                        "new_tokens": len(info),
-                        "build_s": round(seconds, 1),
-                        "held_out_cr": round(1 - n_new / n_test, 4),
-                    }
-                ),
-                flush=True,
-            )
+            row = {
+                "base": name,
+                "reference": True,
+                "filter_numbers": flag,
+                "max_n": args.max_n,
+                "budget": args.budget,
+                "new_tokens": len(info),
+                "build_s": round(seconds, 1),
+                "held_out_cr": round(compression_rate(n_test, n_new), 4),
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    write_results(args.out, " ".join(sys.argv), rows)
 
 
 if __name__ == "__main__":

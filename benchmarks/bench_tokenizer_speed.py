@@ -13,10 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from bench_tokenizer_data import icu_split, smollm2_tokenizer
+from results_file import write_results
 
 from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.build import build_tokenizer
@@ -37,6 +40,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--artefact", default=None)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=None, help="results JSON file")
     args = parser.parse_args()
     base = BaseTokenizer.load(smollm2_tokenizer())
     train, test = icu_split(base)
@@ -82,6 +86,7 @@ def main() -> None:
         }
     result["length_scaling"] = scaling
     print(json.dumps(result, indent=1))
+    write_results(args.out, " ".join(sys.argv), result)
 
 
 if __name__ == "__main__":

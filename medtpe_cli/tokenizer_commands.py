@@ -166,6 +166,7 @@ def add_byte_fallback(artefact: Path, corpus: Path | None, out: Path) -> None:
 @click.argument("text")
 def tokenize(artefact: Path, text: str) -> None:
     """Show the base and MedTPE segmentations of TEXT side by side."""
+    from medtpe_core.metrics import compression_rate
     from medtpe_core.tokenizer import MedTPETokenizer
 
     tok = MedTPETokenizer.load(artefact)
@@ -181,7 +182,7 @@ def tokenize(artefact: Path, text: str) -> None:
         left = base_cells[k] if k < len(base_cells) else ""
         right = cells[k] if k < len(cells) else ""
         click.echo(f"{left:<{width}}{right}")
-    rate = 1 - len(ids) / len(base_ids) if base_ids else 0.0
+    rate = compression_rate(len(base_ids), len(ids))
     click.echo(f"compression: {rate:.1%}")
 
 

@@ -23,10 +23,21 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictStr,
+    field_validator,
+)
 
 MAX_EVENTS_PER_RECORD = 200_000
 """Hard cap on the events of one record sent as JSON (a larger body is rejected, not truncated)."""
+
+MAX_SUBJECT_ID = 2**53 - 1
+"""Largest subject id accepted: the integers every JSON parser keeps exact (RFC 8259 §6)."""
 
 _TIME_DTYPE = np.dtype("datetime64[us]")
 _NAT_KEY = np.iinfo(np.int64).min
@@ -35,21 +46,44 @@ _NAT_KEY = np.iinfo(np.int64).min
 FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 
 
+def _not_a_number(value: object) -> object:
+    if isinstance(value, int | float):
+        raise ValueError("a time is an ISO 8601 string, not a number")
+    return value
+
+
+IsoTime = Annotated[
+    datetime, BeforeValidator(_not_a_number), AfterValidator(lambda t: to_naive_utc(t))
+]
+"""A time given as an ISO 8601 string (or a `datetime`), kept as naive UTC (MEDS times are
+naive; an offset is converted); numbers are refused."""
+
+
+def _a_number(value: object) -> object:
+    if isinstance(value, str | bool):
+        raise ValueError("a JSON number is expected")
+    return value
+
+
+JsonInt = Annotated[int, BeforeValidator(_a_number)]
+"""An integer as JSON Schema has it: `3` or `3.0`, never `"3"`, `true` or `3.5`."""
+
+
 class MedsEvent(BaseModel):
     """One MEDS event; usable as (part of) a FastAPI request body."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    subject_id: StrictInt
-    time: datetime | None = Field(description="event time; null for static events")
+    subject_id: JsonInt = Field(
+        ge=-MAX_SUBJECT_ID, le=MAX_SUBJECT_ID, description="MEDS subject id (JSON-safe integer)"
+    )
+    time: IsoTime | None = Field(
+        description="Event time (ISO 8601; naive = UTC, an offset is converted to UTC and must "
+        "stay within the years 1–9999); null for static events."
+    )
     code: StrictStr = Field(min_length=1)
     numeric_value: FiniteFloat | None = None
     text_value: StrictStr | None = None
-
-    @field_validator("time")
-    @classmethod
-    def _naive_utc(cls, value: datetime | None) -> datetime | None:
-        return to_naive_utc(value) if value is not None else None
 
 
 class MedsRecord(BaseModel):
@@ -85,10 +119,14 @@ class MedsRecord(BaseModel):
 
 
 def to_naive_utc(value: datetime) -> datetime:
-    """Naive UTC datetime (timezone-aware values are converted, naive ones kept)."""
+    """Naive UTC datetime (timezone-aware values are converted, naive ones kept); a ValueError
+    when the conversion leaves the years 1–9999."""
     if value.tzinfo is None:
         return value
-    return value.astimezone(UTC).replace(tzinfo=None)
+    try:
+        return value.astimezone(UTC).replace(tzinfo=None)
+    except OverflowError as exc:
+        raise ValueError(f"{value.isoformat()} is out of range in UTC") from exc
 
 
 @dataclass(frozen=True)

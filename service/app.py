@@ -10,14 +10,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse, Response
+from fastapi.openapi.utils import get_openapi
 
 from inference.engine import EngineFactory, start_vllm
+from service import probes, routes
 from service.errors import install_error_handlers
 from service.limits import BodySizeLimit
-from service.routes import api_router
 from service.settings import ServiceSettings
 from service.state import ServiceState
 
@@ -51,33 +53,21 @@ def create_app(
         max_bytes=state.settings.max_request_bytes,
         on_reject=state.metrics.rejections.labels("too_large").inc,
     )
-    app.include_router(api_router())
-
-    @app.get("/healthz")
-    async def healthz() -> JSONResponse:
-        """Liveness: 200 while the process can still serve (starting or ready); 503 once the
-        engine died or the start-up failed, so an orchestrator restarts the instance."""
-        status = state.status
-        if status in ("failed", "engine_dead"):
-            return JSONResponse({"status": status}, 503)
-        return JSONResponse({"status": "alive"}, 200)
-
-    @app.get("/readyz")
-    async def readyz() -> JSONResponse:
-        """200 once the engine is loaded and warmed up; 503 while starting, failed or dead."""
-        status = state.status
-        state.metrics.engine_ready.set(1 if status == "ready" else 0)
-        body: dict[str, object] = {"status": status}
-        if state.failure is not None:
-            body["detail"] = state.failure
-        if state.model is not None:
-            body["model"] = vars(state.model.identity)
-        return JSONResponse(body, 200 if status == "ready" else 503)
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        """Prometheus exposition of the `medtpe_*` metrics."""
-        state.metrics.engine_ready.set(1 if state.status == "ready" else 0)
-        return Response(state.metrics.render(), media_type=state.metrics.content_type)
-
+    app.include_router(routes.router)
+    app.include_router(probes.router)
+    app.openapi = partial(_openapi, app, state.settings)  # type: ignore[method-assign]
     return app
+
+
+def _openapi(app: FastAPI, settings: ServiceSettings) -> dict[str, Any]:
+    """The OpenAPI document with this instance's limits (samples per record, records per batch)
+    written into the request schemas, so a client generated from it sends what is accepted."""
+    if app.openapi_schema is None:
+        document = get_openapi(
+            title=app.title, version=app.version, summary=app.summary, routes=app.routes
+        )
+        schemas = document["components"]["schemas"]
+        schemas["PredictOptions"]["properties"]["n_samples"]["maximum"] = settings.max_n_samples
+        schemas["BatchRequest"]["properties"]["records"]["maxItems"] = settings.capacity
+        app.openapi_schema = document
+    return app.openapi_schema

@@ -19,6 +19,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from inference.predictor import Answer, Segmentation
+
 disable_created_metrics()
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
@@ -86,15 +88,15 @@ class ServiceMetrics:
             "medtpe_engine_ready", "1 when the engine is loaded, warmed up and alive.", registry=reg
         )
 
-    def observe_record(
-        self, task: str, n_original: int, n_medtpe: int, rate: float, format_ok: bool
-    ) -> None:
-        """Record the token counts, compression and format compliance of one answered record."""
-        for tokenizer, count in (("original", n_original), ("medtpe", n_medtpe)):
-            self.prompt_tokens_total.labels(tokenizer, task).inc(count)
-            self.prompt_tokens.labels(tokenizer, task).observe(count)
-        self.compression_rate.labels(task).observe(rate)
-        self.format_compliance.labels(task, "ok" if format_ok else "fail").inc()
+    def observe_answer(self, task: str, mode: str, seg: Segmentation, answer: Answer) -> None:
+        """Record the generation time, token counts, compression and format compliance of one
+        answered record."""
+        self.generation_latency.labels(task, mode).observe(answer.generate_s)
+        for tokenizer, ids in (("original", seg.original_ids), ("medtpe", seg.medtpe_ids)):
+            self.prompt_tokens_total.labels(tokenizer, task).inc(len(ids))
+            self.prompt_tokens.labels(tokenizer, task).observe(len(ids))
+        self.compression_rate.labels(task).observe(seg.compression_rate)
+        self.format_compliance.labels(task, "ok" if answer.format_ok else "fail").inc()
 
     def render(self) -> bytes:
         """The exposition text."""

@@ -1,7 +1,9 @@
 """The authenticated API: `/predict`, `/predict/batch`, `/tokenize`.
 
-Per request: admission (queue limit), deadline, in-flight gauge, latency histogram, one log line
-with endpoint, task, status, record count and time — never record content.
+Handlers are a few lines: check the request against the service's limits, then hand the record
+to the inference layer (`inference.predictor.Predictor`) inside `_served` (admission, deadline,
+in-flight gauge, latency histogram, one log line with endpoint, task, status, record count and
+time — never record content). `service.responses` turns answers into response bodies.
 """
 
 from __future__ import annotations
@@ -13,29 +15,24 @@ import time
 import traceback
 from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
 from contextlib import asynccontextmanager
-from datetime import datetime
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Header, Request
 
 from inference.engine import EngineDead
 from inference.model import LoadedModel
-from inference.predictor import Predictor, Segmentation
-from medtpe_core.meds import MedsEvent
 from medtpe_core.tasks import Task, UnknownTaskError, get_task
 from service.errors import ApiError, field_error
 from service.limits import QueueFull
+from service.responses import predict_response, tokenize_response
 from service.schemas import (
+    ERROR_RESPONSES,
     BatchRequest,
     BatchResponse,
-    Latency,
     PredictRequest,
     PredictResponse,
-    TokenCounts,
     TokenizeRequest,
     TokenizeResponse,
-    TokenList,
-    Vote,
 )
 from service.state import ServiceState
 
@@ -72,6 +69,9 @@ def _require_api_key(
         )
 
 
+router = APIRouter(dependencies=[Depends(_require_api_key)], responses=ERROR_RESPONSES)
+
+
 def _task(state: ServiceState, name: str, loc: Sequence[str | int]) -> Task:
     try:
         return get_task(name)
@@ -80,88 +80,104 @@ def _task(state: ServiceState, name: str, loc: Sequence[str | int]) -> Task:
         raise ApiError(422, "unknown_task", field_error(loc, str(exc), "unknown_task")) from exc
 
 
-def _check_options(state: ServiceState, request: PredictRequest, loc: Sequence[str | int]) -> None:
+def _invalid(state: ServiceState, loc: Sequence[str | int], msg: str, type_: str) -> ApiError:
+    state.metrics.rejections.labels("invalid").inc()
+    return ApiError(422, "invalid_request", field_error(loc, msg, type_))
+
+
+def _checked(state: ServiceState, request: PredictRequest, loc: Sequence[str | int]) -> Task:
+    """The request's task, once its options are within the service's limits."""
+    task = _task(state, request.task, [*loc, "task"])
     limit = state.settings.max_n_samples
     if request.options.n_samples > limit:
-        state.metrics.rejections.labels("invalid").inc()
-        raise ApiError(
-            422,
-            "invalid_request",
-            field_error(
-                [*loc, "options", "n_samples"],
-                f"at most {limit} samples per record",
-                "less_than_equal",
-            ),
+        raise _invalid(
+            state,
+            [*loc, "options", "n_samples"],
+            f"at most {limit} samples per record",
+            "less_than_equal",
         )
+    return task
+
+
+@router.post("/predict", response_model=PredictResponse)
+async def predict(body: PredictRequest, state: StateDep) -> PredictResponse:
+    """Predict the task for one record."""
+    model = state.loaded(need_engine=True)
+    task = _checked(state, body, ["body"])
+    async with _served(state, "predict", task.name, 1):
+        return await _predict_record(state, model, task, body)
+
+
+@router.post("/predict/batch", response_model=BatchResponse)
+async def predict_batch(body: BatchRequest, state: StateDep) -> BatchResponse:
+    """Predict several records, generated concurrently; answers in request order."""
+    model = state.loaded(need_engine=True)
+    tasks = [_checked(state, r, ["body", "records", i]) for i, r in enumerate(body.records)]
+    if len(body.records) > state.admission.capacity:
+        limit = state.admission.capacity
+        raise _invalid(state, ["body", "records"], f"at most {limit} records per batch", "too_long")
+    names = {task.name for task in tasks}
+    label = names.pop() if len(names) == 1 else "mixed"
+    async with _served(state, "predict_batch", label, len(tasks)):
+        results = await _all(
+            _predict_record(state, model, task, record)
+            for task, record in zip(tasks, body.records, strict=True)
+        )
+    return BatchResponse(results=results)
+
+
+@router.post("/tokenize", response_model=TokenizeResponse)
+async def tokenize(body: TokenizeRequest, state: StateDep) -> TokenizeResponse:
+    """Both segmentations of a text, or of the full prompt of a record and task."""
+    predictor = state.loaded(need_engine=False).predictor
+    task = _task(state, body.task, ["body", "task"]) if body.task is not None else None
+    start = time.perf_counter()
+    if body.text is not None:
+        seg = await asyncio.to_thread(predictor.segment, body.text)
+        label = "text"
+    else:
+        assert task is not None  # the request model requires a task with events
+        prepared = await asyncio.to_thread(
+            predictor.prepare, task, body.events or [], body.prediction_time
+        )
+        seg, label = prepared.segmentation, task.name
+    state.metrics.request_latency.labels("tokenize", label).observe(time.perf_counter() - start)
+    return tokenize_response(predictor.tokenizer, seg)
 
 
 async def _predict_record(
     state: ServiceState, model: LoadedModel, task: Task, request: PredictRequest
 ) -> PredictResponse:
     """Render and tokenize (worker thread), then generate within a concurrency slot."""
-    assert state.engine is not None
-    predictor: Predictor = model.predictor
     start = time.perf_counter()
+    predictor = model.predictor
     record = await asyncio.to_thread(
         predictor.prepare, task, request.events, request.prediction_time
     )
     temperature = request.options.temperature
     if temperature is None:
         temperature = state.settings.temperature
+    async with state.admission.slot(), _engine_errors(state):
+        answer = await predictor.answer(
+            state.running_engine(),
+            record,
+            n_samples=request.options.n_samples,
+            temperature=temperature,
+            max_new_tokens=state.settings.max_new_tokens,
+            probabilities=request.options.return_probabilities,
+        )
+    state.metrics.observe_answer(task.name, predictor.mode, record.segmentation, answer)
+    return predict_response(model, record, answer, request.options, time.perf_counter() - start)
+
+
+@asynccontextmanager
+async def _engine_errors(state: ServiceState) -> AsyncIterator[None]:
+    """A dead engine is a 503 (and counted), not an internal error."""
     try:
-        async with state.admission.slot():
-            answer = await predictor.answer(
-                state.engine,
-                record,
-                n_samples=request.options.n_samples,
-                temperature=temperature,
-                max_new_tokens=state.settings.max_new_tokens,
-                probabilities=request.options.return_probabilities,
-            )
+        yield
     except EngineDead as exc:
         state.metrics.errors.labels("engine").inc()
-        state.metrics.engine_ready.set(0)
         raise ApiError(503, "engine_dead", "the engine died; this instance is not ready") from exc
-    total = time.perf_counter() - start
-    seg = record.segmentation
-    metrics = state.metrics
-    metrics.generation_latency.labels(task.name, predictor.mode).observe(answer.generate_s)
-    metrics.observe_record(
-        task.name,
-        len(seg.original_ids),
-        len(seg.medtpe_ids),
-        seg.compression_rate,
-        answer.format_ok,
-    )
-    return PredictResponse(
-        task=task.name,
-        prediction=answer.prediction,
-        format_ok=answer.format_ok,
-        votes=[
-            Vote(
-                prediction=s.prediction,
-                format_ok=s.format_ok,
-                text=s.text if request.options.return_text else None,
-            )
-            for s in answer.samples
-        ],
-        probabilities=answer.probabilities,
-        prediction_time=record.prediction_time,
-        events={"total": record.prompt.n_events_total, "kept": record.prompt.n_events_kept},
-        tokens=TokenCounts(
-            original=len(seg.original_ids),
-            medtpe=len(seg.medtpe_ids),
-            compression_rate=seg.compression_rate,
-            generated=answer.n_generated,
-        ),
-        latency_ms=Latency(
-            render=record.render_s * 1e3,
-            tokenize=record.tokenize_s * 1e3,
-            generate=answer.generate_s * 1e3,
-            total=total * 1e3,
-        ),
-        model=model.identity,
-    )
 
 
 @asynccontextmanager
@@ -218,80 +234,6 @@ async def _served(
         )
 
 
-def api_router() -> APIRouter:
-    """The routes that need an API key (when keys are configured)."""
-    router = APIRouter(dependencies=[Depends(_require_api_key)])
-
-    @router.post("/predict", response_model=PredictResponse)
-    async def predict(body: PredictRequest, state: StateDep) -> PredictResponse:
-        """Predict the task for one record."""
-        model = state.loaded(need_engine=True)
-        task = _task(state, body.task, ["body", "task"])
-        _check_options(state, body, ["body"])
-        async with _served(state, "predict", task.name, 1):
-            return await _predict_record(state, model, task, body)
-
-    @router.post("/predict/batch", response_model=BatchResponse)
-    async def predict_batch(body: BatchRequest, state: StateDep) -> BatchResponse:
-        """Predict several records, generated concurrently; answers in request order."""
-        model = state.loaded(need_engine=True)
-        tasks = []
-        for i, record in enumerate(body.records):
-            tasks.append(_task(state, record.task, ["body", "records", i, "task"]))
-            _check_options(state, record, ["body", "records", i])
-        if len(body.records) > state.admission.capacity:
-            state.metrics.rejections.labels("invalid").inc()
-            raise ApiError(
-                422,
-                "invalid_request",
-                field_error(
-                    ["body", "records"],
-                    f"at most {state.admission.capacity} records per batch",
-                    "too_long",
-                ),
-            )
-        names = {task.name for task in tasks}
-        label = names.pop() if len(names) == 1 else "mixed"
-        async with _served(state, "predict_batch", label, len(tasks)):
-            results = await _all(
-                _predict_record(state, model, task, record)
-                for task, record in zip(tasks, body.records, strict=True)
-            )
-        return BatchResponse(results=results)
-
-    @router.post("/tokenize", response_model=TokenizeResponse)
-    async def tokenize(body: TokenizeRequest, state: StateDep) -> TokenizeResponse:
-        """Both segmentations of a text, or of the full prompt of a record and task."""
-        predictor = state.loaded(need_engine=False).predictor
-        start = time.perf_counter()
-        if body.text is not None:
-            seg = await asyncio.to_thread(predictor.segment, body.text)
-            label = "text"
-        else:
-            task = _task(state, body.task or "", ["body", "task"])
-            seg = await asyncio.to_thread(
-                _record_segmentation, predictor, task, body.events or [], body.prediction_time
-            )
-            label = task.name
-        state.metrics.request_latency.labels("tokenize", label).observe(time.perf_counter() - start)
-        base = predictor.tokenizer.base
-        return TokenizeResponse(
-            original=TokenList(
-                ids=seg.original_ids,
-                tokens=[base.decode([i]) for i in seg.original_ids],
-                count=len(seg.original_ids),
-            ),
-            medtpe=TokenList(
-                ids=seg.medtpe_ids,
-                tokens=predictor.tokenizer.tokens(seg.medtpe_ids),
-                count=len(seg.medtpe_ids),
-            ),
-            compression_rate=seg.compression_rate,
-        )
-
-    return router
-
-
 async def _all(coroutines: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
     """Run concurrently; the first failure cancels the rest and is raised as itself."""
     try:
@@ -300,9 +242,3 @@ async def _all(coroutines: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
     except ExceptionGroup as failed:
         raise failed.exceptions[0] from None
     return [job.result() for job in jobs]
-
-
-def _record_segmentation(
-    predictor: Predictor, task: Task, events: list[MedsEvent], prediction_time: datetime | None
-) -> Segmentation:
-    return predictor.prepare(task, events, prediction_time).segmentation

@@ -3,27 +3,58 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    StrictBool,
+    model_validator,
+)
 
 from inference.model import ModelIdentity
-from medtpe_core.meds import MAX_EVENTS_PER_RECORD, MedsEvent
-from medtpe_core.tasks import Prediction
+from medtpe_core.meds import MAX_EVENTS_PER_RECORD, IsoTime, JsonInt, MedsEvent
+from medtpe_core.tasks import Prediction, list_tasks
+
+TASK_NAMES = list_tasks()
+_TASK_FIELD = {"enum": TASK_NAMES}
+
+
+def _left_out_not_null(schema: dict[str, Any]) -> None:
+    """JSON schema of an optional field that is left out when unused, never sent as null."""
+    branches = [b for b in schema.pop("anyOf", []) if b.get("type") != "null"]
+    if branches:
+        schema.update(branches[0])
+
+
+def _optional_task(schema: dict[str, Any]) -> None:
+    _left_out_not_null(schema)
+    schema.update(_TASK_FIELD)
 
 
 class _Strict(BaseModel):
+    """A request body: unknown fields are refused."""
+
     model_config = ConfigDict(extra="forbid")
+
+
+UtcTime = Annotated[datetime, PlainSerializer(lambda t: t.isoformat() + "Z", return_type=str)]
+"""A MEDS time (naive, UTC) answered in RFC 3339 with its `Z`."""
+
+Events = Annotated[list[MedsEvent], Field(min_length=1, max_length=MAX_EVENTS_PER_RECORD)]
 
 
 class PredictOptions(_Strict):
     """Sampling options of one prediction."""
 
-    n_samples: int = Field(1, ge=1, description="Answers generated; the majority wins.")
-    temperature: float | None = Field(
+    n_samples: JsonInt = Field(1, ge=1, description="Answers generated; the majority wins.")
+    temperature: Annotated[float, Field(strict=True)] | None = Field(
         None, ge=0.0, le=2.0, description="Sampling temperature (default: the service's)."
     )
-    return_text: bool = Field(False, description="Include each sample's generated text.")
-    return_probabilities: bool = Field(
+    return_text: StrictBool = Field(False, description="Include each sample's generated text.")
+    return_probabilities: StrictBool = Field(
         False,
         description="Include the answer options' probabilities from the first answer token "
         "(tasks with a closed set of options: yes/no, option letters).",
@@ -33,9 +64,11 @@ class PredictOptions(_Strict):
 class PredictRequest(_Strict):
     """One record and the task to predict."""
 
-    task: str = Field(description="Task name, e.g. `icu_mortality`.")
-    events: list[MedsEvent] = Field(min_length=1, max_length=MAX_EVENTS_PER_RECORD)
-    prediction_time: datetime | None = Field(
+    task: str = Field(description="Task name.", json_schema_extra=_TASK_FIELD)
+    events: Events = Field(
+        description="The record's MEDS events, all with the same `subject_id` (422 otherwise)."
+    )
+    prediction_time: IsoTime | None = Field(
         None, description="Events at or after it are ignored; default: just after the last event."
     )
     options: PredictOptions = Field(default_factory=PredictOptions)
@@ -92,7 +125,7 @@ class PredictResponse(BaseModel):
         "when asked for; null otherwise, for multilabel tasks or when no top token spells an "
         "option.",
     )
-    prediction_time: datetime | None
+    prediction_time: UtcTime | None
     events: dict[str, int] = Field(description="`total` and `kept` within the input budget.")
     tokens: TokenCounts
     latency_ms: Latency
@@ -108,10 +141,33 @@ class BatchResponse(BaseModel):
 class TokenizeRequest(_Strict):
     """Either a `text`, or `events` with their `task` (the full prompt is tokenized)."""
 
-    text: str | None = None
-    task: str | None = None
-    events: list[MedsEvent] | None = Field(None, min_length=1, max_length=MAX_EVENTS_PER_RECORD)
-    prediction_time: datetime | None = None
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["text"], "not": {"required": ["events"]}},
+                {"required": ["events", "task"], "not": {"required": ["text"]}},
+            ]
+        },
+    )
+
+    text: str | None = Field(None, json_schema_extra=_left_out_not_null)
+    task: str | None = Field(
+        None,
+        json_schema_extra=lambda schema: _left_out_not_null(schema) or schema.update(_TASK_FIELD),
+    )
+    events: Events | None = Field(None, json_schema_extra=_left_out_not_null)
+    prediction_time: IsoTime | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_null(cls, data: object) -> object:
+        """`text`, `task` and `events` are left out when unused, never null (as documented)."""
+        if isinstance(data, dict):
+            for name in ("text", "task", "events"):
+                if name in data and data[name] is None:
+                    raise ValueError(f"`{name}` must be left out, not null")
+        return data
 
     @model_validator(mode="after")
     def _text_or_record(self) -> TokenizeRequest:
@@ -149,5 +205,63 @@ class ErrorItem(BaseModel):
 class ErrorResponse(BaseModel):
     """Body of every 4xx/5xx answer."""
 
-    error: str
+    error: str = Field(description="Machine-readable error code, e.g. `invalid_request`.")
     detail: list[ErrorItem] | str
+
+
+def _error(description: str, **headers: str) -> dict[str, Any]:
+    response: dict[str, Any] = {"model": ErrorResponse, "description": description}
+    if headers:
+        response["headers"] = {
+            name: {"description": text, "schema": {"type": "string"}}
+            for name, text in headers.items()
+        }
+    return response
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _error("Malformed HTTP request."),
+    401: _error(
+        "No valid API key (when keys are configured).",
+        **{"WWW-Authenticate": "`Bearer`"},
+    ),
+    413: _error("Request body over `MEDTPE_MAX_REQUEST_BYTES`."),
+    422: _error(
+        "Invalid request: `error` is `invalid_request` or `unknown_task`, `detail` locates each "
+        "offending field (`loc`)."
+    ),
+    500: _error("Internal error (logged without record content)."),
+    503: _error(
+        "Not ready (`not_ready`, `engine_dead`) or too many records in flight (`queue_full`).",
+        **{"Retry-After": "Seconds to wait before retrying (not_ready, queue_full)."},
+    ),
+    504: _error("No answer within `MEDTPE_REQUEST_TIMEOUT_S` (`timeout`)."),
+}
+"""Every error status the authenticated API can answer, with its body."""
+
+
+class HealthStatus(BaseModel):
+    """Liveness or readiness of the instance."""
+
+    status: str = Field(
+        description="`alive` (liveness); `ready`, `starting`, `stopping`, `failed` or "
+        "`engine_dead` (readiness; liveness reports the last two)."
+    )
+    detail: str | None = Field(None, description="Why the start-up failed.")
+    model: ModelIdentity | None = None
+
+
+HEALTH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": HealthStatus, "description": "The process can serve (or is starting)."},
+    503: {"model": HealthStatus, "description": "The engine died or the start-up failed."},
+}
+READY_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": HealthStatus, "description": "The engine is loaded and warmed up."},
+    503: {"model": HealthStatus, "description": "Starting, stopping, failed or dead."},
+}
+METRICS_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "Prometheus text exposition (format 0.0.4).",
+        "content": {"text/plain; version=0.0.4; charset=utf-8": {"schema": {"type": "string"}}},
+    }
+}

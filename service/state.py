@@ -29,13 +29,18 @@ class ServiceState:
         self.model: LoadedModel | None = None
         self.engine: Engine | None = None
         self.warmed_up = False
+        self.stopping = False
         self.failure: str | None = None
+        self.metrics.engine_ready.set_function(lambda: float(self.status == "ready"))
 
     @property
     def status(self) -> str:
-        """`ready`, `starting`, `failed` (start-up error) or `engine_dead`."""
+        """`ready`, `starting`, `stopping`, `failed` (start-up error) or `engine_dead`; the one
+        place readiness is derived (`/readyz`, `/healthz`, the `medtpe_engine_ready` gauge)."""
         if self.failure is not None:
             return "failed"
+        if self.stopping:
+            return "stopping"
         if self.engine is not None and self.engine.dead:
             return "engine_dead"
         return "ready" if self.warmed_up else "starting"
@@ -48,7 +53,6 @@ class ServiceState:
             predictor = self.model.predictor
             await self.engine.warm_up(predictor.engine_ids(predictor.segment("Hello")))
             self.warmed_up = True
-            self.metrics.engine_ready.set(1)
             logger.info("ready: %s", self.model.engine_config.model_dir)
         except Exception as exc:
             self.failure = f"{type(exc).__name__}: {exc}"
@@ -56,7 +60,7 @@ class ServiceState:
 
     def stop(self) -> None:
         """Stop the engine process."""
-        self.metrics.engine_ready.set(0)
+        self.stopping = True
         if self.engine is not None:
             self.engine.shutdown()
 
@@ -66,6 +70,11 @@ class ServiceState:
         if self.model is not None and (not need_engine or status == "ready"):
             return self.model
         if status == "engine_dead":
-            self.metrics.engine_ready.set(0)
             raise ApiError(503, "engine_dead", "the engine died; this instance is not ready")
         raise ApiError(503, "not_ready", f"the service is {status}", headers={"Retry-After": "10"})
+
+    def running_engine(self) -> Engine:
+        """The started engine (callers checked readiness with `loaded(need_engine=True)`)."""
+        if self.engine is None:
+            raise ApiError(503, "not_ready", "the engine has not started", {"Retry-After": "10"})
+        return self.engine

@@ -3,11 +3,35 @@ default model), once per session: engine start-up dominates their cost."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from service_support import SERVICE_API_KEY, ServiceProcess, service_artefact, service_env
+from hypothesis import HealthCheck, settings
+from service_support import (
+    SERVICE_API_KEY,
+    Api,
+    ServedApi,
+    ServiceProcess,
+    instant_client,
+    instant_settings,
+    service_artefact,
+    service_env,
+)
+from starlette.testclient import TestClient
+
+# CI (`CI=true`, as .ci/run is called) draws the same examples on every run, so a red build is
+# reproducible and never flaky; locally each run explores new ones. HYPOTHESIS_PROFILE overrides.
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("dev", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
 @pytest.fixture(scope="session")
@@ -34,3 +58,22 @@ def service_server(
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def instant_api(service_files: tuple[Path, Path]) -> Iterator[TestClient]:
+    """The app in-process with `service_server`'s settings, on an engine that answers at once."""
+    with instant_client(instant_settings(service_files)) as client:
+        yield client
+
+
+@pytest.fixture(
+    params=["instant", pytest.param("vllm", marks=[pytest.mark.slow, pytest.mark.engine])]
+)
+def api(request: pytest.FixtureRequest) -> Iterator[Api]:
+    """The HTTP API twice: in-process on an instant engine, and served on the real vLLM engine."""
+    if request.param == "instant":
+        yield request.getfixturevalue("instant_api")
+        return
+    with ServedApi(request.getfixturevalue("service_server")) as client:
+        yield client

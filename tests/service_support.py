@@ -10,12 +10,19 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import psutil
+from instant_engine import InstantEngine
+from starlette.testclient import TestClient
+
+from service.app import create_app
+from service.settings import ServiceSettings
 
 # (code, low, high): ICU chart items and labs in MIMIC-IV MEDS spelling, without descriptions.
 _MEASUREMENTS = [
@@ -223,3 +230,77 @@ def metric_value(text: str, name: str, **labels: str) -> float:
         if all(found.get(k) == f'"{v}"' for k, v in labels.items()):
             return float(value)
     return 0.0
+
+
+class Api(Protocol):
+    """What the HTTP tests call: an `httpx.Client` on a served instance or a `TestClient`."""
+
+    def get(self, url: str, **kwargs: Any) -> httpx.Response: ...
+
+    def post(self, url: str, **kwargs: Any) -> httpx.Response: ...
+
+
+class ServedApi(httpx.Client):
+    """An `httpx.Client` on a `ServiceProcess` (its log stays reachable)."""
+
+    def __init__(self, server: ServiceProcess) -> None:
+        super().__init__(base_url=server.url, timeout=300)
+        self.server = server
+
+
+def instant_settings(service_files: tuple[Path, Path], **overrides: Any) -> ServiceSettings:
+    """In-process settings equal to `service_env`'s (small budget, API keys, 256 KiB bodies)."""
+    artefact, export = service_files
+    values: dict[str, Any] = {
+        "artefact_dir": artefact,
+        "export_dir": export,
+        "max_input_tokens": 1024,
+        "max_new_tokens": 16,
+        "api_keys": [SERVICE_API_KEY, "test-key-2"],
+        "max_request_bytes": 256 * 1024,
+    }
+    return ServiceSettings(**(values | overrides))
+
+
+@contextmanager
+def instant_client(settings: ServiceSettings, delay_s: float = 0.0) -> Iterator[TestClient]:
+    """The app in-process on an `InstantEngine`, ready (lifespan run, readiness green)."""
+    app = create_app(settings, InstantEngine.factory(delay_s))
+    with TestClient(app, base_url="http://testserver") as client:
+        deadline = time.monotonic() + 300
+        while client.get("/readyz").status_code != 200:
+            if time.monotonic() > deadline or client.get("/readyz").json()["status"] == "failed":
+                raise RuntimeError(f"in-process app not ready: {client.get('/readyz').json()}")
+            time.sleep(0.05)
+        yield client
+
+
+@contextmanager
+def served_in_thread(settings: ServiceSettings, delay_s: float = 0.0) -> Iterator[str]:
+    """The app on an `InstantEngine`, served by uvicorn on 127.0.0.1 in a thread; yields its URL
+    once ready."""
+    import threading
+
+    import uvicorn
+
+    port = free_port()
+    app = create_app(settings, InstantEngine.factory(delay_s))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/readyz", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        else:
+            raise TimeoutError("in-thread service not ready")
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(30)

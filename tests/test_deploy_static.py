@@ -127,11 +127,24 @@ def test_hadolint_passes() -> None:
     run_tool([require_tool("hadolint"), "Dockerfile"])
 
 
-@pytest.mark.parametrize("target", ["cpu", "gpu"])
-def test_image_target_runs_the_service_as_non_root_with_a_volume_and_healthcheck(
-    target: str, environment_names: set[str], monkeypatch: pytest.MonkeyPatch
+def test_both_variants_share_one_runtime_stage() -> None:
+    stages = parse_dockerfile(ROOT / "Dockerfile")
+    assert list(stages)[-1] == "runtime"  # a plain `docker build .` builds the runtime
+    assert stages["runtime"].base == "${VARIANT}-base"
+    assert stages["venv"].base == "${VARIANT}-build"
+    assert ["--from=venv", "/opt/venv", "/opt/venv"] in [
+        args.split() for name, args in stages["runtime"].instructions if name == "COPY"
+    ]
+    variants = re.search(r"^ARG VARIANT=(\S+)$", (ROOT / "Dockerfile").read_text(), re.M)
+    assert variants and variants.group(1) == "cpu"
+    for variant in ("cpu", "gpu"):
+        assert {f"{variant}-base", f"{variant}-build"} <= set(stages)
+
+
+def test_runtime_runs_the_service_as_non_root_with_a_volume_and_healthcheck(
+    environment_names: set[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    stage = parse_dockerfile(ROOT / "Dockerfile")[target]
+    stage = parse_dockerfile(ROOT / "Dockerfile")["runtime"]
     user = stage.last("USER").split(":")[0]
     assert user not in {"0", "root"}
     assert int(user) >= 1000
@@ -242,7 +255,7 @@ def test_compose_service_matches_the_image_and_settings(
     config = compose_config("docker-compose.yml")
     assert set(config["services"]) == {"medtpe", "prometheus", "grafana"}
     medtpe = config["services"]["medtpe"]
-    assert medtpe["build"]["target"] == "cpu"
+    assert medtpe["build"]["args"]["VARIANT"] == "cpu"
     assert Path(medtpe["build"]["context"]) == ROOT
     assert [p["target"] for p in medtpe["ports"]] == [SERVICE_PORT]
     assert f"http://127.0.0.1:{SERVICE_PORT}/healthz" in " ".join(medtpe["healthcheck"]["test"])
@@ -263,7 +276,7 @@ def test_compose_gpu_override_selects_the_cuda_image_and_a_gpu(
     medtpe = compose_config("docker-compose.yml", "deploy/docker-compose.gpu.yml")["services"][
         "medtpe"
     ]
-    assert medtpe["build"]["target"] == "gpu"
+    assert medtpe["build"]["args"]["VARIANT"] == "gpu"
     devices = medtpe["deploy"]["resources"]["reservations"]["devices"]
     assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
     assert set(medtpe["environment"]) <= environment_names

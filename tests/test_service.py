@@ -1,24 +1,26 @@
-"""The prediction service against a real vLLM engine on the default model (one server per session):
-predictions, batch, tokenization, concurrency, metrics, and every rejection path."""
+"""The prediction service's HTTP behaviour: predictions, batch, tokenization, concurrency, metrics
+and every rejection path. Each test runs twice: in-process against an engine that answers at once
+(`api[instant]`, seconds) and against the real service with the vLLM engine on the default model
+(`api[vllm]`, one server per session), with the same assertions."""
 
 from __future__ import annotations
 
-import asyncio
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from service_support import SERVICE_API_KEY, ServiceProcess, metric_value, synthetic_events
+from service_support import SERVICE_API_KEY, Api, ServedApi, metric_value, synthetic_events
 
-pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.timeout(900)]
 
 AUTH = {"Authorization": f"Bearer {SERVICE_API_KEY}"}
 
 
-def post(server: ServiceProcess, path: str, body: object, **kwargs) -> httpx.Response:
+def post(api: Api, path: str, body: object, **kwargs) -> httpx.Response:
     """POST JSON with the API key."""
     headers = {**AUTH, **kwargs.pop("headers", {})}
-    return httpx.post(server.url + path, json=body, headers=headers, timeout=300, **kwargs)
+    return api.post(path, json=body, headers=headers, **kwargs)
 
 
 def record(subject_id: int, n_events: int = 30, **extra) -> dict:
@@ -26,9 +28,9 @@ def record(subject_id: int, n_events: int = 30, **extra) -> dict:
     return {"task": "icu_mortality", "events": synthetic_events(subject_id, n_events), **extra}
 
 
-def test_health_and_readiness(service_server: ServiceProcess) -> None:
-    assert httpx.get(service_server.url + "/healthz").json() == {"status": "alive"}
-    ready = httpx.get(service_server.url + "/readyz")
+def test_health_and_readiness(api: Api) -> None:
+    assert api.get("/healthz").json() == {"status": "alive"}
+    ready = api.get("/readyz")
     assert ready.status_code == 200
     body = ready.json()
     assert body["status"] == "ready"
@@ -36,10 +38,10 @@ def test_health_and_readiness(service_server: ServiceProcess) -> None:
     assert len(body["model"]["artefact_id"]) == 12
 
 
-def test_predict(service_server: ServiceProcess) -> None:
+def test_predict(api: Api) -> None:
     options = {"n_samples": 3, "return_text": True, "return_probabilities": True}
     body = record(1, options=options)
-    response = post(service_server, "/predict", body)
+    response = post(api, "/predict", body)
     assert response.status_code == 200, response.text
     out = response.json()
     assert out["task"] == "icu_mortality"
@@ -64,16 +66,16 @@ def test_predict(service_server: ServiceProcess) -> None:
     assert len(model["base_fingerprint"]) == 64
 
 
-def test_predict_long_record_is_cut_to_the_budget(service_server: ServiceProcess) -> None:
-    out = post(service_server, "/predict", record(2, 400)).json()
+def test_predict_long_record_is_cut_to_the_budget(api: Api) -> None:
+    out = post(api, "/predict", record(2, 400)).json()
     assert out["probabilities"] is None  # not asked for
     assert out["tokens"]["original"] <= 1024
     assert 0 < out["events"]["kept"] < out["events"]["total"]
 
 
-def test_tokenize_text_both_segmentations(service_server: ServiceProcess) -> None:
+def test_tokenize_text_both_segmentations(api: Api) -> None:
     text = "[2150-01-01 08:00] Heart Rate: 88 bpm\n[2150-01-01 08:05] Heart Rate: 91 bpm"
-    out = post(service_server, "/tokenize", {"text": text}).json()
+    out = post(api, "/tokenize", {"text": text}).json()
     for side in ("original", "medtpe"):
         assert "".join(out[side]["tokens"]) == text
         assert out[side]["count"] == len(out[side]["ids"]) == len(out[side]["tokens"])
@@ -83,22 +85,22 @@ def test_tokenize_text_both_segmentations(service_server: ServiceProcess) -> Non
     )
 
 
-def test_tokenize_record_matches_predict(service_server: ServiceProcess) -> None:
+def test_tokenize_record_matches_predict(api: Api) -> None:
     body = record(3)
-    tokenized = post(service_server, "/tokenize", body).json()
-    predicted = post(service_server, "/predict", body).json()
+    tokenized = post(api, "/tokenize", body).json()
+    predicted = post(api, "/predict", body).json()
     assert tokenized["original"]["count"] == predicted["tokens"]["original"]
     assert tokenized["medtpe"]["count"] == predicted["tokens"]["medtpe"]
 
 
-def test_batch_matches_single_requests(service_server: ServiceProcess) -> None:
+def test_batch_matches_single_requests(api: Api) -> None:
     records = [record(10 + i) for i in range(3)]
-    batch = post(service_server, "/predict/batch", {"records": records})
+    batch = post(api, "/predict/batch", {"records": records})
     assert batch.status_code == 200, batch.text
     results = batch.json()["results"]
     assert len(results) == 3
     for r, result in zip(records, results, strict=True):
-        single = post(service_server, "/predict", r).json()
+        single = post(api, "/predict", r).json()
         assert_same_answer(single, result)
 
 
@@ -110,15 +112,12 @@ def assert_same_answer(single: dict, other: dict) -> None:
     assert (other["prediction"], other["format_ok"]) == (single["prediction"], single["format_ok"])
 
 
-def test_sixteen_concurrent_requests(service_server: ServiceProcess) -> None:
+def test_sixteen_concurrent_requests(api: Api) -> None:
     records = [record(100 + i, 20) for i in range(16)]
-    singles = [post(service_server, "/predict", r).json() for r in records]
+    singles = [post(api, "/predict", r).json() for r in records]
 
-    async def burst() -> list[httpx.Response]:
-        async with httpx.AsyncClient(base_url=service_server.url, headers=AUTH, timeout=300) as c:
-            return await asyncio.gather(*(c.post("/predict", json=r) for r in records))
-
-    responses = asyncio.run(burst())
+    with ThreadPoolExecutor(16) as pool:
+        responses = list(pool.map(lambda r: post(api, "/predict", r), records))
     assert [r.status_code for r in responses] == [200] * 16
     for single, response in zip(singles, responses, strict=True):
         assert_same_answer(single, response.json())
@@ -128,31 +127,29 @@ def test_sixteen_concurrent_requests(service_server: ServiceProcess) -> None:
     "headers",
     [{}, {"Authorization": "Bearer wrong"}, {"X-API-Key": "wrong"}, {"Authorization": "Basic x"}],
 )
-def test_unauthorized(service_server: ServiceProcess, headers: dict) -> None:
-    response = httpx.post(service_server.url + "/predict", json=record(4), headers=headers)
+def test_unauthorized(api: Api, headers: dict) -> None:
+    response = api.post("/predict", json=record(4), headers=headers)
     assert response.status_code == 401
     assert response.json()["error"] == "unauthorized"
     assert response.headers["www-authenticate"] == "Bearer"
 
 
-def test_second_key_and_x_api_key_accepted(service_server: ServiceProcess) -> None:
-    response = httpx.post(
-        service_server.url + "/tokenize", json={"text": "x"}, headers={"X-API-Key": "test-key-2"}
-    )
+def test_second_key_and_x_api_key_accepted(api: Api) -> None:
+    response = api.post("/tokenize", json={"text": "x"}, headers={"X-API-Key": "test-key-2"})
     assert response.status_code == 200
 
 
-def test_request_too_large(service_server: ServiceProcess) -> None:
+def test_request_too_large(api: Api) -> None:
     big = {"text": "x" * 300_000}
-    assert post(service_server, "/tokenize", big).status_code == 413
+    assert post(api, "/tokenize", big).status_code == 413
 
     def chunks():  # no Content-Length: counted while it streams in
         data = json.dumps(big).encode()
         for i in range(0, len(data), 65536):
             yield data[i : i + 65536]
 
-    response = httpx.post(
-        service_server.url + "/tokenize",
+    response = api.post(
+        "/tokenize",
         content=chunks(),
         headers={**AUTH, "content-type": "application/json"},
     )
@@ -176,41 +173,39 @@ def test_request_too_large(service_server: ServiceProcess) -> None:
         (lambda b: b.pop("task"), ["body", "task"]),
     ],
 )
-def test_schema_errors_name_the_field(service_server: ServiceProcess, mutate, loc) -> None:
+def test_schema_errors_name_the_field(api: Api, mutate, loc) -> None:
     body = record(5)
     mutate(body)
-    response = post(service_server, "/predict", body)
+    response = post(api, "/predict", body)
     assert response.status_code == 422
     out = response.json()
     assert out["error"] == "invalid_request"
     assert loc in [item["loc"] for item in out["detail"]]
 
 
-def test_unknown_task(service_server: ServiceProcess) -> None:
-    response = post(service_server, "/predict", record(6) | {"task": "horoscope"})
+def test_unknown_task(api: Api) -> None:
+    response = post(api, "/predict", record(6) | {"task": "horoscope"})
     assert response.status_code == 422
     out = response.json()
     assert out["error"] == "unknown_task"
     assert out["detail"][0]["loc"] == ["body", "task"]
     assert "icu_mortality" in out["detail"][0]["msg"]
-    batch = post(
-        service_server, "/predict/batch", {"records": [record(7), record(8) | {"task": "x"}]}
-    )
+    batch = post(api, "/predict/batch", {"records": [record(7), record(8) | {"task": "x"}]})
     assert batch.status_code == 422
     assert batch.json()["detail"][0]["loc"] == ["body", "records", 1, "task"]
 
 
-def test_tokenize_needs_text_or_record(service_server: ServiceProcess) -> None:
-    assert post(service_server, "/tokenize", {}).status_code == 422
-    assert post(service_server, "/tokenize", {"events": synthetic_events(1, 3)}).status_code == 422
+def test_tokenize_needs_text_or_record(api: Api) -> None:
+    assert post(api, "/tokenize", {}).status_code == 422
+    assert post(api, "/tokenize", {"events": synthetic_events(1, 3)}).status_code == 422
 
 
-def test_metrics_after_traffic(service_server: ServiceProcess) -> None:
-    post(service_server, "/predict", record(9))
-    httpx.post(service_server.url + "/predict", json=record(9))  # unauthorized
-    post(service_server, "/predict", record(9) | {"task": "x"})  # unknown task
-    post(service_server, "/predict", record(9) | {"events": []})  # invalid
-    text = httpx.get(service_server.url + "/metrics").text
+def test_metrics_after_traffic(api: Api) -> None:
+    post(api, "/predict", record(9))
+    api.post("/predict", json=record(9))  # unauthorized
+    post(api, "/predict", record(9) | {"task": "x"})  # unknown task
+    post(api, "/predict", record(9) | {"events": []})  # invalid
+    text = api.get("/metrics").text
     m = metric_value
     assert (
         m(text, "medtpe_request_latency_seconds_count", endpoint="predict", task="icu_mortality")
@@ -236,5 +231,6 @@ def test_metrics_after_traffic(service_server: ServiceProcess) -> None:
     # no patient data in labels, nor in the log
     for needle in ("LAB//", "2150-", "subject"):
         assert needle not in text
-    log = service_server.log()
-    assert "LAB//220045" not in log and "numeric_value" not in log
+    if isinstance(api, ServedApi):
+        log = api.server.log()
+        assert "LAB//220045" not in log and "numeric_value" not in log

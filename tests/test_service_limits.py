@@ -1,7 +1,7 @@
-"""Load limits and failure paths on a second service instance with tiny limits: one generation
-slot, one queue place, a 1 s deadline and a 4,096-token input budget (a full-budget prompt takes
-several seconds to prefill on CPU, so it reliably outlives the deadline). Then its engine
-process is killed: readiness must turn red."""
+"""Load limits and failure paths, in-process on an engine that holds each generation for 2 s:
+one generation slot, one queue place and a 1 s deadline. Then the engine reports death:
+readiness, liveness and the readiness gauge must turn red. (The real engine's death detection is
+tested in test_vllm_engine.py.)"""
 
 from __future__ import annotations
 
@@ -11,100 +11,78 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
-from service_support import ServiceProcess, metric_value, service_env, synthetic_events
+from service_support import instant_client, instant_settings, metric_value, synthetic_events
+from starlette.testclient import TestClient
 
-pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")
-def limited_server(
-    service_files: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServiceProcess]:
-    env = service_env(
-        service_files,
-        MEDTPE_MAX_CONCURRENCY="1",
-        MEDTPE_QUEUE_LIMIT="1",
-        MEDTPE_REQUEST_TIMEOUT_S="1",
-        MEDTPE_MAX_INPUT_TOKENS="4096",
+def limited(service_files: tuple[Path, Path]) -> Iterator[TestClient]:
+    settings = instant_settings(
+        service_files, api_keys=[], max_concurrency=1, queue_limit=1, request_timeout_s=1.0
     )
-    server = ServiceProcess(env, tmp_path_factory.mktemp("limited") / "service.log")
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.stop()
+    with instant_client(settings, delay_s=2.0) as client:
+        yield client
 
 
-def long_record(subject_id: int) -> dict:
-    """A record that fills the 4,096-token budget."""
-    return {"task": "icu_mortality", "events": synthetic_events(subject_id, 600)}
+def short_record(subject_id: int) -> dict:
+    return {"task": "icu_mortality", "events": synthetic_events(subject_id, 20)}
 
 
-def inflight(server: ServiceProcess) -> float:
-    return metric_value(httpx.get(server.url + "/metrics").text, "medtpe_inflight_requests")
+def inflight(client: TestClient) -> float:
+    return metric_value(client.get("/metrics").text, "medtpe_inflight_requests")
 
 
-def test_generation_timeout(limited_server: ServiceProcess) -> None:
-    response = httpx.post(limited_server.url + "/predict", json=long_record(1), timeout=60)
+def test_generation_timeout(limited: TestClient) -> None:
+    response = limited.post("/predict", json=short_record(1))
     assert response.status_code == 504
     assert response.json()["error"] == "timeout"
-    text = httpx.get(limited_server.url + "/metrics").text
+    text = limited.get("/metrics").text
     assert metric_value(text, "medtpe_errors_total", reason="timeout") >= 1
 
 
-def test_queue_full_is_503_with_retry_after(limited_server: ServiceProcess) -> None:
+def test_queue_full_is_503_with_retry_after(limited: TestClient) -> None:
     batch: dict[str, httpx.Response] = {}
 
     def fill() -> None:  # two records: one generating, one queued = full capacity
-        batch["response"] = httpx.post(
-            limited_server.url + "/predict/batch",
-            json={"records": [long_record(2), long_record(3)]},
-            timeout=60,
+        batch["response"] = limited.post(
+            "/predict/batch", json={"records": [short_record(2), short_record(3)]}
         )
 
     thread = threading.Thread(target=fill)
     thread.start()
     deadline = time.monotonic() + 30
-    while inflight(limited_server) < 1 and time.monotonic() < deadline:
+    while inflight(limited) < 1 and time.monotonic() < deadline:
         time.sleep(0.02)
-    response = httpx.post(limited_server.url + "/predict", json=long_record(4), timeout=60)
+    response = limited.post("/predict", json=short_record(4))
     thread.join()
     assert response.status_code == 503
     assert response.json()["error"] == "queue_full"
     assert int(response.headers["retry-after"]) >= 1
     assert batch["response"].status_code == 504  # the batch itself outlived its deadline
-    text = httpx.get(limited_server.url + "/metrics").text
+    text = limited.get("/metrics").text
     assert metric_value(text, "medtpe_rejections_total", reason="queue_full") >= 1
 
 
-def test_batch_larger_than_capacity_is_invalid(limited_server: ServiceProcess) -> None:
-    records = [long_record(i) for i in range(3)]
-    response = httpx.post(limited_server.url + "/predict/batch", json={"records": records})
+def test_batch_larger_than_capacity_is_invalid(limited: TestClient) -> None:
+    records = [short_record(i) for i in range(3)]
+    response = limited.post("/predict/batch", json={"records": records})
     assert response.status_code == 422
     assert response.json()["detail"][0]["loc"] == ["body", "records"]
 
 
-def test_dead_engine_turns_readiness_red(limited_server: ServiceProcess) -> None:
-    assert httpx.get(limited_server.url + "/readyz").status_code == 200
-    pids = limited_server.engine_core_pids()
-    assert pids, "no engine process found"
-    for pid in pids:
-        psutil.Process(pid).kill()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        ready = httpx.get(limited_server.url + "/readyz")
-        if ready.status_code == 503:
-            break
-        time.sleep(0.5)
+def test_dead_engine_turns_readiness_red(limited: TestClient) -> None:
+    assert limited.get("/readyz").status_code == 200
+    assert metric_value(limited.get("/metrics").text, "medtpe_engine_ready") == 1
+    limited.app.state.service.engine.die()
+    ready = limited.get("/readyz")
     assert ready.status_code == 503 and ready.json()["status"] == "engine_dead"
-    record = {"task": "icu_mortality", "events": synthetic_events(5, 5)}
-    response = httpx.post(limited_server.url + "/predict", json=record, timeout=60)
+    response = limited.post("/predict", json=short_record(5))
     assert response.status_code == 503
     assert response.json()["error"] == "engine_dead"
-    text = httpx.get(limited_server.url + "/metrics").text
-    assert metric_value(text, "medtpe_engine_ready") == 0
+    assert metric_value(limited.get("/metrics").text, "medtpe_engine_ready") == 0
     # liveness turns red too, so an orchestrator restarts the instance
-    health = httpx.get(limited_server.url + "/healthz")
+    health = limited.get("/healthz")
     assert health.status_code == 503 and health.json() == {"status": "engine_dead"}

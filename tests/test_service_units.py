@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 from service_support import synthetic_events
 from tokenizer_support import smollm2_dir, smollm2_medtpe
 
-from inference.predictor import Predictor, default_prediction_time, majority_vote
+from inference.predictor import (
+    Answer,
+    Predictor,
+    Segmentation,
+    default_prediction_time,
+    majority_vote,
+)
 from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.meds import MedsEvent
 from medtpe_core.tasks import get_task
@@ -103,7 +110,8 @@ def test_majority_vote() -> None:
 
 def test_metrics_exposition_names() -> None:
     metrics = ServiceMetrics()
-    metrics.observe_record("icu_mortality", 100, 60, 0.4, True)
+    answer = Answer(True, True, [], generate_s=0.5, n_generated=3)
+    metrics.observe_answer("icu_mortality", "medtpe", Segmentation([1] * 100, [2] * 60), answer)
     metrics.rejections.labels("queue_full").inc()
     text = metrics.render().decode()
     for name in (
@@ -121,3 +129,24 @@ def test_metrics_exposition_names() -> None:
         assert f"# TYPE {name} " in text
     assert 'medtpe_prompt_tokens_total{task="icu_mortality",tokenizer="original"} 100.0' in text
     assert "_created" not in text
+
+
+def test_parallel_settings_reach_the_engine_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    from inference.engine import EngineConfig
+    from inference.vllm_engine import engine_args
+
+    monkeypatch.setenv("MEDTPE_TENSOR_PARALLEL_SIZE", "4")
+    monkeypatch.setenv("MEDTPE_PIPELINE_PARALLEL_SIZE", "2")
+    monkeypatch.setenv("MEDTPE_DISTRIBUTED_EXECUTOR_BACKEND", "ray")
+    monkeypatch.setenv("MEDTPE_MAX_CONCURRENCY", "7")
+    options = ServiceSettings().model().engine
+    args = engine_args(EngineConfig(Path("/models/x"), 4096, options))
+    assert (args.tensor_parallel_size, args.pipeline_parallel_size) == (4, 2)
+    assert args.distributed_executor_backend == "ray"
+    assert args.max_num_seqs == 7 and args.max_model_len == 4096
+    assert args.disable_log_stats is False
+    monkeypatch.setenv("MEDTPE_DISTRIBUTED_EXECUTOR_BACKEND", "none")
+    assert ServiceSettings().model().engine.distributed_executor_backend is None
+    monkeypatch.setenv("MEDTPE_DISTRIBUTED_EXECUTOR_BACKEND", "carrier-pigeon")
+    with pytest.raises(ValueError, match="distributed_executor_backend"):
+        ServiceSettings()

@@ -1,0 +1,50 @@
+"""Unauthenticated endpoints for orchestrators and Prometheus: `/healthz`, `/readyz`, `/metrics`.
+All three read the instance's status from `ServiceState.status`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from service.schemas import HEALTH_RESPONSES, METRICS_RESPONSES, READY_RESPONSES
+from service.state import ServiceState
+
+_UNHEALTHY = ("failed", "engine_dead")
+
+router = APIRouter()
+
+
+def _state(request: Request) -> ServiceState:
+    return request.app.state.service
+
+
+@router.get("/healthz", responses=HEALTH_RESPONSES)
+async def healthz(request: Request) -> JSONResponse:
+    """Liveness: 200 while the process can still serve (starting, ready or draining); 503 once
+    the engine died or the start-up failed, so an orchestrator restarts the instance."""
+    status = _state(request).status
+    if status in _UNHEALTHY:
+        return JSONResponse({"status": status}, 503)
+    return JSONResponse({"status": "alive"}, 200)
+
+
+@router.get("/readyz", responses=READY_RESPONSES)
+async def readyz(request: Request) -> JSONResponse:
+    """200 once the engine is loaded and warmed up; 503 while starting, stopping, failed or dead."""
+    state = _state(request)
+    status = state.status
+    body: dict[str, object] = {"status": status}
+    if state.failure is not None:
+        body["detail"] = state.failure
+    if state.model is not None:
+        body["model"] = asdict(state.model.identity)
+    return JSONResponse(body, 200 if status == "ready" else 503)
+
+
+@router.get("/metrics", response_class=Response, responses=METRICS_RESPONSES)
+async def metrics(request: Request) -> Response:
+    """Prometheus exposition of the `medtpe_*` metrics."""
+    exposition = _state(request).metrics
+    return Response(exposition.render(), media_type=exposition.content_type)

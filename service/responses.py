@@ -1,0 +1,74 @@
+"""Response bodies from the inference layer's results: one builder per response type."""
+
+from __future__ import annotations
+
+from inference.model import LoadedModel
+from inference.predictor import Answer, PreparedRecord, Segmentation
+from medtpe_core.tokenizer import MedTPETokenizer
+from service.schemas import (
+    Latency,
+    PredictOptions,
+    PredictResponse,
+    TokenCounts,
+    TokenizeResponse,
+    TokenList,
+    Vote,
+)
+
+
+def predict_response(
+    model: LoadedModel,
+    record: PreparedRecord,
+    answer: Answer,
+    options: PredictOptions,
+    total_s: float,
+) -> PredictResponse:
+    """The answer to one record with its token counts, latency breakdown and model identity."""
+    seg = record.segmentation
+    return PredictResponse(
+        task=record.task.name,
+        prediction=answer.prediction,
+        format_ok=answer.format_ok,
+        votes=[
+            Vote(
+                prediction=s.prediction,
+                format_ok=s.format_ok,
+                text=s.text if options.return_text else None,
+            )
+            for s in answer.samples
+        ],
+        probabilities=answer.probabilities,
+        prediction_time=record.prediction_time,
+        events={"total": record.prompt.n_events_total, "kept": record.prompt.n_events_kept},
+        tokens=TokenCounts(
+            original=len(seg.original_ids),
+            medtpe=len(seg.medtpe_ids),
+            compression_rate=seg.compression_rate,
+            generated=answer.n_generated,
+        ),
+        latency_ms=Latency(
+            render=record.render_s * 1e3,
+            tokenize=record.tokenize_s * 1e3,
+            generate=answer.generate_s * 1e3,
+            total=total_s * 1e3,
+        ),
+        model=model.identity,
+    )
+
+
+def tokenize_response(tokenizer: MedTPETokenizer, seg: Segmentation) -> TokenizeResponse:
+    """Both segmentations, ids with their readable token strings."""
+    base = tokenizer.base
+    return TokenizeResponse(
+        original=TokenList(
+            ids=seg.original_ids,
+            tokens=[base.decode([i]) for i in seg.original_ids],
+            count=len(seg.original_ids),
+        ),
+        medtpe=TokenList(
+            ids=seg.medtpe_ids,
+            tokens=tokenizer.tokens(seg.medtpe_ids),
+            count=len(seg.medtpe_ids),
+        ),
+        compression_rate=seg.compression_rate,
+    )

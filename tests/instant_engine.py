@@ -1,0 +1,83 @@
+"""An engine that answers at once, for tests of the HTTP layer (fakes around the thing under
+test): it implements `inference.engine.Engine`, reads the served checkpoint's own tokenizer, and
+answers every prompt with that tokenizer's ids of a fixed answer. `delay_s` holds each
+generation (deadline and queue tests); `die()` makes it report death like a crashed vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from inference.engine import Completion, EngineConfig, EngineDead
+
+ANSWER = 'yes"}'
+"""What follows the `{"answer": "` prefill: a well-formed binary answer."""
+
+
+class InstantEngine:
+    """Answers `ANSWER` at once (after `delay_s`), with first-token logprobs on request."""
+
+    def __init__(self, model_dir: Path, max_model_len: int, delay_s: float = 0.0) -> None:
+        tokenizer = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+        self.answer_ids = tokenizer.encode(ANSWER, add_special_tokens=False).ids
+        self.option_ids = {
+            option: tokenizer.encode(option, add_special_tokens=False).ids[0]
+            for option in ("yes", "no")
+        }
+        self.max_model_len = max_model_len
+        self.delay_s = delay_s
+        self.prompts: list[list[int]] = []
+        self._dead = False
+
+    @classmethod
+    def factory(cls, delay_s: float = 0.0):
+        """An `EngineFactory` making instant engines with this delay."""
+
+        def start(config: EngineConfig) -> InstantEngine:
+            return cls(config.model_dir, config.max_model_len or 8192, delay_s)
+
+        return start
+
+    @property
+    def dead(self) -> bool:
+        """Whether `die()` was called."""
+        return self._dead
+
+    def die(self) -> None:
+        """From now on, report death and refuse to generate."""
+        self._dead = True
+
+    async def generate(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        n: int = 1,
+        temperature: float = 0.0,
+        max_new_tokens: int = 64,
+        seed: int | None = None,
+        top_logprobs: int | None = None,
+    ) -> list[Completion]:
+        """`n` copies of the fixed answer, cut to `max_new_tokens`."""
+        if self._dead:
+            raise EngineDead("the engine is dead")
+        self.prompts.append(list(prompt_ids))
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if self._dead:
+            raise EngineDead("the engine died during generation")
+        first = None
+        if top_logprobs:
+            yes, no = self.option_ids["yes"], self.option_ids["no"]
+            first = {yes: math.log(0.75), no: math.log(0.25)}
+        return [Completion(self.answer_ids[:max_new_tokens], first) for _ in range(n)]
+
+    async def warm_up(self, prompt_ids: Sequence[int]) -> None:
+        """Nothing to warm up."""
+        await self.generate(prompt_ids, max_new_tokens=2)
+
+    def shutdown(self) -> None:
+        """Nothing to stop."""

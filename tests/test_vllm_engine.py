@@ -1,0 +1,91 @@
+"""The real vLLM engine behind `inference.engine.Engine`, medtpe mode on the default model:
+p_positive from one short synthetic record through the evaluation path (`evaluate_mode` →
+`Predictor.answer` → first-token logprobs); then its engine process is killed and the engine
+must report death and refuse to generate (what the service maps to 503 and red readiness)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import psutil
+import pytest
+from meds_fixtures import write_meds_dataset
+
+from evaluation.records import EvalRecord, load_records
+from evaluation.report import build_report
+from evaluation.results import RecordResult
+from evaluation.runner import Sampling, evaluate_mode, measured
+from inference.engine import EngineDead, EngineOptions
+from inference.model import ModelConfig, load_model
+from inference.predictor import Predictor
+from inference.vllm_engine import VllmEngine
+from medtpe_core.paths import default_model_dir
+from medtpe_core.tasks import Task, get_task
+
+pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
+
+
+def test_p_positive_is_a_probability(
+    service_files: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    task = get_task("icu_mortality")
+    meds = write_meds_dataset(tmp_path / "meds", subjects=(1,), hours=6)
+    records = load_records(meds, meds / "labels" / "icu_mortality.parquet", task)
+    artefact, export = service_files
+
+    config = ModelConfig(
+        model_dir=default_model_dir(),
+        artefact_dir=artefact,
+        export_dir=export,
+        mode="medtpe",
+        codes_dir=meds,
+        max_input_tokens=512,
+        max_new_tokens=8,
+        engine=EngineOptions(kv_cache_gib=1.0, seed=1, enforce_eager=True),
+    )
+    model = load_model(measured(config))
+    engine = VllmEngine.start(model.engine_config)
+    try:
+        rows = asyncio.run(evaluate_then_kill(engine, model.predictor, task, records))
+    finally:
+        engine.shutdown()
+    results = {"medtpe": rows}
+
+    [record] = results["medtpe"]
+    assert record.probabilities is not None, record.outputs
+    assert set(record.probabilities) == {"yes", "no"}
+    assert sum(record.probabilities.values()) == pytest.approx(1.0)
+    assert record.p_positive == record.probabilities["yes"]
+    assert 0.0 <= record.p_positive <= 1.0
+    # the greedy first token is the top one: the answer's option has mass
+    if record.prediction is True:
+        assert record.p_positive > 0
+    elif record.prediction is False:
+        assert record.p_positive < 1
+    report = build_report(task, results, settings={}, n_resamples=10)
+    assert report["medtpe"]["p_positive_n"] == 1
+    assert report["medtpe"]["auroc"] is None  # one record: one class only
+
+
+async def evaluate_then_kill(
+    engine: VllmEngine, predictor: Predictor, task: Task, records: list[EvalRecord]
+) -> list[RecordResult]:
+    """Evaluate the records, then kill the engine core processes: the engine must turn dead and
+    raise `EngineDead` (one event loop: the engine's output loop lives in it)."""
+    rows = await evaluate_mode(engine, predictor, task, records, Sampling(max_new_tokens=8))
+    prompt_ids = predictor.engine_ids(predictor.segment("Hi"))
+    cores = [
+        child
+        for child in psutil.Process().children(recursive=True)
+        if "EngineCore" in " ".join(child.cmdline() or [child.name()])
+    ]
+    assert cores, "no engine core process found"
+    assert not engine.dead
+    for core in cores:
+        core.kill()
+    with pytest.raises(EngineDead):
+        await engine.generate(prompt_ids, max_new_tokens=2)
+    assert engine.dead
+    return rows
