@@ -156,7 +156,7 @@ class SubjectEvents:
         """Build from validated events, sorting them by time (stable, static events first)."""
         return cls.from_columns(
             events[0].subject_id if events else 0,
-            np.array([e.time for e in events], dtype="datetime64[us]"),  # None -> NaT
+            datetimes_to_array([e.time for e in events]),
             [e.code for e in events],
             np.array([e.numeric_value for e in events], dtype=np.float64),  # None -> NaN
             [e.text_value for e in events],
@@ -213,10 +213,29 @@ class SubjectEvents:
             text_values=self.text_values[:end],
         )
 
+    def last_time(self) -> datetime | None:
+        """The time of the newest timed event (None when every event is static)."""
+        if not len(self) or np.isnat(self.times[-1]):
+            return None
+        return self.times[-1].astype("datetime64[us]").item()
+
     @property
     def n_static(self) -> int:
         """Number of static events (they come first)."""
         return int(np.searchsorted(time_keys(self.times), _NAT_KEY, side="right"))
+
+
+def datetimes_to_array(values: Sequence[datetime | None]) -> np.ndarray:
+    """datetime64[us] of naive datetimes (NaT for None), each distinct value converted once
+    (through its ISO string: numpy converts `datetime` objects one slow call at a time)."""
+    distinct = list(dict.fromkeys(values))
+    table = np.array(
+        [v.isoformat() if v is not None else "NaT" for v in distinct], dtype=_TIME_DTYPE
+    )
+    if len(distinct) == len(values):
+        return table
+    index = {v: i for i, v in enumerate(distinct)}
+    return table[np.array([index[v] for v in values], dtype=np.intp)]
 
 
 def time_keys(times: np.ndarray) -> np.ndarray:
