@@ -12,6 +12,7 @@ oversized record): the caller then validates the slow way, which also words the 
 from __future__ import annotations
 
 from datetime import datetime
+from operator import attrgetter
 
 import msgspec
 import numpy as np
@@ -37,6 +38,8 @@ class _JsonEvent(msgspec.Struct, forbid_unknown_fields=True, gc=False):
 
 
 _DECODER = msgspec.json.Decoder(list[_JsonEvent])
+_SUBJECT, _TIME, _CODE = attrgetter("subject_id"), attrgetter("time"), attrgetter("code")
+_VALUE, _TEXT = attrgetter("numeric_value"), attrgetter("text_value")
 _TIMES = TypeAdapter(list[IsoTime])
 
 
@@ -49,22 +52,20 @@ def decode_events(raw: bytes | memoryview) -> SubjectEvents | None:
         return None
     if not 0 < len(events) <= MAX_EVENTS_PER_RECORD:
         return None
-    subjects = {event.subject_id for event in events}
+    subjects = set(map(_SUBJECT, events))
     subject_id = subjects.pop()
     if subjects or abs(subject_id) > MAX_SUBJECT_ID:
         return None
-    codes = [event.code for event in events]
+    codes = list(map(_CODE, events))
     if not all(codes):  # an empty code
         return None
-    values = np.array([event.numeric_value for event in events], dtype=np.float64)  # None: NaN
+    values = np.array(list(map(_VALUE, events)), dtype=np.float64)  # None: NaN
     if np.isinf(values).any():  # a number too large for a float
         return None
-    times = _times([event.time for event in events])
+    times = _times(list(map(_TIME, events)))
     if times is None:
         return None
-    return SubjectEvents.from_columns(
-        subject_id, times, codes, values, [event.text_value for event in events]
-    )
+    return SubjectEvents.from_columns(subject_id, times, codes, values, list(map(_TEXT, events)))
 
 
 def _times(strings: list[str | None]) -> np.ndarray | None:
@@ -84,8 +85,9 @@ def _times(strings: list[str | None]) -> np.ndarray | None:
         except ValidationError:
             return None
         table[1:][~canonical] = datetimes_to_array(parsed)
-    index = dict(zip(distinct, range(1, len(distinct) + 1), strict=True))
-    return table[np.array([index[s] if s is not None else 0 for s in strings], dtype=np.intp)]
+    index: dict[str | None, int] = dict(zip(distinct, range(1, len(distinct) + 1), strict=True))
+    index[None] = 0
+    return table[np.array(list(map(index.__getitem__, strings)), dtype=np.intp)]
 
 
 def _canonical(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:

@@ -10,6 +10,7 @@ the record is never encoded as a whole.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from itertools import chain
@@ -47,10 +48,9 @@ def splits_at_newlines(encoder: TokenEncoder) -> bool:
     return all(ids[i] == ids[i + 1] + ids[i + 2] for i in range(0, len(ids), 3))
 
 
-def joinable(line: str) -> bool:
-    """Whether a line can sit next to a newline boundary without changing its tokens: it neither
-    starts nor ends with whitespace (and is not empty)."""
-    return bool(line) and not line[0].isspace() and not line[-1].isspace()
+_UNJOINABLE = re.compile(r"(?:^|\n)\s|\s(?:\n|$)")
+"""A line that starts or ends with whitespace (or is empty): its tokens may change when it sits
+next to a newline."""
 
 
 class PieceTokens:
@@ -86,10 +86,10 @@ class PieceTokens:
         """Token count of each piece."""
         return [len(ids) for ids in self.ids(pieces)]
 
-    def join(self, lines: list[str]) -> list[int] | None:
-        """Ids of `"\\n".join(lines)` from the lines' cached ids; None when the encoder or a line
-        does not allow it (then encode the text)."""
-        if not self.composes or not all(map(joinable, lines)):
+    def join(self, lines: list[str], text: str) -> list[int] | None:
+        """Ids of `text`, the `lines` joined by newlines, from the lines' cached ids; None when
+        the encoder or a line (empty, or with whitespace at an end) does not allow it."""
+        if not self.composes or _UNJOINABLE.search(text):
             return None
         pieces = [line + "\n" for line in lines[:-1]] + lines[-1:]
         return list(chain.from_iterable(self.ids(pieces)))

@@ -156,29 +156,32 @@ class _LineMaker:
         self.labels: dict[str, tuple[str, str | None]] = {}
         self.lines: dict[tuple[str, float | None, str | None], str] = {}
 
-    def line(self, code: str, value: float | None, text: str | None) -> str:
-        """The line of one event (`value` None when it has none)."""
-        key = (code, value, text)
-        line = self.lines.get(key)
-        if line is None:
-            label = self.labels.get(code)
-            if label is None:
-                label = self.labels[code] = describe_code(code, self.descriptions)
-            line = _event_line(*label, math.nan if value is None else value, text)
-            if len(self.lines) >= _LINE_CACHE_SIZE:
-                self.lines.clear()
-            self.lines[key] = line
-        return line
-
     def event_lines(self, events: SubjectEvents, lo: int, hi: int) -> list[str]:
-        """Lines of events `lo..hi-1`, in order."""
-        values = events.numeric_values[lo:hi].tolist()
-        return [
-            self.line(code, value if value == value else None, text)  # NaN: no value
-            for code, value, text in zip(
-                events.codes[lo:hi], values, events.text_values[lo:hi], strict=True
+        """Lines of events `lo..hi-1`, in order (each distinct event made once per process)."""
+        values = events.numeric_values[lo:hi]
+        keys = list(
+            zip(
+                events.codes[lo:hi],
+                np.where(np.isnan(values), None, values).tolist(),  # NaN: no value
+                events.text_values[lo:hi],
+                strict=True,
             )
-        ]
+        )
+        lines = list(map(self.lines.get, keys))
+        for i, line in enumerate(lines):
+            if line is None:
+                lines[i] = self._make(*keys[i])
+        return lines
+
+    def _make(self, code: str, value: float | None, text: str | None) -> str:
+        label = self.labels.get(code)
+        if label is None:
+            label = self.labels[code] = describe_code(code, self.descriptions)
+        line = _event_line(*label, math.nan if value is None else value, text)
+        if len(self.lines) >= _LINE_CACHE_SIZE:
+            self.lines.clear()
+        self.lines[(code, value, text)] = line
+        return line
 
 
 _MAKERS: dict[int, _LineMaker] = {}
@@ -294,9 +297,11 @@ def _shown_all(items: list[tuple[str, int]]) -> list[str]:
     return [_shown(line, count) for line, count in items]
 
 
-def _assemble(lines: _Lines, n_static: int, start: int, preamble: list[str]) -> list[str]:
+def _assemble(
+    lines: _Lines, n_static: int, start: int, preamble: list[str], timed: list[str]
+) -> list[str]:
     """Lines of the text keeping the first `n_static` static lines and the timed lines from
-    `start` on (the text is these joined by newlines)."""
+    `start` on (`timed`: every timed line as shown); the text is these joined by newlines."""
     out = list(preamble)
     if n_static:
         out.append(STATIC_HEADER)
@@ -307,7 +312,7 @@ def _assemble(lines: _Lines, n_static: int, start: int, preamble: list[str]) -> 
         if g != previous_group:
             out.append(lines.full_headers[g] if previous_group == -1 else lines.natural_headers[g])
             previous_group = g
-        out.append(_shown(*lines.timed[j]))
+        out.append(timed[j])
     return out
 
 
@@ -315,7 +320,7 @@ def _encoded(out: list[str], encoder: TokenEncoder, pieces: PieceTokens) -> tupl
     """The text of these lines and its ids: joined from the lines' ids when the tokenizer allows,
     else the text encoded once."""
     text = "\n".join(out)
-    ids = pieces.join(out)
+    ids = pieces.join(out, text)
     return text, ids if ids is not None else encoder.encode_batch([text])[0]
 
 
@@ -341,7 +346,8 @@ def render_record(
     age = _age_line(events, prediction_time) if prediction_time is not None else None
     n_total = len(events)
     if max_tokens is None or encoder is None or pieces is None:
-        out = _assemble(lines, len(lines.statics), 0, [age] if age else [])
+        preamble = [age] if age else []
+        out = _assemble(lines, len(lines.statics), 0, preamble, _shown_all(lines.timed))
         if encoder is None or pieces is None:
             return RenderedRecord("\n".join(out), None, n_total, n_total)
         text, ids = _encoded(out, encoder, pieces)
@@ -364,8 +370,9 @@ def fit_to_budget(
     """Keep the newest lines whose text fits `budget` original tokens: every static line first,
     then timed lines from the newest backwards (see the module docstring). Costs come from
     per-line token counts; the final count is exact (the text's own ids)."""
+    timed = _shown_all(lines.timed)
     head = [line + "\n" for line in _shown_all(lines.statics)]
-    head += [line + "\n" for line in _shown_all(lines.timed)]
+    head += [line + "\n" for line in timed]
     head += [h + "\n" for h in lines.full_headers] + [h + "\n" for h in lines.natural_headers]
     head += [STATIC_HEADER + "\n", (age or "") + "\n", _omitted_line(n_total) + "\n"]
     counts = np.array(pieces.counts(head), dtype=np.int64)
@@ -401,7 +408,8 @@ def fit_to_budget(
         preamble = [age] if age else []
         if kept < n_total:
             preamble.append(_omitted_line(n_total - kept))
-        text, ids = _encoded(_assemble(lines, n_static, start, preamble), encoder, pieces)
+        out = _assemble(lines, n_static, start, preamble, timed)
+        text, ids = _encoded(out, encoder, pieces)
         if len(ids) <= budget:
             return RenderedRecord(text, len(ids), n_total, kept, ids)
         target -= len(ids) - budget  # BPE joins cost a few tokens more than the pieces: tighten
