@@ -61,8 +61,9 @@ _BIRTH_CODE = "MEDS_BIRTH"
 _SPECIAL_CODES = {"MEDS_BIRTH": "Birth", "MEDS_DEATH": "Death"}
 _ACRONYMS = {"ICU", "ED", "DRG", "HCPCS", "ICD", "BMI", "MEDS", "ICD9", "ICD10"}
 _UNIT_IN_DESCRIPTION = re.compile(r"^(.*\S)\s+\[([^\[\]]+)\]$")
-_FIRST_WINDOW_EVENTS = 512
-"""Newest events turned into lines first; the window doubles while its lines fit the budget."""
+_FIRST_WINDOW_EVENTS = 256
+"""Fewest newest events turned into lines first (else an eighth of the budget); the window then
+grows by the events its lines still need at the tokens per event seen so far."""
 _LINE_CACHE_SIZE = 200_000
 """Distinct (code, value, text) lines remembered per descriptions mapping before a reset."""
 _MAPPINGS_KEPT = 8
@@ -260,21 +261,25 @@ def _window(
 ) -> _Lines:
     """Statics and the timed lines of the newest timestamps whose lines alone exceed `budget`
     tokens (all of them without a budget): no older line can be kept, each costs a token."""
-    n_static, hi = events.n_static, len(events)
+    n_static, n = events.n_static, len(events)
     keys = time_keys(events.times)
     chunks: list[_Lines] = []
-    size, line_tokens = _FIRST_WINDOW_EVENTS, 0
+    hi, line_tokens = n, 0
+    size = max(_FIRST_WINDOW_EVENTS, (budget or 0) // 8)
     while hi > n_static:
         lo = n_static if budget is None else max(n_static, hi - size)
         lo = int(np.searchsorted(keys, keys[lo], side="left"))  # start of that timestamp group
         chunk = _timed_lines(events, lo, hi, maker)
         chunks.append(chunk)
         hi = lo
-        if budget is not None and pieces is not None:
-            line_tokens += sum(pieces.counts([line + "\n" for line in _shown_all(chunk.timed)]))
-            if line_tokens > budget:
-                break
-        size *= 2
+        if budget is None or pieces is None:
+            continue
+        line_tokens += sum(pieces.counts([line + "\n" for line in _shown_all(chunk.timed)]))
+        if line_tokens > budget:
+            break
+        # the next chunk: the events still needed at the rate seen so far, a quarter more
+        per_event = max(line_tokens, 1) / (n - hi)
+        size = max(_FIRST_WINDOW_EVENTS // 2, math.ceil(1.25 * (budget - line_tokens) / per_event))
     chunks.reverse()
     offsets = np.cumsum([0] + [len(c.full_headers) for c in chunks])
     return _Lines(
