@@ -157,6 +157,7 @@ def _stats(rows: list[dict[str, float]]) -> dict[str, Any]:
         "records_per_cpu_s": round(1e3 / float(cpu.mean()), 1),
         "events_p50": int(np.median([r["events"] for r in rows])),
         "tokens_p50": int(np.median([r["tokens"] for r in rows])),
+        "medtpe_tokens_p50": int(np.median([r["medtpe_tokens"] for r in rows])),
     }
 
 
