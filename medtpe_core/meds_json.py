@@ -11,6 +11,7 @@ oversized record): the caller then validates the slow way, which also words the 
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from operator import attrgetter
 
@@ -41,6 +42,8 @@ _DECODER = msgspec.json.Decoder(list[_JsonEvent])
 _SUBJECT, _TIME, _CODE = attrgetter("subject_id"), attrgetter("time"), attrgetter("code")
 _VALUE, _TEXT = attrgetter("numeric_value"), attrgetter("text_value")
 _TIMES = TypeAdapter(list[IsoTime])
+_CANONICAL = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{6})?")
+"""Naive ISO 8601 with seconds (and microseconds): what numpy and `MedsEvent.time` read alike."""
 
 
 def decode_events(raw: bytes | memoryview) -> SubjectEvents | None:
@@ -94,17 +97,12 @@ def _canonical(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Which strings are valid times in the canonical naive form, and their values: numpy reads
     them and must write them back the same (so an impossible date, a leap second or the year 0
     is not canonical)."""
-    padded = [
-        s if len(s) == 26 else s + ".000000"
-        for s in strings
-        if len(s) in (19, 26) and s[10] == "T" and s[:4] != "0000"
-    ]
-    shaped = np.array(
-        [len(s) in (19, 26) and s[10] == "T" and s[:4] != "0000" for s in strings], dtype=bool
-    )
-    if not padded:
+    shaped = np.array([_CANONICAL.fullmatch(s) is not None for s in strings], dtype=bool)
+    if not shaped.any():
         return shaped, np.empty(0, dtype="datetime64[us]")
-    candidates = np.array(padded)
+    candidates = np.array(
+        [s if len(s) == 26 else s + ".000000" for s, ok in zip(strings, shaped, strict=True) if ok]
+    )
     try:
         parsed = candidates.astype("datetime64[us]")
     except ValueError:  # one is not a date at all: leave them all to the validator
