@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -64,7 +65,7 @@ _UNIT_IN_DESCRIPTION = re.compile(r"^(.*\S)\s+\[([^\[\]]+)\]$")
 _FIRST_WINDOW_EVENTS = 256
 """Fewest newest events turned into lines first (else an eighth of the budget); the window then
 grows by the events its lines still need at the tokens per event seen so far."""
-_LINE_CACHE_SIZE = 200_000
+_LINE_CACHE_SIZE = 100_000
 """Distinct (code, value, text) lines remembered per descriptions mapping before a reset."""
 _MAPPINGS_KEPT = 8
 
@@ -186,16 +187,18 @@ class _LineMaker:
 
 
 _MAKERS: dict[int, _LineMaker] = {}
+_MAKERS_LOCK = threading.Lock()
 
 
 def _line_maker(descriptions: Mapping[str, str]) -> _LineMaker:
     """The process-wide `_LineMaker` of a descriptions mapping (treated as read-only)."""
-    maker = _MAKERS.get(id(descriptions))
-    if maker is None or maker.descriptions is not descriptions:
-        if len(_MAKERS) >= _MAPPINGS_KEPT:
-            _MAKERS.pop(next(iter(_MAKERS)))
-        maker = _MAKERS[id(descriptions)] = _LineMaker(descriptions)
-    return maker
+    with _MAKERS_LOCK:
+        maker = _MAKERS.get(id(descriptions))
+        if maker is None or maker.descriptions is not descriptions:
+            if len(_MAKERS) >= _MAPPINGS_KEPT:
+                _MAKERS.pop(next(iter(_MAKERS)))
+            maker = _MAKERS[id(descriptions)] = _LineMaker(descriptions)
+        return maker
 
 
 def _age_line(events: SubjectEvents, prediction_time: datetime) -> str | None:
