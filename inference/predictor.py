@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from inference.engine import Engine
 from medtpe_core.chat_template import ChatTemplate
-from medtpe_core.meds import MedsEvent
+from medtpe_core.meds import MedsEvent, SubjectEvents
 from medtpe_core.metrics import compression_rate
 from medtpe_core.prompting import Prompt, build_prompt
 from medtpe_core.tasks import Prediction, Task
@@ -96,12 +96,14 @@ def _hashable(answer: Prediction | None) -> Any:
     return tuple(answer) if isinstance(answer, list) else answer
 
 
-def default_prediction_time(events: Sequence[MedsEvent]) -> datetime | None:
+def default_prediction_time(events: SubjectEvents | Sequence[MedsEvent]) -> datetime | None:
     """One minute after the last timed event, on the minute (None when no event has a time)."""
-    times = [event.time for event in events if event.time is not None]
-    if not times:
+    if not isinstance(events, SubjectEvents):
+        events = SubjectEvents.from_events(events)
+    last = events.last_time()
+    if last is None:
         return None
-    return max(times).replace(second=0, microsecond=0) + timedelta(minutes=1)
+    return last.replace(second=0, microsecond=0) + timedelta(minutes=1)
 
 
 class Predictor:
@@ -134,9 +136,14 @@ class Predictor:
         return segmentation.medtpe_ids if self.mode == "medtpe" else segmentation.original_ids
 
     def build(
-        self, task: Task, events: Sequence[MedsEvent], prediction_time: datetime | None
+        self,
+        task: Task,
+        events: SubjectEvents | Sequence[MedsEvent],
+        prediction_time: datetime | None,
     ) -> tuple[Prompt, datetime | None]:
         """The task prompt for `events` within the input budget, and the prediction time used."""
+        if not isinstance(events, SubjectEvents):
+            events = SubjectEvents.from_events(events)
         when = prediction_time if prediction_time is not None else default_prediction_time(events)
         prompt = build_prompt(
             task,
@@ -150,7 +157,10 @@ class Predictor:
         return prompt, when
 
     def prepare(
-        self, task: Task, events: Sequence[MedsEvent], prediction_time: datetime | None
+        self,
+        task: Task,
+        events: SubjectEvents | Sequence[MedsEvent],
+        prediction_time: datetime | None,
     ) -> PreparedRecord:
         """Render the record into the task prompt and tokenize it (CPU work, no engine)."""
         start = time.perf_counter()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,15 @@ def bytes_to_unicode() -> dict[int, str]:
 UTF8_BYTES = frozenset([*range(0xC0), *range(0xC2, 0xF5)])
 
 
+def token_texts(
+    ids: Sequence[int], known: dict[int, str], decode: Callable[[Sequence[int]], str]
+) -> list[str]:
+    """`decode([i])` of each id, remembered in `known` (a token's text never changes)."""
+    missing = [i for i in dict.fromkeys(ids) if i not in known]
+    known.update((i, decode([i])) for i in missing)
+    return list(map(known.__getitem__, ids))
+
+
 def merge_pair(merge: str | list[str]) -> tuple[str, str]:
     """A BPE merge from tokenizer.json (`"a b"` or `["a", "b"]`) as a pair of token strings."""
     if isinstance(merge, str):
@@ -49,6 +58,7 @@ class BaseTokenizer:
     path: Path | None = None
     model_dir: Path | None = None
     _plain: Tokenizer = field(init=False, repr=False)
+    _token_texts: dict[int, str] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.json_obj.get("model", {}).get("type") != "BPE":
@@ -94,6 +104,10 @@ class BaseTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         """Text of base ids, special tokens included."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def tokens(self, ids: Sequence[int]) -> list[str]:
+        """Readable text of each token (its own decoding), each id decoded once per process."""
+        return token_texts(ids, self._token_texts, self.decode)
 
     @property
     def vocab_size(self) -> int:

@@ -39,6 +39,10 @@ MAX_EVENTS_PER_RECORD = 200_000
 MAX_SUBJECT_ID = 2**53 - 1
 """Largest subject id accepted: the integers every JSON parser keeps exact (RFC 8259 §6)."""
 
+_TIME_DTYPE = np.dtype("datetime64[us]")
+_NAT_KEY = np.iinfo(np.int64).min
+"""`NaT` (a static event's time) as int64: smaller than every time, so static events sort first."""
+
 FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 
 
@@ -150,25 +154,35 @@ class SubjectEvents:
     @classmethod
     def from_events(cls, events: Sequence[MedsEvent]) -> SubjectEvents:
         """Build from validated events, sorting them by time (stable, static events first)."""
-        subject_id = events[0].subject_id if events else 0
-        times = np.array(
-            [
-                np.datetime64(e.time, "us") if e.time is not None else np.datetime64("NaT")
-                for e in events
-            ],
-            dtype="datetime64[us]",
+        return cls.from_columns(
+            events[0].subject_id if events else 0,
+            datetimes_to_array([e.time for e in events]),
+            [e.code for e in events],
+            np.array([e.numeric_value for e in events], dtype=np.float64),  # None -> NaN
+            [e.text_value for e in events],
         )
-        values = np.array(
-            [e.numeric_value if e.numeric_value is not None else np.nan for e in events],
-            dtype=np.float64,
-        )
+
+    @classmethod
+    def from_columns(
+        cls,
+        subject_id: int,
+        times: np.ndarray,
+        codes: list[str],
+        numeric_values: np.ndarray,
+        text_values: list[str | None],
+    ) -> SubjectEvents:
+        """Build from validated columns in input order, sorting them by time (stable, static
+        events first); columns already in order are kept as they are."""
+        keys = time_keys(times)
+        if keys.size < 2 or bool((keys[1:] >= keys[:-1]).all()):
+            return cls(subject_id, times, codes, numeric_values, text_values)
         order = time_order(times)
         return cls(
             subject_id=subject_id,
             times=times[order],
-            codes=[events[i].code for i in order],
-            numeric_values=values[order],
-            text_values=[events[i].text_value for i in order],
+            codes=[codes[i] for i in order.tolist()],
+            numeric_values=numeric_values[order],
+            text_values=[text_values[i] for i in order.tolist()],
         )
 
     def take(self, mask: np.ndarray) -> SubjectEvents:
@@ -183,12 +197,54 @@ class SubjectEvents:
         )
 
     def before(self, prediction_time: datetime) -> SubjectEvents:
-        """Static events and the events strictly before `prediction_time` (no leakage)."""
-        cutoff = np.datetime64(to_naive_utc(prediction_time), "us")
-        return self.take(np.isnat(self.times) | (self.times < cutoff))
+        """Static events and the events strictly before `prediction_time` (no leakage).
+
+        The events are sorted with static ones first, so these are a prefix (a slice, no copy
+        of the columns event by event)."""
+        cutoff = np.datetime64(to_naive_utc(prediction_time), "us").astype(np.int64)
+        end = int(np.searchsorted(time_keys(self.times), cutoff, side="left"))
+        if end == len(self):
+            return self
+        return SubjectEvents(
+            subject_id=self.subject_id,
+            times=self.times[:end],
+            codes=self.codes[:end],
+            numeric_values=self.numeric_values[:end],
+            text_values=self.text_values[:end],
+        )
+
+    def last_time(self) -> datetime | None:
+        """The time of the newest timed event (None when every event is static)."""
+        if not len(self) or np.isnat(self.times[-1]):
+            return None
+        return self.times[-1].astype("datetime64[us]").item()
+
+    @property
+    def n_static(self) -> int:
+        """Number of static events (they come first)."""
+        return int(np.searchsorted(time_keys(self.times), _NAT_KEY, side="right"))
+
+
+def datetimes_to_array(values: Sequence[datetime | None]) -> np.ndarray:
+    """datetime64[us] of naive datetimes (NaT for None), each distinct value converted once
+    (through its ISO string: numpy converts `datetime` objects one slow call at a time)."""
+    distinct = list(dict.fromkeys(values))
+    table = np.array(
+        [v.isoformat() if v is not None else "NaT" for v in distinct], dtype=_TIME_DTYPE
+    )
+    if len(distinct) == len(values):
+        return table
+    index = {v: i for i, v in enumerate(distinct)}
+    return table[np.array([index[v] for v in values], dtype=np.intp)]
+
+
+def time_keys(times: np.ndarray) -> np.ndarray:
+    """Times as int64 microseconds (no copy for datetime64[us]); NaT is the smallest int64."""
+    if times.dtype != _TIME_DTYPE:
+        times = times.astype(_TIME_DTYPE)
+    return times.view(np.int64)
 
 
 def time_order(times: np.ndarray) -> np.ndarray:
     """Stable sort order by time with NaT (static events) first."""
-    keys = times.astype("int64")  # NaT is the smallest int64, so static events sort first
-    return np.argsort(keys, kind="stable")
+    return np.argsort(time_keys(times), kind="stable")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from types import MappingProxyType
 
 from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.chat_template import ChatTemplate
@@ -17,6 +18,7 @@ from medtpe_core.tokenizer import MedTPETokenizer
 DEFAULT_MAX_INPUT_TOKENS = 8192
 _MAX_FIT_ROUNDS = 4
 _RECORD_SLOT = "\x00medtpe-record\x00"
+_NO_DESCRIPTIONS: Mapping[str, str] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -109,11 +111,11 @@ def build_prompt(
     for _ in range(_MAX_FIT_ROUNDS):
         try:
             record = render_record(
-                events, descriptions or {}, prediction_time, base_tokenizer, budget
+                events, descriptions or _NO_DESCRIPTIONS, prediction_time, base_tokenizer, budget
             )
         except BudgetTooSmallError as exc:
             raise too_small from exc
-        record_ids = base_tokenizer.encode(record.text)
+        record_ids = record.ids if record.ids is not None else base_tokenizer.encode(record.text)
         n_tokens = shell_tokens + len(record_ids)
         if n_tokens <= max_input_tokens:
             return Prompt(

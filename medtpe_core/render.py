@@ -20,35 +20,54 @@ Format (deterministic):
 - exact duplicates at one timestamp (same code, value and text) are shown once with `(xN)`;
 - only static events and events strictly before the prediction time are used (no leakage);
 - with a budget, the newest events are kept: static events first, then timed events from the
-  newest backwards. The budget is counted in ORIGINAL (base tokenizer) tokens and the final
-  text is re-counted, so the returned count is exact.
+  newest backwards. The budget is counted in ORIGINAL (base tokenizer) tokens and the returned
+  count is exact.
+
+How (issue 12, the text is byte-for-byte what the per-event renderer wrote): the events are
+columns; with a budget only the newest timestamps that can matter are turned into lines (a window
+doubled from the newest end until its lines alone exceed the budget), every distinct line and
+header is encoded once per process (`medtpe_core.piece_tokens`), `fit_to_budget` picks the events
+kept from per-line token counts, and the record's ids are the concatenation of its lines' ids
+whenever the tokenizer allows it (else the text is encoded once).
 """
 
 from __future__ import annotations
 
+import math
 import re
+import threading
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
 
 import numpy as np
 
-from medtpe_core.meds import SubjectEvents
+from medtpe_core.meds import SubjectEvents, time_keys
+from medtpe_core.piece_tokens import PieceTokens, TokenEncoder, piece_tokens
+
+__all__ = [
+    "STATIC_HEADER",
+    "BudgetTooSmallError",
+    "RenderedRecord",
+    "TokenEncoder",
+    "describe_code",
+    "fit_to_budget",
+    "format_value",
+    "render_record",
+]
 
 STATIC_HEADER = "[static]"
 _BIRTH_CODE = "MEDS_BIRTH"
 _SPECIAL_CODES = {"MEDS_BIRTH": "Birth", "MEDS_DEATH": "Death"}
 _ACRONYMS = {"ICU", "ED", "DRG", "HCPCS", "ICD", "BMI", "MEDS", "ICD9", "ICD10"}
 _UNIT_IN_DESCRIPTION = re.compile(r"^(.*\S)\s+\[([^\[\]]+)\]$")
-
-
-class TokenEncoder(Protocol):
-    """What rendering needs from a tokenizer (`BaseTokenizer` fits)."""
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of each text, without special tokens added."""
-        ...
+_FIRST_WINDOW_EVENTS = 256
+"""Fewest newest events turned into lines first (else an eighth of the budget); the window then
+grows by the events its lines still need at the tokens per event seen so far."""
+_LINE_CACHE_SIZE = 100_000
+"""Distinct (code, value, text) lines remembered per descriptions mapping before a reset."""
+_MAPPINGS_KEPT = 8
 
 
 class BudgetTooSmallError(ValueError):
@@ -57,12 +76,14 @@ class BudgetTooSmallError(ValueError):
 
 @dataclass(frozen=True)
 class RenderedRecord:
-    """A rendered record; `n_tokens` is its exact original-token count when an encoder was given."""
+    """A rendered record; `n_tokens` is its exact original-token count when an encoder was given,
+    and `ids` its original-tokenizer ids (the text encoded as plain text)."""
 
     text: str
     n_tokens: int | None
     n_events_total: int
     n_events_kept: int
+    ids: list[int] | None = None
 
 
 def describe_code(code: str, descriptions: Mapping[str, str]) -> tuple[str, str | None]:
@@ -129,15 +150,69 @@ def _event_line(label: str, unit: str | None, value: float, text: str | None) ->
     return f"{label}: {' '.join(shown)}" if shown else label
 
 
+class _LineMaker:
+    """Event lines of one descriptions mapping, each distinct (code, value, text) made once."""
+
+    def __init__(self, descriptions: Mapping[str, str]) -> None:
+        self.descriptions = descriptions
+        self.labels: dict[str, tuple[str, str | None]] = {}
+        self.lines: dict[tuple[str, float | None, str | None], str] = {}
+
+    def event_lines(self, events: SubjectEvents, lo: int, hi: int) -> list[str]:
+        """Lines of events `lo..hi-1`, in order (each distinct event made once per process)."""
+        values = events.numeric_values[lo:hi]
+        keys = list(
+            zip(
+                events.codes[lo:hi],
+                np.where(np.isnan(values), None, values).tolist(),  # NaN: no value
+                events.text_values[lo:hi],
+                strict=True,
+            )
+        )
+        lines = list(map(self.lines.get, keys))
+        for i, line in enumerate(lines):
+            if line is None:
+                lines[i] = self._make(*keys[i])
+        return lines
+
+    def _make(self, code: str, value: float | None, text: str | None) -> str:
+        label = self.labels.get(code)
+        if label is None:
+            label = self.labels[code] = describe_code(code, self.descriptions)
+        line = _event_line(*label, math.nan if value is None else value, text)
+        if len(self.lines) >= _LINE_CACHE_SIZE:
+            self.lines.clear()
+        self.lines[(code, value, text)] = line
+        return line
+
+
+_MAKERS: dict[int, _LineMaker] = {}
+_MAKERS_LOCK = threading.Lock()
+
+
+def _line_maker(descriptions: Mapping[str, str]) -> _LineMaker:
+    """The process-wide `_LineMaker` of a descriptions mapping (treated as read-only)."""
+    with _MAKERS_LOCK:
+        maker = _MAKERS.get(id(descriptions))
+        if maker is None or maker.descriptions is not descriptions:
+            if len(_MAKERS) >= _MAPPINGS_KEPT:
+                _MAKERS.pop(next(iter(_MAKERS)))
+            maker = _MAKERS[id(descriptions)] = _LineMaker(descriptions)
+        return maker
+
+
 def _age_line(events: SubjectEvents, prediction_time: datetime) -> str | None:
-    births = [
-        t
-        for t, c in zip(events.times, events.codes, strict=True)
-        if c == _BIRTH_CODE and not np.isnat(t)
-    ]
-    if not births:
-        return None
-    days = (np.datetime64(prediction_time, "us") - births[0]) / np.timedelta64(1, "D")
+    """`Age: N years` from the first timed birth event, if any."""
+    codes, start = events.codes, 0
+    while True:
+        try:
+            i = codes.index(_BIRTH_CODE, start)
+        except ValueError:
+            return None
+        if not np.isnat(events.times[i]):
+            break
+        start = i + 1
+    days = (np.datetime64(prediction_time, "us") - events.times[i]) / np.timedelta64(1, "D")
     return f"Age: {int(days // 365.25)} years"
 
 
@@ -152,47 +227,73 @@ class _Lines:
     natural_headers: list[str]  # full when the date changes, else "[HH:MM]"
 
 
-def _collect_lines(events: SubjectEvents, descriptions: Mapping[str, str]) -> _Lines:
-    cache: dict[str, tuple[str, str | None]] = {}
-    static = np.isnat(events.times)
-    statics: dict[str, int] = {}
+def _stamp(time: np.datetime64) -> str:
+    return str(time.astype("datetime64[s]"))  # YYYY-MM-DDTHH:MM:SS
+
+
+def _timed_lines(events: SubjectEvents, lo: int, hi: int, maker: _LineMaker) -> _Lines:
+    """Lines of the timed events `lo..hi-1` (`lo` starts a timestamp group); the first group's
+    natural header looks at the event before `lo` when it is timed."""
+    keys = time_keys(events.times)[lo:hi]
+    starts = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]])) if hi > lo else []
+    bounds = [*map(int, starts), hi - lo]
+    stamps = np.datetime_as_string(events.times[lo:hi][starts].astype("datetime64[s]"))
+    previous_date = _stamp(events.times[lo - 1])[:10] if lo > events.n_static else None
+    full_headers, natural_headers = [], []
+    for stamp in stamps.tolist():
+        date, clock = stamp[:10], stamp[11:16] if stamp.endswith(":00") else stamp[11:19]
+        full_headers.append(f"[{date} {clock}]")
+        natural_headers.append(full_headers[-1] if date != previous_date else f"[{clock}]")
+        previous_date = date
+    lines = maker.event_lines(events, lo, hi)
     timed: list[tuple[str, int]] = []
     line_group: list[int] = []
-    full_headers: list[str] = []
-    natural_headers: list[str] = []
-    group: dict[str, int] = {}
-    previous_time = None
-    previous_date = None
-
-    def flush() -> None:
+    for g in range(len(bounds) - 1):
+        group = Counter(lines[bounds[g] : bounds[g + 1]])  # insertion-ordered
         timed.extend(group.items())
-        line_group.extend([len(full_headers) - 1] * len(group))
-        group.clear()
+        line_group.extend([g] * len(group))
+    return _Lines([], timed, np.array(line_group, dtype=np.int64), full_headers, natural_headers)
 
-    for i, code in enumerate(events.codes):
-        if code not in cache:
-            cache[code] = describe_code(code, descriptions)
-        label, unit = cache[code]
-        line = _event_line(label, unit, events.numeric_values[i], events.text_values[i])
-        if static[i]:
-            statics[line] = statics.get(line, 0) + 1
+
+def _static_lines(events: SubjectEvents, maker: _LineMaker) -> list[tuple[str, int]]:
+    return list(Counter(maker.event_lines(events, 0, events.n_static)).items())
+
+
+def _window(
+    events: SubjectEvents, maker: _LineMaker, pieces: PieceTokens | None, budget: int | None
+) -> _Lines:
+    """Statics and the timed lines of the newest timestamps whose lines alone exceed `budget`
+    tokens (all of them without a budget): no older line can be kept, each costs a token."""
+    n_static, n = events.n_static, len(events)
+    keys = time_keys(events.times)
+    chunks: list[_Lines] = []
+    hi, line_tokens = n, 0
+    size = max(_FIRST_WINDOW_EVENTS, (budget or 0) // 8)
+    while hi > n_static:
+        lo = n_static if budget is None else max(n_static, hi - size)
+        lo = int(np.searchsorted(keys, keys[lo], side="left"))  # start of that timestamp group
+        chunk = _timed_lines(events, lo, hi, maker)
+        chunks.append(chunk)
+        hi = lo
+        if budget is None or pieces is None:
             continue
-        time = events.times[i]
-        if time != previous_time:
-            flush()
-            stamp = str(time.astype("datetime64[s]"))  # YYYY-MM-DDTHH:MM:SS
-            date, clock = stamp[:10], stamp[11:16] if stamp.endswith(":00") else stamp[11:19]
-            full_headers.append(f"[{date} {clock}]")
-            natural_headers.append(full_headers[-1] if date != previous_date else f"[{clock}]")
-            previous_time, previous_date = time, date
-        group[line] = group.get(line, 0) + 1
-    flush()
+        line_tokens += sum(pieces.counts([line + "\n" for line in _shown_all(chunk.timed)]))
+        if line_tokens > budget:
+            break
+        # the next chunk: the events still needed at the rate seen so far, a quarter more
+        per_event = max(line_tokens, 1) / (n - hi)
+        size = max(_FIRST_WINDOW_EVENTS // 2, math.ceil(1.25 * (budget - line_tokens) / per_event))
+    chunks.reverse()
+    offsets = np.cumsum([0] + [len(c.full_headers) for c in chunks])
     return _Lines(
-        statics=list(statics.items()),
-        timed=timed,
-        line_group=np.array(line_group, dtype=np.int64),
-        full_headers=full_headers,
-        natural_headers=natural_headers,
+        statics=_static_lines(events, maker),
+        timed=[line for c in chunks for line in c.timed],
+        line_group=np.concatenate(
+            [np.zeros(0, dtype=np.int64)]
+            + [c.line_group + offset for c, offset in zip(chunks, offsets, strict=False)]
+        ),
+        full_headers=[h for c in chunks for h in c.full_headers],
+        natural_headers=[h for c in chunks for h in c.natural_headers],
     )
 
 
@@ -200,20 +301,35 @@ def _shown(line: str, count: int) -> str:
     return f"{line} (x{count})" if count > 1 else line
 
 
-def _assemble(lines: _Lines, n_static: int, start: int, preamble: list[str]) -> str:
-    """Text keeping the first `n_static` static lines and the timed lines from `start` on."""
+def _shown_all(items: list[tuple[str, int]]) -> list[str]:
+    return [_shown(line, count) for line, count in items]
+
+
+def _assemble(
+    lines: _Lines, n_static: int, start: int, preamble: list[str], timed: list[str]
+) -> list[str]:
+    """Lines of the text keeping the first `n_static` static lines and the timed lines from
+    `start` on (`timed`: every timed line as shown); the text is these joined by newlines."""
     out = list(preamble)
     if n_static:
         out.append(STATIC_HEADER)
-        out.extend(_shown(line, count) for line, count in lines.statics[:n_static])
+        out.extend(_shown_all(lines.statics[:n_static]))
     previous_group = -1
     for j in range(start, len(lines.timed)):
         g = int(lines.line_group[j])
         if g != previous_group:
             out.append(lines.full_headers[g] if previous_group == -1 else lines.natural_headers[g])
             previous_group = g
-        out.append(_shown(*lines.timed[j]))
-    return "\n".join(out)
+        out.append(timed[j])
+    return out
+
+
+def _encoded(out: list[str], encoder: TokenEncoder, pieces: PieceTokens) -> tuple[str, list[int]]:
+    """The text of these lines and its ids: joined from the lines' ids when the tokenizer allows,
+    else the text encoded once."""
+    text = "\n".join(out)
+    ids = pieces.join(out, text)
+    return text, ids if ids is not None else encoder.encode_batch([text])[0]
 
 
 def render_record(
@@ -226,40 +342,48 @@ def render_record(
     """Render `events` (static + strictly before `prediction_time`) as text.
 
     With `max_tokens` (needs `encoder`, the ORIGINAL tokenizer) the newest events that fit are
-    kept and the returned `n_tokens` is the exact count of the returned text.
+    kept and the returned `n_tokens` is the exact count of the returned text. With an encoder,
+    `ids` are the text's ids.
     """
     if prediction_time is not None:
         events = events.before(prediction_time)
-    lines = _collect_lines(events, descriptions)
+    if max_tokens is not None and encoder is None:
+        raise ValueError("a token budget needs the original tokenizer (encoder)")
+    pieces = piece_tokens(encoder) if encoder is not None else None
+    lines = _window(events, _line_maker(descriptions), pieces, max_tokens)
     age = _age_line(events, prediction_time) if prediction_time is not None else None
     n_total = len(events)
-    if max_tokens is None:
-        text = _assemble(lines, len(lines.statics), 0, [age] if age else [])
-        n_tokens = len(encoder.encode_batch([text])[0]) if encoder is not None else None
-        return RenderedRecord(text, n_tokens, n_total, n_total)
-    if encoder is None:
-        raise ValueError("a token budget needs the original tokenizer (encoder)")
-    return _fit(lines, age, n_total, encoder, max_tokens)
+    if max_tokens is None or encoder is None or pieces is None:
+        preamble = [age] if age else []
+        out = _assemble(lines, len(lines.statics), 0, preamble, _shown_all(lines.timed))
+        if encoder is None or pieces is None:
+            return RenderedRecord("\n".join(out), None, n_total, n_total)
+        text, ids = _encoded(out, encoder, pieces)
+        return RenderedRecord(text, len(ids), n_total, n_total, ids)
+    return fit_to_budget(lines, age, n_total, encoder, pieces, max_tokens)
 
 
 def _omitted_line(n: int) -> str:
     return f"({n:,} earlier events omitted)"
 
 
-def _fit(
-    lines: _Lines, age: str | None, n_total: int, encoder: TokenEncoder, budget: int
+def fit_to_budget(
+    lines: _Lines,
+    age: str | None,
+    n_total: int,
+    encoder: TokenEncoder,
+    pieces: PieceTokens,
+    budget: int,
 ) -> RenderedRecord:
-    """Keep the newest lines whose text fits `budget` original tokens (see module docstring)."""
-    count = _PieceCounter(encoder)
-    lines = _newest(lines, _candidate_lines(lines, count, budget))
-    pieces = (
-        [line + "\n" for line in _shown_all(lines.statics)]
-        + [line + "\n" for line in _shown_all(lines.timed)]
-        + [h + "\n" for h in lines.full_headers]
-        + [h + "\n" for h in lines.natural_headers]
-        + [STATIC_HEADER + "\n", (age or "") + "\n", _omitted_line(n_total) + "\n"]
-    )
-    counts = count(pieces)
+    """Keep the newest lines whose text fits `budget` original tokens: every static line first,
+    then timed lines from the newest backwards (see the module docstring). Costs come from
+    per-line token counts; the final count is exact (the text's own ids)."""
+    timed = _shown_all(lines.timed)
+    head = [line + "\n" for line in _shown_all(lines.statics)]
+    head += [line + "\n" for line in timed]
+    head += [h + "\n" for h in lines.full_headers] + [h + "\n" for h in lines.natural_headers]
+    head += [STATIC_HEADER + "\n", (age or "") + "\n", _omitted_line(n_total) + "\n"]
+    counts = np.array(pieces.counts(head), dtype=np.int64)
     n_s, n_t, n_g = len(lines.statics), len(lines.timed), len(lines.full_headers)
     static_tok = counts[:n_s]
     line_tok = counts[n_s : n_s + n_t]
@@ -292,55 +416,8 @@ def _fit(
         preamble = [age] if age else []
         if kept < n_total:
             preamble.append(_omitted_line(n_total - kept))
-        text = _assemble(lines, n_static, start, preamble)
-        n_tokens = len(encoder.encode_batch([text])[0])
-        if n_tokens <= budget:
-            return RenderedRecord(text, n_tokens, n_total, kept)
-        target -= n_tokens - budget  # BPE joins cost a few tokens more than the pieces: tighten
-
-
-class _PieceCounter:
-    """Token counts of text pieces; lines and headers repeat a lot, so each is encoded once."""
-
-    def __init__(self, encoder: TokenEncoder):
-        self.encoder = encoder
-        self.known: dict[str, int] = {}
-
-    def __call__(self, pieces: list[str]) -> np.ndarray:
-        missing = [p for p in dict.fromkeys(pieces) if p not in self.known]
-        if missing:
-            ids = self.encoder.encode_batch(missing)
-            self.known.update(zip(missing, map(len, ids), strict=True))
-        return np.array([self.known[p] for p in pieces], dtype=np.int64)
-
-
-def _candidate_lines(lines: _Lines, count: _PieceCounter, budget: int) -> int:
-    """How many newest timed lines can matter: a window from the newest end, doubled until its
-    lines alone exceed the budget (a line costs at least one token, so `budget` bounds it)."""
-    n_t = len(lines.timed)
-    window = min(256, n_t)
-    while window < n_t and window < budget:
-        tail = [line + "\n" for line in _shown_all(lines.timed[n_t - window :])]
-        if count(tail).sum() > budget:
-            break
-        window *= 2
-    return max(0, min(window, n_t, budget))
-
-
-def _newest(lines: _Lines, n: int) -> _Lines:
-    """Only the newest `n` timed lines: every line costs at least one token, so no more can fit."""
-    first = max(0, len(lines.timed) - n)
-    if first == 0:
-        return lines
-    group0 = int(lines.line_group[first]) if first < len(lines.timed) else len(lines.full_headers)
-    return _Lines(
-        statics=lines.statics,
-        timed=lines.timed[first:],
-        line_group=lines.line_group[first:] - group0,
-        full_headers=lines.full_headers[group0:],
-        natural_headers=lines.natural_headers[group0:],
-    )
-
-
-def _shown_all(items: list[tuple[str, int]]) -> list[str]:
-    return [_shown(line, count) for line, count in items]
+        out = _assemble(lines, n_static, start, preamble, timed)
+        text, ids = _encoded(out, encoder, pieces)
+        if len(ids) <= budget:
+            return RenderedRecord(text, len(ids), n_total, kept, ids)
+        target -= len(ids) - budget  # BPE joins cost a few tokens more than the pieces: tighten

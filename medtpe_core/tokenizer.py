@@ -21,7 +21,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from medtpe_core import artefact
-from medtpe_core.base_tokenizer import BaseTokenizer, bytes_to_unicode
+from medtpe_core.base_tokenizer import BaseTokenizer, bytes_to_unicode, token_texts
 from medtpe_core.encoding import ByteFallback, IdExpansion, PairMerger
 
 
@@ -59,6 +59,7 @@ class MedTPETokenizer:
         self.evicted = dict(evicted)
         self.settings = dict(settings or {})
         self.corpus_stats = dict(corpus_stats or {})
+        self._token_texts: dict[int, str] = {}
         parts: dict[int, tuple[int, ...]] = {}
         for left, right, new in self.merges:
             parts[new] = parts.get(left, (left,)) + parts.get(right, (right,))
@@ -182,8 +183,8 @@ class MedTPETokenizer:
         return {i: symbol[b] for b, i in self.byte_fallback.items()}
 
     def tokens(self, ids: Sequence[int]) -> list[str]:
-        """Readable text of each token, for display."""
-        return [self.decode([i]) for i in ids]
+        """Readable text of each token, for display (each id decoded once per process)."""
+        return token_texts(ids, self._token_texts, self.decode)
 
     def save(self, path: str | Path) -> None:
         """Write the artefact (medtpe.json, detokenizer tokenizer.json, model tokenizer files);

@@ -62,7 +62,7 @@ def tokenize_response(tokenizer: MedTPETokenizer, seg: Segmentation) -> Tokenize
     return TokenizeResponse(
         original=TokenList(
             ids=seg.original_ids,
-            tokens=[base.decode([i]) for i in seg.original_ids],
+            tokens=base.tokens(seg.original_ids),
             count=len(seg.original_ids),
         ),
         medtpe=TokenList(

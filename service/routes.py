@@ -23,6 +23,7 @@ from inference.engine import EngineDead
 from inference.model import LoadedModel
 from medtpe_core.tasks import Task, UnknownTaskError, get_task
 from service.errors import ApiError, field_error
+from service.json_body import FastJsonRoute
 from service.limits import QueueFull
 from service.responses import predict_response, tokenize_response
 from service.schemas import (
@@ -69,7 +70,9 @@ def _require_api_key(
         )
 
 
-router = APIRouter(dependencies=[Depends(_require_api_key)], responses=ERROR_RESPONSES)
+router = APIRouter(
+    dependencies=[Depends(_require_api_key)], responses=ERROR_RESPONSES, route_class=FastJsonRoute
+)
 
 
 def _task(state: ServiceState, name: str, loc: Sequence[str | int]) -> Task:

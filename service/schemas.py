@@ -9,13 +9,16 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    GetCoreSchemaHandler,
     PlainSerializer,
     StrictBool,
+    ValidatorFunctionWrapHandler,
     model_validator,
 )
+from pydantic_core import core_schema
 
 from inference.model import ModelIdentity
-from medtpe_core.meds import MAX_EVENTS_PER_RECORD, IsoTime, JsonInt, MedsEvent
+from medtpe_core.meds import MAX_EVENTS_PER_RECORD, IsoTime, JsonInt, MedsEvent, SubjectEvents
 from medtpe_core.tasks import Prediction, list_tasks
 
 TASK_NAMES = list_tasks()
@@ -43,7 +46,34 @@ class _Strict(BaseModel):
 UtcTime = Annotated[datetime, PlainSerializer(lambda t: t.isoformat() + "Z", return_type=str)]
 """A MEDS time (naive, UTC) answered in RFC 3339 with its `Z`."""
 
-Events = Annotated[list[MedsEvent], Field(min_length=1, max_length=MAX_EVENTS_PER_RECORD)]
+
+def _columns(value: object, validate: ValidatorFunctionWrapHandler) -> object:
+    """A record's events as sorted columns: as they are when the body's decoder already built
+    them (`service.json_body`), else validated event by event and converted; events of several
+    subjects stay a list, for the request's own error."""
+    if isinstance(value, SubjectEvents):
+        return value
+    events = validate(value)
+    if len({event.subject_id for event in events}) > 1:
+        return events
+    return SubjectEvents.from_events(events)
+
+
+class _EventColumns:
+    """Schema of `Events`: a JSON array of `MedsEvent` (1 to `MAX_EVENTS_PER_RECORD`), held as
+    `SubjectEvents`."""
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        events = Annotated[list[MedsEvent], Field(min_length=1, max_length=MAX_EVENTS_PER_RECORD)]
+        return core_schema.no_info_wrap_validator_function(
+            _columns, handler.generate_schema(events)
+        )
+
+
+Events = Annotated[SubjectEvents, _EventColumns()]
+"""A record's events: a JSON array of MEDS events, validated and held as sorted columns."""
 
 
 class PredictOptions(_Strict):
@@ -75,7 +105,7 @@ class PredictRequest(_Strict):
 
     @model_validator(mode="after")
     def _one_subject(self) -> PredictRequest:
-        if len({event.subject_id for event in self.events}) > 1:
+        if not isinstance(self.events, SubjectEvents):  # left a list: several subjects
             raise ValueError("all events of a record must have the same subject_id")
         return self
 

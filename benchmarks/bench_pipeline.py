@@ -1,0 +1,258 @@
+"""Everything the service does around the engine, per record: read and validate the JSON body,
+render within the budget, tokenize (original + MedTPE), answer — with the engine excluded.
+
+The app is the real one (`service.app.create_app`, default settings but the budget and body
+limit below), driven in-process over ASGI by httpx; generation is `ImmediateEngine` (defined
+here, benchmark only), which answers every prompt at once with a fixed well-formed answer.
+Per record the off-engine time is the request's wall time minus the engine's `generate` time
+the service reports; CPU time per record is the process's CPU time (all threads) over the call.
+
+One run measures the code of this checkout ("new") and, with `--old-src DIR` (a tree of the
+code before, e.g. `git archive <commit> | tar -x -C DIR`), that code ("old"), each in its own
+process with its own PYTHONPATH, on the same request bodies:
+- every ICU stay of the label file (events up to the prediction time, as a hospital would send
+  them), two passes: `cold` (first sight of every record in a fresh process) and `warm`;
+- API-process scaling: `--processes 1 2 ...` copies of the new code each serving every record
+  (warm pass), at once: records/s in total;
+- linearity: the `--scale-records` stays closest to the median size, their events repeated 1x,
+  4x and 16x further back in time.
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_pipeline.py \
+        --meds ../shared/data/mimic-iv-demo-meds --old-src /tmp/medtpe-old \
+        --out benchmarks/results/bench_pipeline.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+BUDGET = 8192
+SCALES = (1, 4, 16)
+_HERE = Path(__file__).resolve()
+
+
+class ImmediateEngine:
+    """Benchmark-only `inference.engine.Engine` that answers at once: `{"answer": "no"}`."""
+
+    def __init__(self, answer_ids: list[int], max_model_len: int) -> None:
+        self.answer_ids = answer_ids
+        self.max_model_len = max_model_len
+        self.dead = False
+
+    @classmethod
+    def start(cls, config: Any) -> ImmediateEngine:
+        """`EngineFactory`: the answer's ids from the served checkpoint's tokenizer."""
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(Path(config.model_dir) / "tokenizer.json"))
+        ids = tokenizer.encode('no"}', add_special_tokens=False).ids
+        return cls(ids, config.max_model_len or BUDGET)
+
+    async def generate(self, prompt_ids: Sequence[int], *, n: int = 1, **_: Any) -> list[Any]:
+        """`n` copies of the answer, no first-token logprobs."""
+        from inference.engine import Completion
+
+        return [Completion(list(self.answer_ids)) for _ in range(n)]
+
+    async def warm_up(self, prompt_ids: Sequence[int]) -> None:
+        """Nothing to warm."""
+
+    def shutdown(self) -> None:
+        """Nothing to stop."""
+
+
+# ---------------------------------------------------------------- worker (one code tree)
+
+
+async def _serve_all(paths: list[Path], passes: int) -> list[tuple[float, list[dict[str, float]]]]:
+    import httpx
+
+    from service.app import create_app
+    from service.settings import ServiceSettings
+
+    settings = ServiceSettings(max_input_tokens=BUDGET, max_request_bytes=1 << 30, api_keys=[])
+    app = create_app(settings, ImmediateEngine.start)
+    transport = httpx.ASGITransport(app=app)
+    headers = {"content-type": "application/json"}
+    out: list[tuple[float, list[dict[str, float]]]] = []
+    client = httpx.AsyncClient(transport=transport, base_url="http://bench")
+    async with app.router.lifespan_context(app), client:
+        while (await client.get("/readyz")).status_code != 200:
+            await asyncio.sleep(0.1)
+        for _ in range(passes):
+            rows, pass_start = [], time.perf_counter()
+            for path in paths:
+                raw = path.read_bytes()
+                cpu0, wall0 = time.process_time(), time.perf_counter()
+                response = await client.post("/predict", content=raw, headers=headers)
+                wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+                if response.status_code != 200:
+                    raise RuntimeError(f"{path.name}: {response.status_code} {response.text}")
+                body = response.json()
+                latency = body["latency_ms"]
+                rows.append(
+                    {
+                        "off_engine_ms": wall * 1e3 - latency["generate"],
+                        "cpu_ms": cpu * 1e3,
+                        "render_ms": latency["render"],
+                        "tokenize_ms": latency["tokenize"],
+                        "events": body["events"]["total"],
+                        "kept": body["events"]["kept"],
+                        "tokens": body["tokens"]["original"],
+                        "medtpe_tokens": body["tokens"]["medtpe"],
+                        "bytes": len(raw),
+                    }
+                )
+            out.append((time.perf_counter() - pass_start, rows))
+    return out
+
+
+def worker(bodies: Path, names: list[str], passes: int, out: Path) -> None:
+    """Serve the named bodies `passes` times; write each pass's wall time and per-record rows."""
+    done = asyncio.run(_serve_all([bodies / name for name in names], passes))
+    out.write_text(json.dumps({"wall_s": [w for w, _ in done], "passes": [r for _, r in done]}))
+
+
+# ---------------------------------------------------------------- parent
+
+
+def _run_workers(
+    tree: Path, bodies: Path, names: list[str], passes: int, copies: int = 1
+) -> list[dict[str, Any]]:
+    """`copies` worker processes of the code in `tree` at once; their outputs."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    outs = [Path(tempfile.mkstemp(suffix=".json")[1]) for _ in range(copies)]
+    names_file = Path(tempfile.mkstemp(suffix=".json")[1])
+    names_file.write_text(json.dumps(names))
+    command = [sys.executable, str(_HERE), "--worker", str(bodies), str(names_file), str(passes)]
+    procs = [subprocess.Popen([*command, str(o)], env=env) for o in outs]
+    if any(p.wait() != 0 for p in procs):
+        raise RuntimeError(f"a worker of {tree} failed")
+    return [json.loads(o.read_text()) for o in outs]
+
+
+def _stats(rows: list[dict[str, float]]) -> dict[str, Any]:
+    off = np.array([r["off_engine_ms"] for r in rows])
+    cpu = np.array([r["cpu_ms"] for r in rows])
+    return {
+        "n": len(rows),
+        "off_engine_ms_p50": round(float(np.percentile(off, 50)), 2),
+        "off_engine_ms_p95": round(float(np.percentile(off, 95)), 2),
+        "off_engine_ms_max": round(float(off.max()), 2),
+        "render_ms_p50": round(float(np.median([r["render_ms"] for r in rows])), 2),
+        "tokenize_ms_p50": round(float(np.median([r["tokenize_ms"] for r in rows])), 2),
+        "cpu_ms_mean": round(float(cpu.mean()), 2),
+        "records_per_cpu_s": round(1e3 / float(cpu.mean()), 1),
+        "events_p50": int(np.median([r["events"] for r in rows])),
+        "tokens_p50": int(np.median([r["tokens"] for r in rows])),
+        "medtpe_tokens_p50": int(np.median([r["medtpe_tokens"] for r in rows])),
+    }
+
+
+def _write_bodies(meds: Path, out: Path, n_scale: int) -> tuple[list[str], dict[int, list[str]]]:
+    """Request bodies: every labelled stay, and the scaled copies of `n_scale` median stays."""
+    from bench_service import to_json_events
+
+    from medtpe_core.meds_readers import MedsDataset, read_labels
+
+    dataset = MedsDataset.load(meds)
+    rows = read_labels(meds / "labels" / "icu_mortality.parquet")
+    names, sizes, events_of = [], [], []
+    for i, row in enumerate(rows):
+        events = to_json_events(dataset.events(row.subject_id).before(row.prediction_time))
+        when = row.prediction_time.isoformat()
+        body = {"task": "icu_mortality", "events": events, "prediction_time": when}
+        (out / f"stay{i}.json").write_text(json.dumps(body))
+        names.append(f"stay{i}.json")
+        sizes.append(len(events))
+        events_of.append((body, events))
+    median = np.median(sizes)
+    chosen = sorted(range(len(rows)), key=lambda i: abs(sizes[i] - median))[:n_scale]
+    scaled: dict[int, list[str]] = {s: [] for s in SCALES}
+    for i in chosen:
+        body, events = events_of[i]
+        for scale in SCALES:
+            name = f"stay{i}x{scale}.json"
+            (out / name).write_text(json.dumps({**body, "events": _repeated(events, scale)}))
+            scaled[scale].append(name)
+    return names, scaled
+
+
+def _repeated(events: list[dict[str, Any]], times: int) -> list[dict[str, Any]]:
+    """The timed events `times` times, each earlier copy a year further back; statics once."""
+    static = [e for e in events if e["time"] is None]
+    timed = [e for e in events if e["time"] is not None]
+    out = list(static)
+    for k in range(times - 1, -1, -1):
+        shift = np.timedelta64(366 * k, "D")
+        for e in timed:
+            when = np.datetime64(e["time"]) - shift
+            out.append({**e, "time": str(when.astype("datetime64[s]"))})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--meds", type=Path, required=True)
+    parser.add_argument("--old-src", type=Path, help="a tree of the code to compare with")
+    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--scale-records", type=int, default=6)
+    parser.add_argument("--limit", type=int, help="only the first N stays (a smoke run)")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    from results_file import write_results
+
+    trees = {"new": _HERE.parent.parent} | ({"old": args.old_src} if args.old_src else {})
+    results: dict[str, Any] = {"budget": BUDGET, "engine": "ImmediateEngine (answers at once)"}
+    with tempfile.TemporaryDirectory() as tmp:
+        bodies = Path(tmp)
+        names, scaled = _write_bodies(args.meds, bodies, args.scale_records)
+        names = names[: args.limit]
+        for label, tree in trees.items():
+            cold, warm = _run_workers(tree, bodies, names, passes=2)[0]["passes"]
+            results[label] = {"cold": _stats(cold), "warm": _stats(warm)}
+            print(label, json.dumps(results[label]), flush=True)
+            linear = {}
+            for scale in SCALES:
+                rows = _run_workers(tree, bodies, scaled[scale], passes=2)[0]["passes"][1]
+                linear[f"x{scale}"] = _stats(rows)
+            results[label]["linearity"] = linear
+            print(label, "linearity", json.dumps(linear), flush=True)
+        scaling = {}
+        for copies in args.processes:
+            outs = _run_workers(trees["new"], bodies, names, passes=2, copies=copies)
+            warm_s = max(o["wall_s"][1] for o in outs)  # the copies' warm passes overlap
+            scaling[str(copies)] = {
+                "records_per_s_total": round(len(names) * copies / warm_s, 1),
+                "off_engine_ms_p50": _stats([r for o in outs for r in o["passes"][1]])[
+                    "off_engine_ms_p50"
+                ],
+            }
+            print("processes", copies, scaling[str(copies)], flush=True)
+        results["api_processes"] = scaling
+    write_results(args.out, " ".join(sys.argv), results)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        bodies_dir, names_file, n_passes, out_file = sys.argv[2:6]
+        worker(
+            Path(bodies_dir),
+            json.loads(Path(names_file).read_text()),
+            int(n_passes),
+            Path(out_file),
+        )
+    else:
+        main()
