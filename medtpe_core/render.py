@@ -21,7 +21,9 @@ Format (deterministic):
 - only static events and events strictly before the prediction time are used (no leakage);
 - with a budget, the newest events are kept: static events first, then timed events from the
   newest backwards. The budget is counted in ORIGINAL (base tokenizer) tokens and the final
-  text is re-counted, so the returned count is exact.
+  text is re-counted, so the returned count is exact;
+- with a `window_start` (the stable window, `medtpe_core.windowing`), timed events before it are
+  left out and counted as omitted, and the age is given at the window start.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Protocol
 import numpy as np
 
 from medtpe_core.meds import SubjectEvents
+from medtpe_core.windowing import window_events
 
 STATIC_HEADER = "[static]"
 _BIRTH_CODE = "MEDS_BIRTH"
@@ -222,21 +225,30 @@ def render_record(
     prediction_time: datetime | None = None,
     encoder: TokenEncoder | None = None,
     max_tokens: int | None = None,
+    *,
+    window_start: datetime | None = None,
 ) -> RenderedRecord:
     """Render `events` (static + strictly before `prediction_time`) as text.
 
     With `max_tokens` (needs `encoder`, the ORIGINAL tokenizer) the newest events that fit are
-    kept and the returned `n_tokens` is the exact count of the returned text.
+    kept and the returned `n_tokens` is the exact count of the returned text. With
+    `window_start`, only events from it on are shown (the omission line counts the others).
     """
     if prediction_time is not None:
         events = events.before(prediction_time)
-    lines = _collect_lines(events, descriptions)
-    age = _age_line(events, prediction_time) if prediction_time is not None else None
+    age_at = window_start or prediction_time
+    age = _age_line(events, age_at) if age_at is not None else None
     n_total = len(events)
+    if window_start is not None:
+        events = window_events(events, window_start)
+    lines = _collect_lines(events, descriptions)
     if max_tokens is None:
-        text = _assemble(lines, len(lines.statics), 0, [age] if age else [])
+        preamble = [age] if age else []
+        if len(events) < n_total:
+            preamble.append(_omitted_line(n_total - len(events)))
+        text = _assemble(lines, len(lines.statics), 0, preamble)
         n_tokens = len(encoder.encode_batch([text])[0]) if encoder is not None else None
-        return RenderedRecord(text, n_tokens, n_total, n_total)
+        return RenderedRecord(text, n_tokens, n_total, len(events))
     if encoder is None:
         raise ValueError("a token budget needs the original tokenizer (encoder)")
     return _fit(lines, age, n_total, encoder, max_tokens)
