@@ -70,12 +70,12 @@ def window_events(events: SubjectEvents, start: datetime) -> SubjectEvents:
 
 def _grid_ceil(time: np.datetime64, grid_us: int) -> np.datetime64:
     ticks = time.astype("datetime64[us]").astype(np.int64)
-    return np.datetime64(-(-ticks // grid_us) * grid_us, "us")
+    return np.datetime64(int(-(-ticks // grid_us) * grid_us), "us")
 
 
 def _grid_floor(time: np.datetime64, grid_us: int) -> np.datetime64:
     ticks = time.astype("datetime64[us]").astype(np.int64)
-    return np.datetime64(ticks // grid_us * grid_us, "us")
+    return np.datetime64(int(ticks // grid_us * grid_us), "us")
 
 
 def stable_starts(events: SubjectEvents, n_kept: int, grid_hours: int) -> Iterator[datetime]:
