@@ -33,6 +33,7 @@ from deploy_support import (
     require_tool,
     settings_from_environment,
     substitute_grafana_macros,
+    vllm_metric_names,
 )
 
 from medtpe_core.paths import DEFAULT_ARTEFACT_NAME
@@ -48,7 +49,8 @@ DASHBOARD = DEPLOY / "grafana" / "dashboards" / "medtpe.json"
 
 @pytest.fixture(scope="module")
 def metric_names() -> set[str]:
-    return exported_metric_names()
+    """The service's own metrics and vLLM's, which /metrics carries beside them."""
+    return exported_metric_names() | vllm_metric_names()
 
 
 @pytest.fixture(scope="module")
@@ -406,6 +408,11 @@ def test_dashboard_shows_what_operations_need() -> None:
         "format compliance": r"medtpe_format_compliance_total\{result=\"ok\"",
         "errors by reason": r"by \(reason\) \(rate\(medtpe_errors_total",
         "in-flight requests": r"medtpe_inflight_requests",
+        "prefix-cache hit rate": r"vllm:prefix_cache_hits_total.*/.*vllm:prefix_cache_queries",
+        "time to first token": r"vllm:time_to_first_token_seconds_bucket",
+        "prefill time": r"vllm:request_prefill_time_seconds_bucket",
+        "queue time": r"vllm:request_queue_time_seconds_bucket",
+        "KV-cache usage": r"vllm:kv_cache_usage_perc",
     }
     for what, pattern in wanted.items():
         assert any(re.search(pattern, q) for q in queries), what

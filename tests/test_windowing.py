@@ -3,6 +3,7 @@ before the newest events) while the record grows, and costs fewer events than on
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -81,7 +82,7 @@ def test_stable_window_starts_on_a_grid_boundary(dataset, tokenizer, template):
 def test_stable_prompt_text_grows_only_at_its_end(dataset, tokenizer, template):
     prompts = [prompt_at(dataset, tokenizer, template, when, STABLE) for when in HOURS]
     moves = 0
-    for previous, current in zip(prompts, prompts[1:], strict=False):
+    for previous, current in itertools.pairwise(prompts):
         kept_start = shown_times(previous)[0] == shown_times(current)[0]
         if kept_start:
             # age, omission line, statics, headers and events before the newest: unchanged
@@ -93,7 +94,7 @@ def test_stable_prompt_text_grows_only_at_its_end(dataset, tokenizer, template):
 
 def test_sliding_prompt_changes_its_beginning(dataset, tokenizer, template):
     prompts = [prompt_at(dataset, tokenizer, template, when, Windowing()) for when in HOURS[:3]]
-    for previous, current in zip(prompts, prompts[1:], strict=False):
+    for previous, current in itertools.pairwise(prompts):
         assert not current.text.startswith(previous.head + previous.record_text)
 
 
