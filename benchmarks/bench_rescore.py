@@ -25,6 +25,7 @@ import itertools
 import statistics
 import sys
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -199,27 +200,31 @@ def agreement(sliding: list[dict[str, Any]], stable: list[dict[str, Any]]) -> di
 
 
 async def engine_phase(
-    loaded: LoadedModel, chains: dict[str, dict[str, list[list[PreparedRecord]]]]
-) -> dict[str, Any]:
-    """Run each budget's engine chains on one engine and summarise them."""
+    loaded: LoadedModel,
+    chains: dict[str, dict[str, list[list[PreparedRecord]]]],
+    out: dict[str, Any],
+    save: Callable[[], None],
+) -> None:
+    """Run each budget's chains on one engine; `out[budget]` is summarised (and saved) after
+    every stay, so a run cut short keeps what it measured."""
     from inference.vllm_engine import VllmEngine
 
     engine = await asyncio.to_thread(VllmEngine.start, loaded.engine_config)
     try:
         await engine.warm_up(next(iter(next(iter(chains.values())).values()))[0][0].engine_ids)
-        out: dict[str, Any] = {}
         for budget, by_policy in chains.items():
-            rows: dict[str, list[dict[str, Any]]] = {}
-            for policy, stay_chains in by_policy.items():
-                rows[policy] = []
-                for chain in tqdm(stay_chains, desc=f"engine {budget} {policy}", file=sys.stdout):
-                    rows[policy].extend(await run_chain(engine, loaded.predictor, chain))
-            out[budget] = {
-                **{policy: engine_figures(r) for policy, r in rows.items()},
-                "stable_vs_sliding": agreement(rows["sliding"], rows["stable"]),
-                "rows": rows,
-            }
-        return out
+            rows: dict[str, list[dict[str, Any]]] = {policy: [] for policy in by_policy}
+            n_stays = len(next(iter(by_policy.values())))
+            for i in tqdm(range(n_stays), desc=f"engine {budget}", file=sys.stdout):
+                for policy, stay_chains in by_policy.items():
+                    rows[policy].extend(await run_chain(engine, loaded.predictor, stay_chains[i]))
+                out[budget] = {
+                    "stays": i + 1,
+                    **{policy: engine_figures(r) for policy, r in rows.items()},
+                    "stable_vs_sliding": agreement(rows["sliding"], rows["stable"]),
+                    "rows": rows,
+                }
+                save()
     finally:
         engine.shutdown()
 
@@ -299,12 +304,21 @@ def main() -> None:
         figures["stable_events_kept_vs_sliding"] = round(kept, 4)
         results["budgets"][str(budget)] = figures
         print(budget, figures)
+    command = " ".join(sys.argv)
+    write_results(args.out, command, results)
     if engine_chains:
-        results["engine"] = asyncio.run(engine_phase(loaded, engine_chains))
         results["engine_stays"] = engine_stays
+        results["engine"] = {}
+        asyncio.run(
+            engine_phase(
+                loaded,
+                engine_chains,
+                results["engine"],
+                lambda: write_results(args.out, command, results),
+            )
+        )
         for budget, figures in results["engine"].items():
             print(budget, {k: v for k, v in figures.items() if k != "rows"})
-    write_results(args.out, " ".join(sys.argv), results)
 
 
 if __name__ == "__main__":
