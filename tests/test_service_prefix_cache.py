@@ -11,7 +11,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from service_support import ServiceProcess, metric_value, service_env, synthetic_events
+from service_support import (
+    ServiceProcess,
+    metric_value,
+    running_service,
+    service_env,
+    synthetic_events,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
@@ -31,12 +37,8 @@ def server(
         MEDTPE_WINDOW_POLICY="stable",
         MEDTPE_WINDOW_GRID_HOURS="6",
     )
-    process = ServiceProcess(env, tmp_path_factory.mktemp("prefix-cache") / "service.log")
-    try:
-        process.wait_ready()
+    with running_service(env, tmp_path_factory.mktemp("prefix-cache") / "service.log") as process:
         yield process
-    finally:
-        process.stop()
 
 
 def counters(client: httpx.Client) -> tuple[float, float]:

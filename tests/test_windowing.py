@@ -9,16 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from meds_fixtures import T0, train_tokenizer, write_meds_dataset
+from meds_fixtures import T0, write_meds_dataset
 from tokenizer_support import smollm2_dir, smollm2_medtpe
 
 from medtpe_core.base_tokenizer import BaseTokenizer
-from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.encoding import merge_depth
 from medtpe_core.meds_readers import MedsDataset
 from medtpe_core.prefix_stability import last_pretoken_start
 from medtpe_core.prompting import Prompt, build_prompt
-from medtpe_core.render import render_record
 from medtpe_core.windowing import Windowing, WindowPolicy, stable_starts
 
 SMOLLM2_DIR = Path(__file__).parent / "fixtures" / "smollm2"
@@ -31,16 +29,6 @@ HOURS = [T0 + timedelta(hours=h, minutes=40) for h in range(40, 52)]
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     return MedsDataset.load(write_meds_dataset(tmp_path_factory.mktemp("meds"), (1,), hours=60))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(dataset):
-    return train_tokenizer([render_record(s, dataset.descriptions).text for s in dataset])
-
-
-@pytest.fixture(scope="module")
-def template():
-    return ChatTemplate.from_model_dir(SMOLLM2_DIR)
 
 
 def prompt_at(dataset, tokenizer, template, when: datetime, windowing: Windowing) -> Prompt:
