@@ -39,7 +39,8 @@ class EngineOptions:
     distributed_executor_backend: DistributedBackend | None = None
     """How workers are launched for parallel runs (None: vLLM chooses; `ray` across nodes)."""
     log_stats: bool = True
-    """Keep vLLM's own statistics (prefix-cache hits, time to first token, ...)."""
+    """Keep vLLM's own statistics (prefix-cache hits, time to first token, ...): its `vllm:`
+    Prometheus metrics in the process's default registry."""
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,11 @@ class Engine(Protocol):
         max_new_tokens: int = 64,
         seed: int | None = None,
         top_logprobs: int | None = None,
+        cache_salt: str | None = None,
     ) -> list[Completion]:
-        """`n` answers to one prompt; with `top_logprobs` = k, each with its first token's top k."""
+        """`n` answers to one prompt; with `top_logprobs` = k, each with its first token's top k.
+        Prompts with different `cache_salt`s never share cached prefixes (None: one shared
+        space)."""
         ...
 
     async def warm_up(self, prompt_ids: Sequence[int]) -> None:

@@ -18,6 +18,7 @@ from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.meds_readers import read_code_descriptions
 from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
 from medtpe_core.tokenizer import MedTPETokenizer
+from medtpe_core.windowing import SLIDING_WINDOW, Windowing
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,8 @@ class ModelConfig:
     max_input_tokens: int = 8192
     """Input budget in original-tokenizer tokens (shrunk to fit the model's context)."""
     max_new_tokens: int = 64
+    windowing: Windowing = SLIDING_WINDOW
+    """Which events of a record over the budget the prompt shows (`medtpe_core.windowing`)."""
     engine: EngineOptions = field(default_factory=EngineOptions)
 
 
@@ -127,6 +130,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
         config.mode,
         budget,
         read_code_descriptions(config.codes_dir or config.artefact_dir),
+        windowing=config.windowing,
     )
     engine_config = EngineConfig(checkpoint, budget + config.max_new_tokens, config.engine)
     identity = ModelIdentity(

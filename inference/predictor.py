@@ -21,6 +21,7 @@ from medtpe_core.prompting import Prompt, build_prompt
 from medtpe_core.tasks import Prediction, Task
 from medtpe_core.tasks.option_probabilities import option_probabilities
 from medtpe_core.tokenizer import MedTPETokenizer
+from medtpe_core.windowing import SLIDING_WINDOW, Windowing
 
 Mode = Literal["medtpe", "original"]
 """`medtpe`: MedTPE ids into the exported checkpoint; `original`: base ids into the base model."""
@@ -116,12 +117,15 @@ class Predictor:
         mode: Mode,
         max_input_tokens: int,
         descriptions: Mapping[str, str] | None = None,
+        *,
+        windowing: Windowing = SLIDING_WINDOW,
     ) -> None:
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.mode = mode
         self.max_input_tokens = max_input_tokens
         self.descriptions = dict(descriptions or {})
+        self.windowing = windowing
 
     def segment(self, text: str) -> Segmentation:
         """Plain `text` under the base and the MedTPE tokenizer (lossless MedTPE ids); one base
@@ -153,6 +157,7 @@ class Predictor:
             self.chat_template,
             self.max_input_tokens,
             self.descriptions,
+            windowing=self.windowing,
         )
         return prompt, when
 
@@ -205,9 +210,11 @@ class Predictor:
         temperature: float,
         max_new_tokens: int,
         probabilities: bool = False,
+        cache_salt: str | None = None,
     ) -> Answer:
         """Generate, decode and parse; majority vote over `n_samples` answers; with
-        `probabilities`, the answer options' probabilities from the first answer token.
+        `probabilities`, the answer options' probabilities from the first answer token;
+        `cache_salt` keeps the engine's cached prefixes apart per caller (tenant).
 
         At temperature 0 every sample would be the same greedy answer, so one is generated and
         counted `n_samples` times. The first token's distribution is the same for every sample
@@ -222,6 +229,7 @@ class Predictor:
             temperature=temperature,
             max_new_tokens=max_new_tokens,
             top_logprobs=OPTION_TOP_K if want_logprobs else None,
+            cache_salt=cache_salt,
         )
         generate_s = time.perf_counter() - start
         samples = []

@@ -91,9 +91,11 @@ class VllmEngine:
         max_new_tokens: int = 64,
         seed: int | None = None,
         top_logprobs: int | None = None,
+        cache_salt: str | None = None,
     ) -> list[Completion]:
         """Generate `n` answers to one prompt (stop token excluded); with `top_logprobs` = k,
-        each carries the top-k log-probabilities of its first token.
+        each carries the top-k log-probabilities of its first token. Prompts with different
+        `cache_salt`s never share prefix-cache blocks (vLLM salts the first block's hash).
 
         Raises `EngineDead` when the engine is dead. Cancelling the caller (e.g. a timeout)
         aborts the request inside the engine.
@@ -111,10 +113,11 @@ class VllmEngine:
         # with n > 1 the streamed outputs carry the completions separately: keep the latest
         # (cumulative) state of each completion index
         completions: dict[int, CompletionOutput] = {}
+        prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
+        if cache_salt is not None:
+            prompt["cache_salt"] = cache_salt
         try:
-            async for output in self._llm.generate(
-                TokensPrompt(prompt_token_ids=list(prompt_ids)), params, uuid.uuid4().hex
-            ):
+            async for output in self._llm.generate(prompt, params, uuid.uuid4().hex):
                 completions.update((c.index, c) for c in output.outputs)
         except EngineDeadError as exc:
             self._dead = True

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
+from medtpe_core.windowing import DEFAULT_GRID_HOURS, WindowPolicy
 
 MODE_ORDER = {"original": ("original",), "medtpe": ("medtpe",), "both": ("original", "medtpe")}
 
@@ -58,6 +59,21 @@ def _subject_ids(value: str | None) -> set[int] | None:
     "modes); shrunk to the model's context minus --max-new-tokens.",
 )
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option(
+    "--window-policy",
+    type=click.Choice([p.value for p in WindowPolicy]),
+    default=WindowPolicy.SLIDING.value,
+    show_default=True,
+    help="Which events of a record over the budget are kept: the newest that fit (sliding), or "
+    "from the earliest grid boundary that fits (stable; see docs/configuration.md).",
+)
+@click.option(
+    "--window-grid-hours",
+    type=click.IntRange(min=1),
+    default=DEFAULT_GRID_HOURS,
+    show_default=True,
+    help="Grid of the stable window's start, in hours (UTC boundaries).",
+)
 @click.option("--model", "model_dir", type=click.Path(path_type=Path), default=None)
 @click.option("--artefact", "artefact_dir", type=click.Path(path_type=Path), default=None)
 @click.option(
@@ -80,6 +96,8 @@ def evaluate(
     temperature: float | None,
     max_input_tokens: int,
     max_new_tokens: int,
+    window_policy: str,
+    window_grid_hours: int,
     model_dir: Path | None,
     artefact_dir: Path | None,
     export_dir: Path | None,
@@ -94,6 +112,7 @@ def evaluate(
     from inference.engine import EngineOptions
     from inference.model import ModelConfig
     from medtpe_core.tasks import get_task
+    from medtpe_core.windowing import Windowing
 
     task = get_task(task_name)
     records = load_records(
@@ -115,6 +134,7 @@ def evaluate(
             codes_dir=meds_dir,
             max_input_tokens=max_input_tokens,
             max_new_tokens=max_new_tokens,
+            windowing=Windowing(WindowPolicy(window_policy), window_grid_hours),
             engine=EngineOptions(kv_cache_gib=kv_cache_gib, seed=seed),
         )
         for name in MODE_ORDER[mode]
@@ -130,6 +150,8 @@ def evaluate(
         "n_samples": sampling.n_samples,
         "temperature": sampling.temperature,
         "max_new_tokens": max_new_tokens,
+        "window_policy": window_policy,
+        "window_grid_hours": window_grid_hours,
         "seed": seed,
         "models": {model.identity.mode: asdict(model.identity) for model in used},
     }

@@ -58,7 +58,7 @@ class PairMerger:
         for a, b, _ in merges:
             self._is_left[a] = True
             self._is_right[b] = True
-        self._max_passes = _merge_depth(merges) + 1
+        self._max_passes = merge_depth(merges) + 1
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
         """The merged id array."""
@@ -94,7 +94,7 @@ class PairMerger:
         return ids
 
 
-def _merge_depth(merges: Sequence[tuple[int, int, int]]) -> int:
+def merge_depth(merges: Sequence[tuple[int, int, int]]) -> int:
     """Longest chain of merges feeding one another."""
     depth: dict[int, int] = {}
     for a, b, new in merges:

@@ -11,9 +11,16 @@ from types import MappingProxyType
 from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.meds import MedsEvent, SubjectEvents, to_naive_utc
-from medtpe_core.render import BudgetTooSmallError, render_record
+from medtpe_core.render import BudgetTooSmallError, RenderedRecord, render_record
 from medtpe_core.tasks import Task, get_task
 from medtpe_core.tokenizer import MedTPETokenizer
+from medtpe_core.windowing import (
+    SLIDING_WINDOW,
+    Windowing,
+    WindowPolicy,
+    stable_starts,
+    window_events,
+)
 
 DEFAULT_MAX_INPUT_TOKENS = 8192
 _MAX_FIT_ROUNDS = 4
@@ -83,9 +90,13 @@ def build_prompt(
     chat_template: ChatTemplate,
     max_input_tokens: int = DEFAULT_MAX_INPUT_TOKENS,
     descriptions: Mapping[str, str] | None = None,
+    *,
+    windowing: Windowing = SLIDING_WINDOW,
 ) -> Prompt:
-    """Prompt whose whole text is at most `max_input_tokens` original tokens; the newest events
-    that fit are kept. `prediction_time=None` uses every event (and states no prediction time)."""
+    """Prompt whose whole text is at most `max_input_tokens` original tokens; which events are
+    kept is the `windowing` policy's choice (default: the newest that fit, see
+    `medtpe_core.windowing`). `prediction_time=None` uses every event (and states no prediction
+    time)."""
     task = get_task(task) if isinstance(task, str) else task
     if not isinstance(events, SubjectEvents):
         events = SubjectEvents.from_events(list(events))
@@ -108,26 +119,46 @@ def build_prompt(
         f"({shell_tokens} tokens without a record)"
     )
     budget = max_input_tokens - shell_tokens
-    for _ in range(_MAX_FIT_ROUNDS):
-        try:
-            record = render_record(
-                events, descriptions or _NO_DESCRIPTIONS, prediction_time, base_tokenizer, budget
+
+    def fit(window_start: datetime | None) -> tuple[RenderedRecord, list[int]]:
+        nonlocal budget
+        for _ in range(_MAX_FIT_ROUNDS):
+            try:
+                record = render_record(
+                    events,
+                    descriptions or _NO_DESCRIPTIONS,
+                    prediction_time,
+                    base_tokenizer,
+                    budget,
+                    window_start=window_start,
+                )
+            except BudgetTooSmallError as exc:
+                raise too_small from exc
+            record_ids = (
+                record.ids if record.ids is not None else base_tokenizer.encode(record.text)
             )
-        except BudgetTooSmallError as exc:
-            raise too_small from exc
-        record_ids = record.ids if record.ids is not None else base_tokenizer.encode(record.text)
-        n_tokens = shell_tokens + len(record_ids)
-        if n_tokens <= max_input_tokens:
-            return Prompt(
-                head,
-                record.text,
-                tail,
-                head_ids,
-                record_ids,
-                tail_ids,
-                task.response_prefix,
-                record.n_events_total,
-                record.n_events_kept,
-            )
-        budget -= n_tokens - max_input_tokens
-    raise too_small
+            n_tokens = shell_tokens + len(record_ids)
+            if n_tokens <= max_input_tokens:
+                return record, record_ids
+            budget -= n_tokens - max_input_tokens
+        raise too_small
+
+    record, record_ids = fit(None)
+    if windowing.policy is WindowPolicy.STABLE:
+        shown = events.before(prediction_time) if prediction_time is not None else events
+        for start in stable_starts(shown, record.n_events_kept, windowing.grid_hours):
+            record, record_ids = fit(start)
+            in_window = len(window_events(shown, start))
+            if record.n_events_kept == in_window:
+                break
+    return Prompt(
+        head,
+        record.text,
+        tail,
+        head_ids,
+        record_ids,
+        tail_ids,
+        task.response_prefix,
+        record.n_events_total,
+        record.n_events_kept,
+    )

@@ -21,7 +21,9 @@ Format (deterministic):
 - only static events and events strictly before the prediction time are used (no leakage);
 - with a budget, the newest events are kept: static events first, then timed events from the
   newest backwards. The budget is counted in ORIGINAL (base tokenizer) tokens and the returned
-  count is exact.
+  count is exact;
+- with a `window_start` (the stable window, `medtpe_core.windowing`), timed events before it are
+  left out and counted as omitted, and the age is given at the window start.
 
 How (issue 12, the text is byte-for-byte what the per-event renderer wrote): the events are
 columns; with a budget only the newest timestamps that can matter are turned into lines (a window
@@ -45,6 +47,7 @@ import numpy as np
 
 from medtpe_core.meds import SubjectEvents, time_keys
 from medtpe_core.piece_tokens import PieceTokens, TokenEncoder, piece_tokens
+from medtpe_core.windowing import window_events
 
 __all__ = [
     "STATIC_HEADER",
@@ -338,28 +341,36 @@ def render_record(
     prediction_time: datetime | None = None,
     encoder: TokenEncoder | None = None,
     max_tokens: int | None = None,
+    *,
+    window_start: datetime | None = None,
 ) -> RenderedRecord:
     """Render `events` (static + strictly before `prediction_time`) as text.
 
     With `max_tokens` (needs `encoder`, the ORIGINAL tokenizer) the newest events that fit are
     kept and the returned `n_tokens` is the exact count of the returned text. With an encoder,
-    `ids` are the text's ids.
+    `ids` are the text's ids. With `window_start`, only events from it on are shown (the omission
+    line counts the others).
     """
     if prediction_time is not None:
         events = events.before(prediction_time)
     if max_tokens is not None and encoder is None:
         raise ValueError("a token budget needs the original tokenizer (encoder)")
+    age_at = window_start or prediction_time
+    age = _age_line(events, age_at) if age_at is not None else None
+    n_total = len(events)
+    if window_start is not None:
+        events = window_events(events, window_start)
     pieces = piece_tokens(encoder) if encoder is not None else None
     lines = _window(events, _line_maker(descriptions), pieces, max_tokens)
-    age = _age_line(events, prediction_time) if prediction_time is not None else None
-    n_total = len(events)
     if max_tokens is None or encoder is None or pieces is None:
         preamble = [age] if age else []
+        if len(events) < n_total:
+            preamble.append(_omitted_line(n_total - len(events)))
         out = _assemble(lines, len(lines.statics), 0, preamble, _shown_all(lines.timed))
         if encoder is None or pieces is None:
-            return RenderedRecord("\n".join(out), None, n_total, n_total)
+            return RenderedRecord("\n".join(out), None, n_total, len(events))
         text, ids = _encoded(out, encoder, pieces)
-        return RenderedRecord(text, len(ids), n_total, n_total, ids)
+        return RenderedRecord(text, len(ids), n_total, len(events), ids)
     return fit_to_budget(lines, age, n_total, encoder, pieces, max_tokens)
 
 

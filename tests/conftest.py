@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+from meds_fixtures import train_tokenizer
 from service_support import (
     SERVICE_API_KEY,
     Api,
@@ -16,10 +17,16 @@ from service_support import (
     ServiceProcess,
     instant_client,
     instant_settings,
+    running_service,
     service_artefact,
     service_env,
 )
 from starlette.testclient import TestClient
+
+from medtpe_core.base_tokenizer import BaseTokenizer
+from medtpe_core.chat_template import ChatTemplate
+from medtpe_core.meds_readers import MedsDataset
+from medtpe_core.render import render_record
 
 # CI (`CI=true`, as .ci/run is called) draws the same examples on every run, so a red build is
 # reproducible and never flaky; locally each run explores new ones. HYPOTHESIS_PROFILE overrides.
@@ -52,12 +59,8 @@ def service_server(
         MEDTPE_API_KEYS=f"{SERVICE_API_KEY},test-key-2",
         MEDTPE_MAX_REQUEST_BYTES=str(256 * 1024),
     )
-    server = ServiceProcess(env, tmp_path_factory.mktemp("service") / "service.log")
-    try:
-        server.wait_ready()
+    with running_service(env, tmp_path_factory.mktemp("service") / "service.log") as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -77,3 +80,15 @@ def api(request: pytest.FixtureRequest) -> Iterator[Api]:
         return
     with ServedApi(request.getfixturevalue("service_server")) as client:
         yield client
+
+
+@pytest.fixture(scope="module")
+def tokenizer(dataset: MedsDataset) -> BaseTokenizer:
+    """A small BPE trained on the module's `dataset` fixture, rendered (a stand-in base)."""
+    return train_tokenizer([render_record(s, dataset.descriptions).text for s in dataset])
+
+
+@pytest.fixture(scope="module")
+def template() -> ChatTemplate:
+    """SmolLM2's chat template (committed fixture)."""
+    return ChatTemplate.from_model_dir(Path(__file__).parent / "fixtures" / "smollm2")

@@ -1,10 +1,12 @@
 """Shared helpers of the deployment tests: repository paths, the metric names the service
-exports (read from service/metrics.py's registries), the MEDTPE_* variables the code reads,
-and metric-name extraction from PromQL."""
+exports (read from service/metrics.py's registries, and vLLM's own `vllm:` metrics from the
+installed vLLM's source), the MEDTPE_* variables the code reads, and metric-name extraction
+from PromQL."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import re
 import shutil
@@ -27,6 +29,12 @@ _SUFFIXES = {
     "counter": ("_total",),
     "gauge": ("",),
     "histogram": ("_bucket", "_count", "_sum"),
+}
+# vLLM's Prometheus stat logger creates its metrics through these class attributes.
+_VLLM_METRIC_FACTORIES = {
+    "_counter_cls": "counter",
+    "_gauge_cls": "gauge",
+    "_histogram_cls": "histogram",
 }
 
 # Grafana's macros and the dashboard's variable, replaced by values PromQL accepts.
@@ -79,6 +87,25 @@ def exported_metric_names() -> set[str]:
         suffixes = _SUFFIXES.get(family.type)
         assert suffixes is not None, f"unexpected metric type {family.type} of {family.name}"
         names.update(family.name + suffix for suffix in suffixes)
+    return names
+
+
+def vllm_metric_names() -> set[str]:
+    """Every sample name of vLLM's own metrics (merged into the service's /metrics when the
+    engine keeps statistics), read from the installed vLLM's Prometheus stat logger: each
+    `self._counter_cls(name="vllm:...")` (gauge, histogram) call there."""
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.submodule_search_locations, "vLLM is not installed"
+    source = Path(spec.submodule_search_locations[0]) / "v1" / "metrics" / "loggers.py"
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source.read_text(), filename=str(source))):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        kind = _VLLM_METRIC_FACTORIES.get(node.func.attr)
+        name = next((k.value for k in node.keywords if k.arg == "name"), None)
+        if kind and isinstance(name, ast.Constant) and isinstance(name.value, str):
+            names.update(name.value + suffix for suffix in _SUFFIXES[kind])
+    assert "vllm:prefix_cache_hits_total" in names, f"no vLLM metric found in {source}"
     return names
 
 

@@ -31,6 +31,8 @@ class InstantEngine:
         self.max_model_len = max_model_len
         self.delay_s = delay_s
         self.prompts: list[list[int]] = []
+        self.cache_salts: list[str | None] = []
+        """The cache salt of each generation, in order."""
         self._dead = False
 
     @classmethod
@@ -60,11 +62,13 @@ class InstantEngine:
         max_new_tokens: int = 64,
         seed: int | None = None,
         top_logprobs: int | None = None,
+        cache_salt: str | None = None,
     ) -> list[Completion]:
         """`n` copies of the fixed answer, cut to `max_new_tokens`."""
         if self._dead:
             raise EngineDead("the engine is dead")
         self.prompts.append(list(prompt_ids))
+        self.cache_salts.append(cache_salt)
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if self._dead:

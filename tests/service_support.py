@@ -217,6 +217,17 @@ class ServiceProcess:
         return self.process.returncode
 
 
+@contextmanager
+def running_service(env: dict[str, str], log_path: Path) -> Iterator[ServiceProcess]:
+    """A `ServiceProcess` with `env`, once ready; stopped on exit."""
+    server = ServiceProcess(env, log_path)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
 def metric_value(text: str, name: str, **labels: str) -> float:
     """The value of one sample of a Prometheus exposition (0 when absent)."""
     for line in text.splitlines():

@@ -33,6 +33,7 @@ from deploy_support import (
     require_tool,
     settings_from_environment,
     substitute_grafana_macros,
+    vllm_metric_names,
 )
 
 from medtpe_core.paths import DEFAULT_ARTEFACT_NAME
@@ -48,7 +49,8 @@ DASHBOARD = DEPLOY / "grafana" / "dashboards" / "medtpe.json"
 
 @pytest.fixture(scope="module")
 def metric_names() -> set[str]:
-    return exported_metric_names()
+    """The service's own metrics and vLLM's, which /metrics carries beside them."""
+    return exported_metric_names() | vllm_metric_names()
 
 
 @pytest.fixture(scope="module")
@@ -406,6 +408,11 @@ def test_dashboard_shows_what_operations_need() -> None:
         "format compliance": r"medtpe_format_compliance_total\{result=\"ok\"",
         "errors by reason": r"by \(reason\) \(rate\(medtpe_errors_total",
         "in-flight requests": r"medtpe_inflight_requests",
+        "prefix-cache hit rate": r"vllm:prefix_cache_hits_total.*/.*vllm:prefix_cache_queries",
+        "time to first token": r"vllm:time_to_first_token_seconds_bucket",
+        "prefill time": r"vllm:request_prefill_time_seconds_bucket",
+        "queue time": r"vllm:request_queue_time_seconds_bucket",
+        "KV-cache usage": r"vllm:kv_cache_usage_perc",
     }
     for what, pattern in wanted.items():
         assert any(re.search(pattern, q) for q in queries), what
@@ -430,7 +437,13 @@ def k8s_documents() -> dict[str, dict[str, Any]]:
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_manifests_validate_against_the_kubernetes_schemas(version: str) -> None:
     documents = k8s_documents()
-    assert set(documents) == {"ConfigMap", "Deployment", "Service", "HorizontalPodAutoscaler"}
+    assert set(documents) == {
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "HorizontalPodAutoscaler",
+        "Ingress",
+    }
     for document in documents.values():
         kubernetes_validate.validate(document, version, strict=True)
 
@@ -508,3 +521,33 @@ def test_service_and_autoscaler_target_the_deployment(metric_names: set[str]) ->
     for metric in hpa["spec"]["metrics"]:
         if metric["type"] == "Pods":
             assert metric["pods"]["metric"]["name"] in metric_names
+
+
+def test_ingress_routes_a_record_to_one_replica_by_consistent_hash(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Ingress hashes on the route-key header that docs/scaling.md tells callers to set,
+    forwards to the Service, and lets the service's own body limit and deadline answer."""
+    documents = k8s_documents()
+    ingress, service = documents["Ingress"], documents["Service"]
+    annotations = ingress["metadata"]["annotations"]
+    hash_by = annotations["nginx.ingress.kubernetes.io/upstream-hash-by"]
+    assert hash_by.startswith("$http_x_medtpe_route_key")
+    scaling = (ROOT / "docs" / "scaling.md").read_text()
+    assert "X-MedTPE-Route-Key" in scaling and hash_by in scaling
+    backends = [
+        path["backend"]["service"]
+        for rule in ingress["spec"]["rules"]
+        for path in rule["http"]["paths"]
+    ]
+    service_ports = {p["name"] for p in service["spec"]["ports"]}
+    assert backends and all(
+        b["name"] == service["metadata"]["name"] and b["port"]["name"] in service_ports
+        for b in backends
+    )
+    settings = settings_from_environment(documents["ConfigMap"]["data"], monkeypatch)
+    body_mib = int(annotations["nginx.ingress.kubernetes.io/proxy-body-size"].removesuffix("m"))
+    assert body_mib * 1024 * 1024 > settings.max_request_bytes
+    assert int(annotations["nginx.ingress.kubernetes.io/proxy-read-timeout"]) > (
+        settings.request_timeout_s
+    )

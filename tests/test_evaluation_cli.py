@@ -39,6 +39,10 @@ def test_evaluate_both_modes(service_files: tuple[Path, Path], tmp_path: Path) -
         "16",
         "--kv-cache-gib",
         "1",
+        "--window-policy",
+        "stable",
+        "--window-grid-hours",
+        "6",
         "--artefact",
         str(artefact),
         "--export-dir",
@@ -51,6 +55,10 @@ def test_evaluate_both_modes(service_files: tuple[Path, Path], tmp_path: Path) -
     assert done.returncode == 0, done.stderr[-4000:]
 
     report = json.loads(out.read_text())
+    assert (report["settings"]["window_policy"], report["settings"]["window_grid_hours"]) == (
+        "stable",
+        6,
+    )
     for mode in ("original", "medtpe"):
         summary = report[mode]
         assert summary["n_records"] == 2

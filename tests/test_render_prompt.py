@@ -5,15 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from meds_fixtures import PREDICTION_TIME, train_tokenizer, write_meds_dataset
+from meds_fixtures import PREDICTION_TIME, write_meds_dataset
 from tokenizer_support import smollm2_dir, smollm2_medtpe
 
 from medtpe_core.base_tokenizer import BaseTokenizer
-from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.meds import MedsRecord
 from medtpe_core.meds_readers import MedsDataset
 from medtpe_core.prompting import build_prompt
-from medtpe_core.render import BudgetTooSmallError, render_record
+from medtpe_core.render import BudgetTooSmallError
 from medtpe_core.tasks import UnknownTaskError, get_task
 
 SMOLLM2_DIR = Path(__file__).parent / "fixtures" / "smollm2"
@@ -22,16 +21,6 @@ SMOLLM2_DIR = Path(__file__).parent / "fixtures" / "smollm2"
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     return MedsDataset.load(write_meds_dataset(tmp_path_factory.mktemp("meds")))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(dataset):
-    return train_tokenizer([render_record(s, dataset.descriptions).text for s in dataset])
-
-
-@pytest.fixture(scope="module")
-def template():
-    return ChatTemplate.from_model_dir(SMOLLM2_DIR)
 
 
 def test_prompt_fits_budget_and_keeps_newest(dataset, tokenizer, template):

@@ -1,0 +1,39 @@
+"""How much of a text's MedTPE encoding survives appending more text (the prefix cache's view).
+
+The bound, derived from the encoder's three steps:
+
+1. Base BPE: the base tokenizer splits text into pre-tokens (byte-level regex) and runs BPE on
+   each separately. Appending text can only change the LAST pre-token of `a` (it may join the
+   appended text or split differently, e.g. trailing spaces before a word), so the base ids of
+   `a`'s earlier pre-tokens — the ids of `a_head`, `a` cut before its last pre-token — stay.
+2. Evicted-token decomposition maps each id on its own: a common prefix stays common.
+3. Pair merging (`medtpe_core.encoding.PairMerger`) runs one left-to-right pass per merge level;
+   a pass decides each pair from the pairs to its left, so where two inputs first differ at
+   position f, every output covering positions before f - 1 is the same: each pass moves the
+   difference at most one token to the left, and only `merge_depth` passes can merge anything.
+
+So `encode(a + b)` starts with the first `len(encode(a_head)) - merge_depth` ids of `encode(a)`,
+for every `b`: only the ids of `a`'s last pre-token and at most `merge_depth` ids before them can
+change. Characters spelled by the byte fallback are encoded byte by byte between pieces that are
+encoded separately, which keeps the same bound.
+"""
+
+from __future__ import annotations
+
+from medtpe_core.encoding import merge_depth
+from medtpe_core.tokenizer import MedTPETokenizer
+
+
+def last_pretoken_start(tokenizer: MedTPETokenizer, text: str) -> int:
+    """Character offset where the base pre-tokenizer's last piece of `text` starts (0 if none)."""
+    pre_tokenizer = tokenizer.base.tokenizer.pre_tokenizer
+    if pre_tokenizer is None or not text:
+        return 0
+    pieces = pre_tokenizer.pre_tokenize_str(text)
+    return pieces[-1][1][0] if pieces else 0
+
+
+def stable_prefix_length(tokenizer: MedTPETokenizer, text: str) -> int:
+    """How many leading ids of `tokenizer.encode(text)` no appended text can change."""
+    head = text[: last_pretoken_start(tokenizer, text)]
+    return max(0, len(tokenizer.encode(head)) - merge_depth(tokenizer.merges))
