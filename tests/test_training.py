@@ -308,3 +308,47 @@ def test_ssft_of_an_extension_artefact_is_refused(
     twin.save(tmp_path / "twin")
     with pytest.raises(ValueError, match="not supported"):
         run_ssft(base_dir, tmp_path / "twin", ["a"], ["b"], tmp_path / "run", _config())
+
+
+def test_weights_dtype_is_bfloat16_only_on_a_bf16_cuda_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert ssft_module.weights_dtype(torch.device("cpu")) == torch.float32
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert ssft_module.weights_dtype(torch.device("cuda")) == torch.bfloat16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    assert ssft_module.weights_dtype(torch.device("cuda")) == torch.float32
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_bfloat16_weights_train_float32_rows(
+    base_dir: Path, tokenizer: MedTPETokenizer, monkeypatch: pytest.MonkeyPatch, tie: bool
+) -> None:
+    """The CUDA recipe on the CPU: frozen weights in bfloat16 under bfloat16 autocast, the new
+    rows float32 parameters initialised from the float32 weights, and they learn."""
+    if not tie:
+        untied = base_dir.parent / "untied-bf16"
+        untied.mkdir(exist_ok=True)
+        shutil.copyfile(base_dir / "tokenizer.json", untied / "tokenizer.json")
+        _tiny_model(tie=False).save_pretrained(untied)
+        base_dir = untied
+    monkeypatch.setattr(ssft_module, "weights_dtype", lambda device: torch.bfloat16)
+    cpu = torch.device("cpu")
+    model, params = ssft_module.load_split_model(base_dir, tokenizer, cpu)
+    float32 = transformers.AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    expected = init_new_rows(float32, tokenizer.new_tokens)
+    assert model.get_input_embeddings().weight.dtype == torch.bfloat16
+    assert [p.dtype for p in params] == [torch.float32] * (1 if tie else 2)
+    torch.testing.assert_close(params[0].detach(), expected.input, rtol=0, atol=0)
+    examples = _examples(tokenizer, CORPUS[:6])
+    keep = torch.ones(model.config.vocab_size, dtype=torch.bool)
+    before = ssft_module.validation_loss(model, examples, 2, cpu)
+    optimizer = torch.optim.AdamW(params, lr=5e-2)
+    for _ in range(5):
+        loss, _ = ssft_module.batch_loss(model, examples, "ce", keep, cpu)
+        assert loss.dtype == torch.float32 and torch.isfinite(loss)
+        loss.backward()
+        assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in params)
+        optimizer.step()
+        optimizer.zero_grad()
+    assert ssft_module.validation_loss(model, examples, 2, cpu) < before
