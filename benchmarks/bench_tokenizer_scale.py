@@ -100,7 +100,9 @@ def mine_shards(meds: Path, workers: int, max_n: int, budget: int) -> dict:
         "n_records": stats["n_records"],
         "tokens_per_second": round(stats["n_tokens"] / seconds),
         "peak_rss_main_mib": round(peak_rss_mib(resource.RUSAGE_SELF)),
-        "peak_rss_worker_mib": round(peak_rss_mib(resource.RUSAGE_CHILDREN)) if workers > 1 else None,
+        "peak_rss_worker_mib": round(peak_rss_mib(resource.RUSAGE_CHILDREN))
+        if workers > 1
+        else None,
         "artefact_id": tok.artefact_id,
         "sample_compression_rate": round(stats["sample_compression_rate"], 4),
     }
