@@ -69,10 +69,9 @@ def build_tokenizer(
     started = time.perf_counter()
     protected = default_protected_texts(base_path)
     if corpus.is_dir():
-        base_file = base_path / "tokenizer.json" if base_path.is_dir() else base_path
         spec = CorpusSpec(corpus, max_tokens)
         tok = build_tokenizer_from_meds(
-            base_file, spec, budget, max_n, method, protected, workers=workers
+            base_path, spec, budget, max_n, method, protected, workers=workers
         )
     elif workers > 1:
         raise click.UsageError("--workers applies to a MEDS dataset directory, not a JSONL file")

@@ -58,7 +58,7 @@ def build_tokenizer(
 
 
 def build_tokenizer_from_meds(
-    base_file: Path,
+    base_path: Path,
     spec: CorpusSpec,
     budget: int,
     max_n: int = 2,
@@ -69,11 +69,12 @@ def build_tokenizer_from_meds(
     progress: bool = True,
 ) -> MedTPETokenizer:
     """`build_tokenizer` on a MEDS dataset's records (`spec`), rendered and counted shard by
-    shard in `workers` processes; the artefact is the same for any number of workers."""
+    shard in `workers` processes; the artefact is the same for any number of workers.
+    `base_path`: a tokenizer.json or a model directory (its tokenizer files go along)."""
     _check_method(method)
     started = time.perf_counter()
-    base = BaseTokenizer.load(base_file)
-    job = MiningJob(spec, base.path or base_file, _counted_n(method, max_n), method == "bpe")
+    base = BaseTokenizer.load(base_path)
+    job = MiningJob(spec, base.path or base_path, _counted_n(method, max_n), method == "bpe")
     counts, kept = count_meds_corpus(job, workers, progress)
     settings = _settings(method, budget, max_n, min_freq, protected_texts)
     return build_from_counts(base, counts, kept, settings, protected_texts, progress, started)
