@@ -242,6 +242,7 @@ def build_artefact(
     write (resumable: re-run the same command after an interruption)."""
     from medtpe_core.chat_template import ChatTemplateError
     from medtpe_core.meds_readers import MedsFormatError
+    from medtpe_core.render import BudgetTooSmallError
     from medtpe_core.tasks import UnknownTaskError, get_task
     from training.base_model import BaseModelError
     from training.build_artefact import ArtefactBuild, BuildStateError
@@ -257,7 +258,7 @@ def build_artefact(
         raise click.UsageError(str(exc)) from exc
     try:
         report = build.run()
-    except (MedsFormatError, ChatTemplateError) as exc:
+    except (MedsFormatError, ChatTemplateError, BudgetTooSmallError) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo("\n".join(summary_lines(report)))
 
