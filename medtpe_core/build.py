@@ -51,7 +51,7 @@ def build_tokenizer(
         if method == "bpe" or counter.counts.n_tokens < SAMPLE_TOKENS:
             kept.extend(batch)
         counter.add(batch)
-    settings = _settings(method, budget, max_n, min_freq, protected_texts)
+    settings = build_settings(method, budget, max_n, min_freq, protected_texts)
     return build_from_counts(
         base, counter.result(), kept, settings, protected_texts, progress, started
     )
@@ -76,7 +76,7 @@ def build_tokenizer_from_meds(
     base = BaseTokenizer.load(base_path)
     job = MiningJob(spec, base.path or base_path, _counted_n(method, max_n), method == "bpe")
     counts, kept = count_meds_corpus(job, workers, progress)
-    settings = _settings(method, budget, max_n, min_freq, protected_texts)
+    settings = build_settings(method, budget, max_n, min_freq, protected_texts)
     return build_from_counts(base, counts, kept, settings, protected_texts, progress, started)
 
 
@@ -111,9 +111,10 @@ def _counted_n(method: str, max_n: int) -> int:
     return max_n if method == "static" else 1
 
 
-def _settings(
+def build_settings(
     method: str, budget: int, max_n: int, min_freq: int, protected: Sequence[str]
 ) -> dict[str, Any]:
+    """The settings an artefact records (and `build_from_counts` selects with)."""
     return {
         "method": method,
         "budget": budget,
@@ -129,11 +130,12 @@ def build_from_counts(
     kept: list[list[int]],
     settings: dict[str, Any],
     protected_texts: Sequence[str],
-    progress: bool,
-    started: float,
+    progress: bool = False,
+    started: float | None = None,
 ) -> MedTPETokenizer:
     """Select the new tokens from corpus `counts` (BPE: from the `kept` records, all of them),
-    evict base tokens for them and the missing bytes, and report the compression on `kept`."""
+    evict base tokens for them and the missing bytes, and report the compression on `kept`
+    (and the build time since `started`, a `time.perf_counter()` value, when given)."""
     string_of = _token_strings(base)
     budget, max_n, min_freq = settings["budget"], settings["max_n"], settings["min_freq"]
     if settings["method"] == "static":
@@ -171,8 +173,9 @@ def build_from_counts(
         sample_tokens=n_sample,
         sample_compression_rate=1 - n_compressed / n_sample if n_sample else 0.0,
         evicted_corpus_frequency=int(sum(counts.unigrams[i] for i in evicted)),
-        build_seconds=round(time.perf_counter() - started, 2),
     )
+    if started is not None:
+        tok.corpus_stats["build_seconds"] = round(time.perf_counter() - started, 2)
     return tok
 
 

@@ -69,7 +69,7 @@ def count_shard(job: MiningJob, shard: Path) -> ShardCounts:
     return ShardCounts(counter.result(), records, corpus.subject_ids)
 
 
-def _merge(total: ShardCounts | None, part: ShardCounts, job: MiningJob) -> ShardCounts:
+def merge_shard_counts(total: ShardCounts | None, part: ShardCounts, job: MiningJob) -> ShardCounts:
     """The reduce step: counts added, records kept (up to the sample), subjects checked."""
     if total is None:
         return part
@@ -125,7 +125,7 @@ def count_meds_corpus(
     total: ShardCounts | None = None
     bar = tqdm(total=len(shards), desc="Mining shards", unit="shard", disable=not progress)
     for part in _ordered_map(partial(count_shard, job), shards, workers):
-        total = _merge(total, part, job)
+        total = merge_shard_counts(total, part, job)
         bar.update(1)
         bar.set_postfix(tokens=f"{total.counts.n_tokens:,}")
     bar.close()
