@@ -7,8 +7,12 @@ import gzip
 import json
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SMOLLM2_TOKENIZER = FIXTURES / "tokenizers" / "smollm2" / "tokenizer.json.gz"
@@ -29,12 +33,11 @@ def _tokenizer_files(out: Path, tokenizer_gz: Path, tokenizer_config: Path) -> i
     return next(t["id"] for t in added if t["content"] == eos)
 
 
-def tiny_llama(out: Path, tie: bool = True) -> Path:
-    """A 2-layer Llama (hidden 16) with SmolLM2's tokenizer and chat template."""
+def tiny_llama_model(tie: bool = True, eos_token_id: int | None = None) -> PreTrainedModel:
+    """A 2-layer Llama (hidden 16, SmolLM2's 49,152 ids), seeded random weights."""
     import torch
     import transformers
 
-    eos = _tokenizer_files(out, SMOLLM2_TOKENIZER, SMOLLM2_CONFIG)
     config = transformers.LlamaConfig(
         vocab_size=49152,
         hidden_size=16,
@@ -44,10 +47,16 @@ def tiny_llama(out: Path, tie: bool = True) -> Path:
         num_key_value_heads=1,
         max_position_embeddings=2048,
         tie_word_embeddings=tie,
-        eos_token_id=eos,
+        eos_token_id=eos_token_id,
     )
     torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(out)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def tiny_llama(out: Path, tie: bool = True) -> Path:
+    """`tiny_llama_model` saved with SmolLM2's tokenizer and chat template."""
+    eos = _tokenizer_files(out, SMOLLM2_TOKENIZER, SMOLLM2_CONFIG)
+    tiny_llama_model(tie, eos).save_pretrained(out)
     return out
 
 
