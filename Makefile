@@ -27,9 +27,11 @@ install: $(STAMP)
 model: install
 	$(BIN)/medtpe prepare-model
 
-# Rebuild the committed default artefact (tokenizer + SSFT rows) from the MIMIC-IV demo (CPU: ~1 h).
+# Rebuild the committed default artefact (tokenizer + SSFT rows) from the MIMIC-IV demo (CPU: ~1 h;
+# resumable: run it again after an interruption).
 artefact: model
-	$(BIN)/python benchmarks/build_default_artefact.py
+	$(BIN)/medtpe build-artefact --config artifacts/smollm2-135m-icu/build.yaml \
+	  --base "$$($(BIN)/medtpe prepare-model)"
 
 # First command of the README: set up, prepare the default model if needed, serve.
 serve: model

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from medtpe_core.build import DEFAULT_METHOD, METHODS
+from medtpe_core.build import DEFAULT_METHOD, METHODS, default_protected_texts
 
 
 def _jsonl_texts(path: Path) -> Iterator[str]:
@@ -17,27 +17,6 @@ def _jsonl_texts(path: Path) -> Iterator[str]:
         for line in f:
             if line.strip():
                 yield json.loads(line)["text"]
-
-
-def _protected_texts(base_path: Path) -> list[str]:
-    """Texts whose tokens are never evicted: every task's prompt scaffolding and system prompt,
-    and the base model's chat template."""
-    from medtpe_core.tasks import get_task, list_tasks
-
-    texts = []
-    for name in list_tasks():
-        task = get_task(name)
-        texts.append(task.user_message(""))
-        if task.system_prompt:
-            texts.append(task.system_prompt)
-    if base_path.is_dir():
-        texts.extend(p.read_text() for p in base_path.glob("chat_template.jinja"))
-        config = base_path / "tokenizer_config.json"
-        if config.is_file():
-            template = json.loads(config.read_text()).get("chat_template")
-            if isinstance(template, str):
-                texts.append(template)
-    return texts
 
 
 @click.command("build-tokenizer")
@@ -63,6 +42,14 @@ def _protected_texts(base_path: Path) -> list[str]:
     default=None,
     help="MEDS corpus: cut each record to its newest N original tokens, as prompts do.",
 )
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1),
+    help="MEDS corpus: worker processes rendering and counting data shards in parallel "
+    "(the artefact is the same for any number).",
+)
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Artefact directory.")
 def build_tokenizer(
     base_path: Path,
@@ -71,21 +58,25 @@ def build_tokenizer(
     max_n: int,
     method: str,
     max_tokens: int | None,
+    workers: int,
     out: Path,
 ) -> None:
     """Mine a MedTPE vocabulary from a corpus and write the artefact directory."""
-    from medtpe_core.base_tokenizer import BaseTokenizer
     from medtpe_core.build import build_tokenizer as build
+    from medtpe_core.build import build_tokenizer_from_meds
+    from medtpe_core.corpus import CorpusSpec
 
     started = time.perf_counter()
-    base = BaseTokenizer.load(base_path)
+    protected = default_protected_texts(base_path)
     if corpus.is_dir():
-        from medtpe_core.corpus import iter_meds_corpus_texts
-
-        texts = iter_meds_corpus_texts(corpus, base, max_tokens)
+        spec = CorpusSpec(corpus, max_tokens)
+        tok = build_tokenizer_from_meds(
+            base_path, spec, budget, max_n, method, protected, workers=workers
+        )
+    elif workers > 1:
+        raise click.UsageError("--workers applies to a MEDS dataset directory, not a JSONL file")
     else:
-        texts = _jsonl_texts(corpus)
-    tok = build(base, texts, budget, max_n, method, _protected_texts(base_path))
+        tok = build(base_path, _jsonl_texts(corpus), budget, max_n, method, protected)
     tok.save(out)
     stats = tok.corpus_stats
     click.echo(f"\nMedTPE artefact {tok.artefact_id} -> {out}")
@@ -144,7 +135,7 @@ def add_byte_fallback(artefact: Path, corpus: Path | None, out: Path) -> None:
         texts = iter_meds_corpus_texts(corpus, tok.base, None)
     elif corpus is not None:
         texts = _jsonl_texts(corpus)
-    new = add(tok, texts, _protected_texts(artefact))
+    new = add(tok, texts, default_protected_texts(artefact))
     if out.resolve() != artefact.resolve():
         shutil.copytree(artefact, out, dirs_exist_ok=True)
     new.save(out)

@@ -181,4 +181,86 @@ def extend_vocab(source: Path, out: Path, base: Path | None) -> None:
     )
 
 
-commands = [prepare_model, ssft, export, extend_vocab]
+@click.command("build-artefact")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="YAML file of build settings (keys: training.build_config.BuildConfig's fields; "
+    "options given here override it).",
+)
+@_dir_option("--base", "Base model dir: HF causal LM, BPE tokenizer.json, chat template.")
+@_dir_option("--meds", "MEDS dataset directory (data/ shards, metadata/, labels/).")
+@click.option(
+    "--labels",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    help="MEDS label file or directory giving the prediction times (default: <meds>/labels).",
+)
+@click.option(
+    "--task",
+    "tasks",
+    multiple=True,
+    help="Task whose prompt the prediction times get; repeat to alternate (default: "
+    "icu_mortality).",
+)
+@click.option("--budget", type=click.IntRange(1), default=None, help="New tokens M [2000].")
+@click.option("--max-n", type=click.IntRange(2), default=None, help="Longest new token N [2].")
+@click.option(
+    "--loss",
+    "losses",
+    multiple=True,
+    type=click.Choice(["ce", "kl"]),
+    help="SSFT loss; repeat to train each and keep the lowest held-out loss [ce].",
+)
+@click.option("--max-steps", type=click.IntRange(1), default=None, help="SSFT steps cap [90].")
+@click.option("--n-train", type=click.IntRange(1), default=None, help="SSFT prompts [368].")
+@click.option("--n-val", type=click.IntRange(1), default=None, help="Held-out prompts [40].")
+@_dir_option("--out", "Artefact directory to write (a build state lives in <out>/.build).")
+@click.option(
+    "--device",
+    type=click.Choice(["cpu", "cuda"]),
+    default=None,
+    help="SSFT device (default: cuda if present; bfloat16 weights there).",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(1),
+    default=None,
+    help="Processes rendering and mining data shards in parallel [1].",
+)
+@click.option("--restart", is_flag=True, help="Discard a started build in the work dir.")
+@click.option("--keep-work", is_flag=True, help="Keep <out>/.build afterwards.")
+def build_artefact(
+    config_file: Path | None,
+    restart: bool,
+    keep_work: bool,
+    **overrides: object,
+) -> None:
+    """Build a MedTPE artefact end to end: render, mine, pseudo-label, SSFT, pick, measure,
+    write (resumable: re-run the same command after an interruption)."""
+    from medtpe_core.chat_template import ChatTemplateError
+    from medtpe_core.meds_readers import MedsFormatError
+    from medtpe_core.render import BudgetTooSmallError
+    from medtpe_core.tasks import UnknownTaskError, get_task
+    from training.base_model import BaseModelError
+    from training.build_artefact import ArtefactBuild, BuildStateError
+    from training.build_config import BuildConfigError, build_config
+    from training.build_report import summary_lines
+
+    try:
+        config = build_config(config_file, overrides | {"keep_work": keep_work or None})
+        for task in config.tasks:
+            get_task(task)
+        build = ArtefactBuild(config, restart=restart)
+    except (BuildConfigError, BaseModelError, BuildStateError, UnknownTaskError) as exc:
+        raise click.UsageError(str(exc)) from exc
+    try:
+        report = build.run()
+    except (MedsFormatError, ChatTemplateError, BudgetTooSmallError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo("\n".join(summary_lines(report)))
+
+
+commands = [prepare_model, ssft, export, extend_vocab, build_artefact]

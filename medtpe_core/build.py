@@ -2,27 +2,31 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from medtpe_core.base_tokenizer import BaseTokenizer
+from medtpe_core.corpus import CorpusSpec
 from medtpe_core.mining import (
     Merge,
     Ngram,
     NgramCounter,
+    NgramCounts,
     encode_batches,
     select_bpe,
     select_static,
 )
 from medtpe_core.replacement import MergeGraph, choose_evictions, single_char_ids
+from medtpe_core.sharded_mining import SAMPLE_TOKENS, MiningJob, count_meds_corpus
 from medtpe_core.tokenizer import MedTPETokenizer
 
 METHODS = ("static", "bpe")
 DEFAULT_METHOD = "static"  # wins on held-out ICU records at N = 2 (docs/benchmarks.md)
-_SAMPLE_TOKENS = 2_000_000  # corpus tokens kept to report the build's compression
 
 
 def build_tokenizer(
@@ -38,22 +42,103 @@ def build_tokenizer(
     """Mine up to `budget` TPE tokens of 2..`max_n` base tokens from `texts` and give them the ids
     of the cheapest evictable base tokens. Tokens of `protected_texts` (task prompts, the chat
     template) are never evicted."""
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, not {method!r}")
+    _check_method(method)
     started = time.perf_counter()
     base = base if isinstance(base, BaseTokenizer) else BaseTokenizer.load(base)
-    string_of = _token_strings(base)
-    counter = NgramCounter(base.vocab_size, max_n if method == "static" else 1)
-    sample: list[list[int]] = []
+    counter = NgramCounter(base.vocab_size, _counted_n(method, max_n))
     kept: list[list[int]] = []
     for batch in encode_batches(base, texts, progress=progress):
-        counter.add(batch)
-        if method == "bpe":
+        if method == "bpe" or counter.counts.n_tokens < SAMPLE_TOKENS:
             kept.extend(batch)
-        elif counter.counts.n_tokens - sum(map(len, batch)) < _SAMPLE_TOKENS:
-            sample.extend(batch)
-    counts = counter.result()
-    if method == "static":
+        counter.add(batch)
+    settings = build_settings(method, budget, max_n, min_freq, protected_texts)
+    return build_from_counts(
+        base, counter.result(), kept, settings, protected_texts, progress, started
+    )
+
+
+def build_tokenizer_from_meds(
+    base_path: Path,
+    spec: CorpusSpec,
+    budget: int,
+    max_n: int = 2,
+    method: str = DEFAULT_METHOD,
+    protected_texts: Sequence[str] = (),
+    min_freq: int = 2,
+    workers: int = 1,
+    progress: bool = True,
+) -> MedTPETokenizer:
+    """`build_tokenizer` on a MEDS dataset's records (`spec`), rendered and counted shard by
+    shard in `workers` processes; the artefact is the same for any number of workers.
+    `base_path`: a tokenizer.json or a model directory (its tokenizer files go along)."""
+    _check_method(method)
+    started = time.perf_counter()
+    base = BaseTokenizer.load(base_path)
+    job = MiningJob(spec, base.path or base_path, _counted_n(method, max_n), method == "bpe")
+    counts, kept = count_meds_corpus(job, workers, progress)
+    settings = build_settings(method, budget, max_n, min_freq, protected_texts)
+    return build_from_counts(base, counts, kept, settings, protected_texts, progress, started)
+
+
+def default_protected_texts(base_path: Path) -> list[str]:
+    """Texts whose tokens are never evicted: every task's prompt scaffolding and system prompt,
+    and the chat template of the model directory `base_path` (none for a tokenizer.json)."""
+    from medtpe_core.tasks import get_task, list_tasks
+
+    texts = []
+    for name in list_tasks():
+        task = get_task(name)
+        texts.append(task.user_message(""))
+        if task.system_prompt:
+            texts.append(task.system_prompt)
+    if base_path.is_dir():
+        texts.extend(p.read_text() for p in base_path.glob("chat_template.jinja"))
+        config = base_path / "tokenizer_config.json"
+        if config.is_file():
+            template = json.loads(config.read_text()).get("chat_template")
+            if isinstance(template, str):
+                texts.append(template)
+    return texts
+
+
+def _check_method(method: str) -> None:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, not {method!r}")
+
+
+def _counted_n(method: str, max_n: int) -> int:
+    """The longest n-gram to count: `max_n` for static selection, unigrams only for BPE."""
+    return max_n if method == "static" else 1
+
+
+def build_settings(
+    method: str, budget: int, max_n: int, min_freq: int, protected: Sequence[str]
+) -> dict[str, Any]:
+    """The settings an artefact records (and `build_from_counts` selects with)."""
+    return {
+        "method": method,
+        "budget": budget,
+        "max_n": max_n,
+        "min_freq": min_freq,
+        "n_protected_texts": len(protected),
+    }
+
+
+def build_from_counts(
+    base: BaseTokenizer,
+    counts: NgramCounts,
+    kept: list[list[int]],
+    settings: dict[str, Any],
+    protected_texts: Sequence[str],
+    progress: bool = False,
+    started: float | None = None,
+) -> MedTPETokenizer:
+    """Select the new tokens from corpus `counts` (BPE: from the `kept` records, all of them),
+    evict base tokens for them and the missing bytes, and report the compression on `kept`
+    (and the build time since `started`, a `time.perf_counter()` value, when given)."""
+    string_of = _token_strings(base)
+    budget, max_n, min_freq = settings["budget"], settings["max_n"], settings["min_freq"]
+    if settings["method"] == "static":
         chosen = select_static(counts, budget, string_of, min_freq)
         merges: list[Merge] = [(g[:-1], g[-1:]) for g in chosen]
     else:
@@ -62,7 +147,6 @@ def build_tokenizer(
         merges = select_bpe(
             kept, budget, max_n, string_of, n_symbols, line_ends, min_freq, progress
         )
-        sample = kept
 
     graph = MergeGraph(base)
     dependent = graph.ancestry({i for left, right in merges for i in left + right})
@@ -79,25 +163,19 @@ def build_tokenizer(
     for (left, right), new_id in zip(merges, sorted(order[: len(merges)]), strict=True):
         table.append((ids.get(left, left[0]), ids.get(right, right[0]), new_id))
         ids[left + right] = new_id
-    settings = {
-        "method": method,
-        "budget": budget,
-        "max_n": max_n,
-        "min_freq": min_freq,
-        "n_protected_texts": len(protected_texts),
-        "n_protected_ids": len(protected),
-    }
+    settings = {**settings, "n_protected_ids": len(protected)}
     tok = MedTPETokenizer(base, table, evicted, settings, byte_fallback=byte_fallback)
-    n_sample = sum(map(len, sample))
-    n_compressed = sum(len(tok.encode_ids(ids)) for ids in sample)
+    n_sample = sum(map(len, kept))
+    n_compressed = sum(len(tok.encode_ids(record)) for record in kept)
     tok.corpus_stats.update(
         n_records=counts.n_records,
         n_tokens=counts.n_tokens,
         sample_tokens=n_sample,
         sample_compression_rate=1 - n_compressed / n_sample if n_sample else 0.0,
         evicted_corpus_frequency=int(sum(counts.unigrams[i] for i in evicted)),
-        build_seconds=round(time.perf_counter() - started, 2),
     )
+    if started is not None:
+        tok.corpus_stats["build_seconds"] = round(time.perf_counter() - started, 2)
     return tok
 
 

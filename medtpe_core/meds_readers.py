@@ -1,15 +1,16 @@
 """Readers for MEDS datasets (`data/**/*.parquet`, `metadata/codes.parquet`,
 `metadata/dataset.json`) and MEDS label files, with pyarrow.
 
-A dataset is read once into columns and grouped by subject with numpy; no per-row Python
-objects are built for the whole dataset. Schemas come from the `meds` package; a file that does
-not match raises `MedsFormatError` naming the file and the column.
+A dataset (or one of its data shards: MEDS keeps each subject in one shard) is read once into
+columns and grouped by subject with numpy; no per-row Python objects are built for it. Schemas
+come from the `meds` package; a file that does not match raises `MedsFormatError` naming the
+file and the column.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -100,17 +101,15 @@ class MedsDataset:
         self._slices = {int(s): (int(a), int(b)) for s, a, b in zip(ids, starts, ends, strict=True)}
 
     @classmethod
-    def load(cls, root: str | Path) -> MedsDataset:
-        """Read `root/data/**/*.parquet` and the optional codes / dataset metadata."""
+    def load(cls, root: str | Path, shards: Sequence[Path] | None = None) -> MedsDataset:
+        """Read `root/data/**/*.parquet` (or only the data files `shards`) and the optional
+        codes / dataset metadata."""
         root = Path(root)
-        data_dir = root / meds.data_subdirectory
-        if not data_dir.is_dir():
-            raise MedsFormatError(
-                f"{root}: no '{meds.data_subdirectory}/' directory (not a MEDS dataset)"
-            )
-        table = _read_aligned(_parquet_files(data_dir), meds.DataSchema)
-        _require_non_null(table, "subject_id", data_dir)
-        _require_non_null(table, "code", data_dir)
+        files = list(shards) if shards is not None else data_shards(root)
+        table = _read_aligned(files, meds.DataSchema)
+        where = files[0] if len(files) == 1 else root / meds.data_subdirectory
+        _require_non_null(table, "subject_id", where)
+        _require_non_null(table, "code", where)
         return cls(root, table, read_code_descriptions(root), read_dataset_metadata(root))
 
     @property
@@ -136,6 +135,17 @@ class MedsDataset:
 
     def __iter__(self) -> Iterator[SubjectEvents]:
         return (self.events(s) for s in self._slices)
+
+
+def data_shards(root: str | Path) -> list[Path]:
+    """The data shards of a MEDS dataset (`data/*.parquet` or `data/**/*.parquet`), sorted."""
+    root = Path(root)
+    data_dir = root / meds.data_subdirectory
+    if not data_dir.is_dir():
+        raise MedsFormatError(
+            f"{root}: no '{meds.data_subdirectory}/' directory (not a MEDS dataset)"
+        )
+    return _parquet_files(data_dir)
 
 
 def read_code_descriptions(root: str | Path) -> dict[str, str]:
@@ -201,3 +211,23 @@ def read_labels(path: str | Path) -> list[LabelRow]:
         value = next((col[i] for col in value_columns if col[i] is not None), None)
         rows.append(LabelRow(subject_id=subject_id, prediction_time=time, value=value))
     return rows
+
+
+def read_prediction_times(
+    path: str | Path, subjects: Collection[int] | None = None
+) -> list[tuple[int, datetime]]:
+    """Distinct (subject_id, prediction_time) pairs of a label file (or a directory of them), in
+    file order; only those of `subjects` when given."""
+    path = Path(path)
+    table = _read_aligned(_parquet_files(path), meds.LabelSchema)
+    _require_non_null(table, "subject_id", path)
+    _require_non_null(table, "prediction_time", path)
+    if subjects is not None:
+        wanted = pa.array(sorted(subjects), pa.int64())
+        table = table.filter(pc.is_in(table.column("subject_id"), value_set=wanted))
+    pairs = zip(
+        table.column("subject_id").to_pylist(),
+        table.column("prediction_time").to_pylist(),
+        strict=True,
+    )
+    return list(dict.fromkeys(pairs))

@@ -114,6 +114,18 @@ class NgramCounter:
         return self.counts
 
 
+def merge_counts(total: NgramCounts, part: NgramCounts) -> NgramCounts:
+    """`total` with `part`'s counts added (count tables of two corpus pieces, same base)."""
+    if (total.vocab_size, total.max_n) != (part.vocab_size, part.max_n):
+        raise ValueError("count tables of different vocabularies or n-gram lengths")
+    total.n_records += part.n_records
+    total.n_tokens += part.n_tokens
+    total.unigrams = total.unigrams + part.unigrams
+    for n, table in part.ngrams.items():
+        total.ngrams[n] = _fold([total.ngrams[n], table]) if n in total.ngrams else table
+    return total
+
+
 def _fold(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     keys, inverse = np.unique(np.concatenate([p[0] for p in parts]), return_inverse=True)
     counts = np.bincount(inverse, weights=np.concatenate([p[1] for p in parts]))

@@ -98,12 +98,13 @@ def write_table(path: Path, rows: list[dict], schema: pa.Schema = DATA_SCHEMA) -
 
 
 def write_meds_dataset(root: Path, subjects: tuple[int, ...] = (1, 2, 3), hours: int = 30) -> Path:
-    """A MEDS dataset dir: two data shards (rows shuffled), codes metadata, dataset.json, labels."""
-    rows = [row for s in subjects for row in subject_rows(s, hours)]
-    rows = rows[::-1]  # out of order on purpose: the reader must sort
-    half = len(rows) // 2
-    write_table(root / "data" / "train" / "0.parquet", rows[:half])
-    write_table(root / "data" / "train" / "1.parquet", rows[half:])
+    """A MEDS dataset dir: two data shards (each subject in one, as MEDS requires; rows out of
+    order), codes metadata, dataset.json, labels."""
+    half = (len(subjects) + 1) // 2
+    for index, shard in enumerate((subjects[:half], subjects[half:])):
+        rows = [row for s in shard for row in subject_rows(s, hours)]
+        if rows:  # out of order on purpose: the reader must sort
+            write_table(root / "data" / "train" / f"{index}.parquet", rows[::-1])
     codes = pa.table({"code": list(DESCRIPTIONS), "description": list(DESCRIPTIONS.values())})
     (root / "metadata").mkdir(parents=True, exist_ok=True)
     pq.write_table(codes, root / "metadata" / "codes.parquet")

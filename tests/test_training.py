@@ -4,7 +4,6 @@ tokenizer and a MedTPE tokenizer built in the test: initialisation, embedding sp
 
 from __future__ import annotations
 
-import gzip
 import itertools
 import shutil
 from pathlib import Path
@@ -15,6 +14,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from click.testing import CliRunner  # noqa: E402
+from model_fixtures import tiny_llama, tiny_llama_model  # noqa: E402
 
 from medtpe_cli.main import cli  # noqa: E402
 from medtpe_core.build import build_tokenizer  # noqa: E402
@@ -33,7 +33,6 @@ from training.export import (  # noqa: E402
 from training.pipeline import run_ssft, split_by_subject  # noqa: E402
 from training.ssft import SSFTConfig, train_ssft  # noqa: E402
 
-FIXTURE = Path(__file__).parent / "fixtures" / "tokenizers" / "smollm2" / "tokenizer.json.gz"
 CORPUS = [
     f"{t} Heart Rate [bpm] {80 + i}; Arterial Blood Pressure systolic [mmHg] {110 + i}; "
     f"Respiratory Rate [insp/min] {14 + i % 5}; O2 saturation pulseoxymetry [%] {95 + i % 4}"
@@ -44,11 +43,7 @@ CORPUS = [
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny tied Llama checkpoint with the SmolLM2 tokenizer."""
-    path = tmp_path_factory.mktemp("tiny-base")
-    with gzip.open(FIXTURE, "rb") as src, (path / "tokenizer.json").open("wb") as dst:
-        shutil.copyfileobj(src, dst)
-    _tiny_model(tie=True).save_pretrained(path)
-    return path
+    return tiny_llama(tmp_path_factory.mktemp("tiny-base"))
 
 
 @pytest.fixture(scope="module")
@@ -57,21 +52,6 @@ def tokenizer(base_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> MedTP
     tok = build_tokenizer(base_dir / "tokenizer.json", CORPUS, budget=16, progress=False)
     assert len(tok.new_tokens) == 16
     return tok
-
-
-def _tiny_model(tie: bool, vocab_size: int = 49152) -> transformers.LlamaForCausalLM:
-    config = transformers.LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=512,
-        tie_word_embeddings=tie,
-    )
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config).eval()
 
 
 def _examples(tok: MedTPETokenizer, lines: list[str]) -> list[Example]:
@@ -89,7 +69,7 @@ def _config(**overrides: object) -> SSFTConfig:
 
 
 def test_init_rows_are_rescaled_constituent_means(tokenizer: MedTPETokenizer) -> None:
-    model = _tiny_model(tie=True)
+    model = tiny_llama_model(tie=True)
     rows = init_new_rows(model, tokenizer.new_tokens)
     weight = model.get_input_embeddings().weight.detach()
     target = DEFAULT_ALPHA * mean_row_norm(weight)
@@ -101,7 +81,7 @@ def test_init_rows_are_rescaled_constituent_means(tokenizer: MedTPETokenizer) ->
 
 
 def test_untied_model_gets_input_and_output_rows(tokenizer: MedTPETokenizer) -> None:
-    model = _tiny_model(tie=False)
+    model = tiny_llama_model(tie=False)
     rows = init_new_rows(model, tokenizer.new_tokens)
     assert rows.output is not None
     head = model.get_output_embeddings().weight.detach()
@@ -119,11 +99,11 @@ def test_untied_model_gets_input_and_output_rows(tokenizer: MedTPETokenizer) -> 
 @pytest.mark.parametrize("tie", [True, False])
 def test_split_model_equals_model_with_rows_written(tokenizer: MedTPETokenizer, tie: bool) -> None:
     ids = [t.id for t in tokenizer.new_tokens]
-    split = _tiny_model(tie)
+    split = tiny_llama_model(tie)
     rows = init_new_rows(split, tokenizer.new_tokens)
     rows.input += 0.01 * torch.randn_like(rows.input)  # rows that differ from the init
     apply_split(split, ids, rows)
-    full = _tiny_model(tie)
+    full = tiny_llama_model(tie)
     write_rows_into(full, ids, rows)
     input_ids = torch.tensor([tokenizer.encode(CORPUS[0]) + ids[:4]])
     torch.testing.assert_close(split(input_ids).logits, full(input_ids).logits)
@@ -242,7 +222,7 @@ def test_extension_twin_export(
         untied = tmp_path / "untied-base"
         untied.mkdir()
         shutil.copyfile(base_dir / "tokenizer.json", untied / "tokenizer.json")
-        _tiny_model(tie=False).save_pretrained(untied)
+        tiny_llama_model(tie=False).save_pretrained(untied)
         base_dir = untied
     base = transformers.AutoModelForCausalLM.from_pretrained(base_dir)
     rows = init_new_rows(base, tokenizer.new_tokens)
@@ -308,3 +288,47 @@ def test_ssft_of_an_extension_artefact_is_refused(
     twin.save(tmp_path / "twin")
     with pytest.raises(ValueError, match="not supported"):
         run_ssft(base_dir, tmp_path / "twin", ["a"], ["b"], tmp_path / "run", _config())
+
+
+def test_weights_dtype_is_bfloat16_only_on_a_bf16_cuda_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert ssft_module.weights_dtype(torch.device("cpu")) == torch.float32
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert ssft_module.weights_dtype(torch.device("cuda")) == torch.bfloat16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    assert ssft_module.weights_dtype(torch.device("cuda")) == torch.float32
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_bfloat16_weights_train_float32_rows(
+    base_dir: Path, tokenizer: MedTPETokenizer, monkeypatch: pytest.MonkeyPatch, tie: bool
+) -> None:
+    """The CUDA recipe on the CPU: frozen weights in bfloat16 under bfloat16 autocast, the new
+    rows float32 parameters initialised from the float32 weights, and they learn."""
+    if not tie:
+        untied = base_dir.parent / "untied-bf16"
+        untied.mkdir(exist_ok=True)
+        shutil.copyfile(base_dir / "tokenizer.json", untied / "tokenizer.json")
+        tiny_llama_model(tie=False).save_pretrained(untied)
+        base_dir = untied
+    monkeypatch.setattr(ssft_module, "weights_dtype", lambda device: torch.bfloat16)
+    cpu = torch.device("cpu")
+    model, params = ssft_module.load_split_model(base_dir, tokenizer, cpu)
+    float32 = transformers.AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    expected = init_new_rows(float32, tokenizer.new_tokens)
+    assert model.get_input_embeddings().weight.dtype == torch.bfloat16
+    assert [p.dtype for p in params] == [torch.float32] * (1 if tie else 2)
+    torch.testing.assert_close(params[0].detach(), expected.input, rtol=0, atol=0)
+    examples = _examples(tokenizer, CORPUS[:6])
+    keep = torch.ones(model.config.vocab_size, dtype=torch.bool)
+    before = ssft_module.validation_loss(model, examples, 2, cpu)
+    optimizer = torch.optim.AdamW(params, lr=5e-2)
+    for _ in range(5):
+        loss, _ = ssft_module.batch_loss(model, examples, "ce", keep, cpu)
+        assert loss.dtype == torch.float32 and torch.isfinite(loss)
+        loss.backward()
+        assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in params)
+        optimizer.step()
+        optimizer.zero_grad()
+    assert ssft_module.validation_loss(model, examples, 2, cpu) < before

@@ -74,14 +74,24 @@ def pick_device(name: str | None = None) -> torch.device:
     return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
+def weights_dtype(device: torch.device) -> torch.dtype:
+    """The frozen weights' dtype: bfloat16 on a CUDA device that supports it (half the memory,
+    tensor-core matmuls), float32 elsewhere. The trained rows stay float32 (`apply_split`)."""
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
 def load_split_model(
     base_dir: Path, tokenizer: MedTPETokenizer, device: torch.device
 ) -> tuple[PreTrainedModel, list[torch.nn.Parameter]]:
-    """The base model with embedding-split modules holding freshly initialised new rows."""
+    """The base model (in `weights_dtype`) with embedding-split modules holding freshly
+    initialised float32 new rows (initialised from the float32 weights)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).to(device)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     rows = init_new_rows(model, tokenizer.new_tokens)
+    model = model.to(device=device, dtype=weights_dtype(device))
     params = apply_split(model, [t.id for t in tokenizer.new_tokens], rows)
     return model, params
 
@@ -91,7 +101,9 @@ def _batches(examples: Sequence[Example], size: int) -> list[list[Example]]:
 
 
 def _autocast(device: torch.device) -> torch.autocast:
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    """bfloat16 autocast where the weights are bfloat16 (the float32 rows meet them there)."""
+    enabled = weights_dtype(device) == torch.bfloat16
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
 
 
 def batch_loss(
@@ -153,6 +165,152 @@ def _write_history(path: Path, history: list[dict[str, Any]]) -> None:
         writer.writerows(history)
 
 
+@dataclass
+class _Run:
+    """One SSFT run's moving parts."""
+
+    model: PreTrainedModel
+    params: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    keep: torch.Tensor
+    device: torch.device
+    steps_per_epoch: int
+    total_steps: int
+    run_dir: Path
+    config: SSFTConfig
+    state: dict[str, Any]
+
+
+def _steps(n_train: int, config: SSFTConfig) -> tuple[int, int]:
+    """(optimizer steps per epoch, total optimizer steps)."""
+    micro_per_epoch = math.ceil(n_train / config.batch_size)
+    steps_per_epoch = math.ceil(micro_per_epoch / config.grad_accum)
+    total = steps_per_epoch * config.epochs
+    return steps_per_epoch, total if config.max_steps is None else min(total, config.max_steps)
+
+
+def _start_run(
+    base_dir: Path,
+    tokenizer: MedTPETokenizer,
+    n_train: int,
+    run_dir: Path,
+    config: SSFTConfig,
+) -> _Run:
+    """The split model, its optimizer and schedule, and an empty run state."""
+    device = pick_device(config.device)
+    torch.manual_seed(config.seed)
+    model, params = load_split_model(base_dir, tokenizer, device)
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    keep = torch.ones(model.config.vocab_size, dtype=torch.bool, device=device)
+    keep[[t.id for t in tokenizer.new_tokens]] = False
+    steps_per_epoch, total_steps = _steps(n_train, config)
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, _schedule(total_steps, config.warmup_ratio)
+    )
+    state: dict[str, Any] = {"step": 0, "history": [], "bad_checks": 0, "stopped": False}
+    return _Run(
+        model, params, optimizer, scheduler, keep, device, steps_per_epoch, total_steps,
+        run_dir, config, state,
+    )  # fmt: skip
+
+
+def _restore(run: _Run, checkpoint_path: Path) -> None:
+    """Continue from a checkpoint written by `_checkpoint` with the same settings."""
+    state = torch.load(checkpoint_path, map_location=run.device, weights_only=False)
+    if state["config"] != asdict(run.config):
+        raise ValueError(f"{checkpoint_path} was written with other settings")
+    with torch.no_grad():
+        for param, saved in zip(run.params, state["params"], strict=True):
+            param.copy_(saved)
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["rng"])
+    run.state = state
+
+
+def _first_validation(run: _Run, val: Sequence[Example]) -> None:
+    """Step 0: the initialised rows' validation loss, the first best rows."""
+    loss = validation_loss(run.model, val, run.config.batch_size, run.device)
+    run.state.update(initial_val_loss=loss, best_val_loss=loss, best_rows=split_rows(run.model))
+    run.state["history"].append({"step": 0, "train_loss": "", "val_loss": loss, "lr": 0.0})
+
+
+def _checkpoint(run: _Run) -> None:
+    """Save the run state (rows, optimizer, schedule, RNG) and the history so far."""
+    run.state.update(
+        config=asdict(run.config),
+        params=[p.detach().clone() for p in run.params],
+        optimizer=run.optimizer.state_dict(),
+        scheduler=run.scheduler.state_dict(),
+        rng=torch.get_rng_state(),
+    )
+    _save_checkpoint(run.run_dir / CHECKPOINT_FILE, run.state)
+    _write_history(run.run_dir / HISTORY_FILE, run.state["history"])
+
+
+def _optimizer_step(run: _Run, step_batches: Sequence[Sequence[Example]]) -> float:
+    """Accumulate the gradients of `step_batches`, step; the mean training loss."""
+    step_loss = 0.0
+    for batch in step_batches:
+        loss, _ = batch_loss(run.model, batch, run.config.loss, run.keep, run.device)
+        (loss / len(step_batches)).backward()
+        step_loss += loss.item() / len(step_batches)
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return step_loss
+
+
+def _validate(run: _Run, row: dict[str, Any], val: Sequence[Example]) -> None:
+    """Validation after a step: keep the best rows, count checks without progress (early
+    stopping after `patience`), checkpoint."""
+    state = run.state
+    row["val_loss"] = validation_loss(run.model, val, run.config.batch_size, run.device)
+    if row["val_loss"] < state["best_val_loss"]:
+        state.update(best_val_loss=row["val_loss"], best_rows=split_rows(run.model), bad_checks=0)
+    else:
+        state["bad_checks"] += 1
+        state["stopped"] = state["bad_checks"] >= run.config.patience
+    _checkpoint(run)
+
+
+def _epoch_batches(run: _Run, train: Sequence[Example]) -> list[list[list[Example]]]:
+    """The remaining optimizer steps' micro-batches of the current epoch (seeded order)."""
+    config = run.config
+    epoch, within = divmod(run.state["step"], run.steps_per_epoch)
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(config.seed + epoch))
+    micro = _batches([train[i] for i in order.tolist()], config.batch_size)
+    return _batches(micro[within * config.grad_accum :], config.grad_accum)
+
+
+def _train_loop(run: _Run, train: Sequence[Example], val: Sequence[Example]) -> None:
+    """Optimizer steps until the step budget or early stopping, validating every K steps."""
+    state, config = run.state, run.config
+    run.model.train()
+    bar = tqdm(
+        total=run.total_steps, initial=state["step"], desc=f"ssft[{config.loss}]", unit="step"
+    )
+    bar.set_postfix(val=f"{state['best_val_loss']:.4f}")
+    while state["step"] < run.total_steps and not state["stopped"]:
+        for step_batches in _epoch_batches(run, train):
+            step_loss = _optimizer_step(run, step_batches)
+            state["step"] += 1
+            lr = run.scheduler.get_last_lr()[0]
+            row = {"step": state["step"], "train_loss": step_loss, "val_loss": "", "lr": lr}
+            state["history"].append(row)
+            bar.update(1)
+            bar.set_postfix(loss=f"{step_loss:.4f}", val=f"{state['best_val_loss']:.4f}")
+            last = state["step"] >= run.total_steps
+            if state["step"] % config.eval_every == 0 or last:
+                _validate(run, row, val)
+            if last or state["stopped"]:
+                break
+    bar.close()
+
+
 def train_ssft(
     base_dir: Path,
     tokenizer: MedTPETokenizer,
@@ -168,98 +326,14 @@ def train_ssft(
     `resume`, an existing checkpoint there is continued from its last validation.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
-    device = pick_device(config.device)
-    torch.manual_seed(config.seed)
-    model, params = load_split_model(base_dir, tokenizer, device)
-    if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    keep = torch.ones(model.config.vocab_size, dtype=torch.bool, device=device)
-    keep[[t.id for t in tokenizer.new_tokens]] = False
-
-    micro_per_epoch = math.ceil(len(train) / config.batch_size)
-    steps_per_epoch = math.ceil(micro_per_epoch / config.grad_accum)
-    total_steps = steps_per_epoch * config.epochs
-    if config.max_steps is not None:
-        total_steps = min(total_steps, config.max_steps)
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, _schedule(total_steps, config.warmup_ratio)
-    )
-
+    run = _start_run(base_dir, tokenizer, len(train), run_dir, config)
     checkpoint_path = run_dir / CHECKPOINT_FILE
-    state: dict[str, Any] = {"step": 0, "history": [], "bad_checks": 0, "stopped": False}
     if resume and checkpoint_path.is_file():
-        state = torch.load(checkpoint_path, map_location=device, weights_only=False)
-        if state["config"] != asdict(config):
-            raise ValueError(f"{checkpoint_path} was written with other settings")
-        with torch.no_grad():
-            for param, saved in zip(params, state["params"], strict=True):
-                param.copy_(saved)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["rng"])
+        _restore(run, checkpoint_path)
     else:
-        state["initial_val_loss"] = validation_loss(model, val, config.batch_size, device)
-        state["best_val_loss"] = state["initial_val_loss"]
-        state["best_rows"] = split_rows(model)
-        state["history"].append(
-            {"step": 0, "train_loss": "", "val_loss": state["initial_val_loss"], "lr": 0.0}
-        )
-
-    def checkpoint() -> None:
-        state.update(
-            config=asdict(config),
-            params=[p.detach().clone() for p in params],
-            optimizer=optimizer.state_dict(),
-            scheduler=scheduler.state_dict(),
-            rng=torch.get_rng_state(),
-        )
-        _save_checkpoint(checkpoint_path, state)
-        _write_history(run_dir / HISTORY_FILE, state["history"])
-
-    model.train()
-    bar = tqdm(total=total_steps, initial=state["step"], desc=f"ssft[{config.loss}]", unit="step")
-    bar.set_postfix(val=f"{state['best_val_loss']:.4f}")
-    while state["step"] < total_steps and not state["stopped"]:
-        epoch, within = divmod(state["step"], steps_per_epoch)
-        order = torch.randperm(
-            len(train), generator=torch.Generator().manual_seed(config.seed + epoch)
-        )
-        micro = _batches([train[i] for i in order.tolist()], config.batch_size)
-        start = within * config.grad_accum
-        for step_batches in _batches(micro[start:], config.grad_accum):
-            step_loss = 0.0
-            for batch in step_batches:
-                loss, _ = batch_loss(model, batch, config.loss, keep, device)
-                (loss / len(step_batches)).backward()
-                step_loss += loss.item() / len(step_batches)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            state["step"] += 1
-            row = {
-                "step": state["step"],
-                "train_loss": step_loss,
-                "val_loss": "",
-                "lr": scheduler.get_last_lr()[0],
-            }
-            state["history"].append(row)
-            bar.update(1)
-            bar.set_postfix(loss=f"{step_loss:.4f}", val=f"{state['best_val_loss']:.4f}")
-            last = state["step"] >= total_steps
-            if state["step"] % config.eval_every == 0 or last:
-                row["val_loss"] = validation_loss(model, val, config.batch_size, device)
-                if row["val_loss"] < state["best_val_loss"]:
-                    state.update(
-                        best_val_loss=row["val_loss"], best_rows=split_rows(model), bad_checks=0
-                    )
-                else:
-                    state["bad_checks"] += 1
-                    state["stopped"] = state["bad_checks"] >= config.patience
-                checkpoint()
-            if last or state["stopped"]:
-                break
-    bar.close()
+        _first_validation(run, val)
+    _train_loop(run, train, val)
+    state = run.state
     return SSFTResult(
         rows=state["best_rows"],
         initial_val_loss=state["initial_val_loss"],

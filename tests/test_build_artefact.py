@@ -1,0 +1,208 @@
+"""`medtpe build-artefact` on a tiny Llama (tied, SmolLM2's tokenizer) and a synthetic MEDS
+dataset, on the CPU: every step, the report, resuming after an interruption, and the clear
+errors. The vLLM engine that pseudo-labels and answers is replaced by a fixed answer here (a fake
+around the build; `test_build_artefact_qwen2.py` runs the real engine end to end)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from click.testing import CliRunner  # noqa: E402
+from meds_fixtures import train_tokenizer, write_meds_dataset  # noqa: E402
+from model_fixtures import tiny_llama  # noqa: E402
+from tokenizers import Tokenizer, models  # noqa: E402
+
+import training.examples  # noqa: E402
+import training.pseudo_labels  # noqa: E402
+from medtpe_cli.main import cli  # noqa: E402
+from medtpe_core.build import build_tokenizer  # noqa: E402
+from medtpe_core.corpus import iter_meds_corpus_texts  # noqa: E402
+from medtpe_core.tokenizer import MedTPETokenizer  # noqa: E402
+from training import build_artefact as build_module  # noqa: E402
+from training.export import load_rows  # noqa: E402
+
+SETTINGS = """\
+tasks: [icu_mortality, phenotyping]
+budget: 24
+n_train: 6
+n_val: 3
+held_out: 0.3
+max_input_tokens: 700
+mining_max_tokens: 900
+losses: [ce, kl]
+max_steps: 2
+eval_every: 1
+lr: 0.01
+max_new_tokens: 8
+device: cpu
+"""
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def meds_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_meds_dataset(tmp_path_factory.mktemp("meds"), subjects=tuple(range(1, 11)))
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "build.yaml"
+    path.write_text(SETTINGS)
+    return path
+
+
+class Interrupted(Exception):
+    """Stands in for a crash or Ctrl-C in the middle of a build."""
+
+
+class FixedAnswers:
+    """Stands in for the vLLM engine: the same answer ids (ending with eos) for every prompt."""
+
+    def __init__(self, answer: Sequence[int]):
+        self.answer = list(answer)
+        self.calls: list[int] = []
+
+    def __call__(
+        self, model_dir: Path, prompts: Sequence[Sequence[int]], *_: object, **__: object
+    ) -> list:
+        self.calls.append(len(prompts))
+        return [list(self.answer) for _ in prompts]
+
+
+@pytest.fixture
+def engine(base_dir: Path, monkeypatch: pytest.MonkeyPatch) -> FixedAnswers:
+    from medtpe_core.base_tokenizer import BaseTokenizer
+
+    base = BaseTokenizer.load(base_dir)
+    fake = FixedAnswers([*base.encode('yes"}'), base.tokenizer.token_to_id("<|im_end|>")])
+    monkeypatch.setattr(training.examples, "greedy_generate", fake)
+    monkeypatch.setattr(training.pseudo_labels, "greedy_generate", fake)
+    return fake
+
+
+def _build(*args: str):
+    return CliRunner().invoke(cli, ["build-artefact", *args], catch_exceptions=False)
+
+
+def _args(config_file: Path, base_dir: Path, meds_dir: Path, out: Path) -> list[str]:
+    paths = {"--config": config_file, "--base": base_dir, "--meds": meds_dir, "--out": out}
+    return [part for option, path in paths.items() for part in (option, str(path))]
+
+
+def test_build_writes_a_trained_artefact_and_its_report(
+    config_file: Path, base_dir: Path, meds_dir: Path, tmp_path: Path, engine: FixedAnswers
+) -> None:
+    out = tmp_path / "artefact"
+    result = _build(*_args(config_file, base_dir, meds_dir, out), "--workers", "2")
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "build_report.json").read_text())
+    tokenizer = MedTPETokenizer.load(out)
+    assert report["artefact_id"] == tokenizer.artefact_id and len(tokenizer.new_tokens) == 24
+    assert report["base"]["tied_embeddings"] is True and report["base"]["eos_ids"] == [2]
+    assert report["split"]["n_train_windows"] == 6 and report["split"]["n_val_windows"] == 3
+    assert report["mine"]["n_records"] == report["split"]["n_train_times"] == 7
+    assert set(report["ssft"]) == {"ce", "kl"} and report["pick"]["loss"] in ("ce", "kl")
+    kept = report["ssft"][report["pick"]["loss"]]
+    assert kept["steps"] == 2 and kept["best_val_loss"] <= kept["initial_val_loss"]
+    assert 0 < report["measure"]["compression"]["record_compression_rate"] < 1
+    agreement = report["measure"]["agreement"]
+    assert agreement["n"] == 3 and agreement["exact_answer_agreement"] == 1.0
+    assert engine.calls == [6, 3, 3]  # pseudo-labels (train, val), then the kept model's answers
+    rows, _ = load_rows(out)
+    assert rows.input.shape == (24, 16) and rows.output is None
+    for name in ("training_curve_ce.csv", "training_curve_kl.csv", "tokenizer_config.json"):
+        assert (out / name).is_file()
+    assert not (out / ".build").exists()  # work dir removed once written
+    assert f"MedTPE artefact {tokenizer.artefact_id}" in result.output
+    assert "held-out compression" in result.output and "SSFT kl" in result.output
+
+
+def test_interrupted_build_resumes_from_its_last_step(
+    config_file: Path,
+    base_dir: Path,
+    meds_dir: Path,
+    tmp_path: Path,
+    engine: FixedAnswers,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    out = tmp_path / "artefact"
+    args = _args(config_file, base_dir, meds_dir, out)
+    real_ssft = build_module.ArtefactBuild.ssft
+
+    def interrupted(self: build_module.ArtefactBuild, loss: str) -> dict:
+        if loss == "kl":
+            raise Interrupted
+        return real_ssft(self, loss)
+
+    monkeypatch.setattr(build_module.ArtefactBuild, "ssft", interrupted)
+    with pytest.raises(Interrupted):
+        _build(*args)
+    state = json.loads((out / ".build" / "state.json").read_text())
+    assert list(state["steps"]) == ["check", "split", "render", "mine", "pseudo_label", "ssft_ce"]
+    assert engine.calls == [6, 3]
+
+    changed = _build(*args, "--budget", "30")
+    assert changed.exit_code == 2 and "other settings (budget)" in changed.output
+
+    monkeypatch.setattr(build_module.ArtefactBuild, "ssft", real_ssft)
+    resumed = _build(*args)
+    assert resumed.exit_code == 0, resumed.output
+    assert engine.calls == [6, 3, 3]  # no second pseudo-labelling
+    report = json.loads((out / "build_report.json").read_text())
+    assert report["step_seconds"]["ssft_ce"] == state["steps"]["ssft_ce"]["seconds"]
+    assert set(report["ssft"]) == {"ce", "kl"}
+
+
+def test_unusable_base_models_are_refused(
+    config_file: Path, base_dir: Path, meds_dir: Path, tmp_path: Path
+) -> None:
+    no_template = tmp_path / "no-template"
+    shutil.copytree(base_dir, no_template)
+    config = json.loads((no_template / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (no_template / "tokenizer_config.json").write_text(json.dumps(config))
+    result = _build(*_args(config_file, no_template, meds_dir, tmp_path / "a"))
+    assert result.exit_code == 2 and "no chat template" in result.output
+
+    word_level = tmp_path / "word-level"
+    shutil.copytree(base_dir, word_level)
+    Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")).save(
+        str(word_level / "tokenizer.json")
+    )
+    result = _build(*_args(config_file, word_level, meds_dir, tmp_path / "b"))
+    assert result.exit_code == 2 and "needs a tokenizer.json with a BPE model" in result.output
+
+    other = tmp_path / "other-base-artefact"
+    texts = list(iter_meds_corpus_texts(meds_dir))
+    build_tokenizer(train_tokenizer(texts), texts, 4, progress=False).save(other)
+    result = _build(*_args(config_file, base_dir, meds_dir, other))
+    assert result.exit_code == 2 and "another base model's tokenizer" in result.output
+
+
+def test_bad_settings_are_named(
+    config_file: Path, base_dir: Path, meds_dir: Path, tmp_path: Path
+) -> None:
+    args = _args(config_file, base_dir, meds_dir, tmp_path / "out")
+    config_file.write_text(SETTINGS + "n_epochs: 3\n")
+    result = _build(*args)
+    assert result.exit_code == 2 and "unknown build setting(s): n_epochs" in result.output
+    config_file.write_text(SETTINGS.replace("losses: [ce, kl]", "losses: [mse]"))
+    result = _build(*args)
+    assert result.exit_code == 2 and "build setting 'losses'" in result.output
+    config_file.write_text(SETTINGS)
+    result = _build(*args, "--task", "no_such_task")
+    assert result.exit_code == 2 and "no_such_task" in result.output
+    result = CliRunner().invoke(cli, ["build-artefact", "--meds", str(meds_dir)])
+    assert result.exit_code == 2 and "'base' is required" in result.output

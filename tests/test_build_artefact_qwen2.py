@@ -1,0 +1,95 @@
+"""A second architecture end to end: a tiny Qwen2 checkpoint (random weights, untied output head,
+Qwen2.5's 151,936 embedding rows) with the real Qwen2.5 tokenizer and chat template goes through
+`medtpe build-artefact` (the real vLLM engine pseudo-labels and answers), `medtpe export`, and
+`medtpe serve` → `POST /predict`. Its answers are noise; the path is what is tested."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("vllm")
+
+import httpx
+from click.testing import CliRunner
+from meds_fixtures import write_meds_dataset
+from model_fixtures import QWEN25_VOCAB_SIZE, tiny_qwen2
+from service_support import ServiceProcess, synthetic_events
+
+from medtpe_cli.main import cli
+from medtpe_core.tokenizer import MedTPETokenizer
+from training.export import load_rows
+
+pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(1800)]
+
+SETTINGS = """\
+tasks: [icu_mortality]
+budget: 64
+n_train: 4
+n_val: 2
+held_out: 0.25
+max_input_tokens: 1024
+mining_max_tokens: 1500
+losses: [ce]
+max_steps: 2
+eval_every: 1
+max_new_tokens: 8
+device: cpu
+"""
+
+
+def test_qwen2_build_export_serve_predict(tmp_path: Path) -> None:
+    base = tiny_qwen2(tmp_path / "tiny-qwen2")
+    meds = write_meds_dataset(tmp_path / "meds", subjects=tuple(range(1, 9)))
+    config = tmp_path / "build.yaml"
+    config.write_text(SETTINGS)
+    out, export = tmp_path / "artefact", tmp_path / "export"
+    runner = CliRunner()
+
+    args = ["--config", str(config), "--base", str(base), "--meds", str(meds), "--out", str(out)]
+    built = runner.invoke(cli, ["build-artefact", *args], catch_exceptions=False)
+    assert built.exit_code == 0, built.output
+    report = json.loads((out / "build_report.json").read_text())
+    assert report["base"]["model_type"] == "qwen2" and not report["base"]["tied_embeddings"]
+    assert report["base"]["vocab_size"] == QWEN25_VOCAB_SIZE
+    assert report["base"]["eos_ids"] == [151645]  # <|im_end|>, from the generation config
+    assert report["pseudo_label"]["train"]["n"] == 4 and report["ssft"]["ce"]["steps"] == 2
+    assert report["measure"]["agreement"]["n"] == 2  # answered by the exported model in vLLM
+    assert report["measure"]["compression"]["record_compression_rate"] > 0
+    tokenizer = MedTPETokenizer.load(out)
+    assert tokenizer.artefact_id == report["artefact_id"] and len(tokenizer.new_tokens) == 64
+    rows, _ = load_rows(out)
+    assert rows.input.shape == rows.output.shape == (64, 128)  # untied: input and output rows
+
+    exported = runner.invoke(
+        cli, ["export", "--base", str(base), "--medtpe", str(out), "--out", str(export)]
+    )
+    assert exported.exit_code == 0, exported.output
+
+    env = {
+        "MEDTPE_MODEL_DIR": str(base),
+        "MEDTPE_ARTEFACT_DIR": str(out),
+        "MEDTPE_EXPORT_DIR": str(export),
+        "MEDTPE_MAX_INPUT_TOKENS": "1024",
+        "MEDTPE_MAX_NEW_TOKENS": "8",
+        "MEDTPE_KV_CACHE_GIB": "1",
+        "MEDTPE_ENFORCE_EAGER": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    }
+    server = ServiceProcess(env, tmp_path / "service.log")
+    try:
+        server.wait_ready()
+        body = {"task": "icu_mortality", "events": synthetic_events(1, 80)}
+        response = httpx.post(server.url + "/predict", json=body, timeout=300)
+    finally:
+        server.stop()
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["model"]["artefact_id"] == report["artefact_id"]
+    assert answer["model"]["mode"] == "medtpe"
+    assert 0 < answer["tokens"]["medtpe"] < answer["tokens"]["original"] <= 1024
+    assert 1 <= answer["tokens"]["generated"] <= 8
+    assert answer["prediction"] in (True, False, None)

@@ -1,0 +1,147 @@
+"""Settings of `medtpe build-artefact`: a dataclass, loadable from a YAML file (`--config`) whose
+keys are its field names; command-line options override the file. Relative paths are taken
+from the current directory."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from medtpe_core.build import DEFAULT_METHOD, METHODS
+from training.losses import LOSSES
+
+DEVICES = ("cpu", "cuda")
+# Settings that change how a build runs, not what it produces: a resumed build may change them.
+RUNTIME_FIELDS = ("out", "work", "device", "workers", "keep_work")
+
+
+class BuildConfigError(ValueError):
+    """A build setting is missing, unknown or out of range (the message names it)."""
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Prediction times at fixed `hours` after the `start` of each row of a `table` of intervals
+    (parquet with `subject_id`, `start` and `end` columns, e.g. ICU stays), before its `end`."""
+
+    table: Path
+    start: str
+    end: str
+    hours: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Everything `medtpe build-artefact` needs (defaults: the default artefact's recipe)."""
+
+    base: Path
+    meds: Path
+    out: Path
+    labels: Path | None = None  # MEDS label file/dir (default: <meds>/labels) ...
+    windows: Windows | None = None  # ... or prediction times inside intervals
+    tasks: tuple[str, ...] = ("icu_mortality",)  # prediction times alternate between them
+    budget: int = 2000
+    max_n: int = 2
+    method: str = DEFAULT_METHOD
+    mining_max_tokens: int = 8192
+    max_input_tokens: int = 768
+    held_out: float = 0.2
+    n_train: int = 368
+    n_val: int = 40
+    losses: tuple[str, ...] = ("ce",)
+    lr: float = 5e-4
+    epochs: int = 1
+    max_steps: int | None = 90
+    eval_every: int = 15
+    patience: int = 3
+    max_new_tokens: int = 16
+    seed: int = 1
+    measure_agreement: bool = True
+    device: str | None = None
+    workers: int = 1
+    work: Path | None = None  # default <out>/.build
+    keep_work: bool = False
+
+    def __post_init__(self) -> None:
+        _check(self.method in METHODS, "method", f"one of {METHODS}")
+        _check(bool(self.losses) and set(self.losses) <= set(LOSSES), "losses", f"of {LOSSES}")
+        _check(self.device in (None, *DEVICES), "device", f"one of {DEVICES}")
+        _check(bool(self.tasks), "tasks", "at least one task")
+        _check(0 < self.held_out < 1, "held_out", "a fraction between 0 and 1")
+        for name in ("budget", "max_n", "n_train", "n_val", "epochs", "eval_every", "workers"):
+            _check(getattr(self, name) >= 1, name, "at least 1")
+        _check(self.max_steps is None or self.max_steps >= 1, "max_steps", "at least 1")
+        _check(self.labels is None or self.windows is None, "labels", "not given with windows")
+
+    @property
+    def work_dir(self) -> Path:
+        """Where intermediate files and the build state live."""
+        return self.work if self.work is not None else self.out / ".build"
+
+    def identity(self) -> dict[str, Any]:
+        """The settings that determine the result (a resumed build must have the same)."""
+        values = to_dict(self)
+        return {k: v for k, v in values.items() if k not in RUNTIME_FIELDS}
+
+
+def _check(ok: bool, name: str, expected: str) -> None:
+    if not ok:
+        raise BuildConfigError(f"build setting '{name}': expected {expected}")
+
+
+def to_dict(config: BuildConfig) -> dict[str, Any]:
+    """JSON-ready settings (paths as strings)."""
+    return _jsonable(dataclasses.asdict(config))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return str(value) if isinstance(value, Path) else value
+
+
+_PATHS = ("base", "meds", "out", "labels", "work")
+_TUPLES = ("tasks", "losses")
+
+
+def build_config(file: Path | None, overrides: dict[str, Any]) -> BuildConfig:
+    """Settings from the YAML `file` (if any) with the non-None `overrides` on top."""
+    values: dict[str, Any] = {}
+    if file is not None:
+        loaded = yaml.safe_load(Path(file).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise BuildConfigError(f"{file}: expected a mapping of build settings")
+        values = {str(k).replace("-", "_"): v for k, v in loaded.items()}
+    values |= {k: v for k, v in overrides.items() if v is not None and v != ()}
+    names = {f.name for f in dataclasses.fields(BuildConfig)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise BuildConfigError(f"unknown build setting(s): {', '.join(unknown)}")
+    for name in ("base", "meds", "out"):
+        if values.get(name) is None:
+            raise BuildConfigError(f"build setting '{name}' is required (--{name} or the config)")
+    for name in _PATHS:
+        if values.get(name) is not None:
+            values[name] = Path(values[name])
+    for name in _TUPLES:
+        if name in values:
+            given = values[name]
+            values[name] = (given,) if isinstance(given, str) else tuple(given)
+    if values.get("windows") is not None:
+        values["windows"] = _windows(values["windows"])
+    return BuildConfig(**values)
+
+
+def _windows(given: Any) -> Windows:
+    if isinstance(given, Windows):
+        return given
+    if not isinstance(given, dict) or set(given) != {"table", "start", "end", "hours"}:
+        raise BuildConfigError("build setting 'windows': expected table, start, end, hours")
+    hours = tuple(float(h) for h in given["hours"])
+    return Windows(Path(given["table"]), str(given["start"]), str(given["end"]), hours)

@@ -1,0 +1,163 @@
+"""The data steps of `medtpe build-artefact`: prediction times (a MEDS label file, or windows
+inside intervals), the subject split, the SSFT samples, and their prompts rendered shard by
+shard (never the whole dataset in memory)."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm.auto import tqdm
+
+from medtpe_core.base_tokenizer import BaseTokenizer
+from medtpe_core.chat_template import ChatTemplate
+from medtpe_core.corpus import CorpusSpec
+from medtpe_core.meds_readers import (
+    MedsDataset,
+    MedsFormatError,
+    data_shards,
+    read_prediction_times,
+)
+from medtpe_core.prompting import build_prompt
+from medtpe_core.tasks import get_task
+from training.build_config import BuildConfig, Windows
+
+SUBJECT_ID = "subject_id"
+PREDICTION_TIME = "prediction_time"
+
+
+@dataclass(frozen=True)
+class Window:
+    """One prediction: a subject, a prediction time, the task whose prompt it gets."""
+
+    subject_id: int
+    time: datetime
+    task: str
+
+
+def window_times(windows: Windows) -> list[tuple[int, datetime]]:
+    """(subject, time) at each of `windows.hours` after an interval's start, before its end,
+    intervals in (subject, start) order."""
+    try:
+        table = pq.read_table(windows.table, columns=[SUBJECT_ID, windows.start, windows.end])
+    except (OSError, pa.ArrowInvalid, KeyError) as exc:
+        raise MedsFormatError(f"{windows.table}: {exc}") from exc
+    rows = sorted(table.to_pylist(), key=lambda r: (r[SUBJECT_ID], r[windows.start]))
+    times = []
+    for row in rows:
+        for hours in windows.hours:
+            time = row[windows.start] + timedelta(hours=hours)
+            if time < row[windows.end]:
+                times.append((row[SUBJECT_ID], time))
+    return times
+
+
+def prediction_times(config: BuildConfig) -> list[tuple[int, datetime]]:
+    """The build's (subject, prediction time) pairs."""
+    if config.windows is not None:
+        return window_times(config.windows)
+    labels = config.labels or CorpusSpec(config.meds).labels_path
+    if labels is None:
+        raise MedsFormatError(f"{config.meds}: no labels/ (give --labels or windows)")
+    return read_prediction_times(labels)
+
+
+def split_subjects(subjects: Sequence[int], held_out: float, seed: int) -> tuple[list, list]:
+    """Subjects shuffled with `seed`, the first `held_out` fraction held out: (train, held out)."""
+    order = sorted(set(subjects))
+    random.Random(seed).shuffle(order)
+    n_held = max(1, round(len(order) * held_out))
+    return sorted(order[n_held:]), sorted(order[:n_held])
+
+
+def assign_tasks(times: Sequence[tuple[int, datetime]], tasks: Sequence[str]) -> list[Window]:
+    """The times alternate between `tasks`; grouped by task (each task's share in order)."""
+    return [
+        Window(subject, time, task)
+        for index, task in enumerate(tasks)
+        for subject, time in times[index :: len(tasks)]
+    ]
+
+
+def sample(windows: Sequence[Window], n: int, seed: int) -> list[Window]:
+    """A seeded sample of `n` windows (all when there are fewer)."""
+    return random.Random(seed).sample(list(windows), min(n, len(windows)))
+
+
+def write_label_file(path: Path, times: Sequence[tuple[int, datetime]]) -> Path:
+    """A MEDS label file (no values) with these prediction times (the mining corpus's)."""
+    table = pa.table(
+        {
+            SUBJECT_ID: pa.array([s for s, _ in times], pa.int64()),
+            PREDICTION_TIME: pa.array([t for _, t in times], pa.timestamp("us")),
+        }
+    )
+    pq.write_table(table, path)
+    return path
+
+
+def window_record(window: Window) -> dict[str, Any]:
+    """A window as JSON."""
+    return {"subject_id": window.subject_id, "time": window.time.isoformat(), "task": window.task}
+
+
+def window_from_record(record: dict[str, Any]) -> Window:
+    """Inverse of `window_record`."""
+    return Window(record["subject_id"], datetime.fromisoformat(record["time"]), record["task"])
+
+
+def render_windows(
+    config: BuildConfig, windows: Sequence[Window], out: Path, desc: str
+) -> list[dict[str, Any]]:
+    """Render the prompts of `windows` (at `max_input_tokens`) into JSONL `out`, one data shard
+    at a time; lines in `windows` order. Returns the lines."""
+    tokenizer = BaseTokenizer.load(config.base)
+    template = ChatTemplate.from_model_dir(config.base)
+    wanted: dict[int, list[int]] = {}
+    for index, window in enumerate(windows):
+        wanted.setdefault(window.subject_id, []).append(index)
+    lines: list[dict[str, Any] | None] = [None] * len(windows)
+    bar = tqdm(total=len(windows), desc=desc, unit="record")
+    for shard in data_shards(config.meds):
+        dataset = MedsDataset.load(config.meds, [shard])
+        for subject in set(dataset.subject_ids).intersection(wanted):
+            for index in wanted.pop(subject):
+                lines[index] = _render(dataset, windows[index], tokenizer, template, config)
+                bar.update(1)
+    bar.close()
+    if wanted:
+        raise MedsFormatError(f"subject {min(wanted)} has prediction times but no data shard")
+    with out.open("w", encoding="utf-8") as handle:
+        for line in lines:
+            handle.write(json.dumps(line, ensure_ascii=False) + "\n")
+    return [line for line in lines if line is not None]
+
+
+def _render(
+    dataset: MedsDataset,
+    window: Window,
+    tokenizer: BaseTokenizer,
+    template: ChatTemplate,
+    config: BuildConfig,
+) -> dict[str, Any]:
+    prompt = build_prompt(
+        get_task(window.task),
+        dataset.events(window.subject_id),
+        window.time,
+        tokenizer,
+        template,
+        config.max_input_tokens,
+        dataset.descriptions,
+    )
+    return window_record(window) | {
+        "prompt": prompt.text,
+        "text": prompt.record_text,
+        "n_tokens_original": prompt.n_tokens_original,
+    }

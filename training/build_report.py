@@ -1,0 +1,94 @@
+"""Measurements and the report of `medtpe build-artefact`: compression of the held-out records,
+agreement of the MedTPE model's answers with the original model's, the printed summary."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from medtpe_core.tasks import get_task
+from medtpe_core.tokenizer import MedTPETokenizer
+
+REPORT_FILE = "build_report.json"
+
+
+def compression(tokenizer: MedTPETokenizer, prompts: Sequence[str], records: Sequence[str]) -> dict:
+    """Token counts of the held-out prompts and of their records under both tokenizers."""
+    result: dict[str, Any] = {"n_records": len(prompts)}
+    for name, texts, special in (("prompt", prompts, True), ("record", records, False)):
+        base = sum(len(tokenizer.base_encode(t, special_tokens=special)) for t in texts)
+        medtpe = sum(len(tokenizer.encode(t, special_tokens=special)) for t in texts)
+        result |= {
+            f"{name}_tokens_original": base,
+            f"{name}_tokens_medtpe": medtpe,
+            f"{name}_compression_rate": 1 - medtpe / base if base else 0.0,
+        }
+    return result
+
+
+def answer_text(
+    tokenizer: MedTPETokenizer, ids: Sequence[int], eos_ids: Sequence[int], prefix: str = ""
+) -> str:
+    """An answer's text: the prompt's answer `prefix`, then the ids up to an end-of-sequence id."""
+    kept = []
+    for i in ids:
+        if i in eos_ids:
+            break
+        kept.append(i)
+    return (prefix + tokenizer.decode(kept)).strip()
+
+
+def answer_agreement(tasks: Sequence[str], student: Sequence[str], teacher: Sequence[str]) -> dict:
+    """Exact-text agreement; prediction agreement where the original's answer parses; format
+    compliance of both."""
+    exact = agree = parsed = student_ok = teacher_ok = 0
+    for name, s_text, t_text in zip(tasks, student, teacher, strict=True):
+        task = get_task(name)
+        s_pred, s_ok = task.parse_answer(s_text)
+        t_pred, t_ok = task.parse_answer(t_text)
+        exact += s_text == t_text
+        student_ok += s_ok
+        teacher_ok += t_ok
+        if t_pred is not None:
+            parsed += 1
+            agree += s_pred == t_pred
+    n = max(len(tasks), 1)
+    return {
+        "n": len(tasks),
+        "exact_answer_agreement": exact / n,
+        "n_original_parsed": parsed,
+        "prediction_agreement": agree / max(parsed, 1),
+        "format_compliance": student_ok / n,
+        "format_compliance_original": teacher_ok / n,
+    }
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    """The human summary of a build report."""
+    mined, base = report["mine"], report["base"]
+    held = report["measure"]["compression"]
+    tied = "tied" if base["tied_embeddings"] else "untied"
+    lines = [
+        f"MedTPE artefact {report['artefact_id']} -> {report['out']}",
+        f"  base: {base['model_dir']} ({base['model_type']}, vocabulary "
+        f"{base['vocab_size']:,}, {tied} embeddings)",
+        f"  mined: {mined['n_new_tokens']} new tokens from {mined['n_records']} records, "
+        f"{mined['n_tokens']:,} tokens",
+        f"  held-out compression: {held['prompt_compression_rate']:.1%} of the prompt tokens, "
+        f"{held['record_compression_rate']:.1%} of the record tokens ({held['n_records']} records)",
+    ]
+    for loss, run in report["ssft"].items():
+        kept = " (kept)" if loss == report["pick"]["loss"] else ""
+        lines.append(
+            f"  SSFT {loss}{kept}: held-out pseudo-label loss {run['initial_val_loss']:.4f} -> "
+            f"{run['best_val_loss']:.4f} in {run['steps']} steps"
+        )
+    agreement = report["measure"].get("agreement")
+    if agreement:
+        lines.append(
+            f"  agreement with the original model on {agreement['n']} held-out prompts: "
+            f"{agreement['exact_answer_agreement']:.1%} same answer text, "
+            f"{agreement['prediction_agreement']:.1%} same prediction"
+        )
+    lines.append(f"  wall time: {report['seconds']:.0f} s")
+    return lines
