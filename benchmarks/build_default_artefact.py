@@ -188,27 +188,27 @@ def answer_text(tokenizer: MedTPETokenizer, ids: list[int], prefix: str = "") ->
 def agreement(tasks: list[str], student: list[str], teacher: list[str]) -> dict:
     """Exact-text agreement; prediction agreement where the original's answer parses; format
     compliance of both."""
+    from medtpe_core.metrics import agreement as prediction_agreement
     from medtpe_core.tasks import get_task
 
-    exact = agree = parsed = student_ok = teacher_ok = 0
+    student_parsed, teacher_parsed = [], []
     for name, s_text, t_text in zip(tasks, student, teacher, strict=True):
         task = get_task(name)
-        s_pred, s_ok = task.parse_answer(s_text)
-        t_pred, t_ok = task.parse_answer(t_text)
-        exact += s_text == t_text
-        student_ok += s_ok
-        teacher_ok += t_ok
-        if t_pred is not None:
-            parsed += 1
-            agree += s_pred == t_pred
+        student_parsed.append(task.parse_answer(s_text))
+        teacher_parsed.append(task.parse_answer(t_text))
+    shared = prediction_agreement(
+        [prediction for prediction, _ in teacher_parsed],
+        [prediction for prediction, _ in student_parsed],
+        [prediction is not None for prediction, _ in teacher_parsed],
+    )
     n = len(tasks)
     return {
         "n": n,
-        "exact_answer_agreement": exact / n,
-        "n_original_parsed": parsed,
-        "prediction_agreement": agree / max(parsed, 1),
-        "format_compliance": student_ok / n,
-        "format_compliance_original": teacher_ok / n,
+        "exact_answer_agreement": sum(s == t for s, t in zip(student, teacher, strict=True)) / n,
+        "n_original_parsed": sum(prediction is not None for prediction, _ in teacher_parsed),
+        "prediction_agreement": shared["agreement_answered"] or 0.0,
+        "format_compliance": sum(ok for _, ok in student_parsed) / n,
+        "format_compliance_original": sum(ok for _, ok in teacher_parsed) / n,
     }
 
 

@@ -61,9 +61,7 @@ def label_table(rows: Iterable[LabelRow], task: Task) -> pa.Table:
     )
     table = pa.table(
         {
-            meds.LabelSchema.subject_id_name: pa.array(
-                [r.subject_id for r in rows], pa.int64()
-            ),
+            meds.LabelSchema.subject_id_name: pa.array([r.subject_id for r in rows], pa.int64()),
             meds.LabelSchema.prediction_time_name: pa.array(
                 [r.prediction_time for r in rows], pa.timestamp("us")
             ),

@@ -27,8 +27,6 @@ BEFORE_DIAGNOSES = np.timedelta64(1, "s")
 are recorded before the ICU discharge (the label must not be part of the record)."""
 
 
-
-
 def icu_mortality(events: SubjectEvents) -> list[LabelRow]:
     """Per ICU stay lasting beyond the observation window: death during the stay (up to the ICU
     discharge), predicted `MORTALITY_OBSERVATION` after admission."""
