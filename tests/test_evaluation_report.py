@@ -1,6 +1,6 @@
 """The evaluation report's maths on hand-made per-record results: FCR, latency, tokens, CR,
-agreement, quality figures with intervals, paired differences, the shift of p_positive between modes, the JSON shape, the printed table
-and results written before p_positive existed."""
+agreement, quality figures with intervals, paired differences, the shift of p_positive between
+modes, the JSON shape, the printed table and results written before p_positive existed."""
 
 from __future__ import annotations
 
