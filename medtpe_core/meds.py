@@ -10,8 +10,10 @@ Normalisations (documented, tested):
 - exact duplicate events are kept here (no data is dropped); the renderer shows them once with a
   count (``×2``).
 
+Extra fields of an event (MEDS allows further columns) are accepted and ignored.
+
 Errors: a missing or wrongly typed field, an unparseable time, a non-finite `numeric_value`
-(NaN/inf), an unknown extra field, more than `MAX_EVENTS_PER_RECORD` events or several subjects
+(NaN/inf), more than `MAX_EVENTS_PER_RECORD` events or several subjects
 in one record each raise a pydantic `ValidationError` whose `loc` names the field.
 """
 
@@ -32,9 +34,9 @@ FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 
 
 class MedsEvent(BaseModel):
-    """One MEDS event; usable as (part of) a FastAPI request body."""
+    """One MEDS event; usable as (part of) a FastAPI request body. Extra fields are ignored."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     subject_id: StrictInt
     time: datetime | None = Field(description="event time; null for static events")
@@ -144,10 +146,13 @@ class SubjectEvents:
             text_values=[self.text_values[i] for i in index],
         )
 
-    def before(self, prediction_time: datetime) -> SubjectEvents:
-        """Static events and the events strictly before `prediction_time` (no leakage)."""
+    def before(self, prediction_time: datetime, *, inclusive: bool = True) -> SubjectEvents:
+        """Static events and the events up to and including `prediction_time` (MEDS: data "up
+        to and including" the prediction time may be used), or strictly before it with
+        `inclusive=False`."""
         cutoff = np.datetime64(to_naive_utc(prediction_time), "us")
-        return self.take(np.isnat(self.times) | (self.times < cutoff))
+        kept = self.times <= cutoff if inclusive else self.times < cutoff
+        return self.take(np.isnat(self.times) | kept)
 
 
 def time_order(times: np.ndarray) -> np.ndarray:

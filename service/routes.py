@@ -117,6 +117,7 @@ async def _predict_record(
                 temperature=temperature,
                 max_new_tokens=state.settings.max_new_tokens,
                 probabilities=request.options.return_probabilities,
+                constrained=request.options.constrained,
             )
     except EngineDead as exc:
         state.metrics.errors.labels("engine").inc()

@@ -28,6 +28,11 @@ class PredictOptions(_Strict):
         description="Include the answer options' probabilities from the first answer token "
         "(tasks with a closed set of options: yes/no, option letters).",
     )
+    constrained: bool = Field(
+        False,
+        description="Constrain decoding to a well-formed answer (vLLM structured outputs): "
+        "every answer parses; option probabilities come from the masked distribution.",
+    )
 
 
 class PredictRequest(_Strict):
@@ -36,7 +41,9 @@ class PredictRequest(_Strict):
     task: str = Field(description="Task name, e.g. `icu_mortality`.")
     events: list[MedsEvent] = Field(min_length=1, max_length=MAX_EVENTS_PER_RECORD)
     prediction_time: datetime | None = Field(
-        None, description="Events at or after it are ignored; default: just after the last event."
+        None,
+        description="Events after it are ignored (MEDS: up to and including it is used); "
+        "default: just after the last event.",
     )
     options: PredictOptions = Field(default_factory=PredictOptions)
 
