@@ -8,8 +8,9 @@ Columns (meds-evaluation's `PredictionSchema`, a MEDS label file plus two): `sub
   answer token, `UNSCORED_PROBABILITY` where the model gave none); an unparsed answer is written
   as the wrong value (the report's F1 convention, as in the paper).
 - Multi-label tasks (meds-evaluation scores binary tasks only): one row per record and label,
-  with the label's name in the extra column `label`; no probability (null). meds-evaluation then
-  pools all labels (micro-averaged), where the report's F1 is macro-averaged over labels.
+  a record's rows in the task's label order (meds-evaluation's schema allows no extra column to
+  name the label); no probability (null). meds-evaluation then pools all labels
+  (micro-averaged), where the report's F1 is macro-averaged over labels.
 """
 
 from __future__ import annotations
@@ -29,8 +30,6 @@ from medtpe_core.tasks import Task
 
 PREDICTED_VALUE = "predicted_boolean_value"
 PREDICTED_PROBABILITY = "predicted_boolean_probability"
-LABEL_NAME = "label"
-"""Extra column of a multi-label task's rows: the label each row is about."""
 
 
 def predictions_table(
@@ -49,14 +48,13 @@ def predictions_table(
     if task.label_type == "binary":
         return _table(subjects, times, labels, predicted, positive_scores(ordered).tolist())
     n_labels = len(task.labels)
-    table = _table(
+    return _table(
         [s for s in subjects for _ in range(n_labels)],
         [t for t in times for _ in range(n_labels)],
         labels.reshape(-1),
         predicted.reshape(-1),
         [None] * (len(records) * n_labels),
     )
-    return table.append_column(LABEL_NAME, pa.array(task.labels * len(records), pa.string()))
 
 
 def write_predictions(
