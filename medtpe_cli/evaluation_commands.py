@@ -45,7 +45,13 @@ def _subject_ids(value: str | None) -> set[int] | None:
 @click.option(
     "--labels", "labels_path", required=True, type=click.Path(exists=True, path_type=Path)
 )
-@click.option("--task", "task_name", required=True, help="Task name (e.g. icu_mortality).")
+@click.option(
+    "--task",
+    "task_name",
+    required=True,
+    envvar="MEDTPE_TASK",
+    help="Task name (e.g. icu_mortality); default: $MEDTPE_TASK (MEDS-DEV's model.yaml uses it).",
+)
 @click.option("--mode", type=click.Choice(list(MODE_ORDER)), default="both", show_default=True)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="First N label rows.")
 @click.option(

@@ -1,0 +1,66 @@
+"""Constrained answers on the real vLLM engine with the default model in MedTPE mode: at
+temperature 0.7, with and without the answer prefill, every sampled answer parses; with the
+prefill, the option probabilities come from the masked first-token distribution."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from meds_fixtures import write_meds_dataset
+
+from evaluation.records import load_records
+from evaluation.runner import Sampling, evaluate_mode, measured
+from inference.engine import EngineOptions, start_vllm
+from inference.model import ModelConfig, load_model
+from medtpe_core.paths import default_model_dir
+from medtpe_core.tasks import get_task
+
+pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(1200)]
+
+SAMPLING = Sampling(n_samples=3, temperature=0.7, max_new_tokens=32, constrained=True)
+
+
+def test_constrained_answers_always_parse(
+    service_files: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    meds = write_meds_dataset(tmp_path / "meds", subjects=(1, 2, 3), hours=6)
+    artefact, export = service_files
+    config = ModelConfig(
+        model_dir=default_model_dir(),
+        artefact_dir=artefact,
+        export_dir=export,
+        mode="medtpe",
+        codes_dir=meds,
+        max_input_tokens=512,
+        max_new_tokens=SAMPLING.max_new_tokens,
+        engine=EngineOptions(kv_cache_gib=1.0, seed=1, enforce_eager=True),
+    )
+    model = load_model(measured(config))
+    engine = start_vllm(model.engine_config)
+    labels = meds / "labels" / "icu_mortality.parquet"
+    try:
+        for name, prefill in (
+            ("icu_mortality", True),
+            ("icu_mortality", False),
+            ("phenotyping", True),
+        ):
+            task = get_task(name).model_copy(update={"prefill_answer": prefill})
+            records = [
+                r
+                if name == "icu_mortality"
+                else r.__class__(r.key, [], r.events, r.prediction_time)
+                for r in load_records(meds, labels, get_task("icu_mortality"))
+            ]
+            results = asyncio.run(evaluate_mode(engine, model.predictor, task, records, SAMPLING))
+            for result in results:
+                parsed = [task.parse_answer(text) for text in result.outputs]
+                assert all(ok for _, ok in parsed), (name, prefill, result.outputs)
+                assert result.format_ok
+                if task.label_type == "binary" and prefill:
+                    assert result.probabilities is not None
+                    assert sum(result.probabilities.values()) == pytest.approx(1.0)
+    finally:
+        engine.shutdown()
