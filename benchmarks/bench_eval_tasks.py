@@ -1,0 +1,163 @@
+"""Table 2 for all four tasks: labels derived from a MEDS dataset (`medtpe labels`' code), a
+small subset of records per task, both modes, four decoding settings, and meds-evaluation's own
+scores of each mode's predictions file.
+
+Settings: the service's (answer prefill, greedy), the paper's (no prefill, temperature 0.7, one
+sample), each free and constrained (vLLM structured outputs). One engine per mode serves every
+task and setting (prefix caching off, one record at a time, same prompts in both modes).
+
+    nice -n 10 .venv/bin/python benchmarks/bench_eval_tasks.py --per-task 10 --budget 1024 \\
+        --out benchmarks/results/eval_tasks.json
+
+The JSON is rewritten after every (mode, task, setting), so an interrupted run keeps its part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from evaluation.predictions import write_predictions
+from evaluation.records import EvalRecord, load_records
+from evaluation.report import build_report
+from evaluation.results import RecordResult
+from evaluation.runner import Sampling, evaluate_mode, measured
+from inference.engine import EngineOptions, start_vllm
+from inference.model import ModelConfig, load_model
+from medtpe_core.labels import LABEL_FUNCTIONS, derive_labels, write_labels
+from medtpe_core.meds_readers import MedsDataset
+from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
+from medtpe_core.tasks import Task, get_task
+
+SHARED_MEDS = Path("../shared/data/mimic-iv-demo-meds")
+MAX_NEW_TOKENS = 64
+MODES = ("original", "medtpe")
+SETTINGS = {
+    "service_free": {"prefill": True, "temperature": 0.0, "constrained": False},
+    "service_constrained": {"prefill": True, "temperature": 0.0, "constrained": True},
+    "paper_free": {"prefill": False, "temperature": 0.7, "constrained": False},
+    "paper_constrained": {"prefill": False, "temperature": 0.7, "constrained": True},
+}
+"""Decoding settings: the service's (prefill, greedy) and the paper's (no prefill, T 0.7)."""
+
+
+def subset(records: list[EvalRecord], task: Task, size: int) -> list[EvalRecord]:
+    """Up to `size` records: for binary tasks the positives first (at most half), then
+    negatives, each in label-file order; other tasks the first `size`."""
+    if task.label_type != "binary":
+        return records[:size]
+    positives = [r for r in records if r.label][: size // 2]
+    negatives = [r for r in records if not r.label][: size - len(positives)]
+    return positives + negatives
+
+
+def task_records(meds: Path, label_dir: Path, size: int) -> dict[str, list[EvalRecord]]:
+    """Each task's label file (derived here) and its subset of records."""
+    dataset = MedsDataset.load(meds)
+    chosen = {}
+    for name in LABEL_FUNCTIONS:
+        task = get_task(name)
+        path = label_dir / f"{name}.parquet"
+        write_labels(derive_labels(dataset, task), task, path)
+        chosen[name] = subset(load_records(meds, path, task), task, size)
+    return chosen
+
+
+def meds_evaluation_scores(path: Path) -> dict[str, Any]:
+    """meds-evaluation's own scores of a predictions file (its Python entry point); its error
+    message where it cannot score (e.g. scikit-learn's AUROC with one class only)."""
+    import polars as pl
+    from meds_evaluation.evaluate import evaluate_binary_classification
+
+    try:
+        scores = evaluate_binary_classification(pl.read_parquet(path))
+    except ValueError as exc:
+        return {"error": str(exc)}
+    return json.loads(json.dumps(scores, default=float))
+
+
+async def run_mode(
+    mode: str,
+    config: ModelConfig,
+    chosen: dict[str, list[EvalRecord]],
+    results: dict[str, dict[str, dict[str, list[RecordResult]]]],
+    save: Any,
+) -> None:
+    """Every task and setting of one mode on one engine."""
+    setup = load_model(measured(config))
+    engine = start_vllm(setup.engine_config)
+    try:
+        for name, records in chosen.items():
+            for setting, spec in SETTINGS.items():
+                task = get_task(name).model_copy(update={"prefill_answer": spec["prefill"]})
+                sampling = Sampling(1, spec["temperature"], MAX_NEW_TOKENS, spec["constrained"])
+                rows = await evaluate_mode(engine, setup.predictor, task, records, sampling)
+                results.setdefault(name, {}).setdefault(setting, {})[mode] = rows
+                save()
+    finally:
+        engine.shutdown()
+
+
+def main() -> None:
+    """Derive labels, run both modes over every task and setting, write the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--meds", type=Path, default=SHARED_MEDS)
+    parser.add_argument("--per-task", type=int, default=10)
+    parser.add_argument("--budget", type=int, default=1024)
+    parser.add_argument("--predictions-dir", type=Path, default=None)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench_eval_tasks_"))
+    predictions_dir = args.predictions_dir or work / "predictions"
+    chosen = task_records(args.meds, work / "labels", args.per_task)
+    results: dict[str, dict[str, dict[str, list[RecordResult]]]] = {}
+    out: dict[str, Any] = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+        "meds": str(args.meds),
+        "budget_original_tokens": args.budget,
+        "max_new_tokens": MAX_NEW_TOKENS,
+        "settings": SETTINGS,
+        "records": {name: [r.key for r in records] for name, records in chosen.items()},
+        "tasks": {},
+    }
+
+    def save() -> None:
+        for name, by_setting in results.items():
+            for setting, by_mode in by_setting.items():
+                task = get_task(name).model_copy(
+                    update={"prefill_answer": SETTINGS[setting]["prefill"]}
+                )
+                report = build_report(task, by_mode, settings={"setting": setting})
+                entry = out["tasks"].setdefault(name, {})[setting] = report
+                if task.label_type != "binary":
+                    continue
+                for mode, rows in by_mode.items():
+                    path = predictions_dir / name / f"{setting}.{mode}.parquet"
+                    write_predictions(task, chosen[name], rows, path)
+                    entry.setdefault("meds_evaluation", {})[mode] = meds_evaluation_scores(path)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(out, indent=2) + "\n")
+
+    for mode in MODES:
+        config = ModelConfig(
+            model_dir=default_model_dir(),
+            artefact_dir=default_artefact_dir(),
+            export_dir=default_export_dir(),
+            mode=mode,
+            codes_dir=args.meds,
+            max_input_tokens=args.budget,
+            max_new_tokens=MAX_NEW_TOKENS,
+            engine=EngineOptions(kv_cache_gib=2.0, seed=1),
+        )
+        asyncio.run(run_mode(mode, config, chosen, results, save))
+    save()
+
+
+if __name__ == "__main__":
+    main()
