@@ -6,7 +6,8 @@ Settings: the service's (answer prefill, greedy), the paper's (no prefill, tempe
 sample), each free and constrained (vLLM structured outputs). One engine per mode serves every
 task and setting (prefix caching off, one record at a time, same prompts in both modes).
 
-    nice -n 10 .venv/bin/python benchmarks/bench_eval_tasks.py --per-task 10 --budget 1024 \\
+    nice -n 10 .venv/bin/python benchmarks/bench_eval_tasks.py --per-task 4 --budget 1024 \\
+        --settings service_constrained,paper_free,paper_constrained \\
         --out benchmarks/results/eval_tasks.json
 
 The JSON is rewritten after every (mode, task, setting), so an interrupted run keeps its part.
@@ -36,7 +37,6 @@ from medtpe_core.paths import default_artefact_dir, default_export_dir, default_
 from medtpe_core.tasks import Task, get_task
 
 SHARED_MEDS = Path("../shared/data/mimic-iv-demo-meds")
-MAX_NEW_TOKENS = 64
 MODES = ("original", "medtpe")
 SETTINGS = {
     "service_free": {"prefill": True, "temperature": 0.0, "constrained": False},
@@ -57,16 +57,26 @@ def subset(records: list[EvalRecord], task: Task, size: int) -> list[EvalRecord]
     return positives + negatives
 
 
-def task_records(meds: Path, label_dir: Path, size: int) -> dict[str, list[EvalRecord]]:
-    """Each task's label file (derived here) and its subset of records."""
+def task_records(
+    meds: Path, label_dir: Path, size: int
+) -> tuple[dict[str, list[EvalRecord]], dict[str, dict[str, int]]]:
+    """Each task's label file (derived here), its subset of records and the label file's counts
+    (rows, subjects, rows with a positive label)."""
     dataset = MedsDataset.load(meds)
-    chosen = {}
+    chosen, counts = {}, {}
     for name in LABEL_FUNCTIONS:
         task = get_task(name)
         path = label_dir / f"{name}.parquet"
-        write_labels(derive_labels(dataset, task), task, path)
-        chosen[name] = subset(load_records(meds, path, task), task, size)
-    return chosen
+        rows = derive_labels(dataset, task)
+        write_labels(rows, task, path)
+        records = load_records(meds, path, task)
+        chosen[name] = subset(records, task, size)
+        counts[name] = {
+            "rows": len(rows),
+            "subjects": len({r.subject_id for r in rows}),
+            "positive_rows": sum(bool(r.label) for r in records),
+        }
+    return chosen, counts
 
 
 def meds_evaluation_scores(path: Path) -> dict[str, Any]:
@@ -86,6 +96,7 @@ async def run_mode(
     mode: str,
     config: ModelConfig,
     chosen: dict[str, list[EvalRecord]],
+    settings: list[str],
     results: dict[str, dict[str, dict[str, list[RecordResult]]]],
     save: Any,
 ) -> None:
@@ -94,9 +105,12 @@ async def run_mode(
     engine = start_vllm(setup.engine_config)
     try:
         for name, records in chosen.items():
-            for setting, spec in SETTINGS.items():
+            for setting in settings:
+                spec = SETTINGS[setting]
                 task = get_task(name).model_copy(update={"prefill_answer": spec["prefill"]})
-                sampling = Sampling(1, spec["temperature"], MAX_NEW_TOKENS, spec["constrained"])
+                sampling = Sampling(
+                    1, spec["temperature"], config.max_new_tokens, spec["constrained"]
+                )
                 rows = await evaluate_mode(engine, setup.predictor, task, records, sampling)
                 results.setdefault(name, {}).setdefault(setting, {})[mode] = rows
                 save()
@@ -110,19 +124,26 @@ def main() -> None:
     parser.add_argument("--meds", type=Path, default=SHARED_MEDS)
     parser.add_argument("--per-task", type=int, default=10)
     parser.add_argument("--budget", type=int, default=1024)
+    parser.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--enforce-eager", action="store_true", help="skip torch.compile")
     parser.add_argument("--predictions-dir", type=Path, default=None)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_eval_tasks_"))
     predictions_dir = args.predictions_dir or work / "predictions"
-    chosen = task_records(args.meds, work / "labels", args.per_task)
+    settings = args.settings.split(",")
+    chosen, counts = task_records(args.meds, work / "labels", args.per_task)
     results: dict[str, dict[str, dict[str, list[RecordResult]]]] = {}
     out: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
         "meds": str(args.meds),
         "budget_original_tokens": args.budget,
-        "max_new_tokens": MAX_NEW_TOKENS,
-        "settings": SETTINGS,
+        "max_new_tokens": args.max_new_tokens,
+        "enforce_eager": args.enforce_eager,
+        "per_task": args.per_task,
+        "settings": {name: SETTINGS[name] for name in settings},
+        "label_files": counts,
         "records": {name: [r.key for r in records] for name, records in chosen.items()},
         "tasks": {},
     }
@@ -152,10 +173,10 @@ def main() -> None:
             mode=mode,
             codes_dir=args.meds,
             max_input_tokens=args.budget,
-            max_new_tokens=MAX_NEW_TOKENS,
-            engine=EngineOptions(kv_cache_gib=2.0, seed=1),
+            max_new_tokens=args.max_new_tokens,
+            engine=EngineOptions(kv_cache_gib=1.0, seed=1, enforce_eager=args.enforce_eager),
         )
-        asyncio.run(run_mode(mode, config, chosen, results, save))
+        asyncio.run(run_mode(mode, config, chosen, settings, results, save))
     save()
 
 

@@ -5,6 +5,7 @@ prefill, the option probabilities come from the masked first-token distribution.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,13 +21,16 @@ from medtpe_core.tasks import get_task
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(1200)]
 
 SAMPLING = Sampling(n_samples=3, temperature=0.7, max_new_tokens=32, constrained=True)
+MORTALITY = get_task("icu_mortality")
+CASES = (("icu_mortality", True), ("icu_mortality", False), ("phenotyping", True))
+"""(task, answer prefill): a regex after the prefill, a JSON schema without it, a list answer."""
 
 
 def test_constrained_answers_always_parse(
     service_files: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    meds = write_meds_dataset(tmp_path / "meds", subjects=(1, 2, 3), hours=6)
+    meds = write_meds_dataset(tmp_path / "meds", subjects=(1, 2), hours=6)
     artefact, export = service_files
     config = ModelConfig(
         model_dir=default_model_dir(),
@@ -39,28 +43,26 @@ def test_constrained_answers_always_parse(
         engine=EngineOptions(kv_cache_gib=1.0, seed=1, enforce_eager=True),
     )
     model = load_model(measured(config))
-    engine = start_vllm(model.engine_config)
-    labels = meds / "labels" / "icu_mortality.parquet"
-    try:
-        for name, prefill in (
-            ("icu_mortality", True),
-            ("icu_mortality", False),
-            ("phenotyping", True),
-        ):
-            task = get_task(name).model_copy(update={"prefill_answer": prefill})
-            records = [
-                r
-                if name == "icu_mortality"
-                else r.__class__(r.key, [], r.events, r.prediction_time)
-                for r in load_records(meds, labels, get_task("icu_mortality"))
-            ]
-            results = asyncio.run(evaluate_mode(engine, model.predictor, task, records, SAMPLING))
-            for result in results:
-                parsed = [task.parse_answer(text) for text in result.outputs]
-                assert all(ok for _, ok in parsed), (name, prefill, result.outputs)
-                assert result.format_ok
-                if task.label_type == "binary" and prefill:
-                    assert result.probabilities is not None
-                    assert sum(result.probabilities.values()) == pytest.approx(1.0)
-    finally:
-        engine.shutdown()
+    task_records = load_records(meds, meds / "labels" / "icu_mortality.parquet", MORTALITY)
+
+    async def run_all() -> None:  # one event loop for the engine's whole life
+        engine = start_vllm(model.engine_config)
+        try:
+            for name, prefill in CASES:
+                task = get_task(name).model_copy(update={"prefill_answer": prefill})
+                # the fixture's mortality rows; phenotyping labels do not matter here
+                records = [
+                    r if task.label_type == "binary" else replace(r, label=[]) for r in task_records
+                ]
+                results = await evaluate_mode(engine, model.predictor, task, records, SAMPLING)
+                for result in results:
+                    parsed = [task.parse_answer(text) for text in result.outputs]
+                    assert all(ok for _, ok in parsed), (name, prefill, result.outputs)
+                    assert result.format_ok
+                    if task.label_type == "binary" and prefill:
+                        assert result.probabilities is not None
+                        assert sum(result.probabilities.values()) == pytest.approx(1.0)
+        finally:
+            engine.shutdown()
+
+    asyncio.run(run_all())
