@@ -6,15 +6,11 @@ from pathlib import Path
 
 import click
 
+from medtpe_cli.meds_commands import MEDS_DIR_OPTION
+
 
 @click.command("labels")
-@click.option(
-    "--meds",
-    "meds_dir",
-    required=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="MEDS dataset directory (data/, metadata/).",
-)
+@MEDS_DIR_OPTION
 @click.option(
     "--task",
     "task_name",

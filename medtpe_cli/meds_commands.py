@@ -9,15 +9,18 @@ import click
 
 from medtpe_core.prompting import DEFAULT_MAX_INPUT_TOKENS
 
-
-@click.command("render")
-@click.option(
+MEDS_DIR_OPTION = click.option(
     "--meds",
     "meds_dir",
     required=True,
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="MEDS dataset directory (data/, metadata/).",
 )
+"""The `--meds DIR` option of the commands that read a MEDS dataset."""
+
+
+@click.command("render")
+@MEDS_DIR_OPTION
 @click.option(
     "--labels",
     "labels_path",

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 from meds_fixtures import write_meds_dataset
+from service_support import engine_test_config
 
 from evaluation.records import load_records
 from evaluation.runner import Sampling, evaluate_mode, measured
-from inference.engine import EngineOptions, start_vllm
-from inference.model import ModelConfig, load_model
-from medtpe_core.paths import default_model_dir
+from inference.engine import start_vllm
+from inference.model import load_model
 from medtpe_core.tasks import get_task
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(1200)]
@@ -31,17 +31,7 @@ def test_constrained_answers_always_parse(
 ) -> None:
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     meds = write_meds_dataset(tmp_path / "meds", subjects=(1, 2), hours=6)
-    artefact, export = service_files
-    config = ModelConfig(
-        model_dir=default_model_dir(),
-        artefact_dir=artefact,
-        export_dir=export,
-        mode="medtpe",
-        codes_dir=meds,
-        max_input_tokens=512,
-        max_new_tokens=SAMPLING.max_new_tokens,
-        engine=EngineOptions(kv_cache_gib=1.0, seed=1, enforce_eager=True),
-    )
+    config = engine_test_config(service_files, meds, max_new_tokens=SAMPLING.max_new_tokens)
     model = load_model(measured(config))
     task_records = load_records(meds, meds / "labels" / "icu_mortality.parquet", MORTALITY)
 
