@@ -11,6 +11,11 @@ task and setting (prefix caching off, one record at a time, same prompts in both
         --out benchmarks/results/eval_tasks.json
 
 The JSON is rewritten after every (mode, task, setting), so an interrupted run keeps its part.
+The modes may run as two processes at once (`--modes original` and `--modes medtpe` into two
+files, same `--predictions-dir`), joined afterwards into both-mode reports:
+
+    .venv/bin/python benchmarks/bench_eval_tasks.py --merge A.json B.json \\
+        --predictions-dir DIR --out benchmarks/results/eval_tasks.json
 """
 
 from __future__ import annotations
@@ -66,7 +71,7 @@ def task_records(
     chosen, counts = {}, {}
     for name in LABEL_FUNCTIONS:
         task = get_task(name)
-        path = label_dir / f"{name}.parquet"
+        path = label_dir / f"{name}.labels.parquet"
         rows = derive_labels(dataset, task)
         write_labels(rows, task, path)
         records = load_records(meds, path, task)
@@ -104,9 +109,9 @@ async def run_mode(
     setup = load_model(measured(config))
     engine = start_vllm(setup.engine_config)
     try:
-        for name, records in chosen.items():
-            for setting in settings:
-                spec = SETTINGS[setting]
+        for setting in settings:  # every task of a setting first: a cut run keeps whole settings
+            spec = SETTINGS[setting]
+            for name, records in chosen.items():
                 task = get_task(name).model_copy(update={"prefill_answer": spec["prefill"]})
                 sampling = Sampling(
                     1, spec["temperature"], config.max_new_tokens, spec["constrained"]
@@ -118,6 +123,53 @@ async def run_mode(
         engine.shutdown()
 
 
+def reports(
+    out: dict[str, Any],
+    results: dict[str, dict[str, dict[str, list[RecordResult]]]],
+    chosen: dict[str, list[EvalRecord]],
+    predictions_dir: Path,
+) -> None:
+    """`out["tasks"][task][setting]`: the report over the modes that ran and, for binary tasks,
+    each mode's predictions file scored by meds-evaluation."""
+    for name, by_setting in results.items():
+        for setting, by_mode in by_setting.items():
+            task = get_task(name).model_copy(
+                update={"prefill_answer": SETTINGS[setting]["prefill"]}
+            )
+            report = build_report(task, by_mode, settings={"setting": setting})
+            entry = out["tasks"].setdefault(name, {})[setting] = report
+            if task.label_type != "binary":
+                continue
+            for mode, rows in by_mode.items():
+                path = predictions_dir / name / f"{setting}.{mode}.parquet"
+                write_predictions(task, chosen[name], rows, path)
+                entry.setdefault("meds_evaluation", {})[mode] = meds_evaluation_scores(path)
+
+
+def merge(paths: list[Path], meds: Path, predictions_dir: Path) -> dict[str, Any]:
+    """Join runs of different modes (same records) into both-mode reports."""
+    parts = [json.loads(path.read_text()) for path in paths]
+    out = {k: v for k, v in parts[0].items() if k != "tasks"} | {"tasks": {}}
+    out["merged_from"] = [str(path) for path in paths]
+    results: dict[str, dict[str, dict[str, list[RecordResult]]]] = {}
+    for part in parts:
+        for name, by_setting in part["tasks"].items():
+            for setting, report in by_setting.items():
+                for mode, rows in report["records"].items():
+                    results.setdefault(name, {}).setdefault(setting, {})[mode] = [
+                        RecordResult(**row) for row in rows
+                    ]
+    chosen = {}
+    for name, keys in out["records"].items():
+        task = get_task(name)
+        by_key = {
+            r.key: r for r in load_records(meds, predictions_dir / f"{name}.labels.parquet", task)
+        }
+        chosen[name] = [by_key[key] for key in keys]
+    reports(out, results, chosen, predictions_dir)
+    return out
+
+
 def main() -> None:
     """Derive labels, run both modes over every task and setting, write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -127,13 +179,18 @@ def main() -> None:
     parser.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--enforce-eager", action="store_true", help="skip torch.compile")
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated")
+    parser.add_argument("--merge", type=Path, nargs="+", default=None)
     parser.add_argument("--predictions-dir", type=Path, default=None)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench_eval_tasks_"))
-    predictions_dir = args.predictions_dir or work / "predictions"
+    predictions_dir = args.predictions_dir or Path(tempfile.mkdtemp(prefix="bench_eval_tasks_"))
+    if args.merge:
+        merged = merge(args.merge, args.meds, predictions_dir)
+        args.out.write_text(json.dumps(merged, indent=2) + "\n")
+        return
     settings = args.settings.split(",")
-    chosen, counts = task_records(args.meds, work / "labels", args.per_task)
+    chosen, counts = task_records(args.meds, predictions_dir, args.per_task)
     results: dict[str, dict[str, dict[str, list[RecordResult]]]] = {}
     out: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
@@ -149,23 +206,11 @@ def main() -> None:
     }
 
     def save() -> None:
-        for name, by_setting in results.items():
-            for setting, by_mode in by_setting.items():
-                task = get_task(name).model_copy(
-                    update={"prefill_answer": SETTINGS[setting]["prefill"]}
-                )
-                report = build_report(task, by_mode, settings={"setting": setting})
-                entry = out["tasks"].setdefault(name, {})[setting] = report
-                if task.label_type != "binary":
-                    continue
-                for mode, rows in by_mode.items():
-                    path = predictions_dir / name / f"{setting}.{mode}.parquet"
-                    write_predictions(task, chosen[name], rows, path)
-                    entry.setdefault("meds_evaluation", {})[mode] = meds_evaluation_scores(path)
+        reports(out, results, chosen, predictions_dir)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(out, indent=2) + "\n")
 
-    for mode in MODES:
+    for mode in args.modes.split(","):
         config = ModelConfig(
             model_dir=default_model_dir(),
             artefact_dir=default_artefact_dir(),
