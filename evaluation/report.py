@@ -82,16 +82,14 @@ def quality(task: Task, results: Sequence[RecordResult], weights: np.ndarray) ->
     """F1 (and, for binary tasks, AUROC, AUPRC, Brier, ECE of p_positive) with intervals, the
     number of positive labels and of records scored with a probability."""
     labels = labels_matrix(task, results)
-    figures: dict[str, Any] = {
-        "f1": interval(f1_scores, labels, scored_predictions(task, results), weights=weights),
-        "n_positive": int(labels.sum()),
-    }
+    f1 = interval(f1_scores, labels, scored_predictions(task, results), weights=weights)
+    figures: dict[str, Any] = {"f1": f1.to_json(), "n_positive": int(labels.sum())}
     if task.label_type == "binary":
         scores = positive_scores(results)
         for name, metric in SCORE_METRICS.items():
-            figures[name] = interval(metric, labels, scores, weights=weights)
+            figures[name] = interval(metric, labels, scores, weights=weights).to_json()
         figures["p_positive_n"] = sum(r.p_positive is not None for r in results)
-    return {k: v.to_json() if hasattr(v, "to_json") else v for k, v in figures.items()}
+    return figures
 
 
 def summarise_mode(
