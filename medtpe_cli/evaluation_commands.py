@@ -13,11 +13,10 @@ from pathlib import Path
 import click
 import meds
 
+from medtpe_cli.meds_commands import ALL_SPLITS, SPLITS
 from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
 
 MODE_ORDER = {"original": ("original",), "medtpe": ("medtpe",), "both": ("original", "medtpe")}
-ALL_SPLITS = "all"
-SPLITS = (meds.train_split, meds.tuning_split, meds.held_out_split, ALL_SPLITS)
 
 
 def predictions_paths(path: Path, modes: tuple[str, ...]) -> dict[str, Path]:
