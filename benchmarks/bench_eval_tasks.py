@@ -170,6 +170,71 @@ def merge(paths: list[Path], meds: Path, predictions_dir: Path) -> dict[str, Any
     return out
 
 
+def _cell(figure: dict[str, Any] | None, spec: str = ".2f") -> str:
+    """`value [low, high]` of a report figure, `–` when undefined."""
+    if not figure or figure.get("value") is None:
+        return "–"
+    text = format(figure["value"], spec)
+    return (
+        text
+        if figure["low"] is None
+        else f"{text} [{figure['low']:{spec}}, {figure['high']:{spec}}]"
+    )
+
+
+def markdown_tables(out: dict[str, Any]) -> str:
+    """The Table-2 rows (one per task, setting and mode) and the meds-evaluation rows."""
+    lines = [
+        "| task | setting | mode | FCR | F1 | AUROC | AUPRC | Brier | ECE | tokens | latency s "
+        "| CR |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    scored = [
+        "| task | setting | mode | meds-evaluation AUROC | AUPRC | Brier | calibration error "
+        "| F1 |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    deltas = [
+        "| task | setting | ΔF1 | ΔAUROC | ΔAUPRC | same answer |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, by_setting in out["tasks"].items():
+        for setting, report in by_setting.items():
+            for mode in MODES:
+                if mode not in report:
+                    continue
+                row = report[mode]
+                cr = f"{row['compression_rate']:.1%}" if "compression_rate" in row else "–"
+                lines.append(
+                    f"| {name} | {setting} | {mode} | {row['fcr']:.0%} | {_cell(row['f1'])} | "
+                    f"{_cell(row.get('auroc'))} | {_cell(row.get('auprc'))} | "
+                    f"{_cell(row.get('brier'))} | {_cell(row.get('ece'))} | "
+                    f"{row['tokens_mean']:.0f} | {row['latency_s_mean']:.1f} | {cr} |"
+                )
+                evaluated = report.get("meds_evaluation", {}).get(mode)
+                if evaluated is not None:
+                    figures = evaluated.get("samples_equally_weighted", {})
+                    names = (
+                        "roc_auc_score",
+                        "average_precision_score",
+                        "brier_score",
+                        "calibration_error",
+                        "f1_score",
+                    )
+                    cells = " | ".join(
+                        f"{figures[k]:.3f}" if k in figures else evaluated.get("error", "–")[:40]
+                        for k in names
+                    )
+                    scored.append(f"| {name} | {setting} | {mode} | {cells} |")
+            if "agreement" in report:
+                deltas.append(
+                    f"| {name} | {setting} | {_cell(report['delta_f1'], '+.2f')} | "
+                    f"{_cell(report.get('delta_auroc'), '+.2f')} | "
+                    f"{_cell(report.get('delta_auprc'), '+.2f')} | {report['agreement']:.0%} |"
+                )
+    return "\n".join([*lines, "", *deltas, "", *scored]) + "\n"
+
+
 def main() -> None:
     """Derive labels, run both modes over every task and setting, write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -182,8 +247,12 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated")
     parser.add_argument("--merge", type=Path, nargs="+", default=None)
     parser.add_argument("--predictions-dir", type=Path, default=None)
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--table", type=Path, default=None, help="print a results file's tables")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if args.table:
+        print(markdown_tables(json.loads(args.table.read_text())))
+        return
     predictions_dir = args.predictions_dir or Path(tempfile.mkdtemp(prefix="bench_eval_tasks_"))
     if args.merge:
         merged = merge(args.merge, args.meds, predictions_dir)
