@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from evaluation.report import agreement, positive_shift
+from evaluation.report import mode_agreement, positive_shift
 from evaluation.results import RecordResult
 
 
@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("second", help="REPORT.json:MODE")
     args = parser.parse_args()
     first, second = mode_records(args.first), mode_records(args.second)
-    summary = {"first": args.first, "second": args.second, "agreement": agreement(first, second)}
+    summary = {"first": args.first, "second": args.second, **mode_agreement(first, second)}
     print(json.dumps(summary | positive_shift(first, second)))
 
 

@@ -133,6 +133,11 @@ def merge(paths: list[Path]) -> dict[str, Any]:
     return {"task": parts[0]["task"], "points": list(points.values()), "modes": modes}
 
 
+def figure(value: float | dict[str, Any]) -> float:
+    """A report figure's value (reports since issue 15 give F1 as {value, low, high, ...})."""
+    return value["value"] if isinstance(value, dict) else value
+
+
 def plot(grid: dict[str, Any], plot_dir: Path) -> None:
     """eval_budget.png (F1, FCR, latency vs budget) and eval_voting.png (the same vs n); each
     mode over the points it ran."""
@@ -153,7 +158,7 @@ def plot(grid: dict[str, Any], plot_dir: Path) -> None:
             for mode, by_point in grid["modes"].items():
                 ran = [p for p in points if p["name"] in by_point]
                 xs = [p[x_key] for p in ran]
-                ys = [by_point[p["name"]][mode][key] for p in ran]
+                ys = [figure(by_point[p["name"]][mode][key]) for p in ran]
                 ax.plot(xs, ys, marker="o", label=mode)
             if x_key == "budget":
                 ax.set_xscale("log", base=2)

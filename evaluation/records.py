@@ -13,7 +13,7 @@ from pathlib import Path
 
 from evaluation.results import record_key
 from medtpe_core.meds import SubjectEvents
-from medtpe_core.meds_readers import MedsDataset, read_labels
+from medtpe_core.meds_readers import MedsDataset, read_labels, read_subject_splits
 from medtpe_core.tasks import Prediction, Task
 
 
@@ -33,12 +33,18 @@ def load_records(
     task: Task,
     *,
     subjects: Collection[int] | None = None,
+    split: str | None = None,
     limit: int | None = None,
 ) -> list[EvalRecord]:
-    """Rows of the label file (file order), restricted to `subjects`, the first `limit`."""
+    """Rows of the label file (file order), restricted to `subjects` and to the subjects of
+    `split` in `metadata/subject_splits.parquet` (when the dataset has one), the first `limit`."""
     dataset = MedsDataset.load(meds_dir)
+    splits = read_subject_splits(meds_dir) if split is not None else {}
     rows = [
-        row for row in read_labels(labels_path) if subjects is None or row.subject_id in subjects
+        row
+        for row in read_labels(labels_path)
+        if (subjects is None or row.subject_id in subjects)
+        and (not splits or splits.get(row.subject_id) == split)
     ]
     if limit is not None:
         rows = rows[:limit]

@@ -1,4 +1,11 @@
-"""Aggregate per-record results into the paper's Table 2 figures, the JSON report and a table."""
+"""Aggregate per-record results into the paper's Table 2 figures, the JSON report and a table.
+
+Quality figures carry patient-level bootstrap intervals (`medtpe_core.metrics`): F1 for every
+task (an unparsed answer counts as wrong, as in the paper), and for binary tasks AUROC, AUPRC,
+Brier score and ECE of `p_positive`. A record without `p_positive` (no first token spelled an
+option) scores `UNSCORED_PROBABILITY`. With both modes, the paired differences MedTPE - original
+(ΔF1, ΔAUROC, ΔAUPRC) come from the same resampled patients for both modes.
+"""
 
 from __future__ import annotations
 
@@ -6,53 +13,99 @@ from collections.abc import Sequence
 from statistics import fmean
 from typing import Any
 
-from evaluation.results import RecordResult
+import numpy as np
+
+from evaluation.results import RecordResult, subject_of
 from medtpe_core.metrics import (
-    auroc,
-    bootstrap_f1,
+    DEFAULT_RESAMPLES,
+    SCORE_METRICS,
+    agreement,
     compression_rate,
+    f1_scores,
     format_compliance_rate,
+    interval,
+    paired_interval,
     pearson,
+    subject_resample_weights,
+    wrong_prediction,
 )
 from medtpe_core.tasks import Prediction, Task
 
 MODES = ("original", "medtpe")
+UNSCORED_PROBABILITY = 0.5
+"""p_positive of a record the model gave no option probability for (no information)."""
+PAIRED_METRICS = ("auroc", "auprc")
 
 
 def as_target(task: Task, value: Prediction | None) -> bool | list[bool]:
-    """A label or prediction as F1 input: a bool (binary) or one bool per label; no answer
-    (`None`) is the negative class / no label, so unparsed outputs count as errors."""
+    """A label or prediction as F1 input: a bool (binary) or one bool per label (no answer:
+    the negative class / no label)."""
     if task.label_type == "binary":
         return bool(value)
     chosen = {value} if isinstance(value, str) else set(value or ())
     return [label in chosen for label in task.labels]
 
 
+def labels_matrix(task: Task, results: Sequence[RecordResult]) -> np.ndarray:
+    """The records' labels as F1 input (rows, or rows x labels)."""
+    return np.array([as_target(task, r.label) for r in results], dtype=bool)
+
+
+def scored_predictions(task: Task, results: Sequence[RecordResult]) -> np.ndarray:
+    """The records' predictions as F1 input, an unparsed answer wrong on every label."""
+    return np.array(
+        [
+            as_target(task, r.prediction)
+            if r.format_ok
+            else wrong_prediction(as_target(task, r.label))
+            for r in results
+        ],
+        dtype=bool,
+    )
+
+
+def positive_scores(results: Sequence[RecordResult]) -> np.ndarray:
+    """`p_positive` per record, `UNSCORED_PROBABILITY` where there is none."""
+    return np.array(
+        [UNSCORED_PROBABILITY if r.p_positive is None else r.p_positive for r in results]
+    )
+
+
+def resample_weights(
+    results: Sequence[RecordResult], n_resamples: int = DEFAULT_RESAMPLES, seed: int = 1
+) -> np.ndarray:
+    """Patient-level bootstrap weights for these records (subjects from their keys)."""
+    return subject_resample_weights([subject_of(r.key) for r in results], n_resamples, seed)
+
+
+def quality(task: Task, results: Sequence[RecordResult], weights: np.ndarray) -> dict[str, Any]:
+    """F1 (and, for binary tasks, AUROC, AUPRC, Brier, ECE of p_positive) with intervals, the
+    number of positive labels and of records scored with a probability."""
+    labels = labels_matrix(task, results)
+    f1 = interval(f1_scores, labels, scored_predictions(task, results), weights=weights)
+    figures: dict[str, Any] = {"f1": f1.to_json(), "n_positive": int(labels.sum())}
+    if task.label_type == "binary":
+        scores = positive_scores(results)
+        for name, metric in SCORE_METRICS.items():
+            figures[name] = interval(metric, labels, scores, weights=weights).to_json()
+        figures["p_positive_n"] = sum(r.p_positive is not None for r in results)
+    return figures
+
+
 def summarise_mode(
-    mode: str,
-    task: Task,
-    results: Sequence[RecordResult],
-    *,
-    n_resamples: int = 1000,
-    seed: int = 1,
+    mode: str, task: Task, results: Sequence[RecordResult], *, weights: np.ndarray | None = None
 ) -> dict[str, Any]:
-    """Figures of one mode: bootstrap F1, FCR, AUROC of `p_positive`, latency and prompt tokens
-    (and CR for medtpe)."""
+    """Figures of one mode: quality with intervals, FCR, latency and prompt tokens (and CR for
+    medtpe). `weights`: the bootstrap's (default: a patient-level one of these records)."""
     if not results:
         raise ValueError(f"no records evaluated in mode {mode!r}")
-    f1_mean, f1_std = bootstrap_f1(
-        [as_target(task, r.label) for r in results],
-        [as_target(task, r.prediction) for r in results],
-        n_resamples=n_resamples,
-        seed=seed,
-    )
+    weights = resample_weights(results) if weights is None else weights
     latencies = [r.latency_s for r in results]
     summary: dict[str, Any] = {
         "n_records": len(results),
-        "f1": f1_mean,
-        "f1_std": f1_std,
+        "n_subjects": len({subject_of(r.key) for r in results}),
+        **quality(task, results, weights),
         "fcr": format_compliance_rate([r.format_ok for r in results]),
-        **positive_auroc(task, results),
         "latency_s_mean": fmean(latencies),
         "latency_s_total": sum(latencies),
         "generate_s_mean": fmean(r.generate_s for r in results),
@@ -67,14 +120,52 @@ def summarise_mode(
     return summary
 
 
-def positive_auroc(task: Task, results: Sequence[RecordResult]) -> dict[str, Any]:
-    """`auroc` of `p_positive` against the labels over the records that have one (binary tasks;
-    None when there are none or a class is missing) and `p_positive_n`, how many had one."""
-    scored = [r for r in results if r.p_positive is not None]
-    value = None
-    if task.label_type == "binary" and scored:
-        value = auroc([bool(r.label) for r in scored], [r.p_positive for r in scored])
-    return {"auroc": value, "p_positive_n": len(scored)}
+def aligned(original: Sequence[RecordResult], medtpe: Sequence[RecordResult]) -> list[RecordResult]:
+    """MedTPE's results in the order of the original's records (both must cover the same)."""
+    by_key = {r.key: r for r in medtpe}
+    if set(by_key) != {r.key for r in original} or not by_key:
+        raise ValueError("both modes must be evaluated on the same, non-empty records")
+    return [by_key[r.key] for r in original]
+
+
+def paired_differences(
+    task: Task,
+    original: Sequence[RecordResult],
+    medtpe: Sequence[RecordResult],
+    weights: np.ndarray,
+) -> dict[str, Any]:
+    """ΔF1 (and ΔAUROC, ΔAUPRC for binary tasks), MedTPE - original, on the same resamples."""
+    medtpe = aligned(original, medtpe)
+    labels = labels_matrix(task, original)
+    deltas = {
+        "delta_f1": paired_interval(
+            f1_scores,
+            (labels, scored_predictions(task, original)),
+            (labels, scored_predictions(task, medtpe)),
+            weights=weights,
+        )
+    }
+    if task.label_type == "binary":
+        for name in PAIRED_METRICS:
+            deltas[f"delta_{name}"] = paired_interval(
+                SCORE_METRICS[name],
+                (labels, positive_scores(original)),
+                (labels, positive_scores(medtpe)),
+                weights=weights,
+            )
+    return {name: value.to_json() for name, value in deltas.items()}
+
+
+def mode_agreement(
+    original: Sequence[RecordResult], medtpe: Sequence[RecordResult]
+) -> dict[str, float | None]:
+    """Same answer on all records, and on those the original answered (`metrics.agreement`)."""
+    medtpe = aligned(original, medtpe)
+    return agreement(
+        [r.prediction for r in original],
+        [r.prediction for r in medtpe],
+        [r.format_ok for r in original],
+    )
 
 
 def positive_shift(
@@ -100,78 +191,72 @@ def positive_shift(
     }
 
 
-def agreement(original: Sequence[RecordResult], medtpe: Sequence[RecordResult]) -> float:
-    """Share of records on which both modes give the same answer (no answer counts as one).
-
-    Records are matched by key; both runs must cover the same records.
-    """
-    by_key = {r.key: r.prediction for r in original}
-    if set(by_key) != {r.key for r in medtpe} or not by_key:
-        raise ValueError("agreement needs both modes evaluated on the same, non-empty records")
-    return sum(by_key[r.key] == r.prediction for r in medtpe) / len(medtpe)
-
-
-def answered_agreement(
-    original: Sequence[RecordResult], medtpe: Sequence[RecordResult]
-) -> float | None:
-    """Among the records the original model answered (its output parsed), the share on which
-    MedTPE gives the same answer; None when the original answered none."""
-    by_key = {r.key: r for r in medtpe}
-    answered = [r for r in original if r.format_ok]
-    if not answered:
-        return None
-    return sum(by_key[r.key].prediction == r.prediction for r in answered) / len(answered)
-
-
 def build_report(
     task: Task,
     results: dict[str, Sequence[RecordResult]],
     *,
     settings: dict[str, Any],
-    n_resamples: int = 1000,
+    n_resamples: int = DEFAULT_RESAMPLES,
     seed: int = 1,
 ) -> dict[str, Any]:
-    """The JSON report: one summary per evaluated mode, agreement when both ran, the records."""
-    report: dict[str, Any] = {"settings": settings}
+    """The JSON report: one summary per evaluated mode; with both, their paired differences,
+    agreement, latency reduction and p_positive shift; the records."""
+    report: dict[str, Any] = {"settings": settings | {"bootstrap_resamples": n_resamples}}
+    first = next(iter(results.values()))
+    weights = resample_weights(first, n_resamples, seed)
     for mode in MODES:
         if mode in results:
-            report[mode] = summarise_mode(
-                mode, task, results[mode], n_resamples=n_resamples, seed=seed
-            )
+            ordered = aligned(first, results[mode])
+            report[mode] = summarise_mode(mode, task, ordered, weights=weights)
     if all(mode in results for mode in MODES):
-        report["agreement"] = agreement(results["original"], results["medtpe"])
-        report["agreement_answered"] = answered_agreement(results["original"], results["medtpe"])
+        original, medtpe = results["original"], results["medtpe"]
+        report.update(paired_differences(task, original, medtpe, weights))
+        report.update(mode_agreement(original, medtpe))
         report["latency_reduction"] = 1.0 - (
             report["medtpe"]["latency_s_total"] / report["original"]["latency_s_total"]
         )
-        report.update(positive_shift(results["original"], results["medtpe"]))
+        report.update(positive_shift(original, medtpe))
     report["records"] = {
         mode: [r.to_json() for r in mode_results] for mode, mode_results in results.items()
     }
     return report
 
 
+def _with_interval(figure: dict[str, Any] | None, spec: str = ".3f") -> str:
+    """`value [low, high]`, `-` when undefined."""
+    if not figure or figure["value"] is None:
+        return "-"
+    text = format(figure["value"], spec)
+    if figure["low"] is not None:
+        text += f" [{figure['low']:{spec}}, {figure['high']:{spec}}]"
+    return text
+
+
 def format_table(report: dict[str, Any]) -> str:
-    """Plain-text table in the layout of the paper's Table 2 (one row per tokenizer, plus the
-    AUROC of `p_positive`), then the comparison of the modes."""
-    header = (
-        f"{'tokenizer':<10} {'F1':>15} {'FCR':>7} {'AUROC':>6} {'tokens':>8} "
-        f"{'latency s':>10} {'total s':>9} {'CR':>7}"
-    )
+    """Plain-text table in the layout of the paper's Table 2 (one row per tokenizer) with the
+    quality figures and their 95 % intervals, then the comparison of the modes."""
+    names = ("f1", "auroc", "auprc", "brier", "ece")
+    header = f"{'tokenizer':<10} {'FCR':>7} {'tokens':>8} {'latency s':>10} {'CR':>7}"
     lines = [header, "-" * len(header)]
     for mode in MODES:
         if mode not in report:
             continue
         row = report[mode]
         cr = f"{row['compression_rate']:.1%}" if "compression_rate" in row else "-"
-        f1 = f"{row['f1']:.3f} ± {row['f1_std']:.3f}"
-        auc = _figure(row.get("auroc"), ".3f")
         lines.append(
-            f"{mode:<10} {f1:>15} {row['fcr']:>7.1%} {auc:>6} {row['tokens_mean']:>8.0f} "
-            f"{row['latency_s_mean']:>10.2f} {row['latency_s_total']:>9.1f} {cr:>7}"
+            f"{mode:<10} {row['fcr']:>7.1%} {row['tokens_mean']:>8.0f} "
+            f"{row['latency_s_mean']:>10.2f} {cr:>7}"
         )
+        figures = ", ".join(f"{n} {_with_interval(row.get(n))}" for n in names if n in row)
+        lines.append(f"  {figures} ({row['n_positive']} positive labels)")
     if "agreement" in report:
         answered = report["agreement_answered"]
+        deltas = ", ".join(
+            f"{name[len('delta_') :]} {_with_interval(report[name], '+.3f')}"
+            for name in ("delta_f1", "delta_auroc", "delta_auprc")
+            if name in report
+        )
+        lines.append(f"MedTPE - original: {deltas}")
         lines.append(
             f"latency reduction {report['latency_reduction']:.1%}, "
             f"same answer on {report['agreement']:.1%} of records"

@@ -30,6 +30,8 @@ class Sampling:
     n_samples: int = 1
     temperature: float = 0.0
     max_new_tokens: int = 64
+    constrained: bool = False
+    """Structured outputs: every answer well-formed (`Predictor.answer(constrained=True)`)."""
 
 
 async def evaluate_mode(
@@ -53,6 +55,7 @@ async def evaluate_mode(
             temperature=sampling.temperature,
             max_new_tokens=sampling.max_new_tokens,
             probabilities=True,
+            constrained=sampling.constrained,
         )
         latency = time.perf_counter() - start
         results.append(

@@ -54,14 +54,37 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
+class AnswerConstraint:
+    """Structured output: the generated text must match exactly one of a regular expression, a
+    choice of strings or a JSON schema (given as JSON text). The engine masks every token that
+    would leave the allowed language, so the reported log-probabilities are those of the masked
+    distribution."""
+
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    json_schema: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [v for v in (self.regex, self.choice, self.json_schema) if v is not None]
+        if len(given) != 1:
+            raise ValueError("an AnswerConstraint needs exactly one of regex, choice, json_schema")
+
+
+@dataclass(frozen=True)
 class Completion:
     """One generated answer."""
 
     ids: list[int]
     """Its token ids, without the EOS / stop token that ended it."""
-    first_logprobs: dict[int, float] | None = None
-    """Top-k log-probabilities of the first generated token by token id, when asked for (the
-    model's raw distribution, before temperature); None otherwise or when nothing was generated."""
+    logprobs: list[dict[int, float]] | None = None
+    """Per generated position, the top-k log-probabilities by token id, when asked for (the
+    model's distribution before temperature, after a constraint's mask); None otherwise."""
+
+    @property
+    def first_logprobs(self) -> dict[int, float] | None:
+        """The first generated token's top-k log-probabilities (None when not asked for or when
+        nothing was generated)."""
+        return self.logprobs[0] if self.logprobs else None
 
 
 class Engine(Protocol):
@@ -84,10 +107,11 @@ class Engine(Protocol):
         seed: int | None = None,
         top_logprobs: int | None = None,
         cache_salt: str | None = None,
+        constraint: AnswerConstraint | None = None,
     ) -> list[Completion]:
-        """`n` answers to one prompt; with `top_logprobs` = k, each with its first token's top k.
-        Prompts with different `cache_salt`s never share cached prefixes (None: one shared
-        space)."""
+        """`n` answers to one prompt; with `top_logprobs` = k, each with every position's top k;
+        with a `constraint`, answers that match it. Prompts with different `cache_salt`s never
+        share cached prefixes (None: one shared space)."""
         ...
 
     async def warm_up(self, prompt_ids: Sequence[int]) -> None:

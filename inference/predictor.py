@@ -6,6 +6,8 @@ engine (e.g. an offline runner) gets the very same prompt, ids and answer parsin
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from inference.engine import Engine
+from inference.engine import AnswerConstraint, Completion, Engine
 from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.meds import MedsEvent, SubjectEvents
 from medtpe_core.metrics import compression_rate
@@ -28,6 +30,16 @@ Mode = Literal["medtpe", "original"]
 
 OPTION_TOP_K = 20
 """First-token log-probabilities asked for when answer-option probabilities are wanted."""
+ANSWER_VALUE_OPENING = re.compile(r"""\{\s*["']answer["']\s*:\s*["']$""")
+"""What an answer written without the prefill ends with just before its value's first token."""
+
+
+def answer_constraint(task: Task) -> AnswerConstraint:
+    """The structured-output constraint of a task's answer: a regex of the rest of the answer
+    after the prefill, or the answer object's JSON schema without it."""
+    if task.response_prefix:
+        return AnswerConstraint(regex=task.answer_regex())
+    return AnswerConstraint(json_schema=json.dumps(task.answer_schema()))
 
 
 @dataclass(frozen=True)
@@ -201,6 +213,18 @@ class Predictor:
         tokens = ((self.decode([token_id]), lp) for token_id, lp in first_logprobs.items())
         return option_probabilities(tokens, task.answer_options)
 
+    def value_logprobs(
+        self, record: PreparedRecord, output: Completion
+    ) -> Mapping[int, float] | None:
+        """The logprobs at the answer value's first token: the first generated position after
+        the prefill, else the position after the `{"answer": "` the model wrote."""
+        if not output.logprobs or record.prompt.response_prefix:
+            return output.first_logprobs
+        for position in range(min(len(output.ids), len(output.logprobs))):
+            if ANSWER_VALUE_OPENING.search(self.decode(output.ids[:position])):
+                return output.logprobs[position]
+        return None
+
     async def answer(
         self,
         engine: Engine,
@@ -211,14 +235,18 @@ class Predictor:
         max_new_tokens: int,
         probabilities: bool = False,
         cache_salt: str | None = None,
+        constrained: bool = False,
     ) -> Answer:
         """Generate, decode and parse; majority vote over `n_samples` answers; with
-        `probabilities`, the answer options' probabilities from the first answer token;
+        `probabilities`, the answer options' probabilities from the answer value's first token;
+        with `constrained`, decoding restricted to well-formed answers (`answer_constraint`);
         `cache_salt` keeps the engine's cached prefixes apart per caller (tenant).
 
         At temperature 0 every sample would be the same greedy answer, so one is generated and
-        counted `n_samples` times. The first token's distribution is the same for every sample
-        (raw logprobs, before temperature): the first sample's is used.
+        counted `n_samples` times. With the prefill, the value's first token is the first
+        generated one, whose distribution is the same for every sample (before temperature): the
+        first sample's is used. Without it, the first sample's position right after its
+        `{"answer": "` is used (None when it wrote none).
         """
         start = time.perf_counter()
         n = n_samples if temperature > 0 else 1
@@ -230,6 +258,7 @@ class Predictor:
             max_new_tokens=max_new_tokens,
             top_logprobs=OPTION_TOP_K if want_logprobs else None,
             cache_salt=cache_salt,
+            constraint=answer_constraint(record.task) if constrained else None,
         )
         generate_s = time.perf_counter() - start
         samples = []
@@ -242,5 +271,7 @@ class Predictor:
             samples = samples * n_samples
         prediction, format_ok = majority_vote([(s.prediction, s.format_ok) for s in samples])
         n_generated = sum(len(output.ids) for output in outputs)
-        option_probs = self.option_probabilities(record.task, outputs[0].first_logprobs)
+        option_probs = self.option_probabilities(
+            record.task, self.value_logprobs(record, outputs[0])
+        )
         return Answer(prediction, format_ok, samples, generate_s, n_generated, option_probs)

@@ -15,10 +15,11 @@ from collections.abc import Sequence
 from vllm import CompletionOutput, SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.inputs import TokensPrompt
+from vllm.sampling_params import StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
-from inference.engine import Completion, EngineConfig, EngineDead
+from inference.engine import AnswerConstraint, Completion, EngineConfig, EngineDead
 
 logger = logging.getLogger(__name__)
 
@@ -26,19 +27,33 @@ GIB = 1024**3
 
 
 def _completion(output: CompletionOutput, top_k: int | None) -> Completion:
-    """An engine output as a `Completion`: stop token dropped, first-token top-k logprobs kept
-    (vLLM adds the sampled token to the top k; it is left out unless it ranks within them)."""
+    """An engine output as a `Completion`: stop token dropped, each position's top-k logprobs
+    kept (vLLM adds the sampled token to the top k; it is left out unless it ranks within them)."""
     ids = list(output.token_ids)
     if output.finish_reason == "stop" and ids:
         ids.pop()
-    first = None
+    logprobs = None
     if top_k and output.logprobs:
-        first = {
-            token_id: entry.logprob
-            for token_id, entry in output.logprobs[0].items()
-            if entry.rank is None or entry.rank <= top_k
-        }
-    return Completion(ids, first)
+        logprobs = [
+            {
+                token_id: entry.logprob
+                for token_id, entry in position.items()
+                if entry.rank is None or entry.rank <= top_k
+            }
+            for position in output.logprobs
+        ]
+    return Completion(ids, logprobs)
+
+
+def structured_outputs(constraint: AnswerConstraint | None) -> StructuredOutputsParams | None:
+    """vLLM's structured-output parameters for a constraint (None: free decoding)."""
+    if constraint is None:
+        return None
+    return StructuredOutputsParams(
+        regex=constraint.regex,
+        choice=list(constraint.choice) if constraint.choice is not None else None,
+        json=constraint.json_schema,
+    )
 
 
 def engine_args(config: EngineConfig) -> AsyncEngineArgs:
@@ -92,9 +107,11 @@ class VllmEngine:
         seed: int | None = None,
         top_logprobs: int | None = None,
         cache_salt: str | None = None,
+        constraint: AnswerConstraint | None = None,
     ) -> list[Completion]:
         """Generate `n` answers to one prompt (stop token excluded); with `top_logprobs` = k,
-        each carries the top-k log-probabilities of its first token. Prompts with different
+        each carries every position's top-k log-probabilities; with a `constraint`, decoding is
+        restricted to text that matches it (vLLM structured outputs). Prompts with different
         `cache_salt`s never share prefix-cache blocks (vLLM salts the first block's hash).
 
         Raises `EngineDead` when the engine is dead. Cancelling the caller (e.g. a timeout)
@@ -109,6 +126,7 @@ class VllmEngine:
             seed=seed,
             detokenize=False,
             logprobs=top_logprobs,
+            structured_outputs=structured_outputs(constraint),
         )
         # with n > 1 the streamed outputs carry the completions separately: keep the latest
         # (cumulative) state of each completion index

@@ -11,11 +11,21 @@ from dataclasses import asdict
 from pathlib import Path
 
 import click
+import meds
 
+from medtpe_cli.meds_commands import ALL_SPLITS, SPLITS
 from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
 from medtpe_core.windowing import DEFAULT_GRID_HOURS, WindowPolicy
 
 MODE_ORDER = {"original": ("original",), "medtpe": ("medtpe",), "both": ("original", "medtpe")}
+
+
+def predictions_paths(path: Path, modes: tuple[str, ...]) -> dict[str, Path]:
+    """Where each mode's predictions go: `path` for one mode, `<stem>.<mode><suffix>` beside it
+    for both."""
+    if len(modes) == 1:
+        return {modes[0]: path}
+    return {mode: path.with_name(f"{path.stem}.{mode}{path.suffix}") for mode in modes}
 
 
 def _subject_ids(value: str | None) -> set[int] | None:
@@ -35,13 +45,27 @@ def _subject_ids(value: str | None) -> set[int] | None:
 @click.option(
     "--labels", "labels_path", required=True, type=click.Path(exists=True, path_type=Path)
 )
-@click.option("--task", "task_name", required=True, help="Task name (e.g. icu_mortality).")
+@click.option(
+    "--task",
+    "task_name",
+    required=True,
+    envvar="MEDTPE_TASK",
+    help="Task name (e.g. icu_mortality); default: $MEDTPE_TASK (MEDS-DEV's model.yaml uses it).",
+)
 @click.option("--mode", type=click.Choice(list(MODE_ORDER)), default="both", show_default=True)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="First N label rows.")
 @click.option(
     "--subjects",
     default=None,
     help="Only these subjects: comma-separated ids or a file with one id per line.",
+)
+@click.option(
+    "--split",
+    type=click.Choice(SPLITS),
+    default=meds.held_out_split,
+    show_default=True,
+    help="Only the subjects of this split of metadata/subject_splits.parquet (ignored when the "
+    "dataset has none); 'all' for every subject.",
 )
 @click.option("--n-samples", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option(
@@ -74,6 +98,19 @@ def _subject_ids(value: str | None) -> set[int] | None:
     show_default=True,
     help="Grid of the stable window's start, in hours (UTC boundaries).",
 )
+@click.option(
+    "--prefill/--no-prefill",
+    default=True,
+    show_default=True,
+    help="Start the answer with the task's JSON opening (the service's setting); "
+    "--no-prefill lets the model write the whole answer (the paper's setting).",
+)
+@click.option(
+    "--constrained/--free",
+    default=False,
+    show_default=True,
+    help="Constrain decoding to well-formed answers (vLLM structured outputs).",
+)
 @click.option("--model", "model_dir", type=click.Path(path_type=Path), default=None)
 @click.option("--artefact", "artefact_dir", type=click.Path(path_type=Path), default=None)
 @click.option(
@@ -85,6 +122,13 @@ def _subject_ids(value: str | None) -> set[int] | None:
 @click.option("--kv-cache-gib", type=click.FloatRange(min=0.1), default=2.0, show_default=True)
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--predictions-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write a meds-evaluation predictions.parquet (with --mode both: one per mode, "
+    "FILE.original.parquet and FILE.medtpe.parquet).",
+)
 def evaluate(
     meds_dir: Path,
     labels_path: Path,
@@ -92,31 +136,43 @@ def evaluate(
     mode: str,
     limit: int | None,
     subjects: str | None,
+    split: str,
     n_samples: int,
     temperature: float | None,
     max_input_tokens: int,
     max_new_tokens: int,
     window_policy: str,
     window_grid_hours: int,
+    prefill: bool,
+    constrained: bool,
     model_dir: Path | None,
     artefact_dir: Path | None,
     export_dir: Path | None,
     kv_cache_gib: float,
     seed: int,
     out_path: Path,
+    predictions_out: Path | None,
 ) -> None:
     """Evaluate a task with the original and/or MedTPE tokenizer; writes a JSON report."""
+    from evaluation.predictions import write_predictions
     from evaluation.records import load_records
     from evaluation.report import build_report, format_table
     from evaluation.runner import Sampling, run_modes
     from inference.engine import EngineOptions
     from inference.model import ModelConfig
+    from medtpe_core.meds_readers import read_dataset_metadata, read_subject_splits
     from medtpe_core.tasks import get_task
     from medtpe_core.windowing import Windowing
 
-    task = get_task(task_name)
+    task = get_task(task_name).model_copy(update={"prefill_answer": prefill})
+    has_splits = bool(read_subject_splits(meds_dir))
     records = load_records(
-        meds_dir, labels_path, task, subjects=_subject_ids(subjects), limit=limit
+        meds_dir,
+        labels_path,
+        task,
+        subjects=_subject_ids(subjects),
+        split=split if has_splits and split != ALL_SPLITS else None,
+        limit=limit,
     )
     if not records:
         raise click.UsageError("no labelled records to evaluate")
@@ -124,6 +180,7 @@ def evaluate(
         n_samples=n_samples,
         temperature=temperature if temperature is not None else (0.0 if n_samples == 1 else 0.7),
         max_new_tokens=max_new_tokens,
+        constrained=constrained,
     )
     configs = [
         ModelConfig(
@@ -145,6 +202,10 @@ def evaluate(
         "task": task.name,
         "meds": str(meds_dir),
         "labels": str(labels_path),
+        "meds_version": read_dataset_metadata(meds_dir).get(
+            meds.DatasetMetadataSchema.meds_version_name
+        ),
+        "split": split if has_splits else None,
         "n_records": len(records),
         "max_input_tokens": budget,
         "n_samples": sampling.n_samples,
@@ -152,6 +213,8 @@ def evaluate(
         "max_new_tokens": max_new_tokens,
         "window_policy": window_policy,
         "window_grid_hours": window_grid_hours,
+        "prefill": prefill,
+        "constrained": constrained,
         "seed": seed,
         "models": {model.identity.mode: asdict(model.identity) for model in used},
     }
@@ -161,6 +224,10 @@ def evaluate(
     click.echo(f"{task.title}: {len(records)} records, input budget {budget} original tokens")
     click.echo(format_table(report))
     click.echo(f"report: {out_path}")
+    if predictions_out is not None:
+        for name, path in predictions_paths(predictions_out, MODE_ORDER[mode]).items():
+            write_predictions(task, records, results[name], path)
+            click.echo(f"predictions ({name}): {path}")
 
 
 commands = [evaluate]

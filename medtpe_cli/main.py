@@ -15,6 +15,7 @@ import click
 _COMMAND_MODULES = (
     "medtpe_cli.tokenizer_commands",
     "medtpe_cli.meds_commands",
+    "medtpe_cli.labels_commands",
     "medtpe_cli.training_commands",
     "medtpe_cli.service_commands",
     "medtpe_cli.evaluation_commands",

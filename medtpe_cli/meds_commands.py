@@ -6,18 +6,25 @@ import json
 from pathlib import Path
 
 import click
+import meds
 
 from medtpe_core.prompting import DEFAULT_MAX_INPUT_TOKENS
 
-
-@click.command("render")
-@click.option(
+MEDS_DIR_OPTION = click.option(
     "--meds",
     "meds_dir",
     required=True,
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="MEDS dataset directory (data/, metadata/).",
 )
+"""The `--meds DIR` option of the commands that read a MEDS dataset."""
+ALL_SPLITS = "all"
+SPLITS = (meds.train_split, meds.tuning_split, meds.held_out_split, ALL_SPLITS)
+"""`--split` choices: a split of `metadata/subject_splits.parquet`, or every subject."""
+
+
+@click.command("render")
+@MEDS_DIR_OPTION
 @click.option(
     "--labels",
     "labels_path",
@@ -59,6 +66,14 @@ from medtpe_core.prompting import DEFAULT_MAX_INPUT_TOKENS
     type=click.Path(dir_okay=False, path_type=Path),
     help="Output JSON-lines file.",
 )
+@click.option(
+    "--split",
+    type=click.Choice(SPLITS),
+    default=ALL_SPLITS,
+    show_default=True,
+    help="Only the subjects of this split of metadata/subject_splits.parquet (ignored when the "
+    "dataset has none), e.g. 'tuning' for an SSFT validation corpus.",
+)
 def render(
     meds_dir: Path,
     labels_path: Path,
@@ -67,13 +82,15 @@ def render(
     template_dir: Path | None,
     max_input_tokens: int,
     out_path: Path,
+    split: str,
 ) -> None:
-    """Render each label row's record and prompt (events strictly before its prediction time)."""
+    """Render each label row's record and prompt (events up to and including its prediction
+    time)."""
     from tqdm import tqdm
 
     from medtpe_core.base_tokenizer import BaseTokenizer
     from medtpe_core.chat_template import ChatTemplate
-    from medtpe_core.meds_readers import MedsDataset, read_labels
+    from medtpe_core.meds_readers import MedsDataset, read_labels, read_subject_splits
     from medtpe_core.paths import default_model_dir
     from medtpe_core.prompting import build_prompt
     from medtpe_core.tasks import UnknownTaskError, get_task
@@ -88,6 +105,9 @@ def render(
     )
     dataset = MedsDataset.load(meds_dir)
     rows = read_labels(labels_path)
+    splits = read_subject_splits(meds_dir) if split != ALL_SPLITS else {}
+    if splits:
+        rows = [row for row in rows if splits.get(row.subject_id) == split]
     known = set(dataset.subject_ids)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with out_path.open("w", encoding="utf-8") as out:

@@ -10,8 +10,10 @@ Normalisations (documented, tested):
 - exact duplicate events are kept here (no data is dropped); the renderer shows them once with a
   count (``×2``).
 
+Extra fields of an event (MEDS allows further columns) are accepted and ignored.
+
 Errors: a missing or wrongly typed field, an unparseable time, a non-finite `numeric_value`
-(NaN/inf), an unknown extra field, more than `MAX_EVENTS_PER_RECORD` events or several subjects
+(NaN/inf), more than `MAX_EVENTS_PER_RECORD` events or several subjects
 in one record each raise a pydantic `ValidationError` whose `loc` names the field.
 """
 
@@ -70,9 +72,9 @@ JsonInt = Annotated[int, BeforeValidator(_a_number)]
 
 
 class MedsEvent(BaseModel):
-    """One MEDS event; usable as (part of) a FastAPI request body."""
+    """One MEDS event; usable as (part of) a FastAPI request body. Extra fields are ignored."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     subject_id: JsonInt = Field(
         ge=-MAX_SUBJECT_ID, le=MAX_SUBJECT_ID, description="MEDS subject id (JSON-safe integer)"
@@ -196,13 +198,16 @@ class SubjectEvents:
             text_values=[self.text_values[i] for i in index],
         )
 
-    def before(self, prediction_time: datetime) -> SubjectEvents:
-        """Static events and the events strictly before `prediction_time` (no leakage).
+    def before(self, prediction_time: datetime, *, inclusive: bool = True) -> SubjectEvents:
+        """Static events and the events up to and including `prediction_time` (MEDS: data "up
+        to and including" the prediction time may be used), or strictly before it with
+        `inclusive=False`.
 
         The events are sorted with static ones first, so these are a prefix (a slice, no copy
         of the columns event by event)."""
         cutoff = np.datetime64(to_naive_utc(prediction_time), "us").astype(np.int64)
-        end = int(np.searchsorted(time_keys(self.times), cutoff, side="left"))
+        side = "right" if inclusive else "left"
+        end = int(np.searchsorted(time_keys(self.times), cutoff, side=side))
         if end == len(self):
             return self
         return SubjectEvents(

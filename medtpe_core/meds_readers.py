@@ -1,5 +1,5 @@
 """Readers for MEDS datasets (`data/**/*.parquet`, `metadata/codes.parquet`,
-`metadata/dataset.json`) and MEDS label files, with pyarrow.
+`metadata/dataset.json`, `metadata/subject_splits.parquet`) and MEDS label files, with pyarrow.
 
 A dataset (or one of its data shards: MEDS keeps each subject in one shard) is read once into
 columns and grouped by subject with numpy; no per-row Python objects are built for it. Schemas
@@ -40,7 +40,8 @@ def _parquet_files(path: Path) -> list[Path]:
 
 
 def _read_aligned(
-    files: list[Path], schema: type[meds.DataSchema] | type[meds.LabelSchema]
+    files: list[Path],
+    schema: type[meds.DataSchema] | type[meds.LabelSchema] | type[meds.SubjectSplitSchema],
 ) -> pa.Table:
     tables = []
     for file in files:
@@ -113,6 +114,12 @@ class MedsDataset:
         return cls(root, table, read_code_descriptions(root), read_dataset_metadata(root))
 
     @property
+    def meds_version(self) -> str | None:
+        """The MEDS version the dataset declares in `metadata/dataset.json` (None if none)."""
+        value = self.metadata.get(meds.DatasetMetadataSchema.meds_version_name)
+        return None if value is None else str(value)
+
+    @property
     def subject_ids(self) -> list[int]:
         """Subject ids, ascending."""
         return list(self._slices)
@@ -180,6 +187,19 @@ def read_dataset_metadata(root: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise MedsFormatError(f"{path}: expected a JSON object")
     return data
+
+
+def read_subject_splits(root: str | Path) -> dict[int, str]:
+    """`subject_id -> split` from `metadata/subject_splits.parquet` (empty if the file is absent);
+    MEDS names the splits `train`, `tuning` and `held_out`."""
+    path = Path(root) / meds.subject_splits_filepath
+    if not path.exists():
+        return {}
+    table = _read_aligned([path], meds.SubjectSplitSchema)
+    _require_non_null(table, meds.SubjectSplitSchema.subject_id_name, path)
+    subjects = table.column(meds.SubjectSplitSchema.subject_id_name).to_pylist()
+    splits = table.column(meds.SubjectSplitSchema.split_name).to_pylist()
+    return dict(zip(subjects, splits, strict=True))
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ Format (deterministic):
   code itself (`LAB//220045//bpm` -> `Lab 220045`); a unit comes from the description's trailing
   `[unit]` or from `LAB//<id>//<unit>` codes and is written after the value;
 - exact duplicates at one timestamp (same code, value and text) are shown once with `(xN)`;
-- only static events and events strictly before the prediction time are used (no leakage);
+- only static events and events up to and including the prediction time are used (MEDS's
+  convention; `inclusive=False`: strictly before it);
 - with a budget, the newest events are kept: static events first, then timed events from the
   newest backwards. The budget is counted in ORIGINAL (base tokenizer) tokens and the returned
   count is exact;
@@ -341,10 +342,12 @@ def render_record(
     prediction_time: datetime | None = None,
     encoder: TokenEncoder | None = None,
     max_tokens: int | None = None,
+    inclusive: bool = True,
     *,
     window_start: datetime | None = None,
 ) -> RenderedRecord:
-    """Render `events` (static + strictly before `prediction_time`) as text.
+    """Render `events` (static + up to and including `prediction_time`, strictly before it
+    with `inclusive=False`) as text.
 
     With `max_tokens` (needs `encoder`, the ORIGINAL tokenizer) the newest events that fit are
     kept and the returned `n_tokens` is the exact count of the returned text. With an encoder,
@@ -352,7 +355,7 @@ def render_record(
     line counts the others).
     """
     if prediction_time is not None:
-        events = events.before(prediction_time)
+        events = events.before(prediction_time, inclusive=inclusive)
     if max_tokens is not None and encoder is None:
         raise ValueError("a token budget needs the original tokenizer (encoder)")
     age_at = window_start or prediction_time

@@ -168,6 +168,7 @@ async def _predict_record(
             temperature=temperature,
             max_new_tokens=state.settings.max_new_tokens,
             probabilities=request.options.return_probabilities,
+            constrained=request.options.constrained,
         )
     state.metrics.observe_answer(task.name, predictor.mode, record.segmentation, answer)
     return predict_response(model, record, answer, request.options, time.perf_counter() - start)

@@ -89,6 +89,11 @@ class PredictOptions(_Strict):
         description="Include the answer options' probabilities from the first answer token "
         "(tasks with a closed set of options: yes/no, option letters).",
     )
+    constrained: bool = Field(
+        False,
+        description="Constrain decoding to a well-formed answer (vLLM structured outputs): "
+        "every answer parses; option probabilities come from the masked distribution.",
+    )
 
 
 class PredictRequest(_Strict):
@@ -99,7 +104,9 @@ class PredictRequest(_Strict):
         description="The record's MEDS events, all with the same `subject_id` (422 otherwise)."
     )
     prediction_time: IsoTime | None = Field(
-        None, description="Events at or after it are ignored; default: just after the last event."
+        None,
+        description="Events after it are ignored (MEDS: up to and including it is used); "
+        "default: just after the last event.",
     )
     options: PredictOptions = Field(default_factory=PredictOptions)
 

@@ -133,6 +133,26 @@ def service_artefact(cache: Path) -> tuple[Path, Path]:
     return artefact, export
 
 
+def engine_test_config(service_files: tuple[Path, Path], meds: Path, max_new_tokens: int) -> Any:
+    """The `ModelConfig` of an engine test in `medtpe` mode: the test artefact, `meds`'s code
+    descriptions, a 512-token budget, a 1 GiB KV cache, eager (no torch.compile), seed 1."""
+    from inference.engine import EngineOptions
+    from inference.model import ModelConfig
+    from medtpe_core.paths import default_model_dir
+
+    artefact, export = service_files
+    return ModelConfig(
+        model_dir=default_model_dir(),
+        artefact_dir=artefact,
+        export_dir=export,
+        mode="medtpe",
+        codes_dir=meds,
+        max_input_tokens=512,
+        max_new_tokens=max_new_tokens,
+        engine=EngineOptions(kv_cache_gib=1.0, seed=1, enforce_eager=True),
+    )
+
+
 SERVICE_API_KEY = "test-key-1"
 
 

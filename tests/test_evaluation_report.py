@@ -1,6 +1,6 @@
 """The evaluation report's maths on hand-made per-record results: FCR, latency, tokens, CR,
-agreement, AUROC and the shift of p_positive between modes, the JSON shape, the printed table
-and results written before p_positive existed."""
+agreement, quality figures with intervals, paired differences, the shift of p_positive between
+modes, the JSON shape, the printed table and results written before p_positive existed."""
 
 from __future__ import annotations
 
@@ -10,17 +10,18 @@ import math
 import pytest
 
 from evaluation.report import (
-    agreement,
-    answered_agreement,
     as_target,
     build_report,
     format_table,
-    positive_auroc,
+    mode_agreement,
+    paired_differences,
     positive_shift,
+    quality,
+    resample_weights,
     summarise_mode,
 )
 from evaluation.results import RecordResult, record_key
-from medtpe_core.metrics import bootstrap_f1
+from medtpe_core.metrics import f1
 from medtpe_core.tasks import get_task
 
 MORTALITY = get_task("icu_mortality")
@@ -80,11 +81,24 @@ def test_summary_figures() -> None:
     assert "compression_rate" not in summarise_mode("original", MORTALITY, ORIGINAL)
 
 
-def test_f1_counts_unparsed_answers_as_negative() -> None:
-    # record 3: positive label, no answer -> a false negative, not a dropped row
-    summary = summarise_mode("original", MORTALITY, ORIGINAL, n_resamples=200, seed=3)
-    expected = bootstrap_f1([True, False, True, False], [True, False, False, True], 200, seed=3)
-    assert (summary["f1"], summary["f1_std"]) == pytest.approx(expected)
+def test_f1_counts_unparsed_answers_as_wrong() -> None:
+    # record 3: positive label, no answer -> wrong (a false negative); record 5: negative label,
+    # no answer -> wrong too (a false positive), as in the paper
+    rows = [*ORIGINAL, result(5, False, None, ok=False, p=0.2)]
+    summary = summarise_mode("original", MORTALITY, rows)
+    expected = f1([True, False, True, False, False], [True, False, False, True, True])
+    assert summary["f1"]["value"] == pytest.approx(expected)
+    assert summary["f1"]["low"] <= expected <= summary["f1"]["high"]
+    assert summary["n_positive"] == 2 and summary["n_subjects"] == 5
+
+
+def test_multilabel_unparsed_answer_is_wrong_on_every_label() -> None:
+    first = PHENOTYPING.labels[0]
+    rows = [result(1, [first], None, ok=False), result(2, [first], [first])]
+    figures = quality(PHENOTYPING, rows, resample_weights(rows, 50))
+    # label 0: tp 1, fn 1 -> 2/3; the other 24 labels: one false positive each -> 0
+    assert figures["f1"]["value"] == pytest.approx((2 / 3) / len(PHENOTYPING.labels))
+    assert "auroc" not in figures
 
 
 def test_targets_for_binary_and_multilabel() -> None:
@@ -96,21 +110,27 @@ def test_targets_for_binary_and_multilabel() -> None:
     assert as_target(PHENOTYPING, None) == [False] * len(PHENOTYPING.labels)
 
 
-def test_agreement_counts_equal_answers_including_no_answer() -> None:
-    # records 1, 2 equal; 3 both unparsed (same: no answer); 4 differs
-    assert agreement(ORIGINAL, MEDTPE) == pytest.approx(0.75)
-
-
-def test_answered_agreement_ignores_records_the_original_did_not_answer() -> None:
-    # original answered records 1, 2, 4; MedTPE agrees on 1 and 2
-    assert answered_agreement(ORIGINAL, MEDTPE) == pytest.approx(2 / 3)
-    unanswered = [result(i, True, None, ok=False) for i in range(3)]
-    assert answered_agreement(unanswered, unanswered) is None
-
-
-def test_agreement_needs_the_same_records() -> None:
+def test_mode_agreement_matches_records_by_key() -> None:
+    # records 1, 2 equal; 3 both unparsed (same: no answer); 4 differs; the original answered
+    # 1, 2, 4 and MedTPE agrees on 1 and 2
+    shuffled = [MEDTPE[2], MEDTPE[0], MEDTPE[3], MEDTPE[1]]
+    assert mode_agreement(ORIGINAL, shuffled) == {
+        "agreement": pytest.approx(0.75),
+        "agreement_answered": pytest.approx(2 / 3),
+    }
     with pytest.raises(ValueError, match="same"):
-        agreement(ORIGINAL, MEDTPE[:3])
+        mode_agreement(ORIGINAL, MEDTPE[:3])
+
+
+def test_paired_differences_are_medtpe_minus_original() -> None:
+    weights = resample_weights(ORIGINAL, 200)
+    deltas = paired_differences(MORTALITY, ORIGINAL, MEDTPE, weights)
+    # AUROC: original 0.875; MedTPE 0.8, 0.6, 0.7 and 0.5 (no p) -> positives 0.8, 0.7 beat
+    # both negatives 0.6 and 0.5 -> 1.0
+    assert deltas["delta_auroc"]["value"] == pytest.approx(0.125)
+    assert {"delta_f1", "delta_auprc"} <= set(deltas)
+    same = paired_differences(MORTALITY, ORIGINAL, ORIGINAL, weights)
+    assert all(d["value"] == d["low"] == d["high"] == 0 for d in same.values())
 
 
 def test_report_json_shape() -> None:
@@ -118,14 +138,16 @@ def test_report_json_shape() -> None:
         MORTALITY, {"original": ORIGINAL, "medtpe": MEDTPE}, settings={"task": "icu_mortality"}
     )
     decoded = json.loads(json.dumps(report))
-    required = {"f1", "f1_std", "fcr", "latency_s_mean", "latency_s_total", "tokens_mean"}
+    required = {"f1", "auroc", "auprc", "brier", "ece", "fcr", "latency_s_mean", "tokens_mean"}
     assert required <= set(decoded["original"])
     assert required | {"compression_rate"} <= set(decoded["medtpe"])
     assert decoded["agreement"] == pytest.approx(0.75)
     assert decoded["agreement_answered"] == pytest.approx(2 / 3)
     assert decoded["latency_reduction"] == pytest.approx(1 - 6.0 / 12.0)
-    assert decoded["original"]["auroc"] == pytest.approx(0.875)
-    assert decoded["medtpe"]["auroc"] == pytest.approx(1.0)
+    assert decoded["original"]["auroc"]["value"] == pytest.approx(0.875)
+    assert decoded["medtpe"]["auroc"]["value"] == pytest.approx(1.0)
+    assert decoded["delta_auroc"]["value"] == pytest.approx(0.125)
+    assert decoded["settings"]["bootstrap_resamples"] == 1000
     assert decoded["p_positive_mae"] == pytest.approx(0.4 / 3)
     assert decoded["records"]["medtpe"][0]["probabilities"] == pytest.approx(
         {"yes": 0.8, "no": 0.2}
@@ -143,28 +165,26 @@ def test_table_lists_both_modes_and_the_comparison() -> None:
     report = build_report(MORTALITY, {"original": ORIGINAL, "medtpe": MEDTPE}, settings={})
     table = format_table(report)
     lines = table.splitlines()
-    assert lines[0].split()[:3] == ["tokenizer", "F1", "FCR"]
+    assert lines[0].split()[:2] == ["tokenizer", "FCR"]
     original_row = next(line for line in lines if line.startswith("original"))
     medtpe_row = next(line for line in lines if line.startswith("medtpe"))
     assert "75.0%" in original_row and original_row.rstrip().endswith("-")
     assert medtpe_row.rstrip().endswith("33.3%")
+    original_figures = lines[lines.index(original_row) + 1]
+    assert "auroc 0.875 [" in original_figures and "(2 positive labels)" in original_figures
+    assert "MedTPE - original: f1 " in table and "auroc +0.125 [" in table
     assert "latency reduction 50.0%" in table and "75.0% of records" in table
     assert "66.7% of those the original answered" in table
-    assert lines[0].split()[3] == "AUROC"
-    assert original_row.split()[5] == "0.875" and medtpe_row.split()[5] == "1.000"
     assert "p(positive) MedTPE vs original on 3 records: Pearson r 0.993" in table
     assert "mean |Δp| 0.133, max |Δp| 0.200" in table
 
 
-def test_auroc_of_p_positive_per_mode() -> None:
-    # original: positives 0.9, 0.6 vs negatives 0.4, 0.6 -> (1 + 1 + 1 + 1/2) / 4
-    assert positive_auroc(MORTALITY, ORIGINAL) == {"auroc": 0.875, "p_positive_n": 4}
-    # medtpe: record 4 has no p_positive; positives 0.8, 0.7 vs negative 0.6 -> 1
-    assert positive_auroc(MORTALITY, MEDTPE) == {"auroc": 1.0, "p_positive_n": 3}
-    one_class = [result(i, True, True, p=0.5) for i in range(3)]
-    assert positive_auroc(MORTALITY, one_class)["auroc"] is None
+def test_records_without_p_positive_score_one_half() -> None:
     unscored = [result(1, True, True), result(2, False, False)]
-    assert positive_auroc(MORTALITY, unscored) == {"auroc": None, "p_positive_n": 0}
+    figures = quality(MORTALITY, unscored, resample_weights(unscored, 50))
+    assert figures["auroc"]["value"] == 0.5 and figures["p_positive_n"] == 0
+    one_class = [result(i, True, True, p=0.5) for i in range(3)]
+    assert quality(MORTALITY, one_class, resample_weights(one_class, 50))["auroc"]["value"] is None
 
 
 def test_p_positive_shift_between_modes() -> None:
@@ -189,8 +209,7 @@ def test_results_without_p_positive_still_load_and_report() -> None:
     assert old.p_positive is None and old.probabilities is None
     rows = [RecordResult(**{**row, "key": record_key(i, "x")}) for i in range(2)]
     report = build_report(MORTALITY, {"original": rows, "medtpe": rows}, settings={})
-    assert report["original"]["auroc"] is None and report["p_positive_pairs"] == 0
+    assert report["original"]["p_positive_n"] == 0 and report["p_positive_pairs"] == 0
     assert report["p_positive_correlation"] is None and report["p_positive_mae"] is None
     table = format_table(report)
     assert "p(positive)" not in table
-    assert next(line for line in table.splitlines() if line.startswith("medtpe")).split()[5] == "-"

@@ -52,7 +52,6 @@ def test_valid_event_from_json_and_static_event():
         ({"numeric_value": math.inf}, ("numeric_value",)),
         ({"numeric_value": -math.inf}, ("numeric_value",)),
         ({"text_value": 5}, ("text_value",)),
-        ({"numeric_val": 3}, ("numeric_val",)),  # a typo is an error, not silently dropped
     ],
 )
 def test_bad_fields_name_the_field(change, loc):
@@ -125,7 +124,14 @@ def test_record_hard_cap_on_event_count():
     assert str(MAX_EVENTS_PER_RECORD) in str(info.value)
 
 
-def test_subject_events_before_excludes_prediction_time_itself():
+def test_extra_event_fields_are_accepted_and_ignored():
+    # MEDS allows further columns (e.g. a unit, an admission id); they do not reach the model
+    event = MedsEvent.model_validate({**GOOD, "hadm_id": 27882036, "unit": "bpm"})
+    assert event == MedsEvent.model_validate(GOOD)
+    assert "hadm_id" not in event.model_dump()
+
+
+def test_subject_events_up_to_and_including_prediction_time():
     events = SubjectEvents.from_events(
         [
             MedsEvent(subject_id=1, time=None, code="static"),
@@ -134,7 +140,9 @@ def test_subject_events_before_excludes_prediction_time_itself():
             MedsEvent(subject_id=1, time=datetime(2150, 1, 1, 11), code="after"),
         ]
     )
-    assert list(events.before(datetime(2150, 1, 1, 10)).codes) == ["static", "before"]
+    cut = datetime(2150, 1, 1, 10)
+    assert list(events.before(cut).codes) == ["static", "before", "at"]
+    assert list(events.before(cut, inclusive=False).codes) == ["static", "before"]
 
 
 def test_models_work_as_fastapi_request_bodies():
@@ -148,6 +156,8 @@ def test_models_work_as_fastapi_request_bodies():
 
     client = testclient.TestClient(app)
     assert client.post("/echo", json={"events": [GOOD]}).json() == {"n": 1}
+    extra = client.post("/echo", json={"events": [{**GOOD, "hadm_id": 1, "unit": "bpm"}]})
+    assert extra.status_code == 200 and extra.json() == {"n": 1}
     response = client.post("/echo", json={"events": [{**GOOD, "numeric_value": "high"}]})
     assert response.status_code == 422
     assert response.json()["detail"][0]["loc"] == ["body", "events", 0, "numeric_value"]

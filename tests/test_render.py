@@ -122,10 +122,13 @@ def test_no_leakage_events_at_or_after_prediction_time_never_appear():
         (cut + timedelta(hours=1), "AFTER", None, None),
         (None, "STATIC", None, None),
     )
-    record = render_record(events, {}, cut)
+    record = render_record(events, {}, cut)  # MEDS: up to and including the prediction time
     assert "Before" in record.text and "Static" in record.text
-    assert "At prediction time" not in record.text and "After" not in record.text
-    assert record.n_events_total == 2
+    assert "At prediction time" in record.text and "After" not in record.text
+    assert record.n_events_total == 3
+    strict = render_record(events, {}, cut, inclusive=False)
+    assert "Before" in strict.text and "At prediction time" not in strict.text
+    assert strict.n_events_total == 2
 
 
 def test_no_leakage_on_dataset_records(dataset):

@@ -11,16 +11,16 @@ from pathlib import Path
 import psutil
 import pytest
 from meds_fixtures import write_meds_dataset
+from service_support import engine_test_config
 
 from evaluation.records import EvalRecord, load_records
 from evaluation.report import build_report
 from evaluation.results import RecordResult
 from evaluation.runner import Sampling, evaluate_mode, measured
-from inference.engine import EngineDead, EngineOptions
-from inference.model import ModelConfig, load_model
+from inference.engine import EngineDead
+from inference.model import load_model
 from inference.predictor import Predictor
 from inference.vllm_engine import VllmEngine
-from medtpe_core.paths import default_model_dir
 from medtpe_core.tasks import Task, get_task
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
@@ -33,18 +33,8 @@ def test_p_positive_is_a_probability(
     task = get_task("icu_mortality")
     meds = write_meds_dataset(tmp_path / "meds", subjects=(1,), hours=6)
     records = load_records(meds, meds / "labels" / "icu_mortality.parquet", task)
-    artefact, export = service_files
 
-    config = ModelConfig(
-        model_dir=default_model_dir(),
-        artefact_dir=artefact,
-        export_dir=export,
-        mode="medtpe",
-        codes_dir=meds,
-        max_input_tokens=512,
-        max_new_tokens=8,
-        engine=EngineOptions(kv_cache_gib=1.0, seed=1, enforce_eager=True),
-    )
+    config = engine_test_config(service_files, meds, max_new_tokens=8)
     model = load_model(measured(config))
     engine = VllmEngine.start(model.engine_config)
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from medtpe_core.metrics import agreement as prediction_agreement
 from medtpe_core.tasks import get_task
 from medtpe_core.tokenizer import MedTPETokenizer
 
@@ -41,25 +42,25 @@ def answer_text(
 def answer_agreement(tasks: Sequence[str], student: Sequence[str], teacher: Sequence[str]) -> dict:
     """Exact-text agreement; prediction agreement where the original's answer parses; format
     compliance of both."""
-    exact = agree = parsed = student_ok = teacher_ok = 0
-    for name, s_text, t_text in zip(tasks, student, teacher, strict=True):
-        task = get_task(name)
-        s_pred, s_ok = task.parse_answer(s_text)
-        t_pred, t_ok = task.parse_answer(t_text)
-        exact += s_text == t_text
-        student_ok += s_ok
-        teacher_ok += t_ok
-        if t_pred is not None:
-            parsed += 1
-            agree += s_pred == t_pred
+    student_parsed = [
+        get_task(name).parse_answer(text) for name, text in zip(tasks, student, strict=True)
+    ]
+    teacher_parsed = [
+        get_task(name).parse_answer(text) for name, text in zip(tasks, teacher, strict=True)
+    ]
+    shared = prediction_agreement(
+        [prediction for prediction, _ in teacher_parsed],
+        [prediction for prediction, _ in student_parsed],
+        [prediction is not None for prediction, _ in teacher_parsed],
+    )
     n = max(len(tasks), 1)
     return {
         "n": len(tasks),
-        "exact_answer_agreement": exact / n,
-        "n_original_parsed": parsed,
-        "prediction_agreement": agree / max(parsed, 1),
-        "format_compliance": student_ok / n,
-        "format_compliance_original": teacher_ok / n,
+        "exact_answer_agreement": sum(s == t for s, t in zip(student, teacher, strict=True)) / n,
+        "n_original_parsed": sum(prediction is not None for prediction, _ in teacher_parsed),
+        "prediction_agreement": shared["agreement_answered"] or 0.0,
+        "format_compliance": sum(ok for _, ok in student_parsed) / n,
+        "format_compliance_original": sum(ok for _, ok in teacher_parsed) / n,
     }
 
 

@@ -91,6 +91,37 @@ class Task(BaseModel):
             return ""
         return '{"answer": [' if self.label_type == "multilabel" else '{"answer": "'
 
+    def answer_values(self) -> tuple[str, ...]:
+        """The strings an answer value may be: yes/no (binary) or the option letters."""
+        return self.answer_options or tuple(self.letters)
+
+    def answer_regex(self) -> str:
+        """A regular expression of what the model may write after `response_prefix` (with the
+        prefill on): the rest of a well-formed answer object, e.g. `(yes|no)"\\}`."""
+        if not self.prefill_answer:
+            raise ValueError(f"task {self.name}: an answer regex needs the answer prefill")
+        value = "(" + "|".join(re.escape(v) for v in self.answer_values()) + ")"
+        if self.label_type == "multilabel":
+            item = f'"{value}"'
+            return f"({item}(, {item})*)?" + r"\]\}"
+        return value + r'"\}'
+
+    def answer_schema(self) -> dict[str, object]:
+        """JSON schema of the whole answer object `{"answer": ...}` (for decoding without the
+        prefill)."""
+        values = {"enum": list(self.answer_values())}
+        answer = (
+            {"type": "array", "items": values, "uniqueItems": True}
+            if self.label_type == "multilabel"
+            else values
+        )
+        return {
+            "type": "object",
+            "properties": {"answer": answer},
+            "required": ["answer"],
+            "additionalProperties": False,
+        }
+
     def user_message(self, record_text: str, prediction_time: str | None = None) -> str:
         """The user turn: instruction, options, record, prediction time, question, answer form."""
         parts = [self.instruction]
