@@ -9,8 +9,11 @@ series are off, so the text exposition (0.0.4) holds each name once.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
+    REGISTRY,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -18,6 +21,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.metrics_core import Metric
 
 from inference.predictor import Answer, Segmentation
 
@@ -26,6 +30,18 @@ disable_created_metrics()
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 TOKEN_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 RATE_BUCKETS = tuple(round(0.05 * i, 2) for i in range(0, 21))
+
+
+ENGINE_METRIC_PREFIX = "vllm:"
+"""The engine's own metrics (vLLM registers them in the process's default registry)."""
+
+
+class EngineFamilies:
+    """The `vllm:*` families of the default registry, without its process and GC metrics."""
+
+    def collect(self) -> Iterator[Metric]:
+        """The default registry's families whose name starts with `vllm:`."""
+        return (m for m in REGISTRY.collect() if m.name.startswith(ENGINE_METRIC_PREFIX))
 
 
 class ServiceMetrics:
@@ -99,5 +115,6 @@ class ServiceMetrics:
         self.format_compliance.labels(task, "ok" if answer.format_ok else "fail").inc()
 
     def render(self) -> bytes:
-        """The exposition text."""
-        return generate_latest(self.registry) + generate_latest(self._counter_registry)
+        """The exposition text: the service's metrics, then the engine's (`vllm:*`)."""
+        own = generate_latest(self.registry) + generate_latest(self._counter_registry)
+        return own + generate_latest(EngineFamilies())  # type: ignore[arg-type]

@@ -36,6 +36,7 @@ from service.schemas import (
     TokenizeResponse,
 )
 from service.state import ServiceState
+from service.tenancy import cache_salt
 
 logger = logging.getLogger("medtpe.service")
 T = TypeVar("T")
@@ -52,11 +53,12 @@ def _require_api_key(
     state: StateDep,
     authorization: Annotated[str | None, Header()] = None,
     x_api_key: Annotated[str | None, Header()] = None,
-) -> None:
-    """`Authorization: Bearer KEY` or `X-API-Key: KEY`, when API keys are configured."""
+) -> str | None:
+    """`Authorization: Bearer KEY` or `X-API-Key: KEY`, when API keys are configured; the
+    caller's key (None when authentication is off)."""
     keys = state.settings.api_keys
     if not keys:
-        return
+        return None
     given = x_api_key
     if authorization and authorization.lower().startswith("bearer "):
         given = authorization[7:].strip()
@@ -68,6 +70,22 @@ def _require_api_key(
             "a valid API key is required (Authorization: Bearer KEY or X-API-Key)",
             headers={"WWW-Authenticate": "Bearer"},
         )
+    return given
+
+
+def _cache_salt(
+    request: Request,
+    state: StateDep,
+    api_key: Annotated[str | None, Depends(_require_api_key)],
+) -> str | None:
+    """The caller's cache salt (`service.tenancy`): of its API key, else of its tenant header."""
+    header = state.settings.cache_salt_header
+    if api_key is None and header:
+        return cache_salt(request.headers.get(header))
+    return cache_salt(api_key)
+
+
+SaltDep = Annotated[str | None, Depends(_cache_salt)]
 
 
 router = APIRouter(
@@ -103,16 +121,16 @@ def _checked(state: ServiceState, request: PredictRequest, loc: Sequence[str | i
 
 
 @router.post("/predict", response_model=PredictResponse)
-async def predict(body: PredictRequest, state: StateDep) -> PredictResponse:
+async def predict(body: PredictRequest, state: StateDep, salt: SaltDep) -> PredictResponse:
     """Predict the task for one record."""
     model = state.loaded(need_engine=True)
     task = _checked(state, body, ["body"])
     async with _served(state, "predict", task.name, 1):
-        return await _predict_record(state, model, task, body)
+        return await _predict_record(state, model, task, body, salt)
 
 
 @router.post("/predict/batch", response_model=BatchResponse)
-async def predict_batch(body: BatchRequest, state: StateDep) -> BatchResponse:
+async def predict_batch(body: BatchRequest, state: StateDep, salt: SaltDep) -> BatchResponse:
     """Predict several records, generated concurrently; answers in request order."""
     model = state.loaded(need_engine=True)
     tasks = [_checked(state, r, ["body", "records", i]) for i, r in enumerate(body.records)]
@@ -123,7 +141,7 @@ async def predict_batch(body: BatchRequest, state: StateDep) -> BatchResponse:
     label = names.pop() if len(names) == 1 else "mixed"
     async with _served(state, "predict_batch", label, len(tasks)):
         results = await _all(
-            _predict_record(state, model, task, record)
+            _predict_record(state, model, task, record, salt)
             for task, record in zip(tasks, body.records, strict=True)
         )
     return BatchResponse(results=results)
@@ -149,7 +167,11 @@ async def tokenize(body: TokenizeRequest, state: StateDep) -> TokenizeResponse:
 
 
 async def _predict_record(
-    state: ServiceState, model: LoadedModel, task: Task, request: PredictRequest
+    state: ServiceState,
+    model: LoadedModel,
+    task: Task,
+    request: PredictRequest,
+    salt: str | None,
 ) -> PredictResponse:
     """Render and tokenize (worker thread), then generate within a concurrency slot."""
     start = time.perf_counter()
@@ -169,6 +191,7 @@ async def _predict_record(
             max_new_tokens=state.settings.max_new_tokens,
             probabilities=request.options.return_probabilities,
             constrained=request.options.constrained,
+            cache_salt=salt,
         )
     state.metrics.observe_answer(task.name, predictor.mode, record.segmentation, answer)
     return predict_response(model, record, answer, request.options, time.perf_counter() - start)

@@ -89,7 +89,7 @@ class PredictOptions(_Strict):
         description="Include the answer options' probabilities from the first answer token "
         "(tasks with a closed set of options: yes/no, option letters).",
     )
-    constrained: bool = Field(
+    constrained: StrictBool = Field(
         False,
         description="Constrain decoding to a well-formed answer (vLLM structured outputs): "
         "every answer parses; option probabilities come from the masked distribution.",

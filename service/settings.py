@@ -16,6 +16,7 @@ from inference.engine import DistributedBackend, EngineOptions
 from inference.model import ModelConfig
 from inference.predictor import Mode
 from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
+from medtpe_core.windowing import DEFAULT_GRID_HOURS, Windowing, WindowPolicy
 
 
 class ServiceSettings(BaseSettings):
@@ -48,6 +49,20 @@ class ServiceSettings(BaseSettings):
         gt=0,
         description="Input budget in ORIGINAL-tokenizer tokens, prompt included; the newest "
         "events that fit are kept.",
+    )
+    window_policy: WindowPolicy = Field(
+        WindowPolicy.SLIDING,
+        description="Which events of a record over the budget the prompt shows: `sliding` (the "
+        "newest that fit) or `stable` (a start on a grid that moves only when the record no "
+        "longer fits, so hourly re-scores hit the prefix cache); medtpe_core/windowing.py.",
+    )
+    window_grid_hours: int = Field(
+        DEFAULT_GRID_HOURS, ge=1, description="Grid of the `stable` window's start, in hours."
+    )
+    cache_salt_header: str | None = Field(
+        None,
+        description="Without API keys: the request header whose value keeps callers' cached "
+        "prompt prefixes apart (e.g. `X-Tenant`); unset: one shared cache (service/tenancy.py).",
     )
     temperature: float = Field(0.0, ge=0.0, description="Default sampling temperature.")
     max_new_tokens: int = Field(64, gt=0, description="Tokens generated per answer at most.")
@@ -110,6 +125,7 @@ class ServiceSettings(BaseSettings):
             codes_dir=self.codes_dir,
             max_input_tokens=self.max_input_tokens,
             max_new_tokens=self.max_new_tokens,
+            windowing=Windowing(self.window_policy, self.window_grid_hours),
             engine=EngineOptions(
                 max_num_seqs=self.max_concurrency,
                 kv_cache_gib=self.kv_cache_gib,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from inference.engine import Completion, EngineConfig, EngineDead
+from inference.engine import AnswerConstraint, Completion, EngineConfig, EngineDead
 
 ANSWER = 'yes"}'
 """What follows the `{"answer": "` prefill: a well-formed binary answer."""
@@ -33,6 +33,8 @@ class InstantEngine:
         self.prompts: list[list[int]] = []
         self.cache_salts: list[str | None] = []
         """The cache salt of each generation, in order."""
+        self.constraints: list[AnswerConstraint | None] = []
+        """The answer constraint of each generation, in order."""
         self._dead = False
 
     @classmethod
@@ -63,21 +65,26 @@ class InstantEngine:
         seed: int | None = None,
         top_logprobs: int | None = None,
         cache_salt: str | None = None,
+        constraint: AnswerConstraint | None = None,
     ) -> list[Completion]:
-        """`n` copies of the fixed answer, cut to `max_new_tokens`."""
+        """`n` copies of the fixed answer, cut to `max_new_tokens` (it matches every binary
+        task's constraint after the prefill; the constraint is recorded, not applied)."""
         if self._dead:
             raise EngineDead("the engine is dead")
         self.prompts.append(list(prompt_ids))
         self.cache_salts.append(cache_salt)
+        self.constraints.append(constraint)
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if self._dead:
             raise EngineDead("the engine died during generation")
-        first = None
+        ids = self.answer_ids[:max_new_tokens]
+        logprobs = None
         if top_logprobs:
             yes, no = self.option_ids["yes"], self.option_ids["no"]
-            first = {yes: math.log(0.75), no: math.log(0.25)}
-        return [Completion(self.answer_ids[:max_new_tokens], first) for _ in range(n)]
+            logprobs = [{yes: math.log(0.75), no: math.log(0.25)}]
+            logprobs += [{token: 0.0} for token in ids[1:]]
+        return [Completion(ids, logprobs) for _ in range(n)]
 
     async def warm_up(self, prompt_ids: Sequence[int]) -> None:
         """Nothing to warm up."""

@@ -85,8 +85,15 @@ def record_pins(
     chat: ChatTemplate,
     prompt_budgets: tuple[int, ...],
 ) -> dict[str, dict[str, object]]:
-    """Pins of one record: the record text at each render budget, the prompt at each budget."""
+    """Pins of one record: the record text at each render budget, the prompt at each budget.
+
+    The pins were recorded when records ended strictly before the prediction time; the default
+    is now up to and including it (MEDS), so the events are cut strictly before it here, which
+    keeps the pins a check of the renderer, not of the cut (tested in tests/test_meds_models.py).
+    """
     out: dict[str, dict[str, object]] = {}
+    if when is not None:
+        events = events.before(when, inclusive=False)
     for budget in RENDER_BUDGETS:
         try:
             r = render_record(events, descriptions, when, tokenizer, budget)

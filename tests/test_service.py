@@ -166,7 +166,7 @@ def test_request_too_large(api: Api) -> None:
             ["body", "events", 2, "numeric_value"],
         ),
         (lambda b: b["events"][0].pop("code"), ["body", "events", 0, "code"]),
-        (lambda b: b["events"][0].update(colour="red"), ["body", "events", 0, "colour"]),
+        (lambda b: b.update(options={"constrained": 1}), ["body", "options", "constrained"]),
         (lambda b: b.update(events=[]), ["body", "events"]),
         (lambda b: b.update(options={"n_samples": 0}), ["body", "options", "n_samples"]),
         (lambda b: b.update(options={"n_samples": 99}), ["body", "options", "n_samples"]),
