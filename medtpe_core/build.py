@@ -12,6 +12,7 @@ import numpy as np
 
 from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.corpus import CorpusSpec
+from medtpe_core.metrics import compression_rate
 from medtpe_core.mining import (
     Merge,
     Ngram,
@@ -171,7 +172,7 @@ def build_from_counts(
         n_records=counts.n_records,
         n_tokens=counts.n_tokens,
         sample_tokens=n_sample,
-        sample_compression_rate=1 - n_compressed / n_sample if n_sample else 0.0,
+        sample_compression_rate=compression_rate(n_sample, n_compressed),
         evicted_corpus_frequency=int(sum(counts.unigrams[i] for i in evicted)),
     )
     if started is not None:

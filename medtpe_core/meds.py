@@ -12,9 +12,10 @@ Normalisations (documented, tested):
 
 Extra fields of an event (MEDS allows further columns) are accepted and ignored.
 
-Errors: a missing or wrongly typed field, an unparseable time, a non-finite `numeric_value`
-(NaN/inf), more than `MAX_EVENTS_PER_RECORD` events or several subjects
-in one record each raise a pydantic `ValidationError` whose `loc` names the field.
+Errors: a missing or wrongly typed field, an unparseable time or a non-finite `numeric_value`
+(NaN/inf) raise a pydantic `ValidationError` whose `loc` names the field. The record-level
+rules (at most `MAX_EVENTS_PER_RECORD` events, one subject) belong to the request body
+(`service.schemas.PredictRequest`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictStr,
-    field_validator,
 )
 
 MAX_EVENTS_PER_RECORD = 200_000
@@ -86,38 +86,6 @@ class MedsEvent(BaseModel):
     code: StrictStr = Field(min_length=1)
     numeric_value: FiniteFloat | None = None
     text_value: StrictStr | None = None
-
-
-class MedsRecord(BaseModel):
-    """The events of one subject, as a request body: `{"events": [MedsEvent, ...]}`."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    events: list[MedsEvent] = Field(max_length=MAX_EVENTS_PER_RECORD)  # shown in the JSON schema
-
-    @field_validator("events", mode="before")
-    @classmethod
-    def _cap_before_validation(cls, events: object) -> object:
-        # fail fast: do not validate a huge body event by event before rejecting it
-        if isinstance(events, list) and len(events) > MAX_EVENTS_PER_RECORD:
-            raise ValueError(
-                f"at most {MAX_EVENTS_PER_RECORD} events per record, got {len(events)}"
-            )
-        return events
-
-    @field_validator("events")
-    @classmethod
-    def _one_subject(cls, events: list[MedsEvent]) -> list[MedsEvent]:
-        subjects = {event.subject_id for event in events}
-        if len(subjects) > 1:
-            raise ValueError(
-                f"events of one subject expected, got subject_ids {sorted(subjects)[:5]}"
-            )
-        return events
-
-    def to_subject_events(self) -> SubjectEvents:
-        """Columnar, time-sorted view of these events."""
-        return SubjectEvents.from_events(self.events)
 
 
 def to_naive_utc(value: datetime) -> datetime:

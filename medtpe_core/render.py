@@ -44,6 +44,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
+import meds
 import numpy as np
 
 from medtpe_core.meds import SubjectEvents, time_keys
@@ -62,8 +63,7 @@ __all__ = [
 ]
 
 STATIC_HEADER = "[static]"
-_BIRTH_CODE = "MEDS_BIRTH"
-_SPECIAL_CODES = {"MEDS_BIRTH": "Birth", "MEDS_DEATH": "Death"}
+_SPECIAL_CODES = {meds.birth_code: "Birth", meds.death_code: "Death"}
 _ACRONYMS = {"ICU", "ED", "DRG", "HCPCS", "ICD", "BMI", "MEDS", "ICD9", "ICD10"}
 _UNIT_IN_DESCRIPTION = re.compile(r"^(.*\S)\s+\[([^\[\]]+)\]$")
 _FIRST_WINDOW_EVENTS = 256
@@ -210,7 +210,7 @@ def _age_line(events: SubjectEvents, prediction_time: datetime) -> str | None:
     codes, start = events.codes, 0
     while True:
         try:
-            i = codes.index(_BIRTH_CODE, start)
+            i = codes.index(meds.birth_code, start)
         except ValueError:
             return None
         if not np.isnat(events.times[i]):

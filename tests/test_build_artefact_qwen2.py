@@ -34,6 +34,7 @@ held_out: 0.25
 max_input_tokens: 1024
 mining_max_tokens: 1500
 losses: [ce]
+epochs: 2
 max_steps: 2
 eval_every: 1
 max_new_tokens: 8

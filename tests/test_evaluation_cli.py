@@ -62,7 +62,7 @@ def test_evaluate_both_modes(service_files: tuple[Path, Path], tmp_path: Path) -
     for mode in ("original", "medtpe"):
         summary = report[mode]
         assert summary["n_records"] == 2
-        assert 0.0 <= summary["fcr"] <= 1.0 and 0.0 <= summary["f1"] <= 1.0
+        assert 0.0 <= summary["fcr"] <= 1.0 and 0.0 <= summary["f1"]["value"] <= 1.0
         assert summary["latency_s_total"] >= summary["latency_s_mean"] > 0
     original, medtpe = report["records"]["original"], report["records"]["medtpe"]
     assert [r["key"] for r in original] == [r["key"] for r in medtpe]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from medtpe_core.meds import MAX_EVENTS_PER_RECORD, MedsEvent, MedsRecord, SubjectEvents
+from medtpe_core.meds import MedsEvent, SubjectEvents
 
 GOOD = {
     "subject_id": 7,
@@ -98,30 +98,9 @@ def test_record_sorts_events_stably_static_first():
             "code": "early-1",
         },  # exact duplicate: kept
     ]
-    columns = MedsRecord.model_validate({"events": events}).to_subject_events()
+    columns = SubjectEvents.from_events([MedsEvent.model_validate(e) for e in events])
     assert list(columns.codes) == ["static", "early-1", "early-2", "early-1", "late"]
     assert np.isnat(columns.times[0]) and len(columns) == 5
-
-
-def test_record_rejects_several_subjects():
-    events = [{**GOOD, "subject_id": 1}, {**GOOD, "subject_id": 2}]
-    with pytest.raises(ValidationError) as info:
-        MedsRecord.model_validate({"events": events})
-    assert ("events",) in error_locs(info.value)
-
-
-def test_record_event_errors_carry_the_event_index():
-    events = [GOOD, {**GOOD, "time": "not a time"}]
-    with pytest.raises(ValidationError) as info:
-        MedsRecord.model_validate({"events": events})
-    assert ("events", 1, "time") in error_locs(info.value)
-
-
-def test_record_hard_cap_on_event_count():
-    with pytest.raises(ValidationError) as info:
-        MedsRecord.model_validate({"events": [GOOD] * (MAX_EVENTS_PER_RECORD + 1)})
-    assert ("events",) in error_locs(info.value)
-    assert str(MAX_EVENTS_PER_RECORD) in str(info.value)
 
 
 def test_extra_event_fields_are_accepted_and_ignored():
@@ -151,13 +130,13 @@ def test_models_work_as_fastapi_request_bodies():
     app = fastapi.FastAPI()
 
     @app.post("/echo")
-    def echo(record: MedsRecord) -> dict:
-        return {"n": len(record.events)}
+    def echo(events: list[MedsEvent]) -> dict:
+        return {"n": len(events)}
 
     client = testclient.TestClient(app)
-    assert client.post("/echo", json={"events": [GOOD]}).json() == {"n": 1}
-    extra = client.post("/echo", json={"events": [{**GOOD, "hadm_id": 1, "unit": "bpm"}]})
+    assert client.post("/echo", json=[GOOD]).json() == {"n": 1}
+    extra = client.post("/echo", json=[{**GOOD, "hadm_id": 1, "unit": "bpm"}])
     assert extra.status_code == 200 and extra.json() == {"n": 1}
-    response = client.post("/echo", json={"events": [{**GOOD, "numeric_value": "high"}]})
+    response = client.post("/echo", json=[{**GOOD, "numeric_value": "high"}])
     assert response.status_code == 422
-    assert response.json()["detail"][0]["loc"] == ["body", "events", 0, "numeric_value"]
+    assert response.json()["detail"][0]["loc"] == ["body", 0, "numeric_value"]

@@ -80,7 +80,7 @@ def test_growing_record_rescored_hourly_hits_the_prefix_cache(server: ServicePro
     times = [last - timedelta(hours=h) for h in range(6, -1, -1)]
     with httpx.Client(base_url=server.url, timeout=300) as client:
         results = [predict(client, KEYS[0], events, when) for when in times]
-    assert all(r["n_tokens_original"] <= 1024 for r in results)
+    assert all(r["tokens"]["original"] <= 1024 for r in results)
     rescores = results[1:]
     hit_rate = sum(r["hits"] for r in rescores) / sum(r["queries"] for r in rescores)
     # the window's start moves about once per 6 hours: most re-scores reuse all but the tail

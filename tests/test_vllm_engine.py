@@ -56,7 +56,7 @@ def test_p_positive_is_a_probability(
         assert record.p_positive < 1
     report = build_report(task, results, settings={}, n_resamples=10)
     assert report["medtpe"]["p_positive_n"] == 1
-    assert report["medtpe"]["auroc"] is None  # one record: one class only
+    assert report["medtpe"]["auroc"]["value"] is None  # one record: one class only
 
 
 async def evaluate_then_kill(

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from medtpe_core.metrics import agreement as prediction_agreement
+from medtpe_core.metrics import compression_rate
 from medtpe_core.tasks import get_task
 from medtpe_core.tokenizer import MedTPETokenizer
 
@@ -22,7 +23,7 @@ def compression(tokenizer: MedTPETokenizer, prompts: Sequence[str], records: Seq
         result |= {
             f"{name}_tokens_original": base,
             f"{name}_tokens_medtpe": medtpe,
-            f"{name}_compression_rate": 1 - medtpe / base if base else 0.0,
+            f"{name}_compression_rate": compression_rate(base, medtpe),
         }
     return result
 
