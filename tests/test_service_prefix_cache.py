@@ -83,9 +83,12 @@ def test_growing_record_rescored_hourly_hits_the_prefix_cache(server: ServicePro
     assert all(r["tokens"]["original"] <= 1024 for r in results)
     rescores = results[1:]
     hit_rate = sum(r["hits"] for r in rescores) / sum(r["queries"] for r in rescores)
-    # the window's start moves about once per 6 hours: most re-scores reuse all but the tail
+    # the window's start moves about once per 6 hours: most re-scores reuse all but the tail.
+    # vLLM caches whole blocks (128 tokens on the CPU backend) of these ~500-token prompts, so
+    # a re-score sharing 80 % of its previous prompt's tokens hits 55-75 % of them; the one
+    # re-score after the start's jump hits nothing
     assert hit_rate > 0.5, [(r["hits"], r["queries"]) for r in results]
-    assert sum(r["hits"] > 0.7 * r["queries"] for r in rescores) >= 3
+    assert sum(r["hits"] >= 0.5 * r["queries"] for r in rescores) >= 4, rescores
 
 
 def test_api_keys_do_not_share_cached_prefixes(server: ServiceProcess) -> None:
