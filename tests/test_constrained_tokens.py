@@ -12,7 +12,7 @@ import pytest
 
 from inference.predictor import answer_constraint
 from medtpe_core.paths import default_artefact_dir
-from medtpe_core.tasks import get_task
+from medtpe_core.tasks import get_task, list_tasks
 from medtpe_core.tasks.option_probabilities import matching_option
 from medtpe_core.tokenizer import MedTPETokenizer
 
@@ -95,3 +95,16 @@ def test_every_phenotype_letter_is_reachable(
     assert not accepts(grammar, medtpe.encode('"Z"]}'))  # not an option
     whole = compiled(compiler, "phenotyping", prefill=False)
     assert accepts(whole, medtpe.encode(json.dumps({"answer": ["B", "D"]})))
+
+
+@pytest.mark.parametrize("task_name", list_tasks())
+@pytest.mark.parametrize("prefill", [True, False])
+def test_every_constraint_is_one_vllm_compiles_with_xgrammar(task_name: str, prefill: bool) -> None:
+    """vLLM hands a schema xgrammar cannot take (`uniqueItems`, ...) to a fallback backend that
+    refuses it too, so `constrained` would fail at generation time on such a task."""
+    backend = pytest.importorskip("vllm.v1.structured_output.backend_xgrammar")
+    task = get_task(task_name).model_copy(update={"prefill_answer": prefill})
+    constraint = answer_constraint(task)
+    if constraint.json_schema is not None:
+        schema = json.loads(constraint.json_schema)
+        assert not backend.has_xgrammar_unsupported_json_features(schema), schema

@@ -108,10 +108,11 @@ class Task(BaseModel):
 
     def answer_schema(self) -> dict[str, object]:
         """JSON schema of the whole answer object `{"answer": ...}` (for decoding without the
-        prefill)."""
+        prefill). No `uniqueItems` on a multilabel list: vLLM's grammar backends refuse it, and
+        a repeated label parses as the label once."""
         values = {"enum": list(self.answer_values())}
         answer = (
-            {"type": "array", "items": values, "uniqueItems": True}
+            {"type": "array", "items": values}
             if self.label_type == "multilabel"
             else values
         )
