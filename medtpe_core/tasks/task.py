@@ -111,11 +111,7 @@ class Task(BaseModel):
         prefill). No `uniqueItems` on a multilabel list: vLLM's grammar backends refuse it, and
         a repeated label parses as the label once."""
         values = {"enum": list(self.answer_values())}
-        answer = (
-            {"type": "array", "items": values}
-            if self.label_type == "multilabel"
-            else values
-        )
+        answer = {"type": "array", "items": values} if self.label_type == "multilabel" else values
         return {
             "type": "object",
             "properties": {"answer": answer},
