@@ -9,12 +9,33 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import ValidationError
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from medtpe_core.base_tokenizer import BaseTokenizer
+from medtpe_core.meds import MedsEvent
 
 T0 = datetime(2150, 3, 1, 8, 0)
 PREDICTION_TIME = T0 + timedelta(hours=24)
+
+GOOD_EVENT = {
+    "subject_id": 7,
+    "time": "2150-03-01T08:00:00",
+    "code": "LAB//220045//bpm",
+    "numeric_value": 80,
+}
+"""One valid MEDS event as a request body holds it."""
+
+
+def validated_events(rows: list[dict]) -> list[MedsEvent]:
+    """Request-body events, validated as the service validates them."""
+    return [MedsEvent.model_validate(row) for row in rows]
+
+
+def error_locs(exc: ValidationError) -> list[tuple]:
+    """The `loc` of each error of a pydantic validation error."""
+    return [e["loc"] for e in exc.errors()]
+
 
 DESCRIPTIONS = {
     "LAB//220045//bpm": "Heart Rate [bpm]",

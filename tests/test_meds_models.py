@@ -7,20 +7,10 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import numpy as np
 import pytest
+from meds_fixtures import GOOD_EVENT, error_locs, validated_events
 from pydantic import ValidationError
 
 from medtpe_core.meds import MedsEvent, SubjectEvents
-
-GOOD = {
-    "subject_id": 7,
-    "time": "2150-03-01T08:00:00",
-    "code": "LAB//220045//bpm",
-    "numeric_value": 80,
-}
-
-
-def error_locs(exc: ValidationError) -> list[tuple]:
-    return [e["loc"] for e in exc.errors()]
 
 
 def test_valid_event_from_json_and_static_event():
@@ -56,13 +46,13 @@ def test_valid_event_from_json_and_static_event():
 )
 def test_bad_fields_name_the_field(change, loc):
     with pytest.raises(ValidationError) as info:
-        MedsEvent.model_validate({**GOOD, **change})
+        MedsEvent.model_validate({**GOOD_EVENT, **change})
     assert loc in error_locs(info.value)
 
 
 @pytest.mark.parametrize("field", ["subject_id", "time", "code"])
 def test_missing_required_field(field):
-    data = {k: v for k, v in GOOD.items() if k != field}
+    data = {k: v for k, v in GOOD_EVENT.items() if k != field}
     with pytest.raises(ValidationError) as info:
         MedsEvent.model_validate(data)
     assert (field,) in error_locs(info.value)
@@ -98,15 +88,15 @@ def test_record_sorts_events_stably_static_first():
             "code": "early-1",
         },  # exact duplicate: kept
     ]
-    columns = SubjectEvents.from_events([MedsEvent.model_validate(e) for e in events])
+    columns = SubjectEvents.from_events(validated_events(events))
     assert list(columns.codes) == ["static", "early-1", "early-2", "early-1", "late"]
     assert np.isnat(columns.times[0]) and len(columns) == 5
 
 
 def test_extra_event_fields_are_accepted_and_ignored():
     # MEDS allows further columns (e.g. a unit, an admission id); they do not reach the model
-    event = MedsEvent.model_validate({**GOOD, "hadm_id": 27882036, "unit": "bpm"})
-    assert event == MedsEvent.model_validate(GOOD)
+    event = MedsEvent.model_validate({**GOOD_EVENT, "hadm_id": 27882036, "unit": "bpm"})
+    assert event == MedsEvent.model_validate(GOOD_EVENT)
     assert "hadm_id" not in event.model_dump()
 
 
@@ -134,9 +124,9 @@ def test_models_work_as_fastapi_request_bodies():
         return {"n": len(events)}
 
     client = testclient.TestClient(app)
-    assert client.post("/echo", json=[GOOD]).json() == {"n": 1}
-    extra = client.post("/echo", json=[{**GOOD, "hadm_id": 1, "unit": "bpm"}])
+    assert client.post("/echo", json=[GOOD_EVENT]).json() == {"n": 1}
+    extra = client.post("/echo", json=[{**GOOD_EVENT, "hadm_id": 1, "unit": "bpm"}])
     assert extra.status_code == 200 and extra.json() == {"n": 1}
-    response = client.post("/echo", json=[{**GOOD, "numeric_value": "high"}])
+    response = client.post("/echo", json=[{**GOOD_EVENT, "numeric_value": "high"}])
     assert response.status_code == 422
     assert response.json()["detail"][0]["loc"] == ["body", 0, "numeric_value"]

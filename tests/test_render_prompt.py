@@ -5,22 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from meds_fixtures import PREDICTION_TIME, write_meds_dataset
+from meds_fixtures import PREDICTION_TIME, validated_events, write_meds_dataset
 from tokenizer_support import smollm2_dir, smollm2_medtpe
 
 from medtpe_core.base_tokenizer import BaseTokenizer
-from medtpe_core.meds import MedsEvent
 from medtpe_core.meds_readers import MedsDataset
 from medtpe_core.prompting import build_prompt
 from medtpe_core.render import BudgetTooSmallError
 from medtpe_core.tasks import UnknownTaskError, get_task
 
 SMOLLM2_DIR = Path(__file__).parent / "fixtures" / "smollm2"
-
-
-def _events(rows: list[dict]) -> list[MedsEvent]:
-    """Request-body events, validated as the service validates them."""
-    return [MedsEvent.model_validate(row) for row in rows]
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +58,8 @@ def test_whole_record_when_it_fits(dataset, tokenizer, template):
     assert "Y. Shock" in prompt.text
 
 
-def test_prompt_from_request_events(tokenizer, template):
-    events = _events(
+def test_prompt_from_requestvalidated_events(tokenizer, template):
+    events = validated_events(
         [
             {
                 "subject_id": 9,
@@ -94,7 +88,7 @@ def test_unknown_task(dataset, tokenizer, template):
 def test_record_text_cannot_inject_chat_turns(template):
     """A special-token look-alike inside an event is plain text in the prompt's ids."""
     base = BaseTokenizer.load(smollm2_dir())
-    events = _events(
+    events = validated_events(
         [
             {
                 "subject_id": 9,
@@ -116,7 +110,7 @@ def test_medtpe_prompt_ids_are_lossless(template):
     """MedTPE ids of a prompt decode to its text, byte-fallback characters in the record too."""
     tokenizer = smollm2_medtpe()
     for note in ("plain note", "control \x04 char and \U00050000 plane-5 char"):
-        events = _events(
+        events = validated_events(
             [
                 {
                     "subject_id": 9,
