@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 DistributedBackend = Literal["mp", "ray", "uni", "external_launcher"]
 
@@ -132,3 +132,15 @@ def start_vllm(config: EngineConfig) -> Engine:
     from inference.vllm_engine import VllmEngine
 
     return VllmEngine.start(config)
+
+
+def connect_vllm(client: dict[str, Any]) -> EngineFactory:
+    """An `EngineFactory` that connects to a vLLM engine core another process started
+    (`inference.shared_engine`); `client` is the addresses that process handed this one."""
+
+    def connect(config: EngineConfig) -> Engine:
+        from inference.vllm_engine import VllmEngine
+
+        return VllmEngine.connect(client, config)
+
+    return connect

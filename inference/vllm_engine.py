@@ -11,11 +11,14 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from vllm import CompletionOutput, SamplingParams
+from vllm.config import VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.inputs import TokensPrompt
 from vllm.sampling_params import StructuredOutputsParams
+from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
@@ -75,6 +78,15 @@ def engine_args(config: EngineConfig) -> AsyncEngineArgs:
     )
 
 
+def client_vllm_config(config: EngineConfig, n_processes: int, rank: int) -> VllmConfig:
+    """vLLM's configuration of `config` for API process `rank` of `n_processes` sharing one
+    engine core (rank -1: the process that launches the core)."""
+    args = engine_args(config)
+    args._api_process_count = n_processes
+    args._api_process_rank = rank
+    return args.create_engine_config(UsageContext.OPENAI_API_SERVER)
+
+
 class VllmEngine:
     """An `AsyncLLM` with a token-ids-in, token-ids-out interface and death detection."""
 
@@ -89,6 +101,23 @@ class VllmEngine:
         """Start the engine (blocking, about 30 s on CPU; run it off the event loop)."""
         logger.info("starting vLLM engine on %s", config.model_dir)
         return cls(AsyncLLM.from_engine_args(engine_args(config)), config)
+
+    @classmethod
+    def connect(cls, client: dict[str, Any], config: EngineConfig) -> VllmEngine:
+        """A client of an engine core already started by `inference.shared_engine` (blocking):
+        `client` is the address set that process handed this API process."""
+        addresses = dict(client)
+        addresses.pop("api_server_loads", None)  # vLLM's own least-loaded accept: not used
+        count, index = addresses.pop("client_count"), addresses.pop("client_index")
+        logger.info("connecting API process %d of %d to the engine core", index, count)
+        llm = AsyncLLM.from_vllm_config(
+            client_vllm_config(config, count, index),
+            disable_log_stats=not config.options.log_stats,
+            client_addresses=addresses,
+            client_count=count,
+            client_index=index,
+        )
+        return cls(llm, config)
 
     @property
     def dead(self) -> bool:

@@ -13,19 +13,24 @@ def serve(host: str | None, port: int | None) -> None:
 
     On the first start this prepares the default model and exports it with the default MedTPE
     artefact; `/readyz` turns green once the engine has answered a warm-up request. SIGTERM
-    drains the requests in flight before the engine stops. docs/configuration.md lists the
-    settings.
+    drains the requests in flight before the engine stops. With `MEDTPE_API_WORKERS` = N > 1,
+    N API processes share one engine (service/api_processes.py). docs/configuration.md lists
+    the settings.
     """
     import logging
 
     import uvicorn
 
+    from service.api_processes import LOG_FORMAT, serve_api_processes
     from service.app import create_app
     from service.settings import ServiceSettings
 
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = ServiceSettings(**overrides)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    if settings.api_workers > 1:
+        serve_api_processes(settings)
+        return
     uvicorn.run(
         create_app(settings),
         host=settings.host,

@@ -5,11 +5,19 @@ share counters. Labels carry only endpoint, task, mode, tokenizer, result and re
 data. The counter `medtpe_prompt_tokens_total` and the histogram `medtpe_prompt_tokens` share a
 base name, which one registry refuses: the counter lives in a second registry and `_created`
 series are off, so the text exposition (0.0.4) holds each name once.
+
+With several API processes on one engine (`MEDTPE_API_WORKERS` > 1, service/api_processes.py)
+`PROMETHEUS_MULTIPROC_DIR` is set before any of them starts: every process writes its values
+there and `/metrics`, whichever process answers it, reports the sums over all of them (the
+in-flight gauge summed over the live processes, `medtpe_engine_ready` one series per process,
+labelled `pid`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -22,6 +30,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from inference.predictor import Answer, Segmentation
 
@@ -34,14 +43,35 @@ RATE_BUCKETS = tuple(round(0.05 * i, 2) for i in range(0, 21))
 
 ENGINE_METRIC_PREFIX = "vllm:"
 """The engine's own metrics (vLLM registers them in the process's default registry)."""
+SERVICE_METRIC_PREFIX = "medtpe_"
+MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+"""prometheus_client's directory of per-process value files (multiprocess mode)."""
 
 
-class EngineFamilies:
-    """The `vllm:*` families of the default registry, without its process and GC metrics."""
+class Families:
+    """A collector of the families `source()` yields whose names start with one of `prefixes`."""
+
+    def __init__(self, source: Callable[[], Iterable[Metric]], *prefixes: str) -> None:
+        self._source = source
+        self._prefixes = prefixes
 
     def collect(self) -> Iterator[Metric]:
-        """The default registry's families whose name starts with `vllm:`."""
-        return (m for m in REGISTRY.collect() if m.name.startswith(ENGINE_METRIC_PREFIX))
+        """The selected families."""
+        return (m for m in self._source() if m.name.startswith(self._prefixes))
+
+
+def multiprocess_exposition(directory: Path) -> bytes:
+    """The `medtpe_*` and `vllm:*` families of every process writing to `directory`, merged;
+    counters apart from the rest, so `medtpe_prompt_tokens` (a counter and a histogram) never
+    merge into one family."""
+    files = [str(f) for f in sorted(directory.glob("*.db"))]
+    counters = [f for f in files if Path(f).name.startswith("counter_")]
+    others = [f for f in files if f not in counters]
+    prefixes = (SERVICE_METRIC_PREFIX, ENGINE_METRIC_PREFIX)
+    return b"".join(
+        generate_latest(Families(lambda g=group: MultiProcessCollector.merge(g), *prefixes))  # type: ignore[arg-type]
+        for group in (others, counters)
+    )
 
 
 class ServiceMetrics:
@@ -94,14 +124,20 @@ class ServiceMetrics:
             registry=reg,
         )
         self.inflight = Gauge(
-            "medtpe_inflight_requests", "Prediction requests being served.", registry=reg
+            "medtpe_inflight_requests",
+            "Prediction requests being served.",
+            registry=reg,
+            multiprocess_mode="livesum",
         )
         self.rejections = Counter(
             "medtpe_rejections", "Requests rejected before generation.", ["reason"], registry=reg
         )
         self.errors = Counter("medtpe_errors", "Failed requests.", ["reason"], registry=reg)
         self.engine_ready = Gauge(
-            "medtpe_engine_ready", "1 when the engine is loaded, warmed up and alive.", registry=reg
+            "medtpe_engine_ready",
+            "1 when the engine is loaded, warmed up and alive.",
+            registry=reg,
+            multiprocess_mode="liveall",
         )
 
     def observe_answer(self, task: str, mode: str, seg: Segmentation, answer: Answer) -> None:
@@ -115,6 +151,10 @@ class ServiceMetrics:
         self.format_compliance.labels(task, "ok" if answer.format_ok else "fail").inc()
 
     def render(self) -> bytes:
-        """The exposition text: the service's metrics, then the engine's (`vllm:*`)."""
+        """The exposition text: the service's metrics, then the engine's (`vllm:*`); in
+        multiprocess mode, those of every API process."""
+        if directory := os.environ.get(MULTIPROCESS_DIR_ENV):
+            return multiprocess_exposition(Path(directory))
         own = generate_latest(self.registry) + generate_latest(self._counter_registry)
-        return own + generate_latest(EngineFamilies())  # type: ignore[arg-type]
+        engine = Families(REGISTRY.collect, ENGINE_METRIC_PREFIX)
+        return own + generate_latest(engine)  # type: ignore[arg-type]

@@ -45,6 +45,7 @@ async def readyz(request: Request) -> JSONResponse:
 
 @router.get("/metrics", response_class=Response, responses=METRICS_RESPONSES)
 async def metrics(request: Request) -> Response:
-    """Prometheus exposition of the `medtpe_*` metrics."""
-    exposition = _state(request).metrics
-    return Response(exposition.render(), media_type=exposition.content_type)
+    """Prometheus exposition of the `medtpe_*` and the engine's `vllm:*` metrics."""
+    state = _state(request)
+    state.publish_status()
+    return Response(state.metrics.render(), media_type=state.metrics.content_type)

@@ -6,6 +6,7 @@ without any configuration.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -103,6 +104,13 @@ class ServiceSettings(BaseSettings):
         description="How vLLM launches its workers for parallel runs: `mp` (one node), `ray` "
         "(several nodes), `uni`, `external_launcher`; unset: vLLM chooses.",
     )
+    api_workers: int = Field(
+        1,
+        ge=1,
+        description="API processes of `medtpe serve` in front of one engine: each reads, renders "
+        "and tokenizes requests on its own core, all feed the same engine core; the concurrency "
+        "and queue limits are shared out between them (service/api_processes.py).",
+    )
     shutdown_grace_s: float = Field(
         60.0, gt=0, description="How long shutdown waits for in-flight requests to drain."
     )
@@ -138,6 +146,14 @@ class ServiceSettings(BaseSettings):
         )
 
     @property
+    def process_limits(self) -> tuple[int, int]:
+        """One API process's share of (`max_concurrency`, `queue_limit`), rounded up."""
+        return (
+            math.ceil(self.max_concurrency / self.api_workers),
+            math.ceil(self.queue_limit / self.api_workers),
+        )
+
+    @property
     def capacity(self) -> int:
-        """Records admitted at once: generating plus queued."""
-        return self.max_concurrency + self.queue_limit
+        """Records one API process admits at once: generating plus queued."""
+        return sum(self.process_limits)

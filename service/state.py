@@ -25,13 +25,13 @@ class ServiceState:
         self.settings = settings
         self.engine_factory = engine_factory
         self.metrics = ServiceMetrics()
-        self.admission = Admission(settings.max_concurrency, settings.queue_limit)
+        self.admission = Admission(*settings.process_limits)
         self.model: LoadedModel | None = None
         self.engine: Engine | None = None
         self.warmed_up = False
         self.stopping = False
         self.failure: str | None = None
-        self.metrics.engine_ready.set_function(lambda: float(self.status == "ready"))
+        self.publish_status()
 
     @property
     def status(self) -> str:
@@ -57,12 +57,20 @@ class ServiceState:
         except Exception as exc:
             self.failure = f"{type(exc).__name__}: {exc}"
             logger.exception("start-up failed")
+        finally:
+            self.publish_status()
 
     def stop(self) -> None:
         """Stop the engine process."""
         self.stopping = True
+        self.publish_status()
         if self.engine is not None:
             self.engine.shutdown()
+
+    def publish_status(self) -> None:
+        """Set the `medtpe_engine_ready` gauge from `status` (at each change of state and before
+        each scrape; in multiprocess mode, this process's series)."""
+        self.metrics.engine_ready.set(float(self.status == "ready"))
 
     def loaded(self, need_engine: bool) -> LoadedModel:
         """The loaded model (and a live engine when `need_engine`), else 503."""

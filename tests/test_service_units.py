@@ -131,6 +131,52 @@ def test_metrics_exposition_names() -> None:
     assert "_created" not in text
 
 
+_OBSERVE_IN_A_PROCESS = """
+from inference.predictor import Answer, Segmentation
+from service.metrics import ServiceMetrics
+metrics = ServiceMetrics()
+answer = Answer(True, True, [], generate_s=0.5, n_generated=3)
+metrics.observe_answer("icu_mortality", "medtpe", Segmentation([1] * 100, [2] * 60), answer)
+metrics.inflight.inc(2)
+metrics.engine_ready.set(1)
+"""
+
+
+def test_multiprocess_exposition_sums_every_api_process(tmp_path: Path) -> None:
+    """What `/metrics` of any API process reports with `MEDTPE_API_WORKERS` > 1: the values
+    two real processes wrote, summed, each family once with its own type."""
+    import os
+    import subprocess
+    import sys
+
+    from service.metrics import MULTIPROCESS_DIR_ENV, multiprocess_exposition
+
+    env = {**os.environ, MULTIPROCESS_DIR_ENV: str(tmp_path)}
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", _OBSERVE_IN_A_PROCESS], env=env, check=True)
+    text = multiprocess_exposition(tmp_path).decode()
+    assert "# TYPE medtpe_prompt_tokens_total counter" in text
+    assert "# TYPE medtpe_prompt_tokens histogram" in text
+    assert 'medtpe_prompt_tokens_total{task="icu_mortality",tokenizer="original"} 200.0' in text
+    assert 'medtpe_prompt_tokens_count{task="icu_mortality",tokenizer="medtpe"} 2.0' in text
+    assert 'medtpe_format_compliance_total{result="ok",task="icu_mortality"} 2.0' in text
+    assert "medtpe_inflight_requests 4.0" in text  # livesum: the writers' pids are not checked
+    assert len([line for line in text.splitlines() if line.startswith("medtpe_engine_ready{")]) == 2
+
+
+def test_api_processes_share_the_admission_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEDTPE_API_WORKERS", "3")
+    monkeypatch.setenv("MEDTPE_MAX_CONCURRENCY", "16")
+    monkeypatch.setenv("MEDTPE_QUEUE_LIMIT", "64")
+    settings = ServiceSettings()
+    assert settings.process_limits == (6, 22)
+    assert settings.capacity == 28
+    assert settings.model().engine.max_num_seqs == 16  # the one engine batches for all three
+    monkeypatch.setenv("MEDTPE_API_WORKERS", "0")
+    with pytest.raises(ValueError, match="api_workers"):
+        ServiceSettings()
+
+
 def test_parallel_settings_reach_the_engine_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     from inference.engine import EngineConfig
     from inference.vllm_engine import engine_args

@@ -1,0 +1,83 @@
+"""`medtpe serve` with several API processes on one engine (`MEDTPE_API_WORKERS` = N > 1).
+
+The supervisor (the process `medtpe serve` started):
+1. prepares the model files once (conversion, export), so the API processes only load them;
+2. points prometheus_client at a fresh multiprocess directory, so `/metrics` from any process
+   reports all of them (service/metrics.py);
+3. binds the listening socket, starts the engine core and spawns N API processes
+   (`inference.shared_engine`), then waits.
+
+Each API process is the ordinary app (`service.app.create_app`) on the shared socket, its engine
+a client of the shared core, its admission limits a 1/N share (`ServiceSettings.process_limits`).
+It reports ready after its own warm-up generation through the core. If any API process or the
+engine core dies, the supervisor stops the rest and exits non-zero, so the orchestrator restarts
+the whole instance; SIGTERM drains every API process, then stops the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import tempfile
+from typing import Any
+
+import uvicorn
+from prometheus_client import multiprocess
+
+from inference.engine import connect_vllm
+from inference.model import load_model
+from inference.shared_engine import serve_shared_engine
+from service.app import create_app
+from service.metrics import MULTIPROCESS_DIR_ENV
+from service.settings import ServiceSettings
+
+logger = logging.getLogger("medtpe.service")
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A bound TCP socket the API processes share (each calls `listen` on it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def serve_api_processes(settings: ServiceSettings) -> None:
+    """Run `settings.api_workers` API processes on one engine until SIGTERM (blocking)."""
+    model = load_model(settings.model())
+    metrics_dir = tempfile.TemporaryDirectory(prefix="medtpe-metrics-")
+    os.environ[MULTIPROCESS_DIR_ENV] = metrics_dir.name
+    sock = listening_socket(settings.host, settings.port)
+    try:
+        serve_shared_engine(
+            model.engine_config,
+            settings.api_workers,
+            _api_process,
+            sock,
+            settings,
+            settings.shutdown_grace_s,
+        )
+    finally:
+        sock.close()
+        metrics_dir.cleanup()
+
+
+def _api_process(
+    listen_address: str, sock: socket.socket, settings: ServiceSettings, client: dict[str, Any]
+) -> None:
+    """One spawned API process: the app on the shared socket, engine = a client of the core."""
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    logger.info("API process %d serving %s", client["client_index"], listen_address)
+    app = create_app(settings, engine_factory=connect_vllm(client))
+    config = uvicorn.Config(
+        app, timeout_graceful_shutdown=int(settings.shutdown_grace_s), log_level="info"
+    )
+    try:
+        asyncio.run(uvicorn.Server(config).serve(sockets=[sock]))
+    finally:
+        multiprocess.mark_process_dead(os.getpid())
