@@ -21,6 +21,7 @@ import logging
 import os
 import socket
 import tempfile
+from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
@@ -32,10 +33,20 @@ from inference.shared_engine import serve_shared_engine
 from service.app import create_app
 from service.metrics import MULTIPROCESS_DIR_ENV
 from service.settings import ServiceSettings
+from service.tenancy import new_secret
 
 logger = logging.getLogger("medtpe.service")
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
+@dataclass(frozen=True)
+class ApiProcessArgs:
+    """What every API process gets from the supervisor (pickled into the spawned process)."""
+
+    settings: ServiceSettings
+    salt_secret: bytes
+    """One cache-salt secret for all processes of the engine (service/tenancy.py)."""
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -59,7 +70,7 @@ def serve_api_processes(settings: ServiceSettings) -> None:
             settings.api_workers,
             _api_process,
             sock,
-            settings,
+            ApiProcessArgs(settings, new_secret()),
             settings.shutdown_grace_s,
         )
     finally:
@@ -68,12 +79,13 @@ def serve_api_processes(settings: ServiceSettings) -> None:
 
 
 def _api_process(
-    listen_address: str, sock: socket.socket, settings: ServiceSettings, client: dict[str, Any]
+    listen_address: str, sock: socket.socket, args: ApiProcessArgs, client: dict[str, Any]
 ) -> None:
     """One spawned API process: the app on the shared socket, engine = a client of the core."""
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     logger.info("API process %d serving %s", client["client_index"], listen_address)
-    app = create_app(settings, engine_factory=connect_vllm(client))
+    settings = args.settings
+    app = create_app(settings, connect_vllm(client), args.salt_secret)
     config = uvicorn.Config(
         app, timeout_graceful_shutdown=int(settings.shutdown_grace_s), log_level="info"
     )

@@ -25,11 +25,14 @@ from service.state import ServiceState
 
 
 def create_app(
-    settings: ServiceSettings | None = None, engine_factory: EngineFactory = start_vllm
+    settings: ServiceSettings | None = None,
+    engine_factory: EngineFactory = start_vllm,
+    salt_secret: bytes | None = None,
 ) -> FastAPI:
     """The service app; the engine (vLLM unless `engine_factory` says otherwise) starts with the
-    app, in the background, and stops with it."""
-    state = ServiceState(settings or ServiceSettings(), engine_factory)
+    app, in the background, and stops with it. `salt_secret` keys the callers' cache salts
+    (service/tenancy.py; None: drawn now)."""
+    state = ServiceState(settings or ServiceSettings(), engine_factory, salt_secret)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -36,7 +36,6 @@ from service.schemas import (
     TokenizeResponse,
 )
 from service.state import ServiceState
-from service.tenancy import cache_salt
 
 logger = logging.getLogger("medtpe.service")
 T = TypeVar("T")
@@ -81,8 +80,8 @@ def _cache_salt(
     """The caller's cache salt (`service.tenancy`): of its API key, else of its tenant header."""
     header = state.settings.cache_salt_header
     if api_key is None and header:
-        return cache_salt(request.headers.get(header))
-    return cache_salt(api_key)
+        return state.salts.of(request.headers.get(header))
+    return state.salts.of(api_key)
 
 
 SaltDep = Annotated[str | None, Depends(_cache_salt)]

@@ -12,6 +12,7 @@ from service.errors import ApiError
 from service.limits import Admission
 from service.metrics import ServiceMetrics
 from service.settings import ServiceSettings
+from service.tenancy import CacheSalts
 
 logger = logging.getLogger("medtpe.service")
 
@@ -20,9 +21,13 @@ class ServiceState:
     """What one app instance holds: settings, metrics, limits, and once started, model + engine."""
 
     def __init__(
-        self, settings: ServiceSettings, engine_factory: EngineFactory = start_vllm
+        self,
+        settings: ServiceSettings,
+        engine_factory: EngineFactory = start_vllm,
+        salt_secret: bytes | None = None,
     ) -> None:
         self.settings = settings
+        self.salts = CacheSalts(salt_secret)
         self.engine_factory = engine_factory
         self.metrics = ServiceMetrics()
         self.admission = Admission(*settings.process_limits)

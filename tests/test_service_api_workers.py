@@ -2,7 +2,8 @@
 
 Checked on a real `medtpe serve`: both processes warm up through the one engine core, requests
 spread over both are answered, `/metrics` from either process counts every request of both,
-and SIGTERM drains a request in flight before everything exits.
+one caller's repeats hit the prefix cache whichever process serves them (one cache-salt secret
+for all processes), and SIGTERM drains a request in flight before everything exits.
 """
 
 from __future__ import annotations
@@ -16,13 +17,23 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from service_support import ServiceProcess, metric_value, service_env, synthetic_events
+from service_support import (
+    SERVICE_API_KEY,
+    ServiceProcess,
+    metric_value,
+    service_env,
+    synthetic_events,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
 
 N_PROCESSES = 2
 N_PREDICT = 8
 N_TOKENIZE = 24
+N_REPEATS = 6
+BLOCK_TOKENS = 128
+"""vLLM's KV-cache block on CPU: prefix-cache hits come in whole blocks."""
+HEADERS = {"X-API-Key": SERVICE_API_KEY}
 
 
 def ready_pids(metrics_text: str) -> dict[int, float]:
@@ -45,14 +56,17 @@ def wait_all_ready(server: ServiceProcess) -> dict[int, float]:
 def post(server: ServiceProcess, path: str, subject: int, n_events: int = 120) -> httpx.Response:
     """One request about a synthetic record, on a fresh connection."""
     body = {"task": "icu_mortality", "events": synthetic_events(subject, n_events)}
-    return httpx.post(server.url + path, json=body, timeout=300)
+    return httpx.post(server.url + path, json=body, headers=HEADERS, timeout=300)
 
 
 def test_two_api_processes_share_one_engine(
     service_files: tuple[Path, Path], tmp_path: Path
 ) -> None:
     env = service_env(
-        service_files, MEDTPE_API_WORKERS=str(N_PROCESSES), MEDTPE_MAX_CONCURRENCY="4"
+        service_files,
+        MEDTPE_API_WORKERS=str(N_PROCESSES),
+        MEDTPE_MAX_CONCURRENCY="4",
+        MEDTPE_API_KEYS=SERVICE_API_KEY,
     )
     server = ServiceProcess(env, tmp_path / "service.log")
     try:
@@ -81,6 +95,18 @@ def test_two_api_processes_share_one_engine(
                 == N_PREDICT + N_PROCESSES
             )
             assert metric_value(text, "medtpe_inflight_requests") == 0
+
+        # one caller, one record, fresh connections: every repeat after the first reuses the
+        # cached prefix, in whichever process it lands (a salt secret per process would miss)
+        hits_before = metric_value(text, "vllm:prefix_cache_hits_total")
+        repeats = [post(server, "/predict", 1000) for _ in range(N_REPEATS)]
+        prompt_tokens = repeats[0].json()["tokens"]["medtpe"]
+        hits = metric_value(httpx.get(server.url + "/metrics").text, "vllm:prefix_cache_hits_total")
+        full_blocks = (prompt_tokens - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+        assert hits - hits_before >= (N_REPEATS - 1) * full_blocks, (
+            hits - hits_before,
+            prompt_tokens,
+        )
 
         # SIGTERM with a request in flight: it is answered, then everything exits
         result: dict[str, httpx.Response] = {}

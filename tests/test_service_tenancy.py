@@ -12,7 +12,6 @@ from service_support import SERVICE_API_KEY, instant_client, instant_settings, s
 from medtpe_core.windowing import Windowing, WindowPolicy
 from service.metrics import ServiceMetrics
 from service.settings import ServiceSettings
-from service.tenancy import cache_salt
 
 EVENTS = synthetic_events(5, 40)
 BODY = {"task": "icu_mortality", "events": EVENTS}
@@ -38,8 +37,9 @@ def test_each_api_key_gets_its_own_salt_never_the_key(service_files: tuple[Path,
                 {"Authorization": "Bearer test-key-2"},
             ],
         )
-    assert salts[0] == salts[1] == cache_salt(SERVICE_API_KEY)
-    assert salts[2] == cache_salt("test-key-2") and salts[2] != salts[0]
+        expected = client.app.state.service.salts
+    assert salts[0] == salts[1] == expected.of(SERVICE_API_KEY)
+    assert salts[2] == expected.of("test-key-2") and salts[2] != salts[0]
     for salt, key in zip(salts, (SERVICE_API_KEY, SERVICE_API_KEY, "test-key-2"), strict=True):
         assert salt is not None and key not in salt and len(salt) == 64
 
@@ -48,7 +48,8 @@ def test_without_keys_the_tenant_header_salts(service_files: tuple[Path, Path]) 
     settings = instant_settings(service_files, api_keys=[], cache_salt_header="X-Tenant")
     with instant_client(settings) as client:
         salts = salts_of(client, [{"X-Tenant": "ward-3"}, {"X-Tenant": "ward-4"}, {}])
-    assert salts == [cache_salt("ward-3"), cache_salt("ward-4"), None]
+        expected = client.app.state.service.salts
+    assert salts == [expected.of("ward-3"), expected.of("ward-4"), None]
     assert salts[0] != salts[1]
 
 
