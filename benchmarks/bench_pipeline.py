@@ -15,7 +15,12 @@ process with its own PYTHONPATH, on the same request bodies:
 - API-process scaling: `--processes 1 2 ...` copies of the new code each serving every record
   (warm pass), at once: records/s in total;
 - linearity: the `--scale-records` stays closest to the median size, their events repeated 1x,
-  4x and 16x further back in time.
+  4x and 16x further back in time;
+- the real launcher: `--api-workers 1 2 ...` starts `medtpe serve` with `MEDTPE_API_WORKERS` = N
+  on the real vLLM engine (eager, 1 GiB KV cache) and sends every stay to `POST /tokenize`
+  (read, validate, render, tokenize both ways, answer both token lists; no generation) from one
+  client process at `--client-concurrency` (fresh connections, so the kernel spreads them over
+  the processes): one cold pass, then `LAUNCHER_WARM_PASSES` warm passes timed together.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_pipeline.py \
         --meds ../shared/data/mimic-iv-demo-meds --old-src /tmp/medtpe-old \
@@ -28,6 +33,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,6 +46,7 @@ import numpy as np
 
 BUDGET = 8192
 SCALES = (1, 4, 16)
+LAUNCHER_WARM_PASSES = 5
 _HERE = Path(__file__).resolve()
 
 
@@ -143,6 +150,69 @@ def _run_workers(
     return [json.loads(o.read_text()) for o in outs]
 
 
+async def _post_all(url: str, paths: list[Path], concurrency: int) -> list[float]:
+    """POST every body to `url` keeping `concurrency` in flight (a fresh connection each, so
+    the kernel spreads them over the API processes); per-request latency in seconds."""
+    import httpx
+
+    todo = [path.read_bytes() for path in paths]
+    latencies: list[float] = []
+    headers = {"content-type": "application/json"}
+    fresh = httpx.Limits(max_keepalive_connections=0)
+
+    async def sender(client: httpx.AsyncClient) -> None:
+        while todo:
+            raw = todo.pop()
+            start = time.perf_counter()
+            response = await client.post(url, content=raw, headers=headers)
+            if response.status_code != 200:
+                raise RuntimeError(f"{response.status_code} {response.text[:500]}")
+            latencies.append(time.perf_counter() - start)
+
+    async with httpx.AsyncClient(timeout=600, limits=fresh) as client:
+        await asyncio.gather(*(sender(client) for _ in range(concurrency)))
+    return latencies
+
+
+def _through_launcher(
+    bodies: Path, names: list[str], workers: int, concurrency: int
+) -> dict[str, Any]:
+    """`medtpe serve` with `workers` API processes; every body to /tokenize, cold then warm."""
+    from bench_service import free_port, start_service
+
+    port = free_port()
+    env = {
+        "MEDTPE_API_WORKERS": str(workers),
+        "MEDTPE_MAX_INPUT_TOKENS": str(BUDGET),
+        "MEDTPE_MAX_REQUEST_BYTES": str(1 << 30),
+        "MEDTPE_ENFORCE_EAGER": "true",
+        "MEDTPE_KV_CACHE_GIB": "1",
+        "MEDTPE_API_KEYS": "",
+    }
+    log = Path(tempfile.mkstemp(suffix=".log")[1])
+    process = start_service(env, port, log)
+    paths = [bodies / name for name in names]
+    url = f"http://127.0.0.1:{port}/tokenize"
+    try:
+        asyncio.run(_post_all(url, paths, concurrency))  # cold: every process's caches fill
+        cpu0, start = time.process_time(), time.perf_counter()
+        latencies = asyncio.run(_post_all(url, paths * LAUNCHER_WARM_PASSES, concurrency))
+        wall, client_cpu = time.perf_counter() - start, time.process_time() - cpu0
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(120)
+    ms = np.array(latencies) * 1e3
+    return {
+        "records": len(latencies),
+        "client_concurrency": concurrency,
+        "records_per_s": round(len(latencies) / wall, 1),
+        "latency_ms_p50": round(float(np.percentile(ms, 50)), 1),
+        "latency_ms_p95": round(float(np.percentile(ms, 95)), 1),
+        "client_cpu_s": round(client_cpu, 1),
+        "wall_s": round(wall, 1),
+    }
+
+
 def _stats(rows: list[dict[str, float]]) -> dict[str, Any]:
     off = np.array([r["off_engine_ms"] for r in rows])
     cpu = np.array([r["cpu_ms"] for r in rows])
@@ -209,6 +279,13 @@ def main() -> None:
     parser.add_argument("--old-src", type=Path, help="a tree of the code to compare with")
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--scale-records", type=int, default=6)
+    parser.add_argument(
+        "--api-workers", type=int, nargs="*", default=[], help="MEDTPE_API_WORKERS values to run"
+    )
+    parser.add_argument("--client-concurrency", type=int, default=4)
+    parser.add_argument(
+        "--launcher-only", action="store_true", help="only the --api-workers runs (no old/new)"
+    )
     parser.add_argument("--limit", type=int, help="only the first N stays (a smoke run)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -220,6 +297,21 @@ def main() -> None:
         bodies = Path(tmp)
         names, scaled = _write_bodies(args.meds, bodies, args.scale_records)
         names = names[: args.limit]
+        launcher = {}
+        for workers in args.api_workers:
+            launcher[str(workers)] = _through_launcher(
+                bodies, names, workers, args.client_concurrency
+            )
+            print("api workers", workers, launcher[str(workers)], flush=True)
+        if launcher:
+            results["api_workers_tokenize"] = {
+                "engine": "vLLM behind the real launcher (POST /tokenize generates nothing)",
+                **launcher,
+            }
+        if args.launcher_only:
+            del results["engine"]
+            write_results(args.out, " ".join(sys.argv), results)
+            return
         for label, tree in trees.items():
             cold, warm = _run_workers(tree, bodies, names, passes=2)[0]["passes"]
             results[label] = {"cold": _stats(cold), "warm": _stats(warm)}
