@@ -11,6 +11,11 @@ Two modes:
     .venv/bin/python benchmarks/bench_tokenizer_scale.py --shards 8 --workers 1 2 \\
         --out benchmarks/results/mining_workers.json
 
+    # the same with as many cores as workers (CPU affinity of the run: cores 0..K-1), so the
+    # speed-up in workers is not hidden by one worker's tokenizer threads using every core
+    .venv/bin/python benchmarks/bench_tokenizer_scale.py --shards 8 --workers 1 2 \\
+        --cores-per-worker --out benchmarks/results/mining_workers_cores.json
+
 The synthetic corpus is the MIMIC-IV demo (all patients' whole histories) repeated with the
 digits rotated on each repetition (varied numbers, same structure), so the n-gram table keeps
 growing instead of only re-counting; in the sharded mode each shard is one repetition, its
@@ -91,9 +96,12 @@ def cpu_seconds(who: int) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def mine_shards(meds: Path, workers: int, max_n: int, budget: int) -> dict:
+def mine_shards(meds: Path, workers: int, max_n: int, budget: int, pin: bool) -> dict:
     """One sharded mining run (called in a fresh process); its figures. CPU seconds (main +
-    workers) show the work done whatever the machine's load; wall time shows the speed-up."""
+    workers) show the work done whatever the machine's load; wall time shows the speed-up.
+    With `pin`, the run (and the workers it spawns) may use cores 0..workers-1 only."""
+    if pin:
+        os.sched_setaffinity(0, range(workers))
     started = time.perf_counter()
     tok = build_tokenizer_from_meds(
         smollm2_tokenizer(), CorpusSpec(meds), budget, max_n, "static", workers=workers
@@ -102,6 +110,7 @@ def mine_shards(meds: Path, workers: int, max_n: int, budget: int) -> dict:
     stats = tok.corpus_stats
     return {
         "workers": workers,
+        "cores": sorted(os.sched_getaffinity(0)),
         "seconds": round(seconds, 1),
         "n_tokens": stats["n_tokens"],
         "n_records": stats["n_records"],
@@ -124,6 +133,7 @@ def sharded(args: argparse.Namespace) -> None:
     for workers in args.workers:
         command = [sys.executable, __file__, "--mine", str(meds), "--workers", str(workers)]
         command += ["--max-n", str(args.max_n), "--budget", str(args.budget)]
+        command += ["--cores-per-worker"] if args.cores_per_worker else []
         load = os.getloadavg()[0]
         done = subprocess.run(command, check=True, capture_output=True, text=True)
         run = json.loads(done.stdout.strip().splitlines()[-1]) | {"load_before": round(load, 2)}
@@ -136,6 +146,7 @@ def sharded(args: argparse.Namespace) -> None:
         "shards": args.shards,
         "max_n": args.max_n,
         "budget": args.budget,
+        "cores_per_worker": args.cores_per_worker,
         "runs": runs,
         "speedup": round(runs[0]["seconds"] / runs[-1]["seconds"], 2) if len(runs) > 1 else None,
     }
@@ -175,10 +186,15 @@ def main() -> None:
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent / "results" / "mining_workers.json"
     )
+    parser.add_argument(
+        "--cores-per-worker", action="store_true", help="run K workers on K cores (affinity)"
+    )
     parser.add_argument("--mine", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.mine is not None:
-        print(json.dumps(mine_shards(args.mine, args.workers[0], args.max_n, args.budget)))
+        workers = args.workers[0]
+        run = mine_shards(args.mine, workers, args.max_n, args.budget, args.cores_per_worker)
+        print(json.dumps(run))
     elif args.shards:
         sharded(args)
     else:
