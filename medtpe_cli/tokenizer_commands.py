@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from medtpe_cli.ray_option import ray_option
 from medtpe_core.build import DEFAULT_METHOD, METHODS, default_protected_texts
 
 
@@ -50,6 +51,7 @@ def _jsonl_texts(path: Path) -> Iterator[str]:
     help="MEDS corpus: worker processes rendering and counting data shards in parallel "
     "(the artefact is the same for any number).",
 )
+@ray_option("the MEDS corpus's shard mining (the artefact is the same as without)")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Artefact directory.")
 def build_tokenizer(
     base_path: Path,
@@ -59,22 +61,32 @@ def build_tokenizer(
     method: str,
     max_tokens: int | None,
     workers: int,
+    ray_address: str | None,
     out: Path,
 ) -> None:
     """Mine a MedTPE vocabulary from a corpus and write the artefact directory."""
     from medtpe_core.build import build_tokenizer as build
     from medtpe_core.build import build_tokenizer_from_meds
     from medtpe_core.corpus import CorpusSpec
+    from medtpe_core.ray_cluster import RayUnavailableError, check_ray_installed
 
     started = time.perf_counter()
     protected = default_protected_texts(base_path)
     if corpus.is_dir():
+        if ray_address is not None and workers > 1:
+            raise click.UsageError("--workers and --ray exclude each other (Ray runs the shards)")
         spec = CorpusSpec(corpus, max_tokens)
-        tok = build_tokenizer_from_meds(
-            base_path, spec, budget, max_n, method, protected, workers=workers
-        )
-    elif workers > 1:
-        raise click.UsageError("--workers applies to a MEDS dataset directory, not a JSONL file")
+        try:
+            if ray_address is not None:
+                check_ray_installed("--ray")
+            tok = build_tokenizer_from_meds(
+                base_path, spec, budget, max_n, method, protected, workers, ray_address=ray_address
+            )
+        except RayUnavailableError as exc:
+            raise click.UsageError(str(exc)) from exc
+    elif workers > 1 or ray_address is not None:
+        option = "--workers" if workers > 1 else "--ray"
+        raise click.UsageError(f"{option} applies to a MEDS dataset directory, not a JSONL file")
     else:
         tok = build(base_path, _jsonl_texts(corpus), budget, max_n, method, protected)
     tok.save(out)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from medtpe_cli.ray_option import ray_option
+
 
 @click.command("prepare-model")
 @click.option(
@@ -230,6 +232,7 @@ def extend_vocab(source: Path, out: Path, base: Path | None) -> None:
     default=None,
     help="Processes rendering and mining data shards in parallel [1].",
 )
+@ray_option("the mining step")
 @click.option("--restart", is_flag=True, help="Discard a started build in the work dir.")
 @click.option("--keep-work", is_flag=True, help="Keep <out>/.build afterwards.")
 def build_artefact(
@@ -242,6 +245,7 @@ def build_artefact(
     write (resumable: re-run the same command after an interruption)."""
     from medtpe_core.chat_template import ChatTemplateError
     from medtpe_core.meds_readers import MedsFormatError
+    from medtpe_core.ray_cluster import RayUnavailableError, check_ray_installed
     from medtpe_core.render import BudgetTooSmallError
     from medtpe_core.tasks import UnknownTaskError, get_task
     from training.base_model import BaseModelError
@@ -253,12 +257,20 @@ def build_artefact(
         config = build_config(config_file, overrides | {"keep_work": keep_work or None})
         for task in config.tasks:
             get_task(task)
+        if config.ray_address is not None:
+            check_ray_installed("--ray")
         build = ArtefactBuild(config, restart=restart)
-    except (BuildConfigError, BaseModelError, BuildStateError, UnknownTaskError) as exc:
+    except (
+        BuildConfigError,
+        BaseModelError,
+        BuildStateError,
+        UnknownTaskError,
+        RayUnavailableError,
+    ) as exc:
         raise click.UsageError(str(exc)) from exc
     try:
         report = build.run()
-    except (MedsFormatError, ChatTemplateError, BudgetTooSmallError) as exc:
+    except (MedsFormatError, ChatTemplateError, BudgetTooSmallError, RayUnavailableError) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo("\n".join(summary_lines(report)))
 

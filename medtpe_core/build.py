@@ -68,15 +68,17 @@ def build_tokenizer_from_meds(
     min_freq: int = 2,
     workers: int = 1,
     progress: bool = True,
+    ray_address: str | None = None,
 ) -> MedTPETokenizer:
     """`build_tokenizer` on a MEDS dataset's records (`spec`), rendered and counted shard by
-    shard in `workers` processes; the artefact is the same for any number of workers.
+    shard in `workers` processes, or on the Ray cluster at `ray_address` ("local": a new local
+    cluster); the artefact is the same for any number of workers and either backend.
     `base_path`: a tokenizer.json or a model directory (its tokenizer files go along)."""
     _check_method(method)
     started = time.perf_counter()
     base = BaseTokenizer.load(base_path)
     job = MiningJob(spec, base.path or base_path, _counted_n(method, max_n), method == "bpe")
-    counts, kept = count_meds_corpus(job, workers, progress)
+    counts, kept = count_meds_corpus(job, workers, progress, ray_address)
     settings = build_settings(method, budget, max_n, min_freq, protected_texts)
     return build_from_counts(base, counts, kept, settings, protected_texts, progress, started)
 

@@ -1,10 +1,10 @@
 """Mining a MEDS dataset shard by shard: render and count n-grams per data shard (in worker
-processes with `workers` > 1), then merge the count tables in shard order.
+processes with `workers` > 1, or in Ray Data tasks on a Ray cluster with `ray_address`), then
+merge the count tables in shard order.
 
 Memory: the merged table (one row per distinct n-gram) plus the shards in flight; never the
 whole dataset. The merged counts, the compression sample (the first records in shard order) and
-so the artefact do not depend on the number of workers. For more than one machine, the same
-map (`count_shard`) and reduce (`merge_counts`) run on an existing engine (docs/scaling.md).
+so the artefact do not depend on the number of workers nor on the backend (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -94,10 +94,19 @@ def _single_thread_tokenizers() -> None:
 
 
 def _ordered_map(
-    fn: Callable[[Path], ShardCounts], shards: Sequence[Path], workers: int
+    fn: Callable[[Path], ShardCounts],
+    shards: Sequence[Path],
+    workers: int,
+    ray_address: str | None = None,
 ) -> Iterator[ShardCounts]:
-    """`fn` over `shards`, results in shard order; in-process for one worker, else in `workers`
-    spawned processes with a bounded number of shards in flight."""
+    """`fn` over `shards`, results in shard order; on the Ray cluster at `ray_address` when
+    given, else in-process for one worker, else in `workers` spawned processes with a bounded
+    number of shards in flight."""
+    if ray_address is not None:
+        from medtpe_core.ray_mining import ray_ordered_map  # Ray: the optional `ray` extra
+
+        yield from ray_ordered_map(fn, shards, ray_address)
+        return
     if workers <= 1:
         yield from map(fn, shards)
         return
@@ -117,14 +126,15 @@ def _ordered_map(
 
 
 def count_meds_corpus(
-    job: MiningJob, workers: int = 1, progress: bool = True
+    job: MiningJob, workers: int = 1, progress: bool = True, ray_address: str | None = None
 ) -> tuple[NgramCounts, list[list[int]]]:
     """Counts of the whole corpus and the kept records (the sample, or all with
-    `keep_records`), mined shard by shard with `workers` processes."""
+    `keep_records`), mined shard by shard with `workers` processes, or on the Ray cluster at
+    `ray_address` ("local": a new local cluster)."""
     shards = data_shards(job.spec.meds_dir)
     total: ShardCounts | None = None
     bar = tqdm(total=len(shards), desc="Mining shards", unit="shard", disable=not progress)
-    for part in _ordered_map(partial(count_shard, job), shards, workers):
+    for part in _ordered_map(partial(count_shard, job), shards, workers, ray_address):
         total = merge_shard_counts(total, part, job)
         bar.update(1)
         bar.set_postfix(tokens=f"{total.counts.n_tokens:,}")

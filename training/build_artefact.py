@@ -205,6 +205,7 @@ class ArtefactBuild:
             config.method,
             default_protected_texts(config.base),
             workers=config.workers,
+            ray_address=config.ray_address,
         )
         tok.save(self.work / TOKENIZER_DIR)
         stats = tok.corpus_stats

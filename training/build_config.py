@@ -16,7 +16,7 @@ from training.losses import LOSSES
 
 DEVICES = ("cpu", "cuda")
 # Settings that change how a build runs, not what it produces: a resumed build may change them.
-RUNTIME_FIELDS = ("out", "work", "device", "workers", "keep_work")
+RUNTIME_FIELDS = ("out", "work", "device", "workers", "ray_address", "keep_work")
 
 
 class BuildConfigError(ValueError):
@@ -63,6 +63,7 @@ class BuildConfig:
     measure_agreement: bool = True
     device: str | None = None
     workers: int = 1
+    ray_address: str | None = None  # mine on Ray ("local": a new local cluster; "auto"; ray://)
     work: Path | None = None  # default <out>/.build
     keep_work: bool = False
 
@@ -76,6 +77,12 @@ class BuildConfig:
             _check(getattr(self, name) >= 1, name, "at least 1")
         _check(self.max_steps is None or self.max_steps >= 1, "max_steps", "at least 1")
         _check(self.labels is None or self.windows is None, "labels", "not given with windows")
+        _check(
+            self.ray_address is None or (isinstance(self.ray_address, str) and self.ray_address),
+            "ray_address",
+            "a Ray address ('local', 'auto', ray://HOST:PORT)",
+        )
+        _check(self.ray_address is None or self.workers == 1, "workers", "1 with ray_address")
 
     @property
     def work_dir(self) -> Path:
