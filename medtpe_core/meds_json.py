@@ -42,8 +42,11 @@ _DECODER = msgspec.json.Decoder(list[_JsonEvent])
 _SUBJECT, _TIME, _CODE = attrgetter("subject_id"), attrgetter("time"), attrgetter("code")
 _VALUE, _TEXT = attrgetter("numeric_value"), attrgetter("text_value")
 _TIMES = TypeAdapter(list[IsoTime])
-_CANONICAL = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{6})?")
-"""Naive ISO 8601 with seconds (and microseconds): what numpy and `MedsEvent.time` read alike."""
+_CANONICAL = re.compile(
+    r"(?!0000)[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{6})?"
+)
+"""Naive ISO 8601 with seconds (and microseconds) in the years 1-9999: what numpy and
+`MedsEvent.time` read alike (numpy also reads the year 0, which `MedsEvent.time` refuses)."""
 
 
 def decode_events(raw: bytes | memoryview) -> SubjectEvents | None:
@@ -95,8 +98,8 @@ def _times(strings: list[str | None]) -> np.ndarray | None:
 
 def _canonical(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Which strings are valid times in the canonical naive form, and their values: numpy reads
-    them and must write them back the same (so an impossible date, a leap second or the year 0
-    is not canonical)."""
+    them and must write them back the same (so an impossible date or a leap second is not
+    canonical; the year 0, which numpy writes back alike, is kept out by `_CANONICAL`)."""
     shaped = np.array([_CANONICAL.fullmatch(s) is not None for s in strings], dtype=bool)
     if not shaped.any():
         return shaped, np.empty(0, dtype="datetime64[us]")

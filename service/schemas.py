@@ -12,10 +12,11 @@ from pydantic import (
     GetCoreSchemaHandler,
     PlainSerializer,
     StrictBool,
+    ValidationError,
     ValidatorFunctionWrapHandler,
     model_validator,
 )
-from pydantic_core import core_schema
+from pydantic_core import InitErrorDetails, PydanticCustomError, core_schema
 
 from inference.model import ModelIdentity
 from medtpe_core.meds import MAX_EVENTS_PER_RECORD, IsoTime, JsonInt, MedsEvent, SubjectEvents
@@ -49,13 +50,23 @@ UtcTime = Annotated[datetime, PlainSerializer(lambda t: t.isoformat() + "Z", ret
 
 def _columns(value: object, validate: ValidatorFunctionWrapHandler) -> object:
     """A record's events as sorted columns: as they are when the body's decoder already built
-    them (`service.json_body`), else validated event by event and converted; events of several
-    subjects stay a list, for the request's own error."""
+    them (`service.json_body`), else validated event by event and converted. Events of several
+    subjects are refused at the first event whose `subject_id` differs from the first event's."""
     if isinstance(value, SubjectEvents):
         return value
-    events = validate(value)
-    if len({event.subject_id for event in events}) > 1:
-        return events
+    events: list[MedsEvent] = validate(value)
+    subject_id = events[0].subject_id
+    other = next((i for i, e in enumerate(events) if e.subject_id != subject_id), None)
+    if other is not None:
+        error = PydanticCustomError(
+            "several_subjects",
+            "all events of a record must have the same subject_id: event {index} differs from "
+            "event 0",
+            {"index": other},
+        )
+        where = (other, "subject_id")
+        detail = InitErrorDetails(type=error, loc=where, input=events[other].subject_id)
+        raise ValidationError.from_exception_data("events", [detail])
     return SubjectEvents.from_events(events)
 
 
@@ -101,7 +112,8 @@ class PredictRequest(_Strict):
 
     task: str = Field(description="Task name.", json_schema_extra=_TASK_FIELD)
     events: Events = Field(
-        description="The record's MEDS events, all with the same `subject_id` (422 otherwise)."
+        description="The record's MEDS events, all with the same `subject_id` (422 otherwise, "
+        "located at the first event whose `subject_id` differs)."
     )
     prediction_time: IsoTime | None = Field(
         None,
@@ -109,12 +121,6 @@ class PredictRequest(_Strict):
         "default: just after the last event.",
     )
     options: PredictOptions = Field(default_factory=PredictOptions)
-
-    @model_validator(mode="after")
-    def _one_subject(self) -> PredictRequest:
-        if not isinstance(self.events, SubjectEvents):  # left a list: several subjects
-            raise ValueError("all events of a record must have the same subject_id")
-        return self
 
 
 class BatchRequest(_Strict):

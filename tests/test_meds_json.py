@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 from service_support import synthetic_events
@@ -52,6 +52,13 @@ _VALUES = st.one_of(
 _TEXTS = st.one_of(st.none(), st.text(max_size=8), st.integers(0, 3))
 _SUBJECTS = st.sampled_from([7, 7, 7, 7, 8, 7.0, True, "7", MAX_SUBJECT_ID + 1, -MAX_SUBJECT_ID])
 
+
+YEAR_ZERO = [{"subject_id": 7, "time": "0000-01-01T00:00:00", "code": "X"}]
+"""An event in the year 0: numpy reads and writes it back alike, `MedsEvent.time` refuses it."""
+TWO_SUBJECTS = [
+    {"subject_id": 7, "time": None, "code": "X"},
+    {"subject_id": 8, "time": None, "code": "X"},
+]
 
 _VALID_TIMES = st.one_of(
     st.none(),
@@ -109,6 +116,8 @@ def assert_same(fast: SubjectEvents, slow: SubjectEvents) -> None:
 
 
 @given(json_events())
+@example(YEAR_ZERO)
+@example(TWO_SUBJECTS)
 def test_decoded_events_are_the_validated_events_or_none(events: list[dict]) -> None:
     raw = json.dumps(events).encode()
     fast, slow = decode_events(raw), slow_path(raw)
@@ -164,6 +173,8 @@ def _comparable(outcome: object) -> object:
     st.one_of(st.none(), _TIMES),
     st.sampled_from(["predict", "batch", "tokenize", "broken"]),
 )
+@example(YEAR_ZERO, "icu_mortality", None, "predict")
+@example(TWO_SUBJECTS, "icu_mortality", None, "tokenize")
 def test_request_bodies_validate_as_with_json_loads(
     events: list[dict], task: object, when: object, shape: str
 ) -> None:
@@ -209,3 +220,23 @@ def test_request_events_are_columns_either_way() -> None:
         assert isinstance(PredictRequest.model_validate(body).events, SubjectEvents)
     slow = PredictRequest.model_validate({"task": "t", "events": events})
     assert isinstance(slow.events, SubjectEvents)
+
+
+@pytest.mark.parametrize("read", [decode_body, json.loads], ids=["fast", "json.loads"])
+def test_a_time_in_the_year_0_is_refused_at_its_field(read) -> None:
+    assert decode_events(json.dumps(YEAR_ZERO).encode()) is None
+    raw = json.dumps({"task": "icu_mortality", "events": synthetic_events(7, 3) + YEAR_ZERO})
+    errors = _outcome(PredictRequest, read(raw.encode()))
+    assert isinstance(errors, list)
+    assert [e[0] for e in errors] == [("events", 6, "time")]
+    assert "year 0 is out of range" in errors[0][1]
+
+
+@pytest.mark.parametrize("model", [PredictRequest, TokenizeRequest])
+@pytest.mark.parametrize("read", [decode_body, json.loads], ids=["fast", "json.loads"])
+def test_several_subjects_are_refused_at_the_first_other_subject_id(read, model) -> None:
+    events = synthetic_events(7, 3) + TWO_SUBJECTS
+    raw = json.dumps({"task": "icu_mortality", "events": events}).encode()
+    errors = _outcome(model, read(raw))
+    assert isinstance(errors, list)
+    assert [(e[0], e[2]) for e in errors] == [(("events", 7, "subject_id"), "several_subjects")]
