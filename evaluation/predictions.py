@@ -40,11 +40,24 @@ def predictions_table(
     missing = [r.key for r in records if r.key not in by_key]
     if missing:
         raise ValueError(f"no result for records {missing[:5]}")
-    ordered = [by_key[r.key] for r in records]
+    return results_table(
+        task,
+        [r.events.subject_id for r in records],
+        [r.prediction_time for r in records],
+        [by_key[r.key] for r in records],
+    )
+
+
+def results_table(
+    task: Task,
+    subjects: Sequence[int],
+    times: Sequence[datetime],
+    ordered: Sequence[RecordResult],
+) -> pa.Table:
+    """The predictions of `ordered` results, the i-th for `subjects[i]` at `times[i]`."""
     labels = labels_matrix(task, ordered)
     predicted = scored_predictions(task, ordered)
-    subjects = [r.events.subject_id for r in records]
-    times = [r.prediction_time for r in records]
+    subjects, times = list(subjects), list(times)
     if task.label_type == "binary":
         return _table(subjects, times, labels, predicted, positive_scores(ordered).tolist())
     n_labels = len(task.labels)
@@ -53,7 +66,7 @@ def predictions_table(
         [t for t in times for _ in range(n_labels)],
         labels.reshape(-1),
         predicted.reshape(-1),
-        [None] * (len(records) * n_labels),
+        [None] * (len(ordered) * n_labels),
     )
 
 
