@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from evaluation.results import RecordResult, subject_of
+from medtpe_core.fidelity import PairedAnswer, fidelity
 from medtpe_core.metrics import (
     DEFAULT_RESAMPLES,
     SCORE_METRICS,
@@ -168,6 +169,34 @@ def mode_agreement(
     )
 
 
+def paired_answers(
+    original: Sequence[RecordResult], medtpe: Sequence[RecordResult]
+) -> list[PairedAnswer]:
+    """Each record's answers under both modes (matched by key), first samples' text and end."""
+    pairs = []
+    for first, second in zip(original, aligned(original, medtpe), strict=True):
+        pairs.append(
+            PairedAnswer(
+                subject_id=subject_of(first.key),
+                original=first.prediction,
+                medtpe=second.prediction,
+                probs_original=first.probabilities,
+                probs_medtpe=second.probabilities,
+                text_original=first.outputs[0] if first.outputs else "",
+                text_medtpe=second.outputs[0] if second.outputs else "",
+                finish_original=first.finishes[0] if first.finishes else "",
+                finish_medtpe=second.finishes[0] if second.finishes else "",
+                generated_original=first.n_generated,
+                generated_medtpe=second.n_generated,
+                format_ok_original=first.format_ok,
+                format_ok_medtpe=second.format_ok,
+                trailing_original=any(first.trailing),
+                trailing_medtpe=any(second.trailing),
+            )
+        )
+    return pairs
+
+
 def positive_shift(
     original: Sequence[RecordResult], medtpe: Sequence[RecordResult]
 ) -> dict[str, Any]:
@@ -199,10 +228,14 @@ def build_report(
     n_resamples: int = DEFAULT_RESAMPLES,
     seed: int = 1,
 ) -> dict[str, Any]:
-    """The JSON report: one summary per evaluated mode; with both, their paired differences,
-    agreement, latency reduction and p_positive shift; the records."""
+    """The JSON report: with both modes, fidelity first (`medtpe_core.fidelity`); one summary
+    per evaluated mode; with both, their paired differences, agreement, latency reduction and
+    p_positive shift; the records."""
     report: dict[str, Any] = {"settings": settings | {"bootstrap_resamples": n_resamples}}
     first = next(iter(results.values()))
+    if all(mode in results for mode in MODES):
+        pairs = paired_answers(results["original"], results["medtpe"])
+        report["fidelity"] = fidelity(pairs, n_resamples, seed)
     weights = resample_weights(first, n_resamples, seed)
     for mode in MODES:
         if mode in results:
@@ -237,7 +270,8 @@ def format_table(report: dict[str, Any]) -> str:
     quality figures and their 95 % intervals, then the comparison of the modes."""
     names = ("f1", "auroc", "auprc", "brier", "ece")
     header = f"{'tokenizer':<10} {'FCR':>7} {'tokens':>8} {'latency s':>10} {'CR':>7}"
-    lines = [header, "-" * len(header)]
+    lines = fidelity_lines(report["fidelity"]) if "fidelity" in report else []
+    lines += [header, "-" * len(header)]
     for mode in MODES:
         if mode not in report:
             continue
@@ -270,6 +304,27 @@ def format_table(report: dict[str, Any]) -> str:
             f"max |Δp| {report['p_positive_max_abs_diff']:.3f}"
         )
     return "\n".join(lines)
+
+
+def fidelity_lines(figures: dict[str, Any]) -> list[str]:
+    """The fidelity figures (`medtpe_core.fidelity.fidelity`) as text, intervals in brackets."""
+    generated = figures["generated_tokens_mean"]
+    fcr, trailing = figures["fcr_strict"], figures["trailing_text"]
+    return [
+        f"Fidelity, MedTPE vs original on {figures['n_records']} records "
+        f"({figures['n_subjects']} patients):",
+        f"  same answer {_with_interval(figures['same_answer'])}; answers given: "
+        f"original {figures['answer_counts']['original']}, "
+        f"MedTPE {figures['answer_counts']['medtpe']}",
+        f"  |Δp| mean {_with_interval(figures['delta_p_mean'], '.4f')}, "
+        f"p95 {_with_interval(figures['delta_p_p95'], '.4f')}, "
+        f"KL {_with_interval(figures['kl_mean'], '.4f')} ({figures['delta_p_n']} records)",
+        f"  same stop {figures['same_stop']:.1%}; generated tokens "
+        f"{generated['original']:.1f} -> {generated['medtpe']:.1f}; strict FCR "
+        f"{fcr['original']:.1%} -> {fcr['medtpe']:.1%}; text after the answer "
+        f"{trailing['original']} -> {trailing['medtpe']}",
+        "",
+    ]
 
 
 def _figure(value: float | None, spec: str) -> str:

@@ -34,6 +34,12 @@ class RecordResult:
     outputs: list[str] = field(default_factory=list)
     probabilities: dict[str, float] | None = None
     p_positive: float | None = None
+    finishes: list[str] = field(default_factory=list)
+    """How each sample's generation ended (`inference.engine.Finish`)."""
+    trailing: list[str] = field(default_factory=list)
+    """Each sample's text after its answer object ("" when none)."""
+    n_generated: int = 0
+    """Tokens generated over all samples."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (sets become sorted lists)."""

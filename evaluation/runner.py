@@ -73,6 +73,9 @@ async def evaluate_mode(
                 outputs=[sample.text for sample in answer.samples],
                 probabilities=answer.probabilities,
                 p_positive=positive_probability(task, answer.probabilities),
+                finishes=[str(sample.finish) for sample in answer.samples],
+                trailing=[sample.trailing for sample in answer.samples],
+                n_generated=answer.n_generated,
             )
         )
     return results

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -70,12 +71,23 @@ class AnswerConstraint:
             raise ValueError("an AnswerConstraint needs exactly one of regex, choice, json_schema")
 
 
+class Finish(StrEnum):
+    """Why a generation ended."""
+
+    EOS = "eos"
+    """The model's end-of-sequence token (not kept in the ids)."""
+    STOP = "stop"
+    """A stop id of the caller's stop rule (kept in the ids: its text is part of the answer)."""
+    LENGTH = "length"
+    """`max_new_tokens` reached."""
+
+
 @dataclass(frozen=True)
 class Completion:
     """One generated answer."""
 
     ids: list[int]
-    """Its token ids, without the EOS / stop token that ended it."""
+    """Its token ids: without the end-of-sequence token, with the stop id that ended it."""
     logprobs: list[dict[int, float]] | None = None
     """Per generated position, the top-k log-probabilities by token id, when asked for (the
     model's distribution before temperature, after a constraint's mask); None otherwise."""
@@ -85,6 +97,8 @@ class Completion:
         """The first generated token's top-k log-probabilities (None when not asked for or when
         nothing was generated)."""
         return self.logprobs[0] if self.logprobs else None
+
+    finish: Finish = Finish.EOS
 
 
 class Engine(Protocol):
@@ -108,10 +122,12 @@ class Engine(Protocol):
         top_logprobs: int | None = None,
         cache_salt: str | None = None,
         constraint: AnswerConstraint | None = None,
+        stop_ids: frozenset[int] = frozenset(),
     ) -> list[Completion]:
         """`n` answers to one prompt; with `top_logprobs` = k, each with every position's top k;
-        with a `constraint`, answers that match it. Prompts with different `cache_salt`s never
-        share cached prefixes (None: one shared space)."""
+        with a `constraint`, answers that match it; each answer ends at the first of `stop_ids`
+        it generates (the stop rule, applied inside the engine). Prompts with different
+        `cache_salt`s never share cached prefixes (None: one shared space)."""
         ...
 
     async def warm_up(self, prompt_ids: Sequence[int]) -> None:

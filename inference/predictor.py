@@ -13,14 +13,16 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cached_property
 from typing import Any, Literal
 
-from inference.engine import AnswerConstraint, Completion, Engine
+from inference.engine import AnswerConstraint, Completion, Engine, Finish
 from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.meds import MedsEvent, SubjectEvents
 from medtpe_core.metrics import compression_rate
 from medtpe_core.prompting import Prompt, build_prompt
 from medtpe_core.tasks import Prediction, Task
+from medtpe_core.tasks.answers import answer_end_ids
 from medtpe_core.tasks.option_probabilities import option_probabilities
 from medtpe_core.tokenizer import MedTPETokenizer
 from medtpe_core.windowing import SLIDING_WINDOW, Windowing
@@ -71,11 +73,16 @@ class PreparedRecord:
 
 @dataclass(frozen=True)
 class Sample:
-    """One generated answer."""
+    """One generated answer under the answer contract (`medtpe_core.tasks.answers`)."""
 
     prediction: Prediction | None
+    """The first answer object's value (None when there is none)."""
     format_ok: bool
+    """The output is that answer object and nothing else (strict reading)."""
     text: str
+    trailing: str = ""
+    """Text after the answer object: reported, never parsed."""
+    finish: Finish = Finish.EOS
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,7 @@ class Answer:
 
     prediction: Prediction | None
     format_ok: bool
+    """An answer won the vote and every sample that gave it complies with the answer format."""
     samples: list[Sample]
     generate_s: float
     n_generated: int
@@ -92,17 +100,20 @@ class Answer:
     """{answer option: probability} from the first answer token, when asked for and the task
     has a closed set of options (see `medtpe_core.tasks.option_probabilities`)."""
 
+    @property
+    def n_trailing(self) -> int:
+        """Samples that wrote text after their answer object."""
+        return sum(bool(sample.trailing) for sample in self.samples)
 
-def majority_vote(
-    parsed: Sequence[tuple[Prediction | None, bool]],
-) -> tuple[Prediction | None, bool]:
-    """The most frequent parsed answer (ties: the earliest sample); (None, False) if none parsed."""
-    answers = [prediction for prediction, ok in parsed if ok]
+
+def majority_vote(predictions: Sequence[Prediction | None]) -> Prediction | None:
+    """The most frequent answer (ties: the earliest sample); None if no sample gave one."""
+    answers = [prediction for prediction in predictions if prediction is not None]
     if not answers:
-        return None, False
+        return None
     counts = Counter(_hashable(answer) for answer in answers)
     winner = max(counts.values())
-    return next(a for a in answers if counts[_hashable(a)] == winner), True
+    return next(a for a in answers if counts[_hashable(a)] == winner)
 
 
 def _hashable(answer: Prediction | None) -> Any:
@@ -197,6 +208,16 @@ class Predictor:
             tokenize_s=tokenized - rendered,
         )
 
+    @cached_property
+    def stop_ids(self) -> frozenset[int]:
+        """The stop rule in this mode's vocabulary: every id whose text closes an answer object
+        (computed once per predictor)."""
+        if self.mode == "medtpe":
+            ids = range(self.tokenizer.vocab_size)
+            return answer_end_ids(zip(ids, self.tokenizer.tokens(ids), strict=True))
+        ids = range(self.tokenizer.base.vocab_size)
+        return answer_end_ids(zip(ids, self.tokenizer.base.tokens(ids), strict=True))
+
     def decode(self, ids: Sequence[int]) -> str:
         """Text of generated ids, with the tokenizer of this mode."""
         if self.mode == "medtpe":
@@ -237,7 +258,8 @@ class Predictor:
         cache_salt: str | None = None,
         constrained: bool = False,
     ) -> Answer:
-        """Generate, decode and parse; majority vote over `n_samples` answers; with
+        """Generate (ending at the answer object's end: `stop_ids`), decode and read each answer
+        under the answer contract; majority vote over `n_samples` answers; with
         `probabilities`, the answer options' probabilities from the answer value's first token;
         with `constrained`, decoding restricted to well-formed answers (`answer_constraint`);
         `cache_salt` keeps the engine's cached prefixes apart per caller (tenant).
@@ -259,17 +281,20 @@ class Predictor:
             top_logprobs=OPTION_TOP_K if want_logprobs else None,
             cache_salt=cache_salt,
             constraint=answer_constraint(record.task) if constrained else None,
+            stop_ids=self.stop_ids,
         )
         generate_s = time.perf_counter() - start
         samples = []
         for output in outputs:
             # the answer as the model gave it: the prefilled start of the turn + what it generated
             text = record.prompt.response_prefix + self.decode(output.ids)
-            prediction, format_ok = record.task.parse_answer(text)
-            samples.append(Sample(prediction, format_ok, text))
+            parsed = record.task.parse_answer(text)
+            samples.append(Sample(*parsed[:2], text, parsed.trailing, output.finish))
         if n < n_samples:
             samples = samples * n_samples
-        prediction, format_ok = majority_vote([(s.prediction, s.format_ok) for s in samples])
+        prediction = majority_vote([s.prediction for s in samples])
+        voters = [s for s in samples if s.prediction is not None and s.prediction == prediction]
+        format_ok = bool(voters) and all(s.format_ok for s in voters)
         n_generated = sum(len(output.ids) for output in outputs)
         option_probs = self.option_probabilities(
             record.task, self.value_logprobs(record, outputs[0])

@@ -22,19 +22,30 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
-from inference.engine import AnswerConstraint, Completion, EngineConfig, EngineDead
+from inference.engine import AnswerConstraint, Completion, EngineConfig, EngineDead, Finish
 
 logger = logging.getLogger(__name__)
 
 GIB = 1024**3
 
 
-def _completion(output: CompletionOutput, top_k: int | None) -> Completion:
-    """An engine output as a `Completion`: stop token dropped, each position's top-k logprobs
-    kept (vLLM adds the sampled token to the top k; it is left out unless it ranks within them)."""
+def _completion(
+    output: CompletionOutput, top_k: int | None, stop_ids: frozenset[int]
+) -> Completion:
+    """An engine output as a `Completion`: the end-of-sequence token dropped, a stop id of the
+    caller's stop rule kept (vLLM's `stop_reason` is the id that stopped it; the model's own
+    extra end-of-sequence ids from its generation config stop that way too, and are dropped),
+    each position's top-k logprobs kept (vLLM adds the sampled token to the top k; it is left
+    out unless it ranks within them)."""
     ids = list(output.token_ids)
-    if output.finish_reason == "stop" and ids:
-        ids.pop()
+    if output.finish_reason != "stop":
+        finish = Finish.LENGTH
+    elif output.stop_reason in stop_ids:
+        finish = Finish.STOP
+    else:
+        finish = Finish.EOS
+        if ids:
+            ids.pop()
     logprobs = None
     if top_k and output.logprobs:
         logprobs = [
@@ -45,7 +56,7 @@ def _completion(output: CompletionOutput, top_k: int | None) -> Completion:
             }
             for position in output.logprobs
         ]
-    return Completion(ids, logprobs)
+    return Completion(ids, logprobs, finish)
 
 
 def structured_outputs(constraint: AnswerConstraint | None) -> StructuredOutputsParams | None:
@@ -137,10 +148,13 @@ class VllmEngine:
         top_logprobs: int | None = None,
         cache_salt: str | None = None,
         constraint: AnswerConstraint | None = None,
+        stop_ids: frozenset[int] = frozenset(),
     ) -> list[Completion]:
-        """Generate `n` answers to one prompt (stop token excluded); with `top_logprobs` = k,
-        each carries every position's top-k log-probabilities; with a `constraint`, decoding is
-        restricted to text that matches it (vLLM structured outputs). Prompts with different
+        """Generate `n` answers to one prompt (end-of-sequence token excluded); with
+        `top_logprobs` = k, each carries every position's top-k log-probabilities; with a
+        `constraint`, decoding is restricted to text that matches it (vLLM structured outputs);
+        generation stops at the first of `stop_ids` (vLLM `stop_token_ids`, checked by the engine
+        on each sampled id, so it holds for any tokenizer's ids). Prompts with different
         `cache_salt`s never share prefix-cache blocks (vLLM salts the first block's hash).
 
         Raises `EngineDead` when the engine is dead. Cancelling the caller (e.g. a timeout)
@@ -156,6 +170,7 @@ class VllmEngine:
             detokenize=False,
             logprobs=top_logprobs,
             structured_outputs=structured_outputs(constraint),
+            stop_token_ids=sorted(stop_ids),
         )
         # with n > 1 the streamed outputs carry the completions separately: keep the latest
         # (cumulative) state of each completion index
@@ -175,7 +190,7 @@ class VllmEngine:
             raise
         if not completions:  # pragma: no cover - vLLM always yields a final output
             raise RuntimeError("the engine returned no output")
-        return [_completion(completions[i], top_logprobs) for i in sorted(completions)]
+        return [_completion(completions[i], top_logprobs, stop_ids) for i in sorted(completions)]
 
     async def warm_up(self, prompt_ids: Sequence[int]) -> None:
         """One short generation, so the first real request does not pay the start-up costs."""

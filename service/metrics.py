@@ -123,6 +123,12 @@ class ServiceMetrics:
             ["task", "result"],
             registry=reg,
         )
+        self.trailing_text = Counter(
+            "medtpe_answer_trailing_text",
+            "Answer samples with text after their answer object (reported, never parsed).",
+            ["task"],
+            registry=reg,
+        )
         self.inflight = Gauge(
             "medtpe_inflight_requests",
             "Prediction requests being served.",
@@ -141,14 +147,16 @@ class ServiceMetrics:
         )
 
     def observe_answer(self, task: str, mode: str, seg: Segmentation, answer: Answer) -> None:
-        """Record the generation time, token counts, compression and format compliance of one
-        answered record."""
+        """Record the generation time, token counts, compression, format compliance and trailing
+        text of one answered record."""
         self.generation_latency.labels(task, mode).observe(answer.generate_s)
         for tokenizer, ids in (("original", seg.original_ids), ("medtpe", seg.medtpe_ids)):
             self.prompt_tokens_total.labels(tokenizer, task).inc(len(ids))
             self.prompt_tokens.labels(tokenizer, task).observe(len(ids))
         self.compression_rate.labels(task).observe(seg.compression_rate)
         self.format_compliance.labels(task, "ok" if answer.format_ok else "fail").inc()
+        if answer.n_trailing:
+            self.trailing_text.labels(task).inc(answer.n_trailing)
 
     def render(self) -> bytes:
         """The exposition text: the service's metrics, then the engine's (`vllm:*`); in

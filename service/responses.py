@@ -34,6 +34,7 @@ def predict_response(
                 prediction=s.prediction,
                 format_ok=s.format_ok,
                 text=s.text if options.return_text else None,
+                trailing=s.trailing if options.return_text else None,
             )
             for s in answer.samples
         ],

@@ -148,11 +148,20 @@ class Latency(BaseModel):
 
 
 class Vote(BaseModel):
-    """One sample's parsed answer (and text when asked for)."""
+    """One sample's answer under the answer contract (and its text when asked for)."""
 
-    prediction: Prediction | None
-    format_ok: bool
+    prediction: Prediction | None = Field(
+        description="The first answer object's value; null when the output holds none."
+    )
+    format_ok: bool = Field(
+        description="The output is one well-formed answer object and nothing else."
+    )
     text: str | None = None
+    trailing: str | None = Field(
+        None,
+        description="With `return_text`: what the model wrote after its answer object (never "
+        "parsed; empty when nothing but whitespace).",
+    )
 
 
 class PredictResponse(BaseModel):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from inference.engine import AnswerConstraint, Completion, EngineConfig, EngineDead
+from inference.engine import AnswerConstraint, Completion, EngineConfig, EngineDead, Finish
 
 ANSWER = 'yes"}'
 """What follows the `{"answer": "` prefill: a well-formed binary answer."""
@@ -66,9 +66,11 @@ class InstantEngine:
         top_logprobs: int | None = None,
         cache_salt: str | None = None,
         constraint: AnswerConstraint | None = None,
+        stop_ids: frozenset[int] = frozenset(),
     ) -> list[Completion]:
-        """`n` copies of the fixed answer, cut to `max_new_tokens` (it matches every binary
-        task's constraint after the prefill; the constraint is recorded, not applied)."""
+        """`n` copies of the fixed answer, cut after its first stop id or at `max_new_tokens`
+        (it matches every binary task's constraint after the prefill; the constraint is
+        recorded, not applied)."""
         if self._dead:
             raise EngineDead("the engine is dead")
         self.prompts.append(list(prompt_ids))
@@ -78,13 +80,18 @@ class InstantEngine:
             await asyncio.sleep(self.delay_s)
         if self._dead:
             raise EngineDead("the engine died during generation")
-        ids = self.answer_ids[:max_new_tokens]
+        ids, finish = list(self.answer_ids), Finish.EOS
+        stop_at = next((k for k, token in enumerate(ids) if token in stop_ids), None)
+        if stop_at is not None:
+            ids, finish = ids[: stop_at + 1], Finish.STOP
+        if len(ids) > max_new_tokens:
+            ids, finish = ids[:max_new_tokens], Finish.LENGTH
         logprobs = None
         if top_logprobs:
             yes, no = self.option_ids["yes"], self.option_ids["no"]
             logprobs = [{yes: math.log(0.75), no: math.log(0.25)}]
             logprobs += [{token: 0.0} for token in ids[1:]]
-        return [Completion(ids, logprobs) for _ in range(n)]
+        return [Completion(ids, logprobs, finish) for _ in range(n)]
 
     async def warm_up(self, prompt_ids: Sequence[int]) -> None:
         """Nothing to warm up."""

@@ -102,10 +102,10 @@ def test_default_prediction_time_is_just_after_the_last_event() -> None:
 
 
 def test_majority_vote() -> None:
-    assert majority_vote([(True, True), (False, True), (False, True)]) == (False, True)
-    assert majority_vote([(None, False), (True, True)]) == (True, True)
-    assert majority_vote([(["A"], True), (["B"], True)]) == (["A"], True)  # tie: first
-    assert majority_vote([(None, False)]) == (None, False)
+    assert majority_vote([True, False, False]) is False
+    assert majority_vote([None, True]) is True
+    assert majority_vote([["A"], ["B"]]) == ["A"]  # tie: first
+    assert majority_vote([None]) is None
 
 
 def test_metrics_exposition_names() -> None:

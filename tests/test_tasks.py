@@ -14,6 +14,7 @@ from medtpe_core.tasks import (
     list_tasks,
     load_task_file,
 )
+from medtpe_core.tasks.answers import AnswerReading
 
 PHENOTYPES = 25
 
@@ -51,50 +52,70 @@ def test_user_message_layout():
     assert '{"answer"' in get_task("icu_mortality").answer_format()
 
 
+# (output, strict reading's (prediction, format_ok), lenient reading's (prediction, format_ok))
 BINARY_OUTPUTS = [
-    ('{"answer": "yes"}', True, True),
-    ('{"answer": "no"}', False, True),
-    ('```json\n{"answer": "Yes"}\n```', True, True),
-    ('```\n{\n  "answer": "NO"\n}\n```', False, True),
+    ('{"answer": "yes"}', (True, True), (True, True)),
+    ('{"answer": "no"}', (False, True), (False, True)),
+    ('  {"answer": "no"}\n', (False, True), (False, True)),
+    ('```json\n{"answer": "Yes"}\n```', (None, False), (True, True)),
+    ('```\n{\n  "answer": "NO"\n}\n```', (None, False), (False, True)),
+    ('{\n  "answer": "NO"\n}', (False, True), (False, True)),
     (
         'Based on the elevated lactate and hypotension, the risk is high.\n{"answer": "yes"}',
-        True,
-        True,
+        (None, False),
+        (True, True),
     ),
-    ('{"answer": "no"}\nThe patient is stable and likely to survive.', False, True),
-    ("{'answer': 'yes'}", True, True),
-    ('{"answer": true}', True, True),
-    ('{"answer": false}', False, True),
-    ("{'answer': False}", False, True),
-    ('{"answer": 1}', True, True),
-    ('{"answer": 0}', False, True),
-    ('{"answer": "1"}', True, True),
-    ('{"answer": "Yes."}', True, True),
-    ('{"answer": yes}', True, True),
-    ('{"Answer": "No"}', False, True),
-    ('{"answer": "died"}', True, True),  # task-specific synonym from the YAML
-    ('{"answer": "survived"}', False, True),
-    ('{"answer": ["yes"]}', True, True),
-    ('Example: {"answer": "yes"} or {"answer": "no"}. My answer: {"answer": "no"}', False, True),
-    ('{"answer": "yes", "confidence": 0.8}', True, True),
-    ("Yes", None, False),  # not the JSON form
-    ("The patient will likely die.", None, False),
-    ('{"answer": "maybe"}', None, False),
-    ('{"answer": "yes and no"}', None, False),
-    ('{"answer": 0.85}', None, False),
-    ('{"answer": 2}', None, False),
-    ('{"answer": null}', None, False),
-    ('{"answer": ["yes", "no"]}', None, False),
-    ('{"prediction": "yes"}', None, False),
-    ('{"answer": "yes"', None, False),  # unterminated
-    ("", None, False),
-    ("{}", None, False),
+    # text after the answer: the answer stands, the format does not comply (strict)
+    (
+        '{"answer": "no"}\nThe patient is stable and likely to survive.',
+        (False, False),
+        (False, True),
+    ),
+    # the run-on answer of a MedTPE model: the first object is the answer, never the last
+    ('{"answer": "yes"} or {"answer": "no"}', (True, False), (True, True)),
+    ("{'answer': 'yes'}", (None, False), (True, True)),
+    ('{"answer": true}', (True, True), (True, True)),
+    ('{"answer": false}', (False, True), (False, True)),
+    ("{'answer': False}", (None, False), (False, True)),
+    ('{"answer": 1}', (True, True), (True, True)),
+    ('{"answer": 0}', (False, True), (False, True)),
+    ('{"answer": "1"}', (True, True), (True, True)),
+    ('{"answer": "Yes."}', (True, True), (True, True)),
+    ('{"answer": yes}', (None, False), (True, True)),
+    ('{"Answer": "No"}', (None, False), (False, True)),
+    ('{"answer": "died"}', (True, True), (True, True)),  # task-specific synonym from the YAML
+    ('{"answer": "survived"}', (False, True), (False, True)),
+    ('{"answer": ["yes"]}', (True, True), (True, True)),
+    (
+        'Example: {"answer": "yes"} or {"answer": "no"}. My answer: {"answer": "no"}',
+        (None, False),
+        (True, True),
+    ),
+    ('{"answer": "yes", "confidence": 0.8}', (None, False), (True, True)),
+    ("Yes", (None, False), (None, False)),  # not the JSON form
+    ("The patient will likely die.", (None, False), (None, False)),
+    ('{"answer": "maybe"}', (None, False), (None, False)),
+    ('{"answer": "yes and no"}', (None, False), (None, False)),
+    ('{"answer": 0.85}', (None, False), (None, False)),
+    ('{"answer": 2}', (None, False), (None, False)),
+    ('{"answer": null}', (None, False), (None, False)),
+    ('{"answer": ["yes", "no"]}', (None, False), (None, False)),
+    ('{"prediction": "yes"}', (None, False), (None, False)),
+    ('{"answer": "yes"', (None, False), (None, False)),  # unterminated
+    ("", (None, False), (None, False)),
+    ("{}", (None, False), (None, False)),
 ]
 
 
-@pytest.mark.parametrize(("output", "prediction", "ok"), BINARY_OUTPUTS)
-def test_parse_binary_answers(output, prediction, ok):
-    assert get_task("icu_mortality").parse_answer(output) == (prediction, ok)
+def _reading(task_name: str, reading: str):
+    return get_task(task_name).model_copy(update={"answer_reading": AnswerReading(reading)})
+
+
+@pytest.mark.parametrize(("output", "strict", "lenient"), BINARY_OUTPUTS)
+def test_parse_binary_answers(output, strict, lenient):
+    assert get_task("icu_mortality").answer_reading is AnswerReading.STRICT
+    assert get_task("icu_mortality").parse_answer(output)[:2] == strict
+    assert _reading("icu_mortality", "lenient").parse_answer(output)[:2] == lenient
 
 
 PHENO_OUTPUTS = [
@@ -117,7 +138,6 @@ PHENO_OUTPUTS = [
     ('{"answer": ["Y. Shock"]}', ["Shock"], True),
     ('{"answer": ["(X) Septicemia (except in labor)"]}', ["Septicemia (except in labor)"], True),
     ('{"answer": ["septicemia"]}', ["Septicemia (except in labor)"], True),  # unique prefix
-    ("```json\n{'answer': ['N']}\n```", ["Essential hypertension"], True),
     ('{"answer": []}', [], True),
     ('{"answer": "none"}', [], True),
     ('{"answer": ["Z"]}', None, False),  # no 26th phenotype
@@ -131,7 +151,27 @@ PHENO_OUTPUTS = [
 
 @pytest.mark.parametrize(("output", "prediction", "ok"), PHENO_OUTPUTS)
 def test_parse_multilabel_answers(output, prediction, ok):
-    assert get_task("phenotyping").parse_answer(output) == (prediction, ok)
+    assert get_task("phenotyping").parse_answer(output)[:2] == (prediction, ok)
+
+
+def test_lenient_reading_takes_python_spelling_in_code_fences():
+    task = _reading("phenotyping", "lenient")
+    assert task.parse_answer("```json\n{'answer': ['N']}\n```") == (
+        ["Essential hypertension"],
+        True,
+        "\n```",
+    )
+    assert get_task("phenotyping").parse_answer("```json\n{'answer': ['N']}\n```")[:2] == (
+        None,
+        False,
+    )
+
+
+def test_trailing_text_is_reported_never_parsed():
+    task = get_task("icu_mortality")
+    parsed = task.parse_answer('{"answer": "yes"}\n\nThe patient died during this ICU stay.')
+    assert parsed == (True, False, "\n\nThe patient died during this ICU stay.")
+    assert task.parse_answer('{"answer": "no"}  \n') == (False, True, "")
 
 
 def test_parse_label_values():
@@ -167,10 +207,10 @@ def test_user_task_from_yaml_and_json(tmp_path, monkeypatch):
     monkeypatch.setenv(TASKS_DIR_ENV, str(tmp_path))
     assert {"triage", "sepsis_6h", "icu_mortality"} <= set(list_tasks())
     triage = get_task("triage")
-    assert triage.parse_answer('{"answer": "B"}') == ("Emergent", True)
-    assert triage.parse_answer('{"answer": "urgent"}') == ("Urgent", True)
-    assert triage.parse_answer('{"answer": ["A", "B"]}') == (None, False)
-    assert get_task("sepsis_6h").parse_answer('{"answer": "no"}') == (False, True)
+    assert triage.parse_answer('{"answer": "B"}')[:2] == ("Emergent", True)
+    assert triage.parse_answer('{"answer": "urgent"}')[:2] == ("Urgent", True)
+    assert triage.parse_answer('{"answer": ["A", "B"]}')[:2] == (None, False)
+    assert get_task("sepsis_6h").parse_answer('{"answer": "no"}')[:2] == (False, True)
 
 
 @pytest.mark.parametrize(
@@ -213,7 +253,7 @@ def test_tasks_dir_must_exist(tmp_path, monkeypatch):
     ("name", "completion", "prediction"),
     [
         ("icu_mortality", 'yes"}', True),
-        ("icu_mortality", 'no"}\n\nThe patient is stable.', False),
+        ("icu_mortality", 'no"}\n', False),
         (
             "phenotyping",
             '"A", "D"]}',
@@ -224,7 +264,7 @@ def test_tasks_dir_must_exist(tmp_path, monkeypatch):
 def test_prefilled_answer_parses_with_its_prefix(name, completion, prediction):
     task = get_task(name)
     assert task.prefill_answer
-    assert task.parse_answer(task.response_prefix + completion) == (prediction, True)
+    assert task.parse_answer(task.response_prefix + completion) == (prediction, True, "")
     assert task.parse_answer(completion)[1] is False
 
 

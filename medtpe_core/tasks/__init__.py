@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from medtpe_core.tasks.task import Prediction, Task
+from medtpe_core.tasks.task import ParsedAnswer, Prediction, Task
 
 TASKS_DIR_ENV = "MEDTPE_TASKS_DIR"
 _BUILTIN_DIR = Path(__file__).resolve().parent
@@ -24,6 +24,7 @@ _SUFFIXES = (".yaml", ".yml", ".json")
 
 __all__ = [
     "TASKS_DIR_ENV",
+    "ParsedAnswer",
     "Prediction",
     "Task",
     "TaskFileError",

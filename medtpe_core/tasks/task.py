@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import re
 import string
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from medtpe_core.tasks.answers import MISSING, find_answer
+from medtpe_core.tasks.answers import MISSING, AnswerReading, read_answer
 
 Prediction = bool | str | list[str]
 """binary -> bool; multiclass -> label name; multilabel -> label names in the task's order."""
@@ -21,6 +21,18 @@ _LETTER_AND_NAME = re.compile(r"^\(?([A-Za-z])\s*[).:]\s+(\S.*)$")
 _MIN_PREFIX = 5
 BINARY_OPTIONS = ("yes", "no")
 """What a binary task's prompt asks the model to write, the positive answer first."""
+
+
+class ParsedAnswer(NamedTuple):
+    """A model output under the answer contract (`medtpe_core.tasks.answers`)."""
+
+    prediction: Prediction | None
+    """The first answer object's value as a prediction; None when there is none or the task
+    does not accept its value."""
+    format_ok: bool
+    """Strict format compliance: the output is one well-formed answer object and nothing else."""
+    trailing: str
+    """Text after the answer object ("" when none): reported, never parsed."""
 
 
 def _norm(text: str) -> str:
@@ -44,6 +56,9 @@ class Task(BaseModel):
     prefill_answer: bool = True
     """Start the assistant's turn with the answer's JSON opening (`response_prefix`), so that even
     a small model only has to write the value; `false` lets the model write the whole answer."""
+    answer_reading: AnswerReading = AnswerReading.STRICT
+    """`strict`: the output must be the answer object alone; `lenient`: the first answer object
+    anywhere in the text (prose, code fences, Python spelling) is read."""
 
     @model_validator(mode="after")
     def _check_labels(self) -> Task:
@@ -134,13 +149,17 @@ class Task(BaseModel):
         parts.append(f"{self.question}\n{self.answer_format()}")
         return "\n\n".join(parts)
 
-    def parse_answer(self, text: str) -> tuple[Prediction | None, bool]:
-        """(prediction, format_ok) from a model's output; (None, False) when it does not parse."""
-        value = find_answer(text)
-        if value is MISSING:
-            return None, False
-        prediction = self.normalise(value)
-        return prediction, prediction is not None
+    def parse_answer(self, text: str) -> ParsedAnswer:
+        """A model's output (the prefill included) under this task's answer reading.
+
+        >>> get_task("icu_mortality").parse_answer('{"answer": "yes"} and more')
+        ParsedAnswer(prediction=True, format_ok=False, trailing=' and more')
+        """
+        found = read_answer(text, self.answer_reading)
+        if found.value is MISSING:
+            return ParsedAnswer(None, False, found.trailing)
+        prediction = self.normalise(found.value)
+        return ParsedAnswer(prediction, found.compliant and prediction is not None, found.trailing)
 
     def parse_label(self, value: object) -> Prediction:
         """A label file's value as a prediction-typed label (multilabel: `|`-separated string)."""
