@@ -6,25 +6,43 @@ without any configuration.
 
 from __future__ import annotations
 
+import difflib
 import math
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from inference.engine import DistributedBackend, EngineOptions
 from inference.model import ModelConfig
 from inference.predictor import Mode
 from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
+from medtpe_core.tasks import TASKS_DIR_ENV
 from medtpe_core.windowing import DEFAULT_GRID_HOURS, Windowing, WindowPolicy
+
+ENV_PREFIX = "MEDTPE_"
+API_KEYS_ENV = "MEDTPE_API_KEYS"
+CACHE_DIR_ENV = "MEDTPE_CACHE_DIR"
+TASK_ENV = "MEDTPE_TASK"
+FUZZ_EXAMPLES_ENV = "MEDTPE_FUZZ_EXAMPLES"
+OTHER_VARIABLES: Mapping[str, str] = {
+    CACHE_DIR_ENV: "where `.cache` lives (medtpe_core/paths.py)",
+    TASKS_DIR_ENV: "a directory of extra task files (medtpe_core/tasks/)",
+    TASK_ENV: "the default task of `medtpe evaluate` (MEDS-DEV's model.yaml sets it)",
+    FUZZ_EXAMPLES_ENV: "examples per operation of the API contract test (tests/)",
+}
+"""The `MEDTPE_*` environment variables read outside these settings, with what they set."""
 
 
 class ServiceSettings(BaseSettings):
-    """Configuration of one service instance."""
+    """Configuration of one service instance; any other `MEDTPE_*` environment variable than
+    its fields' and `OTHER_VARIABLES` is refused (a misspelt setting is not ignored)."""
 
     model_config = SettingsConfigDict(
-        env_prefix="MEDTPE_", extra="ignore", env_parse_none_str="none"
+        env_prefix=ENV_PREFIX, extra="ignore", env_parse_none_str="none"
     )
 
     model_dir: Path = Field(
@@ -118,10 +136,33 @@ class ServiceSettings(BaseSettings):
     @field_validator("api_keys", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
-        """Accept `a,b,c` from the environment."""
+        """Accept `a,b,c` from the environment; separators without a key are refused (they
+        would turn authentication off)."""
         if isinstance(value, str):
-            return [key.strip() for key in value.split(",") if key.strip()]
+            keys = [key.strip() for key in value.split(",") if key.strip()]
+            if value.strip() and not keys:
+                raise ValueError(
+                    f"{API_KEYS_ENV}={value!r} holds separators but no key; leave it empty "
+                    "or unset to turn authentication off"
+                )
+            return keys
         return value
+
+    @model_validator(mode="after")
+    def _no_unknown_variables(self) -> ServiceSettings:
+        """Refuse `MEDTPE_*` environment variables that are no setting, naming the closest."""
+        known = known_variables()
+        for name in sorted(os.environ):
+            upper = name.upper()
+            if upper.startswith(ENV_PREFIX) and upper not in known:
+                suffixes = [k.removeprefix(ENV_PREFIX) for k in sorted(known)]
+                close = difflib.get_close_matches(upper.removeprefix(ENV_PREFIX), suffixes, n=1)
+                hint = f"did you mean {ENV_PREFIX}{close[0]}?" if close else "no such setting"
+                raise ValueError(
+                    f"unknown environment variable {name}: {hint} (docs/configuration.md "
+                    "lists the settings)"
+                )
+        return self
 
     def model(self) -> ModelConfig:
         """What to load and how to run the engine, from these settings."""
@@ -157,3 +198,10 @@ class ServiceSettings(BaseSettings):
     def capacity(self) -> int:
         """Records one API process admits at once: generating plus queued."""
         return sum(self.process_limits)
+
+
+def known_variables() -> set[str]:
+    """Every `MEDTPE_*` environment variable MedTPE reads: one per setting, and
+    `OTHER_VARIABLES`."""
+    fields = {f"{ENV_PREFIX}{name}".upper() for name in ServiceSettings.model_fields}
+    return fields | set(OTHER_VARIABLES)

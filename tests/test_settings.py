@@ -1,0 +1,105 @@
+"""Service settings that would pass silently are start-up errors naming the setting: API keys
+made only of separators, unknown (misspelt) `MEDTPE_*` variables."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from medtpe_core.paths import project_root
+from service.settings import OTHER_VARIABLES, ServiceSettings, known_variables
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No `MEDTPE_*` variable of the caller's environment leaks into these tests."""
+    for name in [n for n in os.environ if n.upper().startswith("MEDTPE_")]:
+        monkeypatch.delenv(name)
+    return monkeypatch
+
+
+@pytest.mark.parametrize("value", [",", " , ", ",,", " ,\t, "])
+def test_api_keys_of_separators_only_are_refused(
+    clean_environment: pytest.MonkeyPatch, value: str
+) -> None:
+    clean_environment.setenv("MEDTPE_API_KEYS", value)
+    with pytest.raises(ValidationError, match=r"MEDTPE_API_KEYS=.* holds separators but no key"):
+        ServiceSettings()
+
+
+@pytest.mark.parametrize(("value", "keys"), [("", []), ("k1,,k2,", ["k1", "k2"])])
+def test_api_keys_empty_or_with_keys(
+    clean_environment: pytest.MonkeyPatch, value: str, keys: list[str]
+) -> None:
+    clean_environment.setenv("MEDTPE_API_KEYS", value)
+    assert ServiceSettings().api_keys == keys
+
+
+@pytest.mark.parametrize(
+    ("name", "closest"),
+    [
+        ("MEDTPE_MAX_INPUT_TOKEN", "MEDTPE_MAX_INPUT_TOKENS"),
+        ("MEDTPE_APIKEYS", "MEDTPE_API_KEYS"),
+        ("medtpe_kv_cache", "MEDTPE_KV_CACHE_GIB"),
+        ("MEDTPE_CACHEDIR", "MEDTPE_CACHE_DIR"),
+    ],
+)
+def test_a_misspelt_variable_is_refused_naming_the_closest_setting(
+    clean_environment: pytest.MonkeyPatch, name: str, closest: str
+) -> None:
+    clean_environment.setenv(name, "1")
+    with pytest.raises(ValidationError) as refused:
+        ServiceSettings()
+    assert f"unknown environment variable {name}: did you mean {closest}?" in str(refused.value)
+
+
+def test_a_variable_like_no_setting_is_refused(clean_environment: pytest.MonkeyPatch) -> None:
+    clean_environment.setenv("MEDTPE_FOO", "1")
+    with pytest.raises(ValidationError, match="unknown environment variable MEDTPE_FOO: no such"):
+        ServiceSettings()
+
+
+def test_every_setting_and_other_variable_is_accepted(
+    clean_environment: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for name in OTHER_VARIABLES:
+        clean_environment.setenv(name, str(tmp_path))
+    clean_environment.setenv("MEDTPE_MAX_INPUT_TOKENS", "2048")
+    clean_environment.setenv("medtpe_mode", "original")  # names are not case-sensitive
+    settings = ServiceSettings()
+    assert (settings.max_input_tokens, settings.mode) == (2048, "original")
+    assert {f"MEDTPE_{name.upper()}" for name in ServiceSettings.model_fields} <= known_variables()
+
+
+_LITERAL = re.compile(r"""["'](MEDTPE_[A-Z0-9_]+)["']""")
+_NAME = re.compile(r"\bMEDTPE_[A-Z0-9_]+\b")
+
+
+def test_every_medtpe_variable_the_repository_names_is_known() -> None:
+    """String literals in the Python packages, tests and benchmarks; every name in the docs,
+    the image and the deployment files."""
+    root = project_root()
+    found: dict[str, str] = {}
+    packages = ["medtpe_core", "inference", "service", "training", "medtpe_cli", "evaluation"]
+    for package in [*packages, "benchmarks", "tests"]:
+        for path in (root / package).rglob("*.py"):
+            if path == Path(__file__):  # names misspelt settings on purpose
+                continue
+            found.update((name, str(path)) for name in _LITERAL.findall(path.read_text()))
+    for path in [
+        root / "Dockerfile",
+        root / "Makefile",
+        root / "README.md",
+        *(root / "docs").glob("*.md"),
+        *(root / "deploy").rglob("*.y*ml"),
+        *(root / "meds_dev").rglob("*"),
+    ]:
+        if path.is_file():
+            found.update((name, str(path)) for name in _NAME.findall(path.read_text()))
+    assert "MEDTPE_CACHE_DIR" in found and "MEDTPE_API_WORKERS" in found
+    unknown = {name: where for name, where in found.items() if name not in known_variables()}
+    assert not unknown
