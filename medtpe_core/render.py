@@ -24,7 +24,9 @@ Format (deterministic):
   newest backwards. The budget is counted in ORIGINAL (base tokenizer) tokens and the returned
   count is exact;
 - with a `window_start` (the stable window, `medtpe_core.windowing`), timed events before it are
-  left out and counted as omitted, and the age is given at the window start.
+  left out, the omission line says only that earlier events were omitted (`OMITTED_BEFORE_WINDOW`:
+  a count would depend on how much history the client sent, so a bounded history would change
+  the prompt's first line on every re-score), and the age is given at the window start.
 
 How (issue 12, the text is byte-for-byte what the per-event renderer wrote): the events are
 columns; with a budget only the newest timestamps that can matter are turned into lines (a window
@@ -358,6 +360,7 @@ def render_record(
         events = events.before(prediction_time, inclusive=inclusive)
     if max_tokens is not None and encoder is None:
         raise ValueError("a token budget needs the original tokenizer (encoder)")
+    counted = window_start is None
     age_at = window_start or prediction_time
     age = _age_line(events, age_at) if age_at is not None else None
     n_total = len(events)
@@ -368,17 +371,21 @@ def render_record(
     if max_tokens is None or encoder is None or pieces is None:
         preamble = [age] if age else []
         if len(events) < n_total:
-            preamble.append(_omitted_line(n_total - len(events)))
+            preamble.append(_omitted_line(n_total - len(events), counted))
         out = _assemble(lines, len(lines.statics), 0, preamble, _shown_all(lines.timed))
         if encoder is None or pieces is None:
             return RenderedRecord("\n".join(out), None, n_total, len(events))
         text, ids = _encoded(out, encoder, pieces)
         return RenderedRecord(text, len(ids), n_total, len(events), ids)
-    return fit_to_budget(lines, age, n_total, encoder, pieces, max_tokens)
+    return fit_to_budget(lines, age, n_total, encoder, pieces, max_tokens, counted)
 
 
-def _omitted_line(n: int) -> str:
-    return f"({n:,} earlier events omitted)"
+OMITTED_BEFORE_WINDOW = "(earlier events omitted)"
+"""The omission line of a stable window: the same whatever history the request holds."""
+
+
+def _omitted_line(n: int, counted: bool = True) -> str:
+    return f"({n:,} earlier events omitted)" if counted else OMITTED_BEFORE_WINDOW
 
 
 def fit_to_budget(
@@ -388,15 +395,17 @@ def fit_to_budget(
     encoder: TokenEncoder,
     pieces: PieceTokens,
     budget: int,
+    counted: bool = True,
 ) -> RenderedRecord:
     """Keep the newest lines whose text fits `budget` original tokens: every static line first,
     then timed lines from the newest backwards (see the module docstring). Costs come from
-    per-line token counts; the final count is exact (the text's own ids)."""
+    per-line token counts; the final count is exact (the text's own ids). `counted`: the
+    omission line gives the number of events left out (else `OMITTED_BEFORE_WINDOW`)."""
     timed = _shown_all(lines.timed)
     head = [line + "\n" for line in _shown_all(lines.statics)]
     head += [line + "\n" for line in timed]
     head += [h + "\n" for h in lines.full_headers] + [h + "\n" for h in lines.natural_headers]
-    head += [STATIC_HEADER + "\n", (age or "") + "\n", _omitted_line(n_total) + "\n"]
+    head += [STATIC_HEADER + "\n", (age or "") + "\n", _omitted_line(n_total, counted) + "\n"]
     counts = np.array(pieces.counts(head), dtype=np.int64)
     n_s, n_t, n_g = len(lines.statics), len(lines.timed), len(lines.full_headers)
     static_tok = counts[:n_s]
@@ -429,7 +438,7 @@ def fit_to_budget(
         kept = sum(count for _, count in lines.statics[:n_static]) + kept_timed
         preamble = [age] if age else []
         if kept < n_total:
-            preamble.append(_omitted_line(n_total - kept))
+            preamble.append(_omitted_line(n_total - kept, counted))
         out = _assemble(lines, n_static, start, preamble, timed)
         text, ids = _encoded(out, encoder, pieces)
         if len(ids) <= budget:

@@ -15,9 +15,11 @@ Contract:
   holds more than the budget), the newest events of that cell that fit are kept.
 - A record that fits whole is shown whole under both policies.
 - Rendered under `stable` (see `medtpe_core.render.render_record`'s `window_start`): the
-  "(N earlier events omitted)" line counts the events before the start (fixed while the start
-  is), and the Age line gives the age at the start, so appending events never changes the text
-  before the newest events.
+  "(earlier events omitted)" line carries no count (the count of events before the start
+  depends on how much history the client sent: a client sending its last N events or last 7
+  days would change it on every re-score), and the Age line gives the age at the start, so
+  appending events, or sending a bounded history, never changes the text before the newest
+  events.
 - The price: the events between the sliding window's first event and the next boundary, fewer
   than one grid cell's worth (`benchmarks/bench_rescore.py` measures it).
 """

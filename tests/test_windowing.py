@@ -7,6 +7,7 @@ import itertools
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import meds
 import numpy as np
 import pytest
 from meds_fixtures import T0, write_meds_dataset
@@ -161,3 +162,47 @@ def test_base_tokenizer_is_enough_for_the_stable_window(dataset, template):
         windowing=STABLE,
     )
     assert prompt.n_tokens_original <= BUDGET and prompt.n_events_kept < prompt.n_events_total
+
+
+def bounded(events, when: datetime, last: int, birth: bool):
+    """What a client that sends its last `last` events up to `when` sends (static ones too, and
+    with `birth` the birth event, which gives the age)."""
+    times = events.times
+    cutoff = np.datetime64(when, "us")
+    timed = np.flatnonzero(~np.isnat(times) & (times <= cutoff))
+    keep = np.isnat(times)
+    keep[timed[-last:]] = True
+    if birth:
+        keep |= np.array([code == meds.birth_code for code in events.codes])
+    return events.take(keep)
+
+
+@pytest.mark.parametrize(("last", "birth"), [(30, True), (45, True), (30, False)])
+def test_bounded_histories_give_stable_prompts(dataset, tokenizer, template, last, birth):
+    """A client that sends only its last N events (with the birth event: the whole record's
+    prompt whenever the window starts after its first event): its re-scores reuse each other's
+    prompt up to the newest events while the window stays."""
+    whole, reused, same = [], 0, 0
+    for when in HOURS:
+        full = prompt_at(dataset, tokenizer, template, when, STABLE)
+        part = build_prompt(
+            "icu_mortality",
+            bounded(dataset.events(1), when, last, birth),
+            when,
+            tokenizer,
+            template,
+            BUDGET,
+            dataset.descriptions,
+            windowing=STABLE,
+        )
+        assert part.n_events_total < full.n_events_total
+        if birth and part.n_events_kept == full.n_events_kept:
+            assert part.text == full.text
+            assert "(earlier events omitted)" in part.record_text.splitlines()[1]
+            same += 1
+        whole.append(part)
+    for previous, current in itertools.pairwise(whole):
+        if current.text.startswith(previous.head + previous.record_text):
+            reused += 1
+    assert reused >= len(HOURS) // 2  # the window moves only every grid cell
+    assert same >= len(HOURS) // 2 if birth else same == 0
