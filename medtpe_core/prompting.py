@@ -8,11 +8,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
 
+import meds
+import numpy as np
+
 from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.chat_template import ChatTemplate
-from medtpe_core.meds import MedsEvent, SubjectEvents, to_naive_utc
+from medtpe_core.meds import MAX_EVENTS_PER_RECORD, MedsEvent, SubjectEvents, to_naive_utc
 from medtpe_core.render import BudgetTooSmallError, RenderedRecord, render_record
-from medtpe_core.tasks import Task, get_task
+from medtpe_core.tasks import Task, get_task, list_tasks
 from medtpe_core.tokenizer import MedTPETokenizer
 from medtpe_core.windowing import (
     SLIDING_WINDOW,
@@ -162,3 +165,54 @@ def build_prompt(
         record.n_events_total,
         record.n_events_kept,
     )
+
+
+_LATEST = datetime(9999, 12, 31, 23, 59, 59)
+
+
+def min_input_tokens(
+    base_tokenizer: BaseTokenizer,
+    chat_template: ChatTemplate,
+    tasks: Sequence[Task | str] | None = None,
+) -> int:
+    """The smallest `max_input_tokens` with which `build_prompt` holds every record for each
+    of `tasks` (default: every registered task): the longest prompt without events, stating a
+    prediction time, plus the lines a record cut to the budget always shows at their longest
+    (the age, the count of omitted events of a record of `MAX_EVENTS_PER_RECORD`)."""
+    shell = max(
+        build_prompt(task, [], _LATEST, base_tokenizer, chat_template, 2**31).n_tokens_original
+        for task in (tasks if tasks is not None else list_tasks())
+    )
+    return shell + _cut_record_tokens(base_tokenizer)
+
+
+def _cut_record_tokens(base_tokenizer: BaseTokenizer) -> int:
+    """The smallest record budget `render_record` holds the longest record in with all its
+    events left out: born in the year 1, scored in 9999, `MAX_EVENTS_PER_RECORD` events
+    omitted (searched from its text without the count of omitted events)."""
+    n = MAX_EVENTS_PER_RECORD
+    events = SubjectEvents.from_columns(
+        0,
+        np.full(n, np.datetime64("0001-01-01T00:00:00", "us")),
+        [meds.birth_code] * n,
+        np.full(n, np.nan),
+        [None] * n,
+    )
+
+    def fits(budget: int) -> bool:
+        try:
+            render_record(events, _NO_DESCRIPTIONS, _LATEST, base_tokenizer, budget)
+        except BudgetTooSmallError:
+            return False
+        return True
+
+    uncounted = render_record(
+        events, _NO_DESCRIPTIONS, _LATEST, base_tokenizer, window_start=_LATEST
+    )
+    low = high = uncounted.n_tokens or 1
+    while not fits(high):
+        low, high = high + 1, 2 * high
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if fits(middle) else (middle + 1, high)
+    return low

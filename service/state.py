@@ -8,6 +8,8 @@ import logging
 
 from inference.engine import Engine, EngineFactory, start_vllm
 from inference.model import LoadedModel, load_model
+from inference.predictor import Predictor
+from medtpe_core.prompting import min_input_tokens
 from service.errors import ApiError
 from service.limits import Admission
 from service.metrics import ServiceMetrics
@@ -54,6 +56,7 @@ class ServiceState:
         """Prepare the model files, start the engine, warm it up (runs in the background)."""
         try:
             self.model = await asyncio.to_thread(load_model, self.settings.model())
+            await asyncio.to_thread(require_input_budget, self.settings, self.model.predictor)
             self.engine = await asyncio.to_thread(self.engine_factory, self.model.engine_config)
             predictor = self.model.predictor
             await self.engine.warm_up(predictor.engine_ids(predictor.segment("Hello")))
@@ -91,3 +94,23 @@ class ServiceState:
         if self.engine is None:
             raise ApiError(503, "not_ready", "the engine has not started", {"Retry-After": "10"})
         return self.engine
+
+
+def require_input_budget(settings: ServiceSettings, predictor: Predictor) -> None:
+    """A ValueError naming `MEDTPE_MAX_INPUT_TOKENS` and its minimum when the input budget
+    cannot hold every task's prompt with any record (its requests would all fail)."""
+    minimum = min_input_tokens(predictor.tokenizer.base, predictor.chat_template)
+    budget = predictor.max_input_tokens
+    if budget >= minimum:
+        return
+    given = f"MEDTPE_MAX_INPUT_TOKENS={settings.max_input_tokens}"
+    if budget < settings.max_input_tokens:
+        given += (
+            f" leaves {budget} prompt tokens in the model's context once "
+            f"MEDTPE_MAX_NEW_TOKENS={settings.max_new_tokens} answer tokens fit, which"
+        )
+    raise ValueError(
+        f"{given} is below the {minimum} tokens the longest task prompt needs with no event "
+        f"shown (instruction, question, chat template, age and omitted-events lines): set "
+        f"MEDTPE_MAX_INPUT_TOKENS to at least {minimum}"
+    )
