@@ -1,0 +1,91 @@
+"""Input that once passed silently or answered 500, through the HTTP layer (in-process app on an
+engine that answers at once): a time in the year 0 and several subjects are 422s naming the
+field; an input budget below the prompt's fixed part fails the start naming the setting, and at
+that minimum every request is answered."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from service_support import SERVICE_API_KEY, instant_client, instant_settings, synthetic_events
+from starlette.testclient import TestClient
+
+from medtpe_core.base_tokenizer import BaseTokenizer
+from medtpe_core.chat_template import ChatTemplate
+from medtpe_core.paths import default_model_dir
+from medtpe_core.prompting import min_input_tokens
+
+pytestmark = [pytest.mark.timeout(600)]
+AUTH = {"Authorization": f"Bearer {SERVICE_API_KEY}"}
+
+
+def post(client: TestClient, path: str, body: dict) -> dict:
+    response = client.post(path, json=body, headers=AUTH)
+    return {"status": response.status_code, **response.json()}
+
+
+def year_zero_record() -> dict:
+    events = synthetic_events(4, 3)
+    events.append({"subject_id": 4, "time": "0000-01-01T00:00:00", "code": "X"})
+    return {"task": "icu_mortality", "events": events}
+
+
+def two_subject_record() -> dict:
+    events = [*synthetic_events(4, 3), {"subject_id": 5, "time": None, "code": "X"}]
+    return {"task": "icu_mortality", "events": events}
+
+
+@pytest.mark.parametrize(
+    ("record", "field", "type_"),
+    [
+        (year_zero_record, ["events", 6, "time"], "datetime_parsing"),
+        (two_subject_record, ["events", 6, "subject_id"], "several_subjects"),
+    ],
+    ids=["year-0", "two-subjects"],
+)
+def test_bad_events_are_422_at_their_field(instant_api: TestClient, record, field, type_) -> None:
+    for path, body, loc in [
+        ("/predict", record(), ["body", *field]),
+        ("/tokenize", record(), ["body", *field]),
+        ("/predict/batch", {"records": [record(), record()]}, None),
+    ]:
+        out = post(instant_api, path, body)
+        assert out["status"] == 422, (path, out)
+        assert out["error"] == "invalid_request"
+        locs = [(item["loc"], item["type"]) for item in out["detail"]]
+        if loc is None:  # each record of the batch is located
+            loc = ["body", "records", 0, *field]
+            assert (["body", "records", 1, *field], type_) in locs
+        assert (loc, type_) in locs, (path, locs)
+
+
+@pytest.fixture(scope="module")
+def minimum() -> int:
+    model_dir = default_model_dir()
+    return min_input_tokens(BaseTokenizer.load(model_dir), ChatTemplate.from_model_dir(model_dir))
+
+
+def test_a_budget_below_the_prompt_fails_the_start(
+    service_files: tuple[Path, Path], minimum: int
+) -> None:
+    settings = instant_settings(service_files, max_input_tokens=minimum - 1)
+    with pytest.raises(RuntimeError) as failed, instant_client(settings):
+        pass
+    readiness = str(failed.value)
+    assert "'status': 'failed'" in readiness
+    assert f"MEDTPE_MAX_INPUT_TOKENS={minimum - 1} is below the {minimum} tokens" in readiness
+    assert f"at least {minimum}" in readiness
+
+
+def test_every_request_is_answered_at_the_minimum_budget(
+    service_files: tuple[Path, Path], minimum: int
+) -> None:
+    settings = instant_settings(service_files, max_input_tokens=minimum)
+    with instant_client(settings) as client:
+        for task in ("phenotyping", "icu_mortality"):
+            record = {"task": task, "events": synthetic_events(9, 2000)}
+            predicted = post(client, "/predict", record)
+            assert predicted["status"] == 200, predicted
+            assert predicted["tokens"]["original"] <= minimum
+            assert post(client, "/tokenize", record)["status"] == 200
