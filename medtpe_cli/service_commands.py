@@ -20,13 +20,17 @@ def serve(host: str | None, port: int | None) -> None:
     import logging
 
     import uvicorn
+    from pydantic import ValidationError
 
     from service.api_processes import LOG_FORMAT, serve_api_processes
     from service.app import create_app
     from service.settings import ServiceSettings
 
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
-    settings = ServiceSettings(**overrides)
+    try:
+        settings = ServiceSettings(**overrides)
+    except ValidationError as exc:  # a start-up error naming the setting, without a traceback
+        raise click.ClickException(f"invalid settings: {exc}") from exc
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     if settings.api_workers > 1:
         serve_api_processes(settings)

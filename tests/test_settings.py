@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -103,3 +105,19 @@ def test_every_medtpe_variable_the_repository_names_is_known() -> None:
     assert "MEDTPE_CACHE_DIR" in found and "MEDTPE_API_WORKERS" in found
     unknown = {name: where for name, where in found.items() if name not in known_variables()}
     assert not unknown
+
+
+def test_medtpe_serve_stops_on_a_misspelt_setting(clean_environment: pytest.MonkeyPatch) -> None:
+    env = {n: v for n, v in os.environ.items() if not n.upper().startswith("MEDTPE_")}
+    medtpe = Path(sys.executable).with_name("medtpe")
+    out = subprocess.run(
+        [str(medtpe), "serve"],
+        env={**env, "MEDTPE_MAX_INPUT_TOKEN": "512"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr
+    assert "Error: invalid settings" in out.stderr
+    assert "did you mean MEDTPE_MAX_INPUT_TOKENS?" in out.stderr
