@@ -25,6 +25,7 @@ _COMMAND_MODULES = (
     "medtpe_cli.training_commands",
     "medtpe_cli.service_commands",
     "medtpe_cli.evaluation_commands",
+    "medtpe_cli.predict_commands",
 )
 
 DISTRIBUTION = "medtpe"
