@@ -7,6 +7,7 @@ incremental detokenizer; vLLM's registry picks it by mode and by detection."""
 from __future__ import annotations
 
 import copy
+import itertools
 import pickle
 import shutil
 from pathlib import Path
@@ -95,7 +96,7 @@ def test_offsets_cover_the_text(tok: Any) -> None:
     spans = encoding["offset_mapping"]
     assert len(spans) == len(encoding["input_ids"])
     assert spans[0][0] == 0 and spans[-1][1] == len(text)
-    for (start, end), (next_start, _) in zip(spans, spans[1:], strict=False):
+    for (start, end), (next_start, _) in itertools.pairwise(spans):
         assert start <= end and next_start >= start and next_start <= end
     # tokens that hold whole characters span exactly their text
     for token_id, (start, end) in zip(encoding["input_ids"], spans, strict=True):
@@ -176,5 +177,5 @@ def test_registry_picks_medtpe_by_mode_and_by_detection(medtpe_dir: Path, tmp_pa
     stock = get_tokenizer(str(plain))
     assert not isinstance(stock, MedTPEEncoding)
     assert stock.encode(CLINICAL) == CachedHfTokenizer.from_pretrained(plain).encode(CLINICAL)
-    with pytest.raises(FileNotFoundError, match="medtpe.json"):
+    with pytest.raises(FileNotFoundError, match=r"medtpe\.json"):
         get_tokenizer(str(plain), tokenizer_mode="medtpe")
