@@ -5,10 +5,20 @@ that minimum every request is answered."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from service_support import SERVICE_API_KEY, instant_client, instant_settings, synthetic_events
+from service_support import (
+    SERVICE_API_KEY,
+    free_port,
+    instant_client,
+    instant_settings,
+    service_env,
+    synthetic_events,
+)
 from starlette.testclient import TestClient
 
 from medtpe_core.base_tokenizer import BaseTokenizer
@@ -76,6 +86,29 @@ def test_a_budget_below_the_prompt_fails_the_start(
     assert "'status': 'failed'" in readiness
     assert f"MEDTPE_MAX_INPUT_TOKENS={minimum - 1} is below the {minimum} tokens" in readiness
     assert f"at least {minimum}" in readiness
+
+
+def test_the_api_processes_supervisor_stops_on_a_budget_below_the_prompt(
+    service_files: tuple[Path, Path], minimum: int
+) -> None:
+    """With several API processes the check runs before the shared engine starts."""
+    env = service_env(
+        service_files,
+        MEDTPE_API_WORKERS="2",
+        MEDTPE_MAX_INPUT_TOKENS=str(minimum - 1),
+        MEDTPE_PORT=str(free_port()),
+    )
+    medtpe = Path(sys.executable).with_name("medtpe")
+    out = subprocess.run(
+        [str(medtpe), "serve", "--host", "127.0.0.1"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode != 0
+    assert f"MEDTPE_MAX_INPUT_TOKENS={minimum - 1} is below the {minimum} tokens" in out.stderr
+    assert "EngineCore" not in out.stderr
 
 
 def test_every_request_is_answered_at_the_minimum_budget(
