@@ -136,14 +136,14 @@ class ServiceSettings(BaseSettings):
     @field_validator("api_keys", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
-        """Accept `a,b,c` from the environment; separators without a key are refused (they
-        would turn authentication off)."""
+        """Accept `a,b,c` from the environment; separators or blanks without a key are refused
+        (they would turn authentication off)."""
         if isinstance(value, str):
             keys = [key.strip() for key in value.split(",") if key.strip()]
-            if value.strip() and not keys:
+            if value and not keys:
                 raise ValueError(
-                    f"{API_KEYS_ENV}={value!r} holds separators but no key; leave it empty "
-                    "or unset to turn authentication off"
+                    f"{API_KEYS_ENV}={value!r} holds separators or blanks but no key; leave "
+                    "it empty or unset to turn authentication off"
                 )
             return keys
         return value

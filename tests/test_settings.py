@@ -24,12 +24,14 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     return monkeypatch
 
 
-@pytest.mark.parametrize("value", [",", " , ", ",,", " ,\t, "])
+@pytest.mark.parametrize("value", [",", " , ", ",,", " ,\t, ", "  "])
 def test_api_keys_of_separators_only_are_refused(
     clean_environment: pytest.MonkeyPatch, value: str
 ) -> None:
     clean_environment.setenv("MEDTPE_API_KEYS", value)
-    with pytest.raises(ValidationError, match=r"MEDTPE_API_KEYS=.* holds separators but no key"):
+    with pytest.raises(
+        ValidationError, match=r"MEDTPE_API_KEYS=.* holds separators or blanks but no key"
+    ):
         ServiceSettings()
 
 
