@@ -207,8 +207,9 @@ def plan_shards(job: Job) -> list[ShardPlan]:
                 by_subject.setdefault(row.subject_id, []).append(request)
         for shard in shards:
             requests = [r for s in _shard_subjects(shard) for r in by_subject.pop(s, [])]
+            requests.sort(key=lambda r: r.record)
             plans.append(ShardPlan(shard_name(job.meds_dir, shard), shard, tuple(requests)))
-        orphans = [r for rs in by_subject.values() for r in rs]
+        orphans = sorted((r for rs in by_subject.values() for r in rs), key=lambda r: r.record)
         if orphans:
             plans.append(ShardPlan("_no_events", None, tuple(orphans)))
     else:

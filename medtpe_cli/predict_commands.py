@@ -1,6 +1,10 @@
 """`medtpe predict`: the batch job scoring a whole MEDS dataset into meds-evaluation predictions,
 in this process (`evaluation.batch`) or on a Ray cluster (`--ray`, `evaluation.ray_batch`).
 
+The model settings default to the service's and read the same `MEDTPE_*` variables (budget, answer
+length, KV cache, concurrency, eager engine), so a MEDS-DEV run, which passes only directories,
+is configured from its environment.
+
 The engine (vLLM, torch) and Ray are imported inside the command, so loading the CLI stays light.
 """
 
@@ -85,10 +89,19 @@ def _prediction_time(value: str) -> datetime | None:
     type=click.IntRange(min=1),
     default=8192,
     show_default=True,
+    envvar="MEDTPE_MAX_INPUT_TOKENS",
+    show_envvar=True,
     help="Input budget in ORIGINAL tokenizer tokens (the service's default); shrunk to the "
     "model's context minus --max-new-tokens.",
 )
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option(
+    "--max-new-tokens",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    envvar="MEDTPE_MAX_NEW_TOKENS",
+    show_envvar=True,
+)
 @click.option("--n-samples", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option(
     "--temperature",
@@ -101,7 +114,9 @@ def _prediction_time(value: str) -> datetime | None:
     type=click.IntRange(min=1),
     default=16,
     show_default=True,
-    help="Records in flight to one engine (the service's MEDTPE_MAX_CONCURRENCY default).",
+    envvar="MEDTPE_MAX_CONCURRENCY",
+    show_envvar=True,
+    help="Records in flight to one engine (the service's default).",
 )
 @click.option("--model", "model_dir", type=click.Path(path_type=Path), default=None)
 @click.option("--artefact", "artefact_dir", type=click.Path(path_type=Path), default=None)
@@ -111,11 +126,20 @@ def _prediction_time(value: str) -> datetime | None:
     default=None,
     help="Exported MedTPE checkpoint (written from --model and --artefact when missing or stale).",
 )
-@click.option("--kv-cache-gib", type=click.FloatRange(min=0.1), default=4.0, show_default=True)
+@click.option(
+    "--kv-cache-gib",
+    type=click.FloatRange(min=0.1),
+    default=4.0,
+    show_default=True,
+    envvar="MEDTPE_KV_CACHE_GIB",
+    show_envvar=True,
+)
 @click.option(
     "--enforce-eager/--compile",
     default=False,
     show_default=True,
+    envvar="MEDTPE_ENFORCE_EAGER",
+    show_envvar=True,
     help="Skip torch.compile: the engine starts sooner, decodes slower.",
 )
 @click.option("--seed", type=int, default=0, show_default=True)

@@ -1,5 +1,6 @@
 """The MEDS-DEV `model.yaml`: a predict step only, whose command, formatted the way MEDS-DEV
-formats it, is a valid `medtpe evaluate` invocation writing `{output_dir}/predictions.parquet`."""
+formats it, is a valid `medtpe predict` invocation writing its predictions into `{output_dir}`,
+with the metadata MEDS-DEV's model registry requires."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from medtpe_cli.evaluation_commands import evaluate
+from medtpe_cli.predict_commands import predict
 
 MODEL_YAML = Path(__file__).resolve().parents[1] / "meds_dev" / "model.yaml"
 FORMAT = {
@@ -26,18 +27,27 @@ def test_only_the_supervised_predict_step() -> None:
     assert commands["unsupervised"] is None
     supervised = commands["supervised"]
     assert supervised["train"] is None and supervised["hyperparameter_tune"] is None
-    assert supervised["predict"].startswith("medtpe evaluate")
+    assert supervised["predict"].startswith("medtpe predict")
 
 
-def test_predict_command_parses_as_medtpe_evaluate(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_metadata_as_meds_dev_requires() -> None:
+    metadata = yaml.safe_load(MODEL_YAML.read_text())["metadata"]
+    assert isinstance(metadata["description"], str) and metadata["description"]
+    assert isinstance(metadata["links"], list)
+    assert metadata["contacts"] and all(c.get("name") for c in metadata["contacts"])
+
+
+def test_predict_command_parses_as_medtpe_predict(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MEDTPE_TASK", "icu_mortality")
-    predict = yaml.safe_load(MODEL_YAML.read_text())["commands"]["supervised"]["predict"]
-    argv = shlex.split(predict.format(**FORMAT))
-    assert argv[:2] == ["medtpe", "evaluate"]
+    predict_step = yaml.safe_load(MODEL_YAML.read_text())["commands"]["supervised"]["predict"]
+    argv = shlex.split(predict_step.format(**FORMAT))
+    assert argv[:2] == ["medtpe", "predict"]
     # parse only: resilient parsing does not check that the paths exist
-    context = evaluate.make_context("evaluate", argv[2:], resilient_parsing=True)
+    context = predict.make_context("predict", argv[2:], resilient_parsing=True)
     params = context.params
-    assert params["task_name"] == "icu_mortality"
-    assert str(params["predictions_out"]) == "/runs/medtpe/predictions.parquet"
+    assert params["task_name"] == "icu_mortality"  # MEDS-DEV passes no task: the environment does
+    labels = argv.index("--labels")  # (not converted here: resilient parsing checks no path)
+    assert argv[labels + 1] == "/data/labels/mortality"
+    assert str(params["out_dir"]) == "/runs/medtpe"
     assert params["mode"] == "medtpe" and params["split"] == "held_out"
     assert params["constrained"] is True
