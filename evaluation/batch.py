@@ -91,6 +91,9 @@ class Job:
     """Without labels: score every subject at each of these times."""
     split: str | None = None
     """Only the subjects of this split of `metadata/subject_splits.parquet` (None: all)."""
+    partition: tuple[int, int] | None = None
+    """(i, n): only the data shards whose position is i modulo n, so n independent jobs (a Slurm
+    array, joblib) share the shards of one `--out`; label rows without events go with i = 0."""
     limit: int | None = None
     n_samples: int = 1
     temperature: float = 0.0
@@ -197,6 +200,8 @@ def plan_shards(job: Job) -> list[ShardPlan]:
         return not splits or splits.get(subject) == job.split
 
     shards = data_shards(job.meds_dir)
+    part, parts = job.partition or (0, 1)
+    mine = [shard for k, shard in enumerate(shards) if k % parts == part]
     plans: list[ShardPlan] = []
     if job.labels is not None:
         by_subject: dict[int, list[Request]] = {}
@@ -207,21 +212,24 @@ def plan_shards(job: Job) -> list[ShardPlan]:
                 by_subject.setdefault(row.subject_id, []).append(request)
         for shard in shards:
             requests = [r for s in _shard_subjects(shard) for r in by_subject.pop(s, [])]
+            if shard not in mine:
+                continue
             requests.sort(key=lambda r: r.record)
             plans.append(ShardPlan(shard_name(job.meds_dir, shard), shard, tuple(requests)))
         orphans = sorted((r for rs in by_subject.values() for r in rs), key=lambda r: r.record)
-        if orphans:
+        if orphans and part == 0:
             plans.append(ShardPlan("_no_events", None, tuple(orphans)))
     else:
-        index = 0
+        record = 0
         for shard in shards:
             requests = []
             for subject in sorted(_shard_subjects(shard)):
                 if wanted(subject):
                     for when in job.times:
-                        requests.append(Request(index, subject, when))
-                        index += 1
-            plans.append(ShardPlan(shard_name(job.meds_dir, shard), shard, tuple(requests)))
+                        requests.append(Request(record, subject, when))
+                        record += 1
+            if shard in mine:
+                plans.append(ShardPlan(shard_name(job.meds_dir, shard), shard, tuple(requests)))
     return _limited(plans, job.limit)
 
 
@@ -428,8 +436,11 @@ def summarise(out_dir: Path, run: dict[str, Any]) -> dict[str, Any]:
         else None,
         "this_run": run,
     }
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    (Path(out_dir) / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    path = Path(out_dir) / SUMMARY_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # jobs of a partition may race
+    tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
     return summary
 
 
@@ -441,6 +452,7 @@ def job_settings(job: Job, model: LoadedModel) -> dict[str, Any]:
         "labels": None if job.labels is None else str(job.labels),
         "times": None if job.labels is not None else [str(t or "last") for t in job.times],
         "split": job.split,
+        "partition": None if job.partition is None else "/".join(map(str, job.partition)),
         "limit": job.limit,
         "max_input_tokens": model.predictor.max_input_tokens,
         "max_new_tokens": job.max_new_tokens,

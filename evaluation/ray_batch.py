@@ -77,6 +77,7 @@ class RayResources:
     engines: int = 1
     cpu_workers: int = 1
     engine_cpus: float = 1.0
+    engine_gpus: float = 0.0
 
 
 class PrepareShard:
@@ -171,6 +172,7 @@ def run_ray(
         "engines": resources.engines,
         "cpu_workers": resources.cpu_workers,
         "engine_cpus": resources.engine_cpus,
+        "engine_gpus": resources.engine_gpus,
     }
     return summarise(out_dir, {**run, **job_settings(job, model)})
 
@@ -200,6 +202,7 @@ def _run_pipeline(
             batch_format="numpy",
             concurrency=resources.engines,
             num_cpus=resources.engine_cpus,
+            num_gpus=resources.engine_gpus,
         )
         .repartition(len(plans), keys=[SHARD])
         .map_batches(_sorted, batch_size=None, batch_format="pyarrow")

@@ -36,6 +36,15 @@ def _prediction_time(value: str) -> datetime | None:
         ) from exc
 
 
+def _partition(value: str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    index, _, count = value.partition("/")
+    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+        raise click.BadParameter(f"{value!r} is not I/N with 0 <= I < N", param_hint="--partition")
+    return int(index), int(count)
+
+
 @click.command("predict")
 @click.option("--meds", "meds_dir", required=True, type=click.Path(exists=True, path_type=Path))
 @click.option(
@@ -75,6 +84,13 @@ def _prediction_time(value: str) -> datetime | None:
     "dataset has none).",
 )
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="First N records.")
+@click.option(
+    "--partition",
+    default=None,
+    metavar="I/N",
+    help="Only the data shards at positions I modulo N (0 <= I < N): N independent jobs (a "
+    "Slurm array, joblib) sharing the shards of one --out.",
+)
 @click.option(
     "--mode", type=click.Choice(["medtpe", "original"]), default="medtpe", show_default=True
 )
@@ -173,6 +189,13 @@ def _prediction_time(value: str) -> datetime | None:
     help="With --ray: CPUs Ray reserves for each generation actor.",
 )
 @click.option(
+    "--engine-gpus",
+    type=click.FloatRange(min=0.0),
+    default=0.0,
+    show_default=True,
+    help="With --ray: GPUs Ray reserves for each generation actor (1 on a GPU cluster).",
+)
+@click.option(
     "--ray-cpus",
     type=click.IntRange(min=1),
     default=None,
@@ -186,6 +209,7 @@ def predict(
     out_dir: Path,
     split: str,
     limit: int | None,
+    partition: str | None,
     mode: str,
     constrained: bool,
     max_input_tokens: int,
@@ -203,6 +227,7 @@ def predict(
     engines: int,
     cpu_workers: int,
     engine_cpus: float,
+    engine_gpus: float,
     ray_cpus: int | None,
 ) -> None:
     """Score every record of a MEDS dataset into meds-evaluation predictions, shard by shard
@@ -223,6 +248,7 @@ def predict(
         labels=labels_path,
         times=tuple(_prediction_time(t) for t in times) or (None,),
         split=split if has_splits and split != ALL_SPLITS else None,
+        partition=_partition(partition),
         limit=limit,
         n_samples=n_samples,
         temperature=temperature if temperature is not None else (0.0 if n_samples == 1 else 0.7),
@@ -256,6 +282,7 @@ def predict(
             engines=engines,
             cpu_workers=cpu_workers,
             engine_cpus=engine_cpus,
+            engine_gpus=engine_gpus,
         )
         summary = run_ray(config, job, out_dir, resources)
     run = summary["this_run"]

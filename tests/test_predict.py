@@ -186,6 +186,7 @@ def test_times_without_labels(service_files: tuple[Path, Path], meds: Path, tmp_
         ([], "either --labels FILE or --times"),
         (["--times", "last", "--labels", "LABELS"], "either --labels FILE or --times"),
         (["--times", "yesterday"], "'yesterday' is neither 'last' nor an ISO date-time"),
+        (["--times", "last", "--partition", "2/2"], "'2/2' is not I/N with 0 <= I < N"),
     ],
 )
 def test_cli_rejects_bad_record_selection(
@@ -197,3 +198,23 @@ def test_cli_rejects_bad_record_selection(
     result = CliRunner().invoke(predict, argv)
     assert result.exit_code == 2 and message in result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_partitions_share_one_out(
+    service_files: tuple[Path, Path], meds: Path, tmp_path: Path
+) -> None:
+    config = engine_test_config(service_files, meds, max_new_tokens=8)
+
+    def factory(config: EngineConfig) -> InstantEngine:
+        return InstantEngine(config.model_dir, config.max_model_len or 8192)
+
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    run_local(config, _job(meds), whole, engine_factory=factory)
+    first = run_local(config, _job(meds, partition=(0, 2)), parts, engine_factory=factory)
+    assert first["this_run"]["shards_written"] == 2  # train/0 and the subject without events
+    second = run_local(config, _job(meds, partition=(1, 2)), parts, engine_factory=factory)
+    assert second["this_run"]["shards_written"] == 1 and second["records"] == 5
+    names = sorted(p.relative_to(whole) for p in whole.rglob("*.parquet"))
+    assert names == sorted(p.relative_to(parts) for p in parts.rglob("*.parquet"))
+    for name in names:
+        assert pq.read_table(whole / name).equals(pq.read_table(parts / name))
