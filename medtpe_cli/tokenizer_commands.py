@@ -80,7 +80,14 @@ def build_tokenizer(
             if ray_address is not None:
                 check_ray_installed("--ray")
             tok = build_tokenizer_from_meds(
-                base_path, spec, budget, max_n, method, protected, workers, ray_address=ray_address
+                base_path,
+                spec,
+                budget,
+                max_n,
+                method,
+                protected,
+                workers=workers,
+                ray_address=ray_address,
             )
         except RayUnavailableError as exc:
             raise click.UsageError(str(exc)) from exc

@@ -5,10 +5,12 @@ the optional `medtpe[ray]` extra and is imported only here and in the Ray backen
 from __future__ import annotations
 
 import importlib.util
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 LOCAL = "local"  # `--ray` without an address: start a local cluster on this machine
+_CONNECT_TIMEOUT_S = 10  # Ray itself retries an unreachable address for minutes
 
 
 class RayUnavailableError(RuntimeError):
@@ -21,6 +23,17 @@ def check_ray_installed(setting: str) -> None:
         raise RayUnavailableError(f"{setting} needs Ray: pip install 'medtpe[ray]'")
 
 
+def _check_reachable(address: str) -> None:
+    """Fail fast, naming `address`, when nothing listens at a HOST:PORT or ray://HOST:PORT."""
+    if address in (LOCAL, "auto"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), _CONNECT_TIMEOUT_S).close()
+    except (OSError, ValueError) as exc:
+        raise RayUnavailableError(f"--ray {address}: cannot connect to Ray ({exc})") from exc
+
+
 @contextmanager
 def ray_session(address: str) -> Iterator[None]:
     """Connected to Ray for the block: reuses a session this process already has, else starts
@@ -31,6 +44,7 @@ def ray_session(address: str) -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
+    _check_reachable(address)
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     except (ConnectionError, ValueError) as exc:

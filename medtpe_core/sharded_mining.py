@@ -14,7 +14,7 @@ import os
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache, partial
 from pathlib import Path
 
@@ -40,6 +40,14 @@ class MiningJob:
     max_n: int
     keep_records: bool = False
     sample_tokens: int = SAMPLE_TOKENS
+
+    def resolved(self) -> MiningJob:
+        """This job with absolute paths (workers of a cluster need not share the driver's
+        working directory)."""
+        spec = self.spec
+        labels = spec.labels.resolve() if spec.labels is not None else None
+        spec = replace(spec, meds_dir=spec.meds_dir.resolve(), labels=labels)
+        return replace(self, spec=spec, tokenizer_file=self.tokenizer_file.resolve())
 
 
 @dataclass
@@ -131,6 +139,8 @@ def count_meds_corpus(
     """Counts of the whole corpus and the kept records (the sample, or all with
     `keep_records`), mined shard by shard with `workers` processes, or on the Ray cluster at
     `ray_address` ("local": a new local cluster)."""
+    if ray_address is not None:
+        job = job.resolved()
     shards = data_shards(job.spec.meds_dir)
     total: ShardCounts | None = None
     bar = tqdm(total=len(shards), desc="Mining shards", unit="shard", disable=not progress)
