@@ -36,22 +36,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
-from bench_tokenizer_data import MEDS_DIR, icu_split, smollm2_tokenizer
+from bench_tokenizer_data import icu_split, rotation, smollm2_tokenizer, write_shards
 
 from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.build import build_tokenizer, build_tokenizer_from_meds
 from medtpe_core.corpus import CorpusSpec
 from medtpe_core.paths import cache_dir
-
-SUBJECT_OFFSET = 10**8  # shard k's subjects are the demo's ids + k * SUBJECT_OFFSET
-
-
-def rotation(k: int) -> dict[int, int]:
-    """The digit rotation of repetition `k` (0 leaves the digits unchanged)."""
-    return str.maketrans("0123456789", "".join(str((d + k) % 10) for d in range(10)))
 
 
 def stream(texts: list[str], passes: int) -> Iterator[str]:
@@ -60,29 +50,6 @@ def stream(texts: list[str], passes: int) -> Iterator[str]:
         table = rotation(k)
         for text in texts:
             yield text.translate(table) if k else text
-
-
-def write_shards(out: Path, n_shards: int) -> Path:
-    """A MEDS dataset of `n_shards` data shards, shard k = the demo's events with subject ids
-    moved by k * SUBJECT_OFFSET and the digits of every numeric value rotated by k."""
-    events = pq.read_table(MEDS_DIR / "data" / "events.parquet")
-    (out / "data").mkdir(parents=True, exist_ok=True)
-    (out / "metadata").mkdir(exist_ok=True)
-    codes = out / "metadata" / "codes.parquet"
-    if not codes.exists():
-        codes.symlink_to(MEDS_DIR / "metadata" / "codes.parquet")
-    values = events.column("numeric_value").to_pylist()
-    for k in range(n_shards):
-        path = out / "data" / f"shard_{k:04d}.parquet"
-        if path.exists():
-            continue
-        table = rotation(k)
-        rotated = [None if v is None else float(repr(v).translate(table)) for v in values]
-        shard = events.set_column(
-            0, "subject_id", pc.add(events.column("subject_id"), k * SUBJECT_OFFSET)
-        ).set_column(3, "numeric_value", pa.array(rotated, pa.float32()))
-        pq.write_table(shard, path)
-    return out
 
 
 def peak_rss_mib(who: int) -> float:
