@@ -6,7 +6,6 @@ and the benchmarks.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from pathlib import Path
 
 from inference.engine import EngineConfig, EngineOptions
 from inference.predictor import Mode, Predictor
+from medtpe_core.bundle import ArtefactBundle, content_digest, unvalidated_budget_message
 from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.meds_readers import read_code_descriptions
 from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
@@ -24,7 +24,6 @@ logger = logging.getLogger(__name__)
 
 EXPORT_STAMP = ".medtpe-source"
 """File in an export directory naming the digest of the artefact it was exported from."""
-_ARTEFACT_FILES = ("medtpe.json", "embeddings.safetensors")
 
 
 @dataclass(frozen=True)
@@ -64,6 +63,15 @@ class LoadedModel:
     identity: ModelIdentity
     engine_config: EngineConfig
     predictor: Predictor
+    bundle: ArtefactBundle
+    """The MedTPE artefact, with the input budgets its fidelity gate passed at."""
+
+    def unvalidated_budget(self) -> str | None:
+        """Why this model's input budget is untested for MedTPE (None: validated, or the
+        `original` mode, which does not use the artefact's rows)."""
+        if self.identity.mode != "medtpe":
+            return None
+        return unvalidated_budget_message(self.bundle, self.predictor.max_input_tokens)
 
 
 def ensure_base_model(model_dir: Path) -> Path:
@@ -77,18 +85,9 @@ def ensure_base_model(model_dir: Path) -> Path:
     return Path(model_dir)
 
 
-def artefact_digest(artefact_dir: Path) -> str:
-    """sha256 over the artefact's merge table and trained rows."""
-    digest = hashlib.sha256()
-    for name in _ARTEFACT_FILES:
-        digest.update(name.encode())
-        digest.update((Path(artefact_dir) / name).read_bytes())
-    return digest.hexdigest()
-
-
 def ensure_export(model_dir: Path, artefact_dir: Path, export_dir: Path) -> Path:
     """The exported checkpoint of this base and artefact, exported now if missing or stale."""
-    digest = artefact_digest(artefact_dir)
+    digest = content_digest(artefact_dir)
     stamp = Path(export_dir) / EXPORT_STAMP
     if stamp.is_file() and stamp.read_text().strip() == digest:
         return Path(export_dir)
@@ -118,6 +117,7 @@ def input_budget(config: ModelConfig, checkpoint: Path) -> int:
 def load_model(config: ModelConfig) -> LoadedModel:
     """Prepare and load the model files of `config` (blocking: minutes on a first start)."""
     base_dir = ensure_base_model(config.model_dir)
+    bundle = ArtefactBundle.from_pretrained(config.artefact_dir)
     tokenizer = MedTPETokenizer.load(config.artefact_dir, base=base_dir)
     if config.mode == "medtpe":
         checkpoint = ensure_export(base_dir, config.artefact_dir, config.export_dir)
@@ -139,4 +139,5 @@ def load_model(config: ModelConfig) -> LoadedModel:
         artefact_id=tokenizer.artefact_id,
         base_fingerprint=tokenizer.fingerprint,
     )
-    return LoadedModel(identity, engine_config, predictor)
+    predictor.stop_ids  # noqa: B018 - the stop rule's ids, computed once here, not in a request
+    return LoadedModel(identity, engine_config, predictor, bundle)

@@ -6,6 +6,7 @@ engine (e.g. an offline runner) gets the very same prompt, ids and answer parsin
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import time
@@ -150,6 +151,13 @@ class Predictor:
         self.descriptions = dict(descriptions or {})
         self.windowing = windowing
 
+    def at_budget(self, max_input_tokens: int) -> Predictor:
+        """This predictor with another input budget (never above its own, which fits the
+        engine's context)."""
+        other = copy.copy(self)
+        other.max_input_tokens = min(max_input_tokens, self.max_input_tokens)
+        return other
+
     def segment(self, text: str) -> Segmentation:
         """Plain `text` under the base and the MedTPE tokenizer (lossless MedTPE ids); one base
         pass serves both unless the text needs the byte fallback."""
@@ -213,10 +221,8 @@ class Predictor:
         """The stop rule in this mode's vocabulary: every id whose text closes an answer object
         (computed once per predictor)."""
         if self.mode == "medtpe":
-            ids = range(self.tokenizer.vocab_size)
-            return answer_end_ids(zip(ids, self.tokenizer.tokens(ids), strict=True))
-        ids = range(self.tokenizer.base.vocab_size)
-        return answer_end_ids(zip(ids, self.tokenizer.base.tokens(ids), strict=True))
+            return answer_end_ids(self.tokenizer.tokens, self.tokenizer.vocab_size)
+        return answer_end_ids(self.tokenizer.base.tokens, self.tokenizer.base.vocab_size)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of generated ids, with the tokenizer of this mode."""

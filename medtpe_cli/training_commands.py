@@ -219,6 +219,33 @@ def extend_vocab(source: Path, out: Path, base: Path | None) -> None:
 @click.option("--max-steps", type=click.IntRange(1), default=None, help="SSFT steps cap [90].")
 @click.option("--n-train", type=click.IntRange(1), default=None, help="SSFT prompts [368].")
 @click.option("--n-val", type=click.IntRange(1), default=None, help="Held-out prompts [40].")
+@click.option(
+    "--serving-budget",
+    "serving_budgets",
+    multiple=True,
+    type=click.IntRange(1),
+    help="Input budget the artefact will serve and is validated at by the fidelity gate; "
+    "repeat for several [8192].",
+)
+@click.option(
+    "--length-mix",
+    multiple=True,
+    type=click.IntRange(1),
+    help="Input budget of the SSFT windows, repeat for a mix cycled over them; the largest must "
+    "reach the serving budget [--max-input-tokens alone].",
+)
+@click.option(
+    "--min-same-answer",
+    type=click.FloatRange(0, 1),
+    default=None,
+    help="Fidelity gate: least share of held-out windows answered as the original model [0.95].",
+)
+@click.option(
+    "--max-delta-p-mean",
+    type=click.FloatRange(0),
+    default=None,
+    help="Fidelity gate: largest mean |Δp| of the answer options [0.05].",
+)
 @_dir_option("--out", "Artefact directory to write (a build state lives in <out>/.build).")
 @click.option(
     "--device",
@@ -242,14 +269,16 @@ def build_artefact(
     **overrides: object,
 ) -> None:
     """Build a MedTPE artefact end to end: render, mine, pseudo-label, SSFT, pick, measure,
-    write (resumable: re-run the same command after an interruption)."""
+    gate, write (resumable: re-run the same command after an interruption). A build whose
+    MedTPE model fails the fidelity gate at a serving budget exits non-zero and writes nothing
+    into --out."""
     from medtpe_core.chat_template import ChatTemplateError
     from medtpe_core.meds_readers import MedsFormatError
     from medtpe_core.ray_cluster import RayUnavailableError, check_ray_installed
     from medtpe_core.render import BudgetTooSmallError
     from medtpe_core.tasks import UnknownTaskError, get_task
     from training.base_model import BaseModelError
-    from training.build_artefact import ArtefactBuild, BuildStateError
+    from training.build_artefact import ArtefactBuild, BuildStateError, FidelityGateError
     from training.build_config import BuildConfigError, build_config
     from training.build_report import summary_lines
 
@@ -270,7 +299,13 @@ def build_artefact(
         raise click.UsageError(str(exc)) from exc
     try:
         report = build.run()
-    except (MedsFormatError, ChatTemplateError, BudgetTooSmallError, RayUnavailableError) as exc:
+    except (
+        MedsFormatError,
+        ChatTemplateError,
+        BudgetTooSmallError,
+        RayUnavailableError,
+        FidelityGateError,
+    ) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo("\n".join(summary_lines(report)))
 

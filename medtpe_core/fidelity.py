@@ -188,7 +188,7 @@ class Thresholds:
         failures = []
         same = report["same_answer"]["value"]
         if same is None or same < self.min_same_answer:
-            failures.append(f"same answer {same} < {self.min_same_answer}")
+            failures.append(f"same answer {same or 0.0:.3f} < {self.min_same_answer}")
         delta = report["delta_p_mean"]["value"]
         if delta is not None and delta > self.max_delta_p_mean:
             failures.append(f"mean |Δp| {delta:.4f} > {self.max_delta_p_mean}")

@@ -33,7 +33,7 @@ from inference.shared_engine import serve_shared_engine
 from service.app import create_app
 from service.metrics import MULTIPROCESS_DIR_ENV
 from service.settings import ServiceSettings
-from service.state import require_input_budget
+from service.state import require_input_budget, require_validated_budget
 from service.tenancy import new_secret
 
 logger = logging.getLogger("medtpe.service")
@@ -63,6 +63,7 @@ def serve_api_processes(settings: ServiceSettings) -> None:
     """Run `settings.api_workers` API processes on one engine until SIGTERM (blocking)."""
     model = load_model(settings.model())
     require_input_budget(settings, model.predictor)
+    require_validated_budget(settings, model)
     metrics_dir = tempfile.TemporaryDirectory(prefix="medtpe-metrics-")
     os.environ[MULTIPROCESS_DIR_ENV] = metrics_dir.name
     sock = listening_socket(settings.host, settings.port)

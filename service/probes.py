@@ -32,7 +32,9 @@ async def healthz(request: Request) -> JSONResponse:
 
 @router.get("/readyz", responses=READY_RESPONSES)
 async def readyz(request: Request) -> JSONResponse:
-    """200 once the engine is loaded and warmed up; 503 while starting, stopping, failed or dead."""
+    """200 once the engine is loaded and warmed up; 503 while starting, stopping, failed or dead.
+    With the model loaded: its identity, the input budgets its artefact was validated at and the
+    budget served."""
     state = _state(request)
     status = state.status
     body: dict[str, object] = {"status": status}
@@ -40,6 +42,8 @@ async def readyz(request: Request) -> JSONResponse:
         body["detail"] = state.failure
     if state.model is not None:
         body["model"] = asdict(state.model.identity)
+        body["validated_budgets"] = list(state.model.bundle.validated_budgets)
+        body["max_input_tokens"] = state.model.predictor.max_input_tokens
     return JSONResponse(body, 200 if status == "ready" else 503)
 
 

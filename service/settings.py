@@ -69,6 +69,11 @@ class ServiceSettings(BaseSettings):
         description="Input budget in ORIGINAL-tokenizer tokens, prompt included; the newest "
         "events that fit are kept.",
     )
+    allow_unvalidated_budget: bool = Field(
+        False,
+        description="Serve MedTPE at an input budget above those the artefact's fidelity gate "
+        "passed at (its `manifest.json`), with a warning; false: such a start fails.",
+    )
     window_policy: WindowPolicy = Field(
         WindowPolicy.SLIDING,
         description="Which events of a record over the budget the prompt shows: `sliding` (the "

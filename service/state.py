@@ -57,6 +57,7 @@ class ServiceState:
         try:
             self.model = await asyncio.to_thread(load_model, self.settings.model())
             await asyncio.to_thread(require_input_budget, self.settings, self.model.predictor)
+            require_validated_budget(self.settings, self.model)
             self.engine = await asyncio.to_thread(self.engine_factory, self.model.engine_config)
             predictor = self.model.predictor
             await self.engine.warm_up(predictor.engine_ids(predictor.segment("Hello")))
@@ -94,6 +95,23 @@ class ServiceState:
         if self.engine is None:
             raise ApiError(503, "not_ready", "the engine has not started", {"Retry-After": "10"})
         return self.engine
+
+
+def require_validated_budget(settings: ServiceSettings, model: LoadedModel) -> None:
+    """A ValueError naming `MEDTPE_MAX_INPUT_TOKENS` when MedTPE would serve a budget above
+    those its artefact was validated at (a warning instead with
+    `MEDTPE_ALLOW_UNVALIDATED_BUDGET=true`)."""
+    why = model.unvalidated_budget()
+    if why is None:
+        return
+    if settings.allow_unvalidated_budget:
+        logger.warning("%s (MEDTPE_ALLOW_UNVALIDATED_BUDGET=true: serving it anyway)", why)
+        return
+    raise ValueError(
+        f"{why}: set MEDTPE_MAX_INPUT_TOKENS within the validated budgets, rebuild the "
+        "artefact with that serving budget (medtpe build-artefact --serving-budgets), or set "
+        "MEDTPE_ALLOW_UNVALIDATED_BUDGET=true to serve it untested"
+    )
 
 
 def require_input_budget(settings: ServiceSettings, predictor: Predictor) -> None:

@@ -167,9 +167,18 @@ def service_env(service_files: tuple[Path, Path], **overrides: str) -> dict[str,
         "MEDTPE_KV_CACHE_GIB": "1",
         "MEDTPE_ENFORCE_EAGER": "1",
         "VLLM_CPU_KVCACHE_SPACE": "1",
+        "MEDTPE_ALLOW_UNVALIDATED_BUDGET": str(not validated(artefact)).lower(),
     }
     env.update(overrides)
     return env
+
+
+def validated(artefact: Path) -> bool:
+    """Whether the artefact carries a manifest (the default one does; the stand-in built on a
+    clone without the default's rows was never validated, so its services allow that)."""
+    from medtpe_core.bundle import MANIFEST_FILE
+
+    return (artefact / MANIFEST_FILE).is_file()
 
 
 def free_port() -> int:
@@ -289,6 +298,7 @@ def instant_settings(service_files: tuple[Path, Path], **overrides: Any) -> Serv
         "max_new_tokens": 16,
         "api_keys": [SERVICE_API_KEY, "test-key-2"],
         "max_request_bytes": 256 * 1024,
+        "allow_unvalidated_budget": not validated(artefact),
     }
     return ServiceSettings(**(values | overrides))
 

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from click.testing import CliRunner  # noqa: E402
+from instant_engine import InstantEngine  # noqa: E402
 from meds_fixtures import train_tokenizer, write_meds_dataset  # noqa: E402
 from model_fixtures import tiny_llama  # noqa: E402
 from tokenizers import Tokenizer, models  # noqa: E402
@@ -24,6 +25,7 @@ import training.examples  # noqa: E402
 import training.pseudo_labels  # noqa: E402
 from medtpe_cli.main import cli  # noqa: E402
 from medtpe_core.build import build_tokenizer  # noqa: E402
+from medtpe_core.bundle import ArtefactBundle  # noqa: E402
 from medtpe_core.corpus import iter_meds_corpus_texts  # noqa: E402
 from medtpe_core.tokenizer import MedTPETokenizer  # noqa: E402
 from training import build_artefact as build_module  # noqa: E402
@@ -36,6 +38,9 @@ n_train: 6
 n_val: 3
 held_out: 0.3
 max_input_tokens: 700
+length_mix: [500, 700]
+serving_budgets: [600, 700]
+n_gate: 3
 mining_max_tokens: 900
 losses: [ce, kl]
 max_steps: 2
@@ -83,12 +88,15 @@ class FixedAnswers:
 
 @pytest.fixture
 def engine(base_dir: Path, monkeypatch: pytest.MonkeyPatch) -> FixedAnswers:
+    """Fixed pseudo-labels, and the gate's answers from an engine that answers at once (both
+    modes the same: the gate passes)."""
     from medtpe_core.base_tokenizer import BaseTokenizer
 
     base = BaseTokenizer.load(base_dir)
     fake = FixedAnswers([*base.encode('yes"}'), base.tokenizer.token_to_id("<|im_end|>")])
     monkeypatch.setattr(training.examples, "greedy_generate", fake)
     monkeypatch.setattr(training.pseudo_labels, "greedy_generate", fake)
+    monkeypatch.setattr(build_module, "start_vllm", InstantEngine.factory())
     return fake
 
 
@@ -112,14 +120,23 @@ def test_build_writes_a_trained_artefact_and_its_report(
     assert report["artefact_id"] == tokenizer.artefact_id and len(tokenizer.new_tokens) == 24
     assert report["base"]["tied_embeddings"] is True and report["base"]["eos_ids"] == [2]
     assert report["split"]["n_train_windows"] == 6 and report["split"]["n_val_windows"] == 3
+    assert report["split"]["n_gate_windows"] == 3
     assert report["mine"]["n_records"] == report["split"]["n_train_times"] == 7
     assert set(report["ssft"]) == {"ce", "kl"} and report["pick"]["loss"] in ("ce", "kl")
     kept = report["ssft"][report["pick"]["loss"]]
     assert kept["steps"] == 2 and kept["best_val_loss"] <= kept["initial_val_loss"]
     assert 0 < report["measure"]["compression"]["record_compression_rate"] < 1
-    agreement = report["measure"]["agreement"]
-    assert agreement["n"] == 3 and agreement["exact_answer_agreement"] == 1.0
-    assert engine.calls == [6, 3, 3]  # pseudo-labels (train, val), then the kept model's answers
+    assert set(report["gate"]) == {"600", "700"}
+    for gated in report["gate"].values():
+        figures = gated["fidelity"]
+        assert figures["n_records"] == 3 and figures["same_answer"]["value"] == 1.0
+        assert figures["same_stop"] == 1.0 and gated["failures"] == []
+    assert engine.calls == [6, 3]  # pseudo-labels (train, val); the gate answers on the engine
+    manifest = ArtefactBundle.from_pretrained(out)
+    assert manifest.validated_budgets == (600, 700)
+    assert manifest.artefact_id == tokenizer.artefact_id
+    assert report["render"]["train_budgets"] == {"500": 3, "700": 3}  # the length mix
+    assert report["render"]["train_tokens_original_max"] <= 700
     rows, _ = load_rows(out)
     assert rows.input.shape == (24, 16) and rows.output is None
     for name in ("training_curve_ce.csv", "training_curve_kl.csv", "tokenizer_config.json"):
@@ -127,6 +144,7 @@ def test_build_writes_a_trained_artefact_and_its_report(
     assert not (out / ".build").exists()  # work dir removed once written
     assert f"MedTPE artefact {tokenizer.artefact_id}" in result.output
     assert "held-out compression" in result.output and "SSFT kl" in result.output
+    assert "fidelity gate at 700 tokens (3 held-out windows): same answer 100.0%" in result.output
 
 
 def test_interrupted_build_resumes_from_its_last_step(
@@ -159,10 +177,49 @@ def test_interrupted_build_resumes_from_its_last_step(
     monkeypatch.setattr(build_module.ArtefactBuild, "ssft", real_ssft)
     resumed = _build(*args)
     assert resumed.exit_code == 0, resumed.output
-    assert engine.calls == [6, 3, 3]  # no second pseudo-labelling
+    assert engine.calls == [6, 3]  # no second pseudo-labelling
     report = json.loads((out / "build_report.json").read_text())
     assert report["step_seconds"]["ssft_ce"] == state["steps"]["ssft_ce"]["seconds"]
     assert set(report["ssft"]) == {"ce", "kl"}
+
+
+def test_a_build_that_fails_its_fidelity_gate_writes_nothing(
+    config_file: Path,
+    base_dir: Path,
+    meds_dir: Path,
+    tmp_path: Path,
+    engine: FixedAnswers,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MedTPE answers "no" where the original says "yes": the build exits non-zero, leaves the
+    output directory without an artefact and keeps its figures; looser thresholds then let the
+    same build write without answering again."""
+
+    started: list[Path] = []
+
+    class Contrary(InstantEngine):
+        def __init__(self, model_dir: Path, max_model_len: int, delay_s: float = 0.0) -> None:
+            super().__init__(model_dir, max_model_len, delay_s)
+            started.append(model_dir)
+            if (Path(model_dir) / "medtpe.json").is_file():  # the MedTPE export
+                self.answer_ids = MedTPETokenizer.load(model_dir).encode('no"}')
+
+    monkeypatch.setattr(build_module, "start_vllm", Contrary.factory())
+    out = tmp_path / "artefact"
+    args = _args(config_file, base_dir, meds_dir, out)
+    failed = _build(*args)
+    assert failed.exit_code == 1, failed.output[-600:]
+    # the mortality windows answer "no" under MedTPE; the phenotyping one parses in neither
+    assert "fidelity gate failed (at 600 tokens: same answer 0.333 < 0.95" in failed.output
+    assert not (out / "medtpe.json").exists() and not (out / "manifest.json").exists()
+    state = json.loads((out / ".build" / "state.json").read_text())
+    same = state["steps"]["gate"]["result"]["700"]["fidelity"]["same_answer"]["value"]
+    assert same == pytest.approx(1 / 3)
+    assert len(started) == 2  # one engine per mode
+    passed = _build(*args, "--min-same-answer", "0")
+    assert passed.exit_code == 0, passed.output
+    assert len(started) == 2  # the recorded figures were held to the new threshold
+    assert ArtefactBundle.from_pretrained(out).validated_budgets == (600, 700)
 
 
 def test_unusable_base_models_are_refused(

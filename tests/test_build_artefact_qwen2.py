@@ -32,6 +32,10 @@ n_train: 4
 n_val: 2
 held_out: 0.25
 max_input_tokens: 1024
+serving_budgets: [1024]
+n_gate: 2
+min_same_answer: 0  # a random model's answers are noise: the gate's path is what is tested
+max_delta_p_mean: 1
 mining_max_tokens: 1500
 losses: [ce]
 epochs: 2
@@ -58,7 +62,8 @@ def test_qwen2_build_export_serve_predict(tmp_path: Path) -> None:
     assert report["base"]["vocab_size"] == QWEN25_VOCAB_SIZE
     assert report["base"]["eos_ids"] == [151645]  # <|im_end|>, from the generation config
     assert report["pseudo_label"]["train"]["n"] == 4 and report["ssft"]["ce"]["steps"] == 2
-    assert report["measure"]["agreement"]["n"] == 2  # answered by the exported model in vLLM
+    gate = report["gate"]["1024"]["fidelity"]  # both models answered in vLLM at 1,024 tokens
+    assert gate["n_records"] == 2 and gate["generated_tokens_mean"]["medtpe"] > 0
     assert report["measure"]["compression"]["record_compression_rate"] > 0
     tokenizer = MedTPETokenizer.load(out)
     assert tokenizer.artefact_id == report["artefact_id"] and len(tokenizer.new_tokens) == 64

@@ -1,7 +1,14 @@
 """`medtpe build-artefact`: a Hugging Face causal LM and a MEDS dataset in, a MedTPE artefact
 (tokenizer files, trained rows, build report) out, in resumable steps:
 
-check → split → render → mine → pseudo_label → ssft_<loss>… → pick → measure → write
+check → split → render → mine → pseudo_label → ssft_<loss>… → pick → measure → gate → write
+
+The SSFT windows are rendered at the budgets of the length mix, which reaches the serving budget;
+the gate answers held-out windows at every serving budget in both modes and holds their fidelity
+to the thresholds (`training.fidelity_gate`): a build that fails it stops before `write`
+(non-zero exit, nothing written into the output directory, the work dir kept), one that passes
+writes the artefact with a manifest naming the budgets it was validated at
+(`medtpe_core.bundle`).
 
 Each finished step's result is recorded in `<work>/state.json` (default work dir:
 `<out>/.build/`); a re-run with the same settings skips the finished steps (SSFT itself resumes
@@ -12,10 +19,12 @@ artefact.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -23,9 +32,13 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from inference.engine import EngineFactory, EngineOptions, start_vllm
+from inference.model import ModelConfig, model_context_length
 from medtpe_core.build import build_tokenizer_from_meds, default_protected_texts
+from medtpe_core.bundle import MANIFEST_FILE, ArtefactBundle
 from medtpe_core.corpus import CorpusSpec
-from medtpe_core.tasks import get_task
+from medtpe_core.fidelity import Thresholds
+from medtpe_core.tasks.answers import ANSWER_END
 from medtpe_core.tokenizer import MedTPETokenizer
 from training.base_model import BaseModelInfo, check_artefact_base, inspect_base_model
 from training.build_config import BuildConfig, BuildConfigError, to_dict
@@ -37,15 +50,10 @@ from training.build_data import (
     split_subjects,
     window_from_record,
     window_record,
+    with_budgets,
     write_label_file,
 )
-from training.build_report import (
-    REPORT_FILE,
-    answer_agreement,
-    answer_text,
-    compression,
-)
-from training.examples import load_examples
+from training.build_report import REPORT_FILE, compression
 from training.pipeline import SUMMARY_FILE, cached_examples, examples_path, read_records
 from training.ssft import HISTORY_FILE, SSFTConfig
 
@@ -53,11 +61,16 @@ STATE_FILE = "state.json"
 TOKENIZER_DIR = "tokenizer"
 EXAMPLES_DIR = "examples"
 WINDOWS_FILE = "windows.json"
+GATE_WINDOWS = "gate"
 MINING_LABELS_FILE = "mining-labels.parquet"
 
 
 class BuildStateError(ValueError):
     """The work directory holds a build with other settings."""
+
+
+class FidelityGateError(RuntimeError):
+    """The MedTPE model does not answer as the original does at a serving budget."""
 
 
 class BuildState:
@@ -100,8 +113,14 @@ class BuildState:
 class ArtefactBuild:
     """One build: its settings, base model facts, work directory and state."""
 
-    def __init__(self, config: BuildConfig, restart: bool = False):
+    def __init__(
+        self,
+        config: BuildConfig,
+        restart: bool = False,
+        engine_factory: EngineFactory | None = None,
+    ):
         self.config = config
+        self.engine_factory = engine_factory or start_vllm
         self.work = config.work_dir
         if config.device == "cuda":
             import torch
@@ -114,6 +133,8 @@ class ArtefactBuild:
             shutil.rmtree(self.work)
         self.work.mkdir(parents=True, exist_ok=True)
         identity = config.identity() | {"base_tokenizer": self.info.tokenizer_fingerprint}
+        if config.init_rows is not None:
+            identity["init_rows_sha256"] = hashlib.sha256(config.init_rows.read_bytes()).hexdigest()
         self.state = BuildState(self.work / STATE_FILE, identity)
 
     def steps(self) -> list[tuple[str, Callable[[], Any]]]:
@@ -128,6 +149,7 @@ class ArtefactBuild:
             *ssft,
             ("pick", self.pick),
             ("measure", self.measure),
+            ("gate", self.gate),
             ("write", self.write),
         ]
 
@@ -162,9 +184,19 @@ class ArtefactBuild:
         held = set(held_subjects)
         train_times = [(s, t) for s, t in times if s not in held]
         held_times = [(s, t) for s, t in times if s in held]
+        held_windows = assign_tasks(held_times, config.tasks)
+        context = model_context_length(config.base)
+        # a window's prompt and its answer must fit the model's context, as in serving
+        mix = [
+            budget if context is None else min(budget, context - config.max_new_tokens)
+            for budget in config.window_budgets
+        ]
         windows = {
-            "train": sample(assign_tasks(train_times, config.tasks), config.n_train, config.seed),
-            "val": sample(assign_tasks(held_times, config.tasks), config.n_val, config.seed),
+            "train": with_budgets(
+                sample(assign_tasks(train_times, config.tasks), config.n_train, config.seed), mix
+            ),
+            "val": with_budgets(sample(held_windows, config.n_val, config.seed), mix),
+            GATE_WINDOWS: sample(held_windows, config.n_gate, config.seed + 1),
         }
         records = {k: [window_record(w) for w in v] for k, v in windows.items()}
         (self.work / WINDOWS_FILE).write_text(json.dumps(records, indent=0))
@@ -176,16 +208,22 @@ class ArtefactBuild:
             "n_held_out_times": len(held_times),
             "n_train_windows": len(windows["train"]),
             "n_val_windows": len(windows["val"]),
+            "n_gate_windows": len(windows[GATE_WINDOWS]),
         }
 
     def render(self) -> dict[str, Any]:
-        """The sampled windows' prompts at `max_input_tokens`: train.jsonl, val.jsonl."""
+        """The SSFT windows' prompts at their budgets: train.jsonl, val.jsonl."""
         saved = json.loads((self.work / WINDOWS_FILE).read_text())
         result = {}
-        for split, records in saved.items():
+        for split in ("train", "val"):
+            records = saved[split]
             windows = [window_from_record(r) for r in records]
             lines = render_windows(self.config, windows, self.work / f"{split}.jsonl", split)
             result[f"{split}_tokens_original"] = sum(r["n_tokens_original"] for r in lines)
+            result[f"{split}_budgets"] = dict(
+                sorted(Counter(str(w.budget) for w in windows).items())
+            )
+            result[f"{split}_tokens_original_max"] = max(r["n_tokens_original"] for r in lines)
         return result
 
     def mine(self) -> dict[str, Any]:
@@ -236,9 +274,18 @@ class ArtefactBuild:
                 tokenizer,
                 self._prompts(split),
                 self.config.max_new_tokens,
+                self.info.eos_ids[0],
             )
             ended = sum(bool(e.response) and e.response[-1] in self.info.eos_ids for e in examples)
-            result[split] = {"n": len(examples), "n_ended_by_eos": ended}
+            result[split] = {
+                "n": len(examples),
+                "n_ended_by_eos": ended,
+                "n_ended_by_answer_end": sum(
+                    bool(e.response) and ANSWER_END in tokenizer.base.decode(e.response[-1:])
+                    for e in examples
+                ),
+                "tokens_original_max": max((len(e.teacher) for e in examples), default=0),
+            }
         return result
 
     def ssft(self, loss: str) -> dict[str, Any]:
@@ -264,6 +311,9 @@ class ArtefactBuild:
             patience=config.patience,
             seed=config.seed,
             device=config.device,
+            batch_size=config.batch_size,
+            grad_accum=config.grad_accum,
+            init_rows=config.init_rows,
         )
         run_ssft(
             config.base,
@@ -286,42 +336,62 @@ class ArtefactBuild:
         return self.work / f"artefact-{self.state.result('pick')['loss']}"
 
     def measure(self) -> dict[str, Any]:
-        """Held-out compression and, if enabled, answer agreement with the original model."""
+        """Held-out compression of the kept artefact."""
         tokenizer = MedTPETokenizer.load(self._kept())
         records = read_records(self.work / "val.jsonl")
-        result: dict[str, Any] = {
-            "compression": compression(
-                tokenizer, [r["prompt"] for r in records], [r["text"] for r in records]
-            )
+        prompts, texts = [r["prompt"] for r in records], [r["text"] for r in records]
+        return {"compression": compression(tokenizer, prompts, texts)}
+
+    def gate(self) -> dict[str, Any]:
+        """The fidelity gate: held-out windows answered in both modes at every serving budget
+        (`training.fidelity_gate`); the figures and each budget's failures (checked again
+        against the thresholds when the build writes)."""
+        from training.fidelity_gate import gate_records, run_gate
+
+        config = self.config
+        saved = json.loads((self.work / WINDOWS_FILE).read_text())
+        windows = [window_from_record(r) for r in saved[GATE_WINDOWS]]
+        model = ModelConfig(
+            model_dir=config.base,
+            artefact_dir=self._kept(),
+            export_dir=self.work / "export",
+            codes_dir=config.meds,
+            max_input_tokens=max(config.serving_budgets),
+            engine=EngineOptions(seed=config.seed, enforce_eager=True, log_stats=False),
+        )
+        return run_gate(
+            model,
+            gate_records(config.meds, windows),
+            config.serving_budgets,
+            self.thresholds,
+            self.engine_factory,
+        )
+
+    @property
+    def thresholds(self) -> Thresholds:
+        """The gate's thresholds of these settings."""
+        return Thresholds(self.config.min_same_answer, self.config.max_delta_p_mean)
+
+    def _check_gate(self) -> dict[str, Any]:
+        """Each serving budget's fidelity held to the current thresholds; `FidelityGateError`
+        (naming the failures and the work dir that keeps the figures) when one fails."""
+        gate = self.state.result("gate")
+        failures = {
+            budget: self.thresholds.check(result["fidelity"]) for budget, result in gate.items()
         }
-        if self.config.measure_agreement:
-            result["agreement"] = self._agreement(tokenizer, records)
-        return result
-
-    def _agreement(self, tokenizer: MedTPETokenizer, records: list[dict[str, Any]]) -> dict:
-        """Export the kept artefact, answer the held-out prompts greedily, compare."""
-        from training.export import export_checkpoint
-        from training.pseudo_labels import greedy_generate
-
-        examples = load_examples(self._examples_file("val"))
-        export_dir = export_checkpoint(self.config.base, self._kept(), self.work / "export")
-        prompts = [e.student for e in examples]
-        max_len = max(map(len, prompts)) + self.config.max_new_tokens
-        answers = greedy_generate(export_dir, prompts, self.config.max_new_tokens, max_len)
-        shutil.rmtree(export_dir)
-        eos = self.info.eos_ids
-        prefixes = [get_task(r["task"]).response_prefix for r in records]
-        student = [
-            answer_text(tokenizer, a, eos, p) for a, p in zip(answers, prefixes, strict=True)
-        ]
-        teacher = [
-            answer_text(tokenizer, e.response, eos, p)
-            for e, p in zip(examples, prefixes, strict=True)
-        ]
-        return answer_agreement([r["task"] for r in records], student, teacher)
+        failed = {budget: why for budget, why in failures.items() if why}
+        if failed:
+            detail = "; ".join(f"at {b} tokens: {', '.join(why)}" for b, why in failed.items())
+            raise FidelityGateError(
+                f"fidelity gate failed ({detail}); nothing was written to {self.config.out}; "
+                f"the figures are in {self.work / STATE_FILE}"
+            )
+        return gate
 
     def write(self) -> dict[str, Any]:
-        """The kept artefact's files, the SSFT curves and the report into the output dir."""
+        """After the gate passed: the kept artefact's files, the SSFT curves, the report and the
+        manifest (the budgets it was validated at) into the output dir."""
+        gate = self._check_gate()
         out = self.config.out
         out.mkdir(parents=True, exist_ok=True)
         written = []
@@ -334,8 +404,10 @@ class ArtefactBuild:
             name = f"training_curve_{loss}.csv"
             shutil.copyfile(history, out / name)
             written.append(name)
-        written.append(REPORT_FILE)
+        written += [REPORT_FILE, MANIFEST_FILE]
         (out / REPORT_FILE).write_text(json.dumps(self.report(written), indent=2) + "\n")
+        validated = {int(budget): result["fidelity"] for budget, result in gate.items()}
+        ArtefactBundle.from_pretrained(out).write_manifest(validated)
         return {"files": written}
 
     def report(self, files: list[str] | None = None) -> dict[str, Any]:
@@ -348,11 +420,14 @@ class ArtefactBuild:
             "base": steps["check"]["result"],
             "settings": to_dict(self.config),
             "split": {k: v for k, v in steps["split"]["result"].items() if "subjects" not in k},
+            "render": steps["render"]["result"],
             "mine": steps["mine"]["result"],
             "pseudo_label": steps["pseudo_label"]["result"],
             "ssft": ssft,
             "pick": steps["pick"]["result"],
             "measure": steps["measure"]["result"],
+            "gate": steps["gate"]["result"],
+            "held_out_subjects": steps["split"]["result"]["held_out_subjects"],
             "files": files or steps.get("write", {}).get("result", {}).get("files", []),
             "step_seconds": {name: step["seconds"] for name, step in steps.items()},
             "seconds": sum(step["seconds"] for step in steps.values()),

@@ -16,7 +16,17 @@ from training.losses import LOSSES
 
 DEVICES = ("cpu", "cuda")
 # Settings that change how a build runs, not what it produces: a resumed build may change them.
-RUNTIME_FIELDS = ("out", "work", "device", "workers", "ray_address", "keep_work")
+RUNTIME_FIELDS = (
+    "out",
+    "work",
+    "device",
+    "workers",
+    "ray_address",
+    "keep_work",
+    "min_same_answer",
+    "max_delta_p_mean",
+)
+"""Also the gate's thresholds: a resumed build re-checks its measured fidelity against them."""
 
 
 class BuildConfigError(ValueError):
@@ -49,6 +59,21 @@ class BuildConfig:
     method: str = DEFAULT_METHOD
     mining_max_tokens: int = 8192
     max_input_tokens: int = 768
+    length_mix: tuple[int, ...] = ()
+    """Input budgets of the SSFT windows, cycled over them (() = `max_input_tokens` alone); the
+    largest must reach the largest serving budget."""
+    serving_budgets: tuple[int, ...] = (8192,)
+    """The input budgets the artefact is validated at: the fidelity gate answers its held-out
+    windows at each, and the manifest records those it passed."""
+    n_gate: int = 16
+    """Held-out windows the fidelity gate answers at each serving budget, in both modes."""
+    min_same_answer: float = 0.95
+    max_delta_p_mean: float = 0.05
+    batch_size: int = 2
+    grad_accum: int = 2
+    init_rows: Path | None = None
+    """A rows file SSFT starts from (an earlier stage of a curriculum, for the same merges);
+    None: the constituents' mean."""
     held_out: float = 0.2
     n_train: int = 368
     n_val: int = 40
@@ -73,10 +98,39 @@ class BuildConfig:
         _check(self.device in (None, *DEVICES), "device", f"one of {DEVICES}")
         _check(bool(self.tasks), "tasks", "at least one task")
         _check(0 < self.held_out < 1, "held_out", "a fraction between 0 and 1")
-        for name in ("budget", "max_n", "n_train", "n_val", "epochs", "eval_every", "workers"):
+        for name in (
+            "budget",
+            "max_n",
+            "n_train",
+            "n_val",
+            "n_gate",
+            "epochs",
+            "eval_every",
+            "workers",
+            "batch_size",
+            "grad_accum",
+        ):
             _check(getattr(self, name) >= 1, name, "at least 1")
         _check(self.max_steps is None or self.max_steps >= 1, "max_steps", "at least 1")
         _check(self.labels is None or self.windows is None, "labels", "not given with windows")
+        _check(bool(self.serving_budgets), "serving_budgets", "at least one budget")
+        _check(
+            max(self.window_budgets) >= max(self.serving_budgets or (0,)),
+            "length_mix",
+            f"SSFT windows that reach the largest serving budget ({max(self.serving_budgets)})",
+        )
+        _check(0 <= self.min_same_answer <= 1, "min_same_answer", "a fraction between 0 and 1")
+        _check(self.max_delta_p_mean >= 0, "max_delta_p_mean", "at least 0")
+        _check(
+            self.init_rows is None or Path(self.init_rows).is_file(),
+            "init_rows",
+            "an existing rows file (embeddings.safetensors of an earlier stage)",
+        )
+
+    @property
+    def window_budgets(self) -> tuple[int, ...]:
+        """The SSFT windows' input budgets, cycled over the sampled windows."""
+        return self.length_mix or (self.max_input_tokens,)
         _check(
             self.ray_address is None or (isinstance(self.ray_address, str) and self.ray_address),
             "ray_address",
@@ -113,8 +167,8 @@ def _jsonable(value: Any) -> Any:
     return str(value) if isinstance(value, Path) else value
 
 
-_PATHS = ("base", "meds", "out", "labels", "work")
-_TUPLES = ("tasks", "losses")
+_PATHS = ("base", "meds", "out", "labels", "work", "init_rows")
+_TUPLES = ("tasks", "losses", "length_mix", "serving_budgets")
 
 
 def build_config(file: Path | None, overrides: dict[str, Any]) -> BuildConfig:

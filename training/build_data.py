@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -35,11 +35,13 @@ PREDICTION_TIME = "prediction_time"
 
 @dataclass(frozen=True)
 class Window:
-    """One prediction: a subject, a prediction time, the task whose prompt it gets."""
+    """One prediction: a subject, a prediction time, the task whose prompt it gets and the
+    prompt's input budget (None: the build's `max_input_tokens`)."""
 
     subject_id: int
     time: datetime
     task: str
+    budget: int | None = None
 
 
 def window_times(windows: Windows) -> list[tuple[int, datetime]]:
@@ -103,21 +105,32 @@ def write_label_file(path: Path, times: Sequence[tuple[int, datetime]]) -> Path:
     return path
 
 
+def with_budgets(windows: Sequence[Window], budgets: Sequence[int]) -> list[Window]:
+    """The windows with `budgets` cycled over them (the SSFT length mix)."""
+    return [replace(w, budget=budgets[k % len(budgets)]) for k, w in enumerate(windows)]
+
+
 def window_record(window: Window) -> dict[str, Any]:
     """A window as JSON."""
-    return {"subject_id": window.subject_id, "time": window.time.isoformat(), "task": window.task}
+    return {
+        "subject_id": window.subject_id,
+        "time": window.time.isoformat(),
+        "task": window.task,
+        "budget": window.budget,
+    }
 
 
 def window_from_record(record: dict[str, Any]) -> Window:
     """Inverse of `window_record`."""
-    return Window(record["subject_id"], datetime.fromisoformat(record["time"]), record["task"])
+    time = datetime.fromisoformat(record["time"])
+    return Window(record["subject_id"], time, record["task"], record.get("budget"))
 
 
 def render_windows(
     config: BuildConfig, windows: Sequence[Window], out: Path, desc: str
 ) -> list[dict[str, Any]]:
-    """Render the prompts of `windows` (at `max_input_tokens`) into JSONL `out`, one data shard
-    at a time; lines in `windows` order. Returns the lines."""
+    """Render the prompts of `windows` (each at its budget) into JSONL `out`, one data shard at
+    a time; lines in `windows` order. Returns the lines."""
     tokenizer = BaseTokenizer.load(config.base)
     template = ChatTemplate.from_model_dir(config.base)
     wanted: dict[int, list[int]] = {}
@@ -153,7 +166,7 @@ def _render(
         window.time,
         tokenizer,
         template,
-        config.max_input_tokens,
+        window.budget or config.max_input_tokens,
         dataset.descriptions,
     )
     return window_record(window) | {

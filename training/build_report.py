@@ -1,14 +1,12 @@
-"""Measurements and the report of `medtpe build-artefact`: compression of the held-out records,
-agreement of the MedTPE model's answers with the original model's, the printed summary."""
+"""Measurements and the report of `medtpe build-artefact`: compression of the held-out records
+and the printed summary (with the fidelity gate's figures, `training.fidelity_gate`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from medtpe_core.metrics import agreement as prediction_agreement
 from medtpe_core.metrics import compression_rate
-from medtpe_core.tasks import get_task
 from medtpe_core.tokenizer import MedTPETokenizer
 
 REPORT_FILE = "build_report.json"
@@ -26,43 +24,6 @@ def compression(tokenizer: MedTPETokenizer, prompts: Sequence[str], records: Seq
             f"{name}_compression_rate": compression_rate(base, medtpe),
         }
     return result
-
-
-def answer_text(
-    tokenizer: MedTPETokenizer, ids: Sequence[int], eos_ids: Sequence[int], prefix: str = ""
-) -> str:
-    """An answer's text: the prompt's answer `prefix`, then the ids up to an end-of-sequence id."""
-    kept = []
-    for i in ids:
-        if i in eos_ids:
-            break
-        kept.append(i)
-    return (prefix + tokenizer.decode(kept)).strip()
-
-
-def answer_agreement(tasks: Sequence[str], student: Sequence[str], teacher: Sequence[str]) -> dict:
-    """Exact-text agreement; prediction agreement where the original's answer parses; format
-    compliance of both."""
-    student_parsed = [
-        get_task(name).parse_answer(text) for name, text in zip(tasks, student, strict=True)
-    ]
-    teacher_parsed = [
-        get_task(name).parse_answer(text) for name, text in zip(tasks, teacher, strict=True)
-    ]
-    shared = prediction_agreement(
-        [prediction for prediction, _ in teacher_parsed],
-        [prediction for prediction, _ in student_parsed],
-        [prediction is not None for prediction, _ in teacher_parsed],
-    )
-    n = max(len(tasks), 1)
-    return {
-        "n": len(tasks),
-        "exact_answer_agreement": sum(s == t for s, t in zip(student, teacher, strict=True)) / n,
-        "n_original_parsed": sum(prediction is not None for prediction, _ in teacher_parsed),
-        "prediction_agreement": shared["agreement_answered"] or 0.0,
-        "format_compliance": sum(ok for _, ok in student_parsed) / n,
-        "format_compliance_original": sum(ok for _, ok in teacher_parsed) / n,
-    }
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
@@ -85,12 +46,15 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
             f"  SSFT {loss}{kept}: held-out pseudo-label loss {run['initial_val_loss']:.4f} -> "
             f"{run['best_val_loss']:.4f} in {run['steps']} steps"
         )
-    agreement = report["measure"].get("agreement")
-    if agreement:
+    for budget, result in report["gate"].items():
+        figures = result["fidelity"]
+        delta = figures["delta_p_mean"]["value"]
         lines.append(
-            f"  agreement with the original model on {agreement['n']} held-out prompts: "
-            f"{agreement['exact_answer_agreement']:.1%} same answer text, "
-            f"{agreement['prediction_agreement']:.1%} same prediction"
+            f"  fidelity gate at {budget} tokens ({figures['n_records']} held-out windows): "
+            f"same answer {figures['same_answer']['value']:.1%}, mean |Δp| "
+            + ("-" if delta is None else f"{delta:.4f}")
+            + f", same stop {figures['same_stop']:.1%}: "
+            + ("; ".join(result["failures"]) or "passed")
         )
     lines.append(f"  wall time: {report['seconds']:.0f} s")
     return lines

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from medtpe_core.tasks.answers import answer_end_ids
 from training.pseudo_labels import greedy_generate
 
 if TYPE_CHECKING:
@@ -45,13 +46,18 @@ def build_examples(
     tokenizer: MedTPETokenizer,
     prompts: Sequence[str],
     max_new_tokens: int,
+    eos_id: int | None = None,
 ) -> list[Example]:
     """Examples for chat-templated `prompts` (same order), pseudo-labelled by the base model with
-    vLLM (an answer has at least one token: the engine generates until EOS or the cap)."""
+    vLLM under the serving stop rule (an answer has at least one token: the engine generates
+    until the answer object closes, EOS (kept as `eos_id`) or the cap)."""
     teacher = [tokenizer.base_encode(p, special_tokens=True) for p in prompts]
     student = [tokenizer.encode_ids(ids) for ids in teacher]
     max_len = max(len(ids) for ids in teacher) + max_new_tokens
-    answers = greedy_generate(base_dir, teacher, max_new_tokens, max_model_len=max_len)
+    stop_ids = answer_end_ids(tokenizer.base.tokens, tokenizer.base.vocab_size)
+    answers = greedy_generate(
+        base_dir, teacher, max_new_tokens, max_len, stop_ids=stop_ids, eos_id=eos_id
+    )
     return [
         Example(s, t, tokenizer.to_base_ids(tokenizer.encode_ids(a)))
         for s, t, a in zip(student, teacher, answers, strict=True)

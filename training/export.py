@@ -62,7 +62,11 @@ def save_rows(artefact_dir: Path, rows: NewRows, base_fingerprint: str) -> Path:
 
 def load_rows(artefact_dir: Path) -> tuple[NewRows, str]:
     """The artefact's rows and the fingerprint of the base model they belong to."""
-    path = Path(artefact_dir) / EMBEDDINGS_FILE
+    return load_rows_file(Path(artefact_dir) / EMBEDDINGS_FILE)
+
+
+def load_rows_file(path: Path) -> tuple[NewRows, str]:
+    """The rows of a rows file and the fingerprint of the base model they belong to."""
     with safe_open(str(path), framework="pt") as handle:
         fingerprint = (handle.metadata() or {}).get(FINGERPRINT_KEY, "")
     tensors = load_file(str(path))

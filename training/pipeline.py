@@ -51,11 +51,12 @@ def cached_examples(
     tokenizer: MedTPETokenizer,
     prompts: Sequence[str],
     max_new_tokens: int,
+    eos_id: int | None = None,
 ) -> list[Example]:
     """Pseudo-labelled examples for `prompts`, generated once and then read from `path`."""
     if path.is_file():
         return load_examples(path)
-    examples = build_examples(base_dir, tokenizer, prompts, max_new_tokens)
+    examples = build_examples(base_dir, tokenizer, prompts, max_new_tokens, eos_id)
     save_examples(path, examples)
     return examples
 

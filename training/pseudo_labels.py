@@ -1,4 +1,5 @@
-"""Greedy answers from a model directory with the vLLM engine (offline batch).
+"""Greedy answers from a model directory with the vLLM engine (offline batch), through the
+service's engine wrapper (`inference.vllm_engine.VllmEngine`) and its stop rule.
 
 The engine runs in a child Python process (`python -m training.pseudo_labels IN OUT`): vLLM
 spawns its engine core, which needs an importable `__main__` guard, and keeping it out of the
@@ -8,6 +9,7 @@ passes token ids, so each tokenizer's exact encoding reaches the engine unchange
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -16,8 +18,11 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from inference.engine import EngineConfig, EngineOptions, Finish
+
 DEFAULT_KVCACHE_GIB = "2"
 SMALL_MACHINE_CORES = 4
+PSEUDO_LABEL_SEED = 1
 
 
 def _cpu_engine_defaults() -> dict[str, str]:
@@ -37,9 +42,13 @@ def greedy_generate(
     prompts: Sequence[Sequence[int]],
     max_new_tokens: int,
     max_model_len: int,
+    *,
+    stop_ids: frozenset[int] = frozenset(),
+    eos_id: int | None = None,
 ) -> list[list[int]]:
-    """Greedy completion token ids of each prompt's token ids, as the engine returns them: a
-    completion that stopped on the model's end-of-sequence token ends with it."""
+    """Greedy completion token ids of each prompt's token ids, each ending at the first of
+    `stop_ids` (kept: the stop rule of serving); a completion the model ended itself ends with
+    `eos_id` (when given), so an answer learnt from it ends where the model's does."""
     with tempfile.TemporaryDirectory(prefix="medtpe-generate-") as tmp:
         request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
         request.write_text(
@@ -49,6 +58,8 @@ def greedy_generate(
                     "prompts": [list(map(int, p)) for p in prompts],
                     "max_new_tokens": max_new_tokens,
                     "max_model_len": max_model_len,
+                    "stop_ids": sorted(stop_ids),
+                    "eos_id": eos_id,
                 }
             )
         )
@@ -61,28 +72,39 @@ def greedy_generate(
         return json.loads(result.read_text())["completions"]
 
 
-def _generate_in_process(request: dict) -> list[list[int]]:
-    """Run the vLLM engine on a request (only called in the child process)."""
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+async def _generate_all(request: dict) -> list[list[int]]:
+    """Every prompt of a request through one `VllmEngine` (only called in the child process)."""
+    from inference.vllm_engine import VllmEngine
 
-    llm = LLM(
-        model=request["model_dir"],
-        max_model_len=request["max_model_len"],
-        seed=1,
+    options = EngineOptions(
+        seed=PSEUDO_LABEL_SEED,
         enable_prefix_caching=False,
         enforce_eager=True,  # skips torch.compile: engine ready in seconds, not minutes, on CPU
+        log_stats=False,
     )
-    params = SamplingParams(temperature=0.0, max_tokens=request["max_new_tokens"])
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in request["prompts"]], params)
-    return [list(output.outputs[0].token_ids) for output in outputs]
+    config = EngineConfig(Path(request["model_dir"]), request["max_model_len"], options)
+    engine = VllmEngine.start(config)
+    stop_ids = frozenset(request["stop_ids"])
+    try:
+        outputs = await asyncio.gather(
+            *(
+                engine.generate(p, max_new_tokens=request["max_new_tokens"], stop_ids=stop_ids)
+                for p in request["prompts"]
+            )
+        )
+    finally:
+        engine.shutdown()
+    eos = request["eos_id"]
+    return [
+        [*c.ids, eos] if c.finish is Finish.EOS and eos is not None else c.ids for [c] in outputs
+    ]
 
 
 def main(argv: Sequence[str]) -> None:
     """Child-process entry: read the request JSON, write `{"completions": [...]}`."""
     request_path, result_path = argv
     request = json.loads(Path(request_path).read_text())
-    completions = _generate_in_process(request)
+    completions = asyncio.run(_generate_all(request))
     Path(result_path).write_text(json.dumps({"completions": completions}))
 
 

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from training.embedding_init import NewRows, init_new_rows
 from training.embedding_split import apply_split, split_rows
 from training.examples import Example, collate
+from training.export import load_rows_file
 from training.losses import LOSSES, cross_entropy, distillation_kl, student_logits, teacher_logits
 
 if TYPE_CHECKING:
@@ -51,6 +52,9 @@ class SSFTConfig:
     max_steps: int | None = None
     gradient_checkpointing: bool = False
     device: str | None = None
+    init_rows: Path | None = None
+    """Rows to start from (a rows file of `training.export.save_rows` for the same tokens, e.g.
+    an earlier stage of a curriculum); None: the constituents' mean (paper, step 4)."""
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
@@ -83,14 +87,24 @@ def weights_dtype(device: torch.device) -> torch.dtype:
 
 
 def load_split_model(
-    base_dir: Path, tokenizer: MedTPETokenizer, device: torch.device
+    base_dir: Path,
+    tokenizer: MedTPETokenizer,
+    device: torch.device,
+    initial: NewRows | None = None,
 ) -> tuple[PreTrainedModel, list[torch.nn.Parameter]]:
-    """The base model (in `weights_dtype`) with embedding-split modules holding freshly
-    initialised float32 new rows (initialised from the float32 weights)."""
+    """The base model (in `weights_dtype`) with embedding-split modules holding float32 new
+    rows: `initial`, else freshly initialised from the float32 weights."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     rows = init_new_rows(model, tokenizer.new_tokens)
+    if initial is not None:
+        if initial.input.shape != rows.input.shape:
+            raise ValueError(
+                f"initial rows of shape {tuple(initial.input.shape)}, this artefact's new "
+                f"tokens need {tuple(rows.input.shape)}"
+            )
+        rows = initial
     model = model.to(device=device, dtype=weights_dtype(device))
     params = apply_split(model, [t.id for t in tokenizer.new_tokens], rows)
     return model, params
@@ -200,7 +214,8 @@ def _start_run(
     """The split model, its optimizer and schedule, and an empty run state."""
     device = pick_device(config.device)
     torch.manual_seed(config.seed)
-    model, params = load_split_model(base_dir, tokenizer, device)
+    initial = load_rows_file(config.init_rows)[0] if config.init_rows is not None else None
+    model, params = load_split_model(base_dir, tokenizer, device, initial)
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     keep = torch.ones(model.config.vocab_size, dtype=torch.bool, device=device)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import ast
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -146,7 +146,14 @@ def read_answer(text: str, reading: AnswerReading = AnswerReading.STRICT) -> Fou
     return NOT_FOUND
 
 
-def answer_end_ids(token_texts: Iterable[tuple[int, str]]) -> frozenset[int]:
-    """The ids whose token text holds `ANSWER_END`: the engine's stop rule, for one vocabulary
-    (`(id, text)` pairs, e.g. of a MedTPE tokenizer, whose merged tokens may hold it inside)."""
-    return frozenset(i for i, text in token_texts if ANSWER_END in text)
+def answer_end_ids(
+    tokens: Callable[[Sequence[int]], list[str]], vocab_size: int
+) -> frozenset[int]:
+    """The stop rule for one vocabulary: the ids whose text holds `ANSWER_END` (`tokens`: each
+    id's text, e.g. `MedTPETokenizer.tokens`, whose merged tokens may hold it inside).
+
+    >>> sorted(answer_end_ids(lambda ids: ['"}', "yes", "}\\n"][: len(ids)], 3))
+    [0, 2]
+    """
+    ids = range(vocab_size)
+    return frozenset(i for i, text in zip(ids, tokens(ids), strict=True) if ANSWER_END in text)

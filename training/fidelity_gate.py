@@ -1,0 +1,92 @@
+"""The fidelity gate of `medtpe build-artefact`: the held-out windows answered by the original
+model and by the MedTPE model at each serving budget, through the service's own path
+(`inference.model.load_model`, `Predictor`, the engine and its stop rule, the service's default
+decoding: answer prefill, greedy, 64 new tokens), and the paired figures of
+`medtpe_core.fidelity` held against the build's thresholds.
+
+One engine per mode serves every budget (its context fits the largest); prefix caching is off,
+so each answer pays its whole prompt as a first request would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from evaluation.records import EvalRecord
+from evaluation.report import paired_answers
+from evaluation.results import RecordResult, record_key
+from evaluation.runner import Sampling, evaluate_mode, measured
+from inference.engine import EngineFactory
+from inference.model import ModelConfig, load_model
+from medtpe_core.fidelity import Thresholds, fidelity
+from medtpe_core.meds_readers import MedsDataset, data_shards
+from medtpe_core.tasks import get_task
+
+SERVICE_SAMPLING = Sampling()
+"""The service's default decoding (greedy, 64 new tokens, free, the task's prefill)."""
+
+
+def gate_records(meds: Path, windows: Sequence[Any]) -> dict[str, list[EvalRecord]]:
+    """The gate's windows (`subject_id`, `time`, `task`) as unlabelled records, by task, read
+    one data shard at a time."""
+    wanted = {w.subject_id for w in windows}
+    events = {}
+    for shard in data_shards(meds):
+        dataset = MedsDataset.load(meds, [shard])
+        for subject in wanted.intersection(dataset.subject_ids):
+            events[subject] = dataset.events(subject)
+    by_task: dict[str, list[EvalRecord]] = {}
+    for w in windows:
+        record = EvalRecord(
+            record_key(w.subject_id, w.time.isoformat()), None, events[w.subject_id], w.time
+        )
+        by_task.setdefault(w.task, []).append(record)
+    return by_task
+
+
+async def _answer_all(
+    config: ModelConfig,
+    records: Mapping[str, Sequence[EvalRecord]],
+    budgets: Sequence[int],
+    engine_factory: EngineFactory,
+) -> dict[int, list[RecordResult]]:
+    """One mode's results at each budget (records of every task), on one engine."""
+    model = load_model(measured(config))
+    engine = engine_factory(model.engine_config)
+    results: dict[int, list[RecordResult]] = {}
+    try:
+        for budget in budgets:
+            predictor = model.predictor.at_budget(budget)
+            results[budget] = []
+            for task, task_records in records.items():
+                results[budget] += await evaluate_mode(
+                    engine, predictor, get_task(task), task_records, SERVICE_SAMPLING
+                )
+    finally:
+        engine.shutdown()
+    return results
+
+
+def run_gate(
+    config: ModelConfig,
+    records: Mapping[str, Sequence[EvalRecord]],
+    budgets: Sequence[int],
+    thresholds: Thresholds,
+    engine_factory: EngineFactory,
+) -> dict[str, Any]:
+    """Answer `records` in both modes at each budget (`config`: the MedTPE mode's model; the
+    original mode uses its base checkpoint) and hold each budget's fidelity to `thresholds`.
+    Returns {budget: {"fidelity": ..., "failures": [...]}} with budgets as strings (JSON)."""
+    by_mode = {
+        mode: asyncio.run(_answer_all(replace(config, mode=mode), records, budgets, engine_factory))
+        for mode in ("original", "medtpe")
+    }
+    gate = {}
+    for budget in budgets:
+        figures = fidelity(paired_answers(by_mode["original"][budget], by_mode["medtpe"][budget]))
+        gate[str(budget)] = {"fidelity": figures, "failures": thresholds.check(figures)}
+    return gate
