@@ -16,13 +16,13 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from click.testing import CliRunner  # noqa: E402
-from instant_engine import InstantEngine  # noqa: E402
 from meds_fixtures import train_tokenizer, write_meds_dataset  # noqa: E402
 from model_fixtures import tiny_llama  # noqa: E402
 from tokenizers import Tokenizer, models  # noqa: E402
 
 import training.examples  # noqa: E402
 import training.pseudo_labels  # noqa: E402
+from inference.instant_engine import InstantEngine  # noqa: E402
 from medtpe_cli.main import cli  # noqa: E402
 from medtpe_core.build import build_tokenizer  # noqa: E402
 from medtpe_core.bundle import ArtefactBundle  # noqa: E402
@@ -181,6 +181,27 @@ def test_interrupted_build_resumes_from_its_last_step(
     report = json.loads((out / "build_report.json").read_text())
     assert report["step_seconds"]["ssft_ce"] == state["steps"]["ssft_ce"]["seconds"]
     assert set(report["ssft"]) == {"ce", "kl"}
+
+
+def test_a_second_stage_continues_from_an_artefact(
+    config_file: Path, base_dir: Path, meds_dir: Path, tmp_path: Path, engine: FixedAnswers
+) -> None:
+    """`init_from`: the earlier stage's merges (no mining) and its rows as SSFT's start."""
+    first = tmp_path / "stage1"
+    assert _build(*_args(config_file, base_dir, meds_dir, first)).exit_code == 0
+    config_file.write_text(SETTINGS + f"init_from: {first}\n")
+    second = tmp_path / "stage2"
+    result = _build(*_args(config_file, base_dir, meds_dir, second))
+    assert result.exit_code == 0, result.output
+    report = json.loads((second / "build_report.json").read_text())
+    assert report["mine"]["from"] == str(first)
+    assert MedTPETokenizer.load(second).artefact_id == MedTPETokenizer.load(first).artefact_id
+    earlier = json.loads((first / "build_report.json").read_text())
+    kept = earlier["ssft"][earlier["pick"]["loss"]]
+    # validation is pseudo-label CE on the same held-out examples: stage 2 starts where stage 1
+    # ended, not from the constituents' mean
+    assert report["ssft"]["ce"]["initial_val_loss"] == pytest.approx(kept["best_val_loss"])
+    assert report["ssft"]["ce"]["initial_val_loss"] != pytest.approx(kept["initial_val_loss"])
 
 
 def test_a_build_that_fails_its_fidelity_gate_writes_nothing(

@@ -19,7 +19,6 @@ artefact.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -32,10 +31,11 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from inference.engine import EngineFactory, EngineOptions, start_vllm
+from inference.engine import EngineFactory, EngineOptions
+from inference.engines import start_vllm
 from inference.model import ModelConfig, model_context_length
 from medtpe_core.build import build_tokenizer_from_meds, default_protected_texts
-from medtpe_core.bundle import MANIFEST_FILE, ArtefactBundle
+from medtpe_core.bundle import MANIFEST_FILE, ROWS_FILE, ArtefactBundle, content_digest
 from medtpe_core.corpus import CorpusSpec
 from medtpe_core.fidelity import Thresholds
 from medtpe_core.tasks.answers import ANSWER_END
@@ -133,8 +133,8 @@ class ArtefactBuild:
             shutil.rmtree(self.work)
         self.work.mkdir(parents=True, exist_ok=True)
         identity = config.identity() | {"base_tokenizer": self.info.tokenizer_fingerprint}
-        if config.init_rows is not None:
-            identity["init_rows_sha256"] = hashlib.sha256(config.init_rows.read_bytes()).hexdigest()
+        if config.init_from is not None:
+            identity["init_from_digest"] = content_digest(config.init_from)
         self.state = BuildState(self.work / STATE_FILE, identity)
 
     def steps(self) -> list[tuple[str, Callable[[], Any]]]:
@@ -227,8 +227,18 @@ class ArtefactBuild:
         return result
 
     def mine(self) -> dict[str, Any]:
-        """The MedTPE tokenizer from the training subjects' records at the prediction times."""
+        """The MedTPE tokenizer from the training subjects' records at the prediction times
+        (with `init_from`: that artefact's, unchanged)."""
         config = self.config
+        if config.init_from is not None:
+            tok = MedTPETokenizer.load(config.init_from, base=config.base)
+            tok.save(self.work / TOKENIZER_DIR)
+            return {
+                "artefact_id": tok.artefact_id,
+                "n_new_tokens": len(tok.new_tokens),
+                "from": str(config.init_from),
+                **{k: tok.corpus_stats[k] for k in ("n_records", "n_tokens")},
+            }
         spec = CorpusSpec(
             config.meds,
             config.mining_max_tokens,
@@ -313,7 +323,7 @@ class ArtefactBuild:
             device=config.device,
             batch_size=config.batch_size,
             grad_accum=config.grad_accum,
-            init_rows=config.init_rows,
+            init_rows=config.init_from / ROWS_FILE if config.init_from else None,
         )
         run_ssft(
             config.base,

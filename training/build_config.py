@@ -71,9 +71,9 @@ class BuildConfig:
     max_delta_p_mean: float = 0.05
     batch_size: int = 2
     grad_accum: int = 2
-    init_rows: Path | None = None
-    """A rows file SSFT starts from (an earlier stage of a curriculum, for the same merges);
-    None: the constituents' mean."""
+    init_from: Path | None = None
+    """An earlier stage of a curriculum: a trained artefact whose merges are taken instead of
+    mining and whose rows SSFT starts from (None: mine, start from the constituents' mean)."""
     held_out: float = 0.2
     n_train: int = 368
     n_val: int = 40
@@ -122,9 +122,9 @@ class BuildConfig:
         _check(0 <= self.min_same_answer <= 1, "min_same_answer", "a fraction between 0 and 1")
         _check(self.max_delta_p_mean >= 0, "max_delta_p_mean", "at least 0")
         _check(
-            self.init_rows is None or Path(self.init_rows).is_file(),
-            "init_rows",
-            "an existing rows file (embeddings.safetensors of an earlier stage)",
+            self.init_from is None or (Path(self.init_from) / "embeddings.safetensors").is_file(),
+            "init_from",
+            "a trained artefact directory (with embeddings.safetensors)",
         )
 
     @property
@@ -167,7 +167,7 @@ def _jsonable(value: Any) -> Any:
     return str(value) if isinstance(value, Path) else value
 
 
-_PATHS = ("base", "meds", "out", "labels", "work", "init_rows")
+_PATHS = ("base", "meds", "out", "labels", "work", "init_from")
 _TUPLES = ("tasks", "losses", "length_mix", "serving_budgets")
 
 
