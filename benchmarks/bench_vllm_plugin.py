@@ -70,6 +70,7 @@ def render_prompts(
         )
         if prompt.n_tokens_original >= FILL * budget:
             item = {"subject_id": row.subject_id, "prompt": prompt.text}
+            item["prediction_time"] = row.prediction_time.isoformat()
             out.append(item | {"n_tokens_original": prompt.n_tokens_original})
         if len(out) == n:
             return out
@@ -163,24 +164,29 @@ def run_side(
 
 
 def tokenization_cost(base_dir: Path, export_dir: Path, prompts: list[str], repeats: int) -> Any:
-    """Median ms of `tokenizer(text)` per prompt: the base's stock tokenizer and the plugin's."""
+    """Ms of `tokenizer(text)` per prompt, the base's stock tokenizer and the plugin's called in
+    turn (both see the same machine load): medians, and the median of the paired differences."""
     from vllm.plugins import load_general_plugins
     from vllm.tokenizers.registry import get_tokenizer
 
     load_general_plugins()
-    out = {}
-    for name, path in (("stock", base_dir), ("medtpe_plugin", export_dir)):
-        tokenizer = get_tokenizer(str(path))
-        times = []
-        for text in prompts:
-            tokenizer(text)  # warm
-            for _ in range(repeats):
+    stock, plugin = get_tokenizer(str(base_dir)), get_tokenizer(str(export_dir))
+    times: dict[str, list[float]] = {"stock": [], "medtpe_plugin": []}
+    for text in prompts:
+        stock(text), plugin(text)  # warm
+        for _ in range(repeats):
+            for name, tokenizer in (("stock", stock), ("medtpe_plugin", plugin)):
                 start = time.perf_counter()
                 tokenizer(text)
-                times.append((time.perf_counter() - start) * 1000)
-        out[name] = {"median_ms": statistics.median(times), "type": type(tokenizer).__name__}
-    out["extra_ms"] = out["medtpe_plugin"]["median_ms"] - out["stock"]["median_ms"]
-    return out
+                times[name].append((time.perf_counter() - start) * 1000)
+    pairs = zip(times["medtpe_plugin"], times["stock"], strict=True)
+    return {
+        "calls_per_side": len(times["stock"]),
+        "stock_median_ms": statistics.median(times["stock"]),
+        "medtpe_plugin_median_ms": statistics.median(times["medtpe_plugin"]),
+        "extra_median_ms": statistics.median(a - b for a, b in pairs),
+        "types": [type(stock).__name__, type(plugin).__name__],
+    }
 
 
 def main() -> None:
@@ -223,6 +229,7 @@ def main() -> None:
         stock, medtpe = sides["stock"][budget], sides["medtpe_plugin"][budget]
         results["budgets"][str(budget)] = {
             "subject_ids": [p["subject_id"] for p in prompts],
+            "prediction_times": [p["prediction_time"] for p in prompts],
             "n_tokens_original": [p["n_tokens_original"] for p in prompts],
             "stock": stock,
             "medtpe_plugin": medtpe,
