@@ -24,18 +24,20 @@ on CPU, hence no hits there), then stopped with SIGTERM.
   `Predictor.prepare`), sent as ids rather than text because re-tokenizing the prompt text need
   not give them back (the record is encoded as plain text, separately from the chat template's
   parts, so e.g. an event reading `<|im_end|>` stays text). `max_tokens` = the service's max new
-  tokens, temperature 0.
+  tokens, temperature 0, and the service's answer contract: `stop_token_ids` = the stop rule's ids
+  under the base tokenizer (`Predictor.stop_ids`), the stop token's text kept.
 
 Reported per system and level: client latency p50/p95, throughput (records/s over the level's
 wall time), mean prompt tokens the engine got and their original-tokenizer count, mean generated
-tokens (without the stop token, as the service counts them; vLLM's usage counts it), the
+tokens (the stop rule's token counted, an end-of-sequence token not, as the service counts), the
 service's own time split (render, tokenize, generate) and, from each engine's `vllm:` Prometheus
 metrics, the mean queue, prefill and decode time per request and the prefix-cache hit rate: where
 the time goes. `vs_vllm_serve` gives per level medtpe (and original) over vllm-serve ratios and
-the compression rate; `checks` tells whether vllm-serve got the same prompt lengths and gave the
-same answers as the `original` mode.
+the compression rate; `checks` tells whether vllm-serve got the same prompt lengths, and compares
+every pair of systems' answers record by record (the parsed prediction under the answer contract,
+and the text) with the text written after the answer per system.
 
-    .venv/bin/python benchmarks/bench_service.py --meds ../shared/data/mimic-iv-demo-meds \\
+    .venv/bin/python -m benchmarks.bench_service --meds ../shared/data/mimic-iv-demo-meds \\
         --systems medtpe original vllm-serve --levels 1 16 --per-level 8 32 \\
         --out benchmarks/results/bench_vs_vllm_serve.json
 """
@@ -60,8 +62,8 @@ from typing import Any
 
 import httpx
 import numpy as np
-from results_file import write_results
 
+from benchmarks.results_file import write_results
 from medtpe_core.meds import SubjectEvents
 from medtpe_core.meds_readers import MedsDataset, read_labels
 
@@ -83,6 +85,8 @@ class OriginalPrompts:
     ids: list[list[int]]
     response_prefixes: list[str]
     warm_up_ids: list[int]
+    stop_ids: list[int]
+    """The answer contract's stop rule under the base tokenizer."""
     model_dir: Path
     max_model_len: int | None
     """The engine's context (None: the model's own)."""
@@ -189,6 +193,7 @@ def original_prompts(args: argparse.Namespace, bodies: list[dict[str, Any]]) -> 
         ids=ids,
         response_prefixes=prefixes,
         warm_up_ids=predictor.engine_ids(predictor.segment("Hello")),
+        stop_ids=sorted(predictor.stop_ids),
         model_dir=config.model_dir,
         max_model_len=config.max_model_len,
     )
@@ -343,6 +348,8 @@ def completion_sender(prompts: OriginalPrompts, max_tokens: int) -> Send:
             "prompt": prompts.ids[i],
             "max_tokens": max_tokens,
             "temperature": 0,
+            "stop_token_ids": prompts.stop_ids,
+            "include_stop_str_in_output": True,
         }
         start = time.perf_counter()
         response = await client.post("/v1/completions", json=body)
@@ -350,8 +357,10 @@ def completion_sender(prompts: OriginalPrompts, max_tokens: int) -> Send:
         latency = time.perf_counter() - start
         out = response.json()
         usage, choice = out["usage"], out["choices"][0]
-        # as the service counts: the stop token that ended the answer is not part of it
-        generated = usage["completion_tokens"] - (choice["finish_reason"] == "stop")
+        # as the service counts: the stop rule's token is part of the answer, an end of sequence
+        # token (stop_reason None) is not
+        eos = choice["finish_reason"] == "stop" and choice.get("stop_reason") is None
+        generated = usage["completion_tokens"] - eos
         return Reply(
             record=i,
             latency_s=latency,
@@ -448,24 +457,39 @@ def run_system(
 
 
 def checks(replies: dict[str, list[Reply]]) -> dict[str, Any]:
-    """vllm-serve against each service mode, record by record: equal original-tokenizer prompt
-    lengths (they must be: same ids), and equal answers (greedy, same model: they should be;
-    `original` mode only, medtpe mode runs another prompt)."""
+    """Record by record: vllm-serve against each service mode, equal original-tokenizer prompt
+    lengths (they must be: same ids); every pair of systems, the same parsed answer and the same
+    text (greedy; `original` and vllm-serve run the same ids on the same model); per system, the
+    answers with text after their answer object (`medtpe_core.tasks.answers`)."""
+    from medtpe_core.tasks import get_task
+
+    task = get_task(TASK)
     out: dict[str, Any] = {}
     plain = replies.get(VLLM_SERVE)
-    if plain is None:
-        return out
     for mode in SERVICE_MODES:
-        if mode not in replies:
+        if plain is None or mode not in replies:
             continue
         pairs = list(zip(replies[mode], plain, strict=True))
         unequal = [a.record for a, b in pairs if a.original_tokens != b.original_tokens]
         out[f"{mode}_prompt_tokens_equal"] = not unequal
         if unequal:
             out[f"{mode}_prompt_tokens_unequal_records"] = unequal
-        if mode == "original":
-            same = sum(a.text == b.text for a, b in pairs)
-            out["original_answers_equal"] = f"{same}/{len(pairs)}"
+    parsed = {
+        system: [task.parse_answer(r.text) for r in system_replies]
+        for system, system_replies in replies.items()
+    }
+    for first, second in itertools.combinations(replies, 2):
+        pairs = list(zip(parsed[first], parsed[second], strict=True))
+        texts = zip(replies[first], replies[second], strict=True)
+        out[f"{first}_vs_{second}_answers_equal"] = (
+            f"{sum(a.prediction == b.prediction for a, b in pairs)}/{len(pairs)}"
+        )
+        out[f"{first}_vs_{second}_texts_equal"] = (
+            f"{sum(a.text == b.text for a, b in texts)}/{len(pairs)}"
+        )
+    for system, answers in parsed.items():
+        out[f"{system}_format_ok"] = f"{sum(a.format_ok for a in answers)}/{len(answers)}"
+        out[f"{system}_trailing_text"] = sum(bool(a.trailing) for a in answers)
     return out
 
 
@@ -571,7 +595,7 @@ def main() -> None:
     settings = service_settings(args, "original")
     write_results(
         args.out,
-        " ".join(["benchmarks/bench_service.py", *sys.argv[1:]]),
+        " ".join(["python -m benchmarks.bench_service", *sys.argv[1:]]),
         {
             "settings": {
                 **settings.model_dump(mode="json", exclude={"api_keys", "mode", "host", "port"}),
