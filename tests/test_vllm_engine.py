@@ -17,7 +17,7 @@ from evaluation.records import EvalRecord, load_records
 from evaluation.report import build_report
 from evaluation.results import RecordResult
 from evaluation.runner import Sampling, evaluate_mode, measured
-from inference.engine import EngineDead
+from inference.engine import EngineDead, Finish
 from inference.model import load_model
 from inference.predictor import Predictor
 from inference.vllm_engine import VllmEngine
@@ -59,12 +59,30 @@ def test_p_positive_is_a_probability(
     assert report["medtpe"]["auroc"]["value"] is None  # one record: one class only
 
 
+async def stop_rule_ends_the_answer(
+    engine: VllmEngine, predictor: Predictor, task: Task, record: EvalRecord
+) -> None:
+    """The stop rule inside the engine: with `stop_ids` the answer is the free answer cut right
+    after its first stop id (kept), and says it stopped there."""
+    prepared = predictor.prepare(task, record.events, record.prediction_time)
+    [free] = await engine.generate(prepared.engine_ids, max_new_tokens=16)
+    [stopped] = await engine.generate(
+        prepared.engine_ids, max_new_tokens=16, stop_ids=predictor.stop_ids
+    )
+    first = next(k for k, token in enumerate(free.ids) if token in predictor.stop_ids)
+    assert stopped.ids == free.ids[: first + 1] and stopped.finish is Finish.STOP
+    assert free.finish is not Finish.STOP
+    parsed = task.parse_answer(prepared.prompt.response_prefix + predictor.decode(stopped.ids))
+    assert parsed.format_ok and parsed.trailing == ""
+
+
 async def evaluate_then_kill(
     engine: VllmEngine, predictor: Predictor, task: Task, records: list[EvalRecord]
 ) -> list[RecordResult]:
     """Evaluate the records, then kill the engine core processes: the engine must turn dead and
     raise `EngineDead` (one event loop: the engine's output loop lives in it)."""
     rows = await evaluate_mode(engine, predictor, task, records, Sampling(max_new_tokens=8))
+    await stop_rule_ends_the_answer(engine, predictor, task, records[0])
     prompt_ids = predictor.engine_ids(predictor.segment("Hi"))
     cores = [
         child
