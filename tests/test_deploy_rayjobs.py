@@ -61,7 +61,7 @@ def option_values(args: list[str]) -> dict[str, str]:
 
 
 def test_there_are_rayjobs_and_kustomize_leaves_them_out() -> None:
-    assert [p.name for p in RAYJOBS] == ["rayjob-mine.yaml"]
+    assert [p.name for p in RAYJOBS] == ["rayjob-mine.yaml", "rayjob-predict.yaml"]
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     assert not {p.name for p in RAYJOBS} & set(kustomization["resources"])
     assert "RayJob" not in k8s_documents()  # the service's manifests stay CRD-free
@@ -130,22 +130,25 @@ def test_pods_run_the_project_image_as_its_user_with_ray_start(path: Path) -> No
 @pytest.mark.parametrize("path", RAYJOBS, ids=lambda p: p.name)
 def test_entrypoint_is_the_real_cli_on_the_mounted_paths(path: Path) -> None:
     job = load(path)
-    templates = pod_templates(job)
-    mounts_of = {
-        group: {
+    mounts_of = [
+        {
             m["mountPath"]: m.get("readOnly", False)
             for m in t["spec"]["containers"][0]["volumeMounts"]
         }
-        for group, t in templates.items()
-    }
-    # every pod sees the same volumes at the same paths (tasks open files by path)
-    assert len({tuple(sorted(m.items())) for m in mounts_of.values()}) == 1
-    mounts = mounts_of["head"]
+        for t in pod_templates(job).values()
+    ]
 
     def mount_of(value: str) -> tuple[str, bool]:
-        found = [(m, ro) for m, ro in mounts.items() if Path(value).is_relative_to(m)]
-        assert found, f"{value} is on no volume every pod mounts"
-        return found[0]
+        """The mount holding `value`, the same in every pod (tasks open files by path)."""
+        found = {
+            (m, ro)
+            for mounts in mounts_of
+            for m, ro in mounts.items()
+            if Path(value).is_relative_to(m)
+        }
+        assert len(found) == 1, f"{value}: not on one volume every pod mounts alike ({found})"
+        assert all(any(Path(value).is_relative_to(m) for m in mounts) for mounts in mounts_of)
+        return found.pop()
 
     commands = entrypoint_commands(job)
     ray_used = False
@@ -167,8 +170,19 @@ def test_entrypoint_is_the_real_cli_on_the_mounted_paths(path: Path) -> None:
         if "--out" in given:
             assert mount_of(given["--out"])[1] is False, "--out on a read-only volume"
     assert ray_used
+    # the engines the job asks for fit the GPUs its worker groups request
+    given = option_values(commands[-1][2:])
+    wanted = int(given.get("--engines", "1")) * float(given.get("--engine-gpus", "0"))
+    gpus = 0
+    for group in job["spec"]["rayClusterSpec"]["workerGroupSpecs"]:
+        resources = group["template"]["spec"]["containers"][0]["resources"]
+        per_pod = resources["limits"].get("nvidia.com/gpu", 0)
+        assert resources["requests"].get("nvidia.com/gpu", 0) == per_pod
+        gpus += group["minReplicas"] * per_pod
+    assert wanted <= gpus
     # `medtpe prepare-model` writes the base model where --base reads it (MEDTPE_CACHE_DIR)
     cache = parse_dockerfile(ROOT / "Dockerfile")["runtime"].env()["MEDTPE_CACHE_DIR"]
     bases = [option_values(args[2:]).get("--base") for args in commands]
     if ["medtpe", "prepare-model"] in commands:
-        assert f"{cache}/models/{DEFAULT_MODEL_NAME}" in bases
+        assert mount_of(cache)[1] is False  # the checkpoint lands on the shared work volume
+        assert {*bases} <= {None, f"{cache}/models/{DEFAULT_MODEL_NAME}"}
