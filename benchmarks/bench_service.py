@@ -585,8 +585,12 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     """Run the systems one after the other, print a Markdown table, write the results file."""
+    from training.export import prepare_model_files
+
     args = parse_args()
     bodies = load_bodies(args.meds, sum(args.per_level))
+    for mode in ("original", "medtpe"):
+        prepare_model_files(service_settings(args, mode).model())
     prompts = original_prompts(args, bodies) if VLLM_SERVE in args.systems else None
     results, replies = [], {}
     for system in args.systems:

@@ -44,7 +44,8 @@ from tqdm import tqdm
 
 from evaluation.predictions import PREDICTED_VALUE, results_table
 from evaluation.results import RecordResult, record_key
-from inference.engine import Engine, EngineDead, EngineFactory, start_vllm
+from inference.engine import Engine, EngineDead, EngineFactory
+from inference.engines import start_vllm
 from inference.model import LoadedModel, ModelConfig, load_model
 from inference.predictor import Predictor, PreparedRecord
 from medtpe_core.meds_readers import MedsDataset, data_shards, read_labels, read_subject_splits

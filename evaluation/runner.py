@@ -16,7 +16,8 @@ from tqdm import tqdm
 
 from evaluation.records import EvalRecord
 from evaluation.results import RecordResult
-from inference.engine import Engine, EngineFactory, start_vllm
+from inference.engine import Engine, EngineFactory
+from inference.engines import start_vllm
 from inference.model import LoadedModel, ModelConfig, load_model
 from inference.predictor import Predictor
 from medtpe_core.tasks import Task
@@ -95,9 +96,9 @@ async def run_modes(
     engine_factory: EngineFactory = start_vllm,
 ) -> tuple[dict[str, list[RecordResult]], list[LoadedModel]]:
     """Load and evaluate each mode on its own engine, one after the other (prefix caching off).
-    A mode is loaded (e.g. its checkpoint exported) only when its turn comes, and each engine is
-    shut down before the next starts, so two never compete for memory or cores. Returns the
-    results by mode and the models used."""
+    A mode is loaded only when its turn comes (its files prepared beforehand, e.g. by
+    `training.export.prepare_model_files`), and each engine is shut down before the next starts,
+    so two never compete for memory or cores. Returns the results by mode and the models used."""
     results, used = {}, []
     for config in configs:
         model = load_model(measured(config))

@@ -1,8 +1,10 @@
 """The engine interface: token ids in, token ids out, one error type.
 
 Everything that generates (the service, the evaluation, the benchmarks) talks to an `Engine`;
-`inference.vllm_engine.VllmEngine` is the real one. A test of the HTTP layer may hand the service
-another `EngineFactory` (e.g. one that answers at once); the end-to-end tests use vLLM.
+this module is the protocol only and imports no implementation. `inference.vllm_engine.VllmEngine`
+is the real one (`inference.engines` starts or connects it where the program is assembled);
+`inference.instant_engine.InstantEngine` answers at once, for tests and benchmarks of what lies
+around the engine; the end-to-end tests use vLLM.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 DistributedBackend = Literal["mp", "ray", "uni", "external_launcher"]
 
@@ -141,22 +143,3 @@ class Engine(Protocol):
 
 EngineFactory = Callable[[EngineConfig], Engine]
 """Starts an engine for a config (blocking; callers run it off the event loop)."""
-
-
-def start_vllm(config: EngineConfig) -> Engine:
-    """The real engine: vLLM, imported only when one is started."""
-    from inference.vllm_engine import VllmEngine
-
-    return VllmEngine.start(config)
-
-
-def connect_vllm(client: dict[str, Any]) -> EngineFactory:
-    """An `EngineFactory` that connects to a vLLM engine core another process started
-    (`inference.shared_engine`); `client` is the addresses that process handed this one."""
-
-    def connect(config: EngineConfig) -> Engine:
-        from inference.vllm_engine import VllmEngine
-
-        return VllmEngine.connect(client, config)
-
-    return connect

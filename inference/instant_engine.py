@@ -1,7 +1,8 @@
-"""An engine that answers at once, for tests of the HTTP layer (fakes around the thing under
-test): it implements `inference.engine.Engine`, reads the served checkpoint's own tokenizer, and
-answers every prompt with that tokenizer's ids of a fixed answer. `delay_s` holds each
-generation (deadline and queue tests); `die()` makes it report death like a crashed vLLM."""
+"""The one fake engine, the seam for tests and benchmarks of what lies around the engine (the
+HTTP layer, the batch job, the build's bookkeeping): it implements `inference.engine.Engine`,
+reads the served checkpoint's own tokenizer, and answers every prompt with that tokenizer's ids
+of a fixed answer. `delay_s` holds each generation (deadline and queue tests); `die()` makes it
+report death like a crashed vLLM. It imports no vLLM; never used by the product itself."""
 
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from inference.engine import AnswerConstraint, Completion, EngineConfig, EngineDead, Finish
+from inference.engine import (
+    AnswerConstraint,
+    Completion,
+    EngineConfig,
+    EngineDead,
+    EngineFactory,
+    Finish,
+)
 
 ANSWER = 'yes"}'
 """What follows the `{"answer": "` prefill: a well-formed binary answer."""
@@ -38,7 +46,7 @@ class InstantEngine:
         self._dead = False
 
     @classmethod
-    def factory(cls, delay_s: float = 0.0):
+    def factory(cls, delay_s: float = 0.0) -> EngineFactory:
         """An `EngineFactory` making instant engines with this delay."""
 
         def start(config: EngineConfig) -> InstantEngine:

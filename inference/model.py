@@ -1,29 +1,25 @@
-"""What a caller of the engine loads: the base checkpoint (prepared on first use when it is the
-default), the MedTPE artefact, and in `medtpe` mode the exported checkpoint (written when missing
-or stale). `load_model(ModelConfig(...))` is the one entry point of the service, the evaluation
-and the benchmarks.
+"""What a caller of the engine loads: the base checkpoint, the MedTPE artefact, and in `medtpe`
+mode the exported checkpoint. `load_model(ModelConfig(...))` is the one entry point of the
+service, the evaluation and the benchmarks; it only reads: the checkpoints are written offline
+(`medtpe prepare-model`, `medtpe export`; `training.export.prepare_model_files` for the offline
+tools), and a missing or stale one is a `ModelFilesMissing` naming the command to run.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from inference.checkpoints import check_base_model, check_export
 from inference.engine import EngineConfig, EngineOptions
 from inference.predictor import Mode, Predictor
-from medtpe_core.bundle import ArtefactBundle, content_digest, unvalidated_budget_message
+from medtpe_core.bundle import ArtefactBundle, unvalidated_budget_message
 from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.meds_readers import read_code_descriptions
 from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
 from medtpe_core.tokenizer import MedTPETokenizer
 from medtpe_core.windowing import SLIDING_WINDOW, Windowing
-
-logger = logging.getLogger(__name__)
-
-EXPORT_STAMP = ".medtpe-source"
-"""File in an export directory naming the digest of the artefact it was exported from."""
 
 
 @dataclass(frozen=True)
@@ -31,10 +27,10 @@ class ModelConfig:
     """Which model, artefact and mode to load, the prompt budget and the engine's options."""
 
     model_dir: Path = field(default_factory=default_model_dir)
-    """Base Hugging Face checkpoint (the default one is converted on first use)."""
+    """Base Hugging Face checkpoint (the default one: `medtpe prepare-model`)."""
     artefact_dir: Path = field(default_factory=default_artefact_dir)
     export_dir: Path = field(default_factory=default_export_dir)
-    """Where the base + MedTPE rows checkpoint is exported (`medtpe` mode)."""
+    """The base + MedTPE rows checkpoint vLLM loads in `medtpe` mode (`medtpe export`)."""
     mode: Mode = "medtpe"
     codes_dir: Path | None = None
     """MEDS dataset root with `metadata/codes.parquet` (None: the artefact directory's)."""
@@ -74,31 +70,6 @@ class LoadedModel:
         return unvalidated_budget_message(self.bundle, self.predictor.max_input_tokens)
 
 
-def ensure_base_model(model_dir: Path) -> Path:
-    """The base checkpoint; the default one is converted on first use (training layer)."""
-    if Path(model_dir).resolve() == default_model_dir().resolve():
-        from training.default_model import prepare_default_model
-
-        return prepare_default_model(model_dir)
-    if not (Path(model_dir) / "config.json").is_file():
-        raise FileNotFoundError(f"{model_dir} is not a Hugging Face checkpoint (no config.json)")
-    return Path(model_dir)
-
-
-def ensure_export(model_dir: Path, artefact_dir: Path, export_dir: Path) -> Path:
-    """The exported checkpoint of this base and artefact, exported now if missing or stale."""
-    digest = content_digest(artefact_dir)
-    stamp = Path(export_dir) / EXPORT_STAMP
-    if stamp.is_file() and stamp.read_text().strip() == digest:
-        return Path(export_dir)
-    from training.export import export_checkpoint
-
-    logger.info("exporting %s onto %s into %s", artefact_dir, model_dir, export_dir)
-    export_checkpoint(Path(model_dir), Path(artefact_dir), Path(export_dir))
-    stamp.write_text(digest + "\n")
-    return Path(export_dir)
-
-
 def model_context_length(model_dir: Path) -> int | None:
     """`max_position_embeddings` of a Hugging Face checkpoint, if its config declares one."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
@@ -115,12 +86,13 @@ def input_budget(config: ModelConfig, checkpoint: Path) -> int:
 
 
 def load_model(config: ModelConfig) -> LoadedModel:
-    """Prepare and load the model files of `config` (blocking: minutes on a first start)."""
-    base_dir = ensure_base_model(config.model_dir)
+    """Load the model files of `config` (blocking); `ModelFilesMissing` naming the command to
+    run when a checkpoint is missing or the export is stale."""
+    base_dir = check_base_model(config.model_dir)
     bundle = ArtefactBundle.from_pretrained(config.artefact_dir)
     tokenizer = MedTPETokenizer.load(config.artefact_dir, base=base_dir)
     if config.mode == "medtpe":
-        checkpoint = ensure_export(base_dir, config.artefact_dir, config.export_dir)
+        checkpoint = check_export(base_dir, config.artefact_dir, config.export_dir)
     else:
         checkpoint = base_dir
     budget = input_budget(config, checkpoint)

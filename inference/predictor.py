@@ -122,13 +122,18 @@ def _hashable(answer: Prediction | None) -> Any:
 
 
 def default_prediction_time(events: SubjectEvents | Sequence[MedsEvent]) -> datetime | None:
-    """One minute after the last timed event, on the minute (None when no event has a time)."""
+    """One minute after the last timed event, on the minute (None when no event has a time); the
+    last event's own time when that minute is the calendar's last (9999-12-31 23:59): the events
+    up to and including the prediction time are shown, so no event is lost either way."""
     if not isinstance(events, SubjectEvents):
         events = SubjectEvents.from_events(events)
     last = events.last_time()
     if last is None:
         return None
-    return last.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    try:
+        return last.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    except OverflowError:
+        return last
 
 
 class Predictor:

@@ -163,6 +163,7 @@ def evaluate(
     from medtpe_core.meds_readers import read_dataset_metadata, read_subject_splits
     from medtpe_core.tasks import get_task
     from medtpe_core.windowing import Windowing
+    from training.export import prepare_model_files
 
     task = get_task(task_name).model_copy(update={"prefill_answer": prefill})
     has_splits = bool(read_subject_splits(meds_dir))
@@ -196,6 +197,8 @@ def evaluate(
         )
         for name in MODE_ORDER[mode]
     ]
+    for config in configs:
+        prepare_model_files(config)
     results, used = asyncio.run(run_modes(configs, task, records, sampling))
     budget = used[0].predictor.max_input_tokens
     settings = {

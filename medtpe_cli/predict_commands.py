@@ -237,6 +237,7 @@ def predict(
     from inference.model import ModelConfig
     from medtpe_core.meds_readers import read_subject_splits
     from medtpe_core.tasks import get_task
+    from training.export import prepare_model_files
 
     if (labels_path is None) == (not times):
         raise click.UsageError("give either --labels FILE or --times (not both)")
@@ -271,6 +272,7 @@ def predict(
             enforce_eager=enforce_eager,
         ),
     )
+    prepare_model_files(config)
     if ray_address is None:
         summary = run_local(config, job, out_dir)
     else:

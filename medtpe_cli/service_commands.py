@@ -11,11 +11,12 @@ import click
 def serve(host: str | None, port: int | None) -> None:
     """Serve /predict, /predict/batch, /tokenize, /healthz, /readyz and /metrics.
 
-    On the first start this prepares the default model and exports it with the default MedTPE
-    artefact; `/readyz` turns green once the engine has answered a warm-up request. SIGTERM
-    drains the requests in flight before the engine stops. With `MEDTPE_API_WORKERS` = N > 1,
-    N API processes share one engine (service/api_processes.py). docs/configuration.md lists
-    the settings.
+    It only loads prepared files: `medtpe prepare-model` and `medtpe export` (`make serve` runs
+    both) write the base and the exported checkpoint, and a missing or stale one fails the start
+    with an error naming the command. `/readyz` turns green once the engine has answered a
+    warm-up request. SIGTERM drains the requests in flight before the engine stops. With
+    `MEDTPE_API_WORKERS` = N > 1, N API processes share one engine (service/api_processes.py).
+    docs/configuration.md lists the settings.
     """
     import logging
 

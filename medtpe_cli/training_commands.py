@@ -138,13 +138,21 @@ def ssft(
 @_dir_option("--base", "Base model dir (default: the default model).")
 @_dir_option("--medtpe", "MedTPE artefact dir (default: the default artefact).")
 @_dir_option("--out", "Output checkpoint dir (default: the cache's export dir).")
-def export(base: Path | None, medtpe: Path | None, out: Path | None) -> None:
-    """Write a plain HF checkpoint: base weights with the MedTPE rows, MedTPE tokenizer files."""
-    from medtpe_core.paths import default_artefact_dir, default_export_dir
-    from training.export import export_checkpoint
+@click.option("--force", is_flag=True, help="Export even if --out is current for this artefact.")
+def export(base: Path | None, medtpe: Path | None, out: Path | None, force: bool) -> None:
+    """Write a plain HF checkpoint: base weights with the MedTPE rows, MedTPE tokenizer files.
 
-    path = export_checkpoint(
-        _base_or_default(base), medtpe or default_artefact_dir(), out or default_export_dir()
+    Idempotent: an --out already exported from this artefact (its `.medtpe-source` stamp names
+    the artefact's digest) is left as it is. This is the checkpoint `medtpe serve` loads in
+    `medtpe` mode; the service only checks it."""
+    from medtpe_core.paths import default_artefact_dir, default_export_dir
+    from training.export import ensure_export
+
+    path = ensure_export(
+        _base_or_default(base),
+        medtpe or default_artefact_dir(),
+        out or default_export_dir(),
+        force=force,
     )
     click.echo(str(path))
 

@@ -1,7 +1,7 @@
 """`medtpe serve` with several API processes on one engine (`MEDTPE_API_WORKERS` = N > 1).
 
 The supervisor (the process `medtpe serve` started):
-1. prepares the model files once (conversion, export), so the API processes only load them;
+1. loads and checks the prepared model files once (a missing one stops it before any engine);
 2. points prometheus_client at a fresh multiprocess directory, so `/metrics` from any process
    reports all of them (service/metrics.py);
 3. binds the listening socket, starts the engine core and spawns N API processes
@@ -27,7 +27,7 @@ from typing import Any
 import uvicorn
 from prometheus_client import multiprocess
 
-from inference.engine import connect_vllm
+from inference.engines import connect_vllm
 from inference.model import load_model
 from inference.shared_engine import serve_shared_engine
 from service.app import create_app

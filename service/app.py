@@ -1,8 +1,9 @@
 """The FastAPI application: the API routes plus `/healthz`, `/readyz` and `/metrics`.
 
-The engine starts in the background when the app starts (model preparation, export, engine start,
-one warm-up generation), so `/healthz` answers at once and `/readyz` turns green when the engine
-can serve; the engine stops when the app stops, after uvicorn has drained the requests in flight.
+The engine starts in the background when the app starts (the prepared model files checked and
+loaded, engine start, one warm-up generation), so `/healthz` answers at once and `/readyz` turns
+green when the engine can serve; the engine stops when the app stops, after uvicorn has drained
+the requests in flight.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from inference.engine import EngineFactory, start_vllm
+from inference.engine import EngineFactory
+from inference.engines import start_vllm
 from service import probes, routes
 from service.errors import install_error_handlers
 from service.limits import BodySizeLimit

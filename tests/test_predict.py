@@ -12,13 +12,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from instant_engine import InstantEngine
 from meds_evaluation.schema import PredictionSchema
 from meds_fixtures import PREDICTION_TIME, write_meds_dataset
 from service_support import engine_test_config
 
 from evaluation.batch import NO_EVENTS, UNPARSED, Job, run_local
 from inference.engine import Completion, EngineConfig
+from inference.instant_engine import InstantEngine
 from medtpe_cli.predict_commands import predict
 from medtpe_core.tasks import get_task
 

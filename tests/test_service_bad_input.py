@@ -1,7 +1,7 @@
 """Input that once passed silently or answered 500, through the HTTP layer (in-process app on an
 engine that answers at once): a time in the year 0 and several subjects are 422s naming the
 field; an input budget below the prompt's fixed part fails the start naming the setting, and at
-that minimum every request is answered."""
+that minimum every request is answered; a last event in the calendar's last minute is answered."""
 
 from __future__ import annotations
 
@@ -122,3 +122,15 @@ def test_every_request_is_answered_at_the_minimum_budget(
             assert predicted["status"] == 200, predicted
             assert predicted["tokens"]["original"] <= minimum
             assert post(client, "/tokenize", record)["status"] == 200
+
+
+def test_a_last_event_in_the_calendars_last_minute_is_answered(instant_api: TestClient) -> None:
+    """The default prediction time (a minute after the last event) would overflow the calendar:
+    it is the last event's own time instead, so every event is shown (200, not 500)."""
+    events = [*synthetic_events(4, 3), {"subject_id": 4, "time": "9999-12-31T23:59", "code": "X"}]
+    record = {"task": "icu_mortality", "events": events}
+    predicted = post(instant_api, "/predict", record)
+    assert predicted["status"] == 200, predicted
+    assert predicted["prediction_time"] == "9999-12-31T23:59:00Z"
+    assert predicted["events"] == {"total": len(events), "kept": len(events)}
+    assert post(instant_api, "/tokenize", record)["status"] == 200

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from inference.checkpoints import check_base_model
 from medtpe_core.paths import default_model_dir
 from training.atomic import atomic_directory
 
@@ -98,3 +99,11 @@ def prepare_default_model(out_dir: Path | None = None, force: bool = False) -> P
         convert_gguf(gguf, tmp)
         (tmp / COMPLETE_MARKER).write_text(f"converted from {gguf.name}\n")
     return target
+
+
+def ensure_base_model(model_dir: Path) -> Path:
+    """The base checkpoint `model_dir`: the default model is converted there when missing;
+    any other directory must already be a Hugging Face checkpoint (`ModelFilesMissing`)."""
+    if Path(model_dir).resolve() == default_model_dir().resolve():
+        return prepare_default_model(model_dir)
+    return check_base_model(model_dir)

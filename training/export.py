@@ -5,7 +5,9 @@
 extension artefact's file also holds its byte-fallback ids' rows, after those (`row_ids`).
 `export_checkpoint` writes a plain Hugging Face checkpoint: the base weights with the reused
 rows overwritten (same config, same shapes) plus the artefact's tokenizer files, so
-transformers and vLLM load it as any other model. For an extension artefact the input embedding
+transformers and vLLM load it as any other model; `ensure_export` writes it when missing or
+stale and stamps it with the artefact's digest, which the serving side checks
+(`inference.checkpoints`). For an extension artefact the input embedding
 (and an untied output head) first grows to the artefact's `vocab_size` rows (V + M + fallback
 bytes; `config.vocab_size` follows), the base rows kept bit for bit.
 """
@@ -13,6 +15,7 @@ bytes; `config.vocab_size` follows), the base rows kept bit for bit.
 from __future__ import annotations
 
 import hashlib
+import logging
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,13 +23,19 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors.torch import load_file, safe_open, save_file
 
+from inference.checkpoints import EXPORT_STAMP, export_is_current
+from medtpe_core.bundle import content_digest
 from training.atomic import atomic_directory
+from training.default_model import ensure_base_model
 from training.embedding_init import NewRows, has_tied_embeddings
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from inference.model import ModelConfig
     from medtpe_core.tokenizer import MedTPETokenizer
+
+logger = logging.getLogger(__name__)
 
 EMBEDDINGS_FILE = "embeddings.safetensors"
 FINGERPRINT_KEY = "base_model_fingerprint"
@@ -134,6 +143,28 @@ def export_checkpoint(base_dir: Path, artefact_dir: Path, out_dir: Path) -> Path
         model.save_pretrained(tmp)
         _copy_tokenizer_files(artefact_dir, base_dir, tmp)
     return out_dir
+
+
+def ensure_export(
+    base_dir: Path, artefact_dir: Path, export_dir: Path, force: bool = False
+) -> Path:
+    """The exported checkpoint of this base and artefact in `export_dir`: exported now (and
+    stamped with the artefact's digest) when missing, stale or `force`d, else left as it is."""
+    export_dir = Path(export_dir)
+    if not force and export_is_current(artefact_dir, export_dir):
+        return export_dir
+    logger.info("exporting %s onto %s into %s", artefact_dir, base_dir, export_dir)
+    export_checkpoint(base_dir, artefact_dir, export_dir)
+    (export_dir / EXPORT_STAMP).write_text(content_digest(artefact_dir) + "\n")
+    return export_dir
+
+
+def prepare_model_files(config: ModelConfig) -> None:
+    """Write what `inference.model.load_model(config)` reads and is missing or stale: the
+    default base model, and in `medtpe` mode the export (for the offline tools)."""
+    base_dir = ensure_base_model(config.model_dir)
+    if config.mode == "medtpe":
+        ensure_export(base_dir, config.artefact_dir, config.export_dir)
 
 
 def _copy_tokenizer_files(artefact_dir: Path, base_dir: Path, out_dir: Path) -> None:

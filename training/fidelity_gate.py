@@ -1,8 +1,8 @@
 """The fidelity gate of `medtpe build-artefact`: the held-out windows answered by the original
-model and by the MedTPE model at each serving budget, through the service's own path
-(`inference.model.load_model`, `Predictor`, the engine and its stop rule, the service's default
-decoding: answer prefill, greedy, 64 new tokens), and the paired figures of
-`medtpe_core.fidelity` held against the build's thresholds.
+model and by the MedTPE model at each serving budget, through the service's own path (the
+export written first, then `inference.model.load_model`, `Predictor`, the engine and its stop
+rule, the service's default decoding: answer prefill, greedy, 64 new tokens), and the paired
+figures of `medtpe_core.fidelity` held against the build's thresholds.
 
 One engine per mode serves every budget (its context fits the largest); prefix caching is off,
 so each answer pays its whole prompt as a first request would.
@@ -25,6 +25,7 @@ from inference.model import ModelConfig, load_model
 from medtpe_core.fidelity import Thresholds, fidelity
 from medtpe_core.meds_readers import MedsDataset, data_shards
 from medtpe_core.tasks import get_task
+from training.export import ensure_export
 
 SERVICE_SAMPLING = Sampling()
 """The service's default decoding (greedy, 64 new tokens, free, the task's prefill)."""
@@ -81,6 +82,7 @@ def run_gate(
     """Answer `records` in both modes at each budget (`config`: the MedTPE mode's model; the
     original mode uses its base checkpoint) and hold each budget's fidelity to `thresholds`.
     Returns {budget: {"fidelity": ..., "failures": [...]}} with budgets as strings (JSON)."""
+    ensure_export(config.model_dir, config.artefact_dir, config.export_dir)
     by_mode = {
         mode: asyncio.run(_answer_all(replace(config, mode=mode), records, budgets, engine_factory))
         for mode in ("original", "medtpe")

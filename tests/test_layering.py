@@ -1,0 +1,81 @@
+"""The layers' import rules, checked on the code and on a fresh interpreter: serving (`inference`,
+`service`) imports nothing from `training`, at module level or inside a function; the engine
+protocol (`inference.engine`) imports no engine implementation."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVING = ("inference", "service")
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module `path` imports, anywhere in the file (lazy imports included)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("package", SERVING)
+def test_serving_code_never_imports_training(package: str) -> None:
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(
+            name for name in imported_modules(path) if name.split(".")[0] == "training"
+        )
+        for path in sorted((ROOT / package).rglob("*.py"))
+    }
+    assert {path: names for path, names in offenders.items() if names} == {}
+
+
+def test_the_engine_protocol_imports_no_implementation() -> None:
+    imports = imported_modules(ROOT / "inference" / "engine.py")
+    assert {name for name in imports if name.startswith(("inference.", "vllm"))} == set()
+
+
+def loaded_after(modules: list[str]) -> set[str]:
+    """The top-level packages in `sys.modules` of a fresh interpreter that imported `modules`."""
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    return set(json.loads(out.stdout.splitlines()[-1]))
+
+
+def test_importing_inference_and_service_leaves_training_out() -> None:
+    pytest.importorskip("vllm")
+    loaded = loaded_after(
+        [
+            "service.app",
+            "service.api_processes",
+            "inference.model",
+            "inference.predictor",
+            "inference.engines",
+            "inference.instant_engine",
+            "inference.vllm_engine",
+            "medtpe_cli.service_commands",
+        ]
+    )
+    assert {"inference", "service", "vllm"} <= loaded
+    assert "training" not in loaded
+
+
+def test_the_engine_protocol_and_the_fake_engine_load_without_vllm() -> None:
+    loaded = loaded_after(["inference.engine", "inference.engines", "inference.instant_engine"])
+    assert "vllm" not in loaded and "training" not in loaded
