@@ -7,7 +7,7 @@ The pipeline, over the shards not written yet:
    project's MEDS reader and renders + MedTPE-encodes the records (`Predictor.prepare`), one
    row per record;
 3. `map_batches` on generation actors (`GenerateAnswers`, `--engines`), each holding one engine
-   (`inference.engine.start_vllm`) and answering through `Predictor.answer`, as the local job;
+   (`inference.engines.start_vllm`) and answering through `Predictor.answer`, as the local job;
 4. a hash repartition by shard, so each shard's rows end in one block, and Ray Data's
    `write_parquet` (partitioned by shard) writes the records files and the predictions files into
    a staging directory beside `--out`; when the write has finished, each shard's files are renamed
@@ -59,9 +59,12 @@ from evaluation.batch import (
     write_atomically,
     write_shard,
 )
-from inference.engine import start_vllm
+from inference.engines import start_vllm
 from inference.model import ModelConfig, load_model
 
+BATCH_RECORDS = 4
+"""Records per generation batch, in units of `--concurrency`: the engine idles only while the
+last records of a batch finish (the local job streams without such tails)."""
 SHARD = "shard"
 """Partition column: the shard's index among the run's pending plans."""
 
@@ -150,7 +153,7 @@ def run_ray(
 
     plans = plan_shards(job)
     todo = pending(plans, out_dir)
-    model = load_model(config)  # base model prepared and checkpoint exported once, here
+    model = load_model(config)  # the prepared files checked once, here
     start = time.perf_counter()
     with_records = [p for p in todo if p.requests]
     for plan in todo:
@@ -198,7 +201,7 @@ def _run_pipeline(
         .map_batches(
             GenerateAnswers,
             fn_constructor_kwargs={"config": config, "job": job},
-            batch_size=job.concurrency,
+            batch_size=BATCH_RECORDS * job.concurrency,
             batch_format="numpy",
             concurrency=resources.engines,
             num_cpus=resources.engine_cpus,

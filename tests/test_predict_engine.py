@@ -40,6 +40,10 @@ def _predict(
         "--kv-cache-gib",
         "1",
         "--enforce-eager",
+        # one record in the engine at a time: batches of several records give p(yes) that
+        # differ in the 5th decimal with the batch's make-up, which differs between the runs
+        "--concurrency",
+        "1",
         "--artefact",
         str(artefact),
         "--export-dir",

@@ -1,0 +1,242 @@
+"""`medtpe predict` over every ICU stay of a MEDS dataset, locally and on a local Ray cluster.
+
+    .venv/bin/python -m benchmarks.bench_predict \\
+        --meds ../shared/data/mimic-iv-demo-meds \\
+        --labels ../shared/data/mimic-iv-demo-meds/labels/icu_mortality.parquet \\
+        --max-input-tokens 1024 --systems local ray --out benchmarks/results/predict.json
+
+Each system is the real command (`medtpe predict`, `--ray --ray-cpus N` for Ray) in a fresh
+process writing into its own directory, so both pay their engine start. Reported per system:
+wall time of the whole command, records/s over it (and over scoring alone for the local job, whose
+summary separates the engine start), peak memory (the summed RSS of the command's process tree
+and its largest process, sampled every 0.5 s: Ray's own processes included), both tokenizers'
+token totals from the summary, and how many records the systems answered identically.
+
+`--repeat K` scores a dataset of K copies of the input (each copy's subjects renumbered and its
+numbers' digits rotated, so no prompt repeats and the prefix cache cannot help; each copy one
+shard), to show the job's memory does not grow with the records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from benchmarks.results_file import write_results
+from evaluation.batch import RECORDS_SUFFIX, SUMMARY_FILE
+
+SUBJECT_OFFSET = 10**8
+"""Copy k's subject ids are the input's + k * SUBJECT_OFFSET."""
+
+
+class TreeMemory:
+    """Peak summed RSS of a process and its descendants, sampled in a thread."""
+
+    def __init__(self, pid: int, every_s: float = 0.5) -> None:
+        self.root = psutil.Process(pid)
+        self.every_s = every_s
+        self.peak_total = 0
+        self.peak_process = 0
+        self.loads: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            sizes = []
+            try:
+                for process in [self.root, *self.root.children(recursive=True)]:
+                    try:
+                        sizes.append(process.memory_info().rss)
+                    except psutil.Error:
+                        continue
+            except psutil.Error:
+                break
+            self.peak_total = max(self.peak_total, sum(sizes))
+            self.peak_process = max([self.peak_process, *sizes])
+            self.loads.append(os.getloadavg()[0])
+            self._stop.wait(self.every_s)
+
+    def stop(self) -> dict[str, float]:
+        """Stop sampling; the peaks in MiB and the machine's mean 1-minute load average (other
+        processes on the machine slow the run when it exceeds the cores)."""
+        self._stop.set()
+        self._thread.join()
+        return {
+            "peak_tree_rss_mib": round(self.peak_total / 2**20, 1),
+            "peak_process_rss_mib": round(self.peak_process / 2**20, 1),
+            "mean_load_avg_1m": round(sum(self.loads) / max(len(self.loads), 1), 2),
+        }
+
+
+def rotated(table: pa.Table, k: int) -> pa.Table:
+    """`table` with subject ids moved by k * SUBJECT_OFFSET and, when it has numeric values,
+    every value's digits rotated by k."""
+    table = table.set_column(
+        table.schema.get_field_index("subject_id"),
+        "subject_id",
+        pc.add(table.column("subject_id"), k * SUBJECT_OFFSET),
+    )
+    if "numeric_value" not in table.column_names or k == 0:
+        return table
+    digits = str.maketrans("0123456789", "".join(str((d + k) % 10) for d in range(10)))
+    values = [
+        None if v is None else float(repr(v).translate(digits))
+        for v in table.column("numeric_value").to_pylist()
+    ]
+    index = table.schema.get_field_index("numeric_value")
+    field = table.schema.field(index)
+    return table.set_column(index, field, pa.array(values, field.type))
+
+
+def repeated_dataset(meds: Path, labels: Path, copies: int, out: Path) -> tuple[Path, Path]:
+    """A MEDS dataset of `copies` shards, each a `rotated` copy of `meds`'s data, and the
+    matching label file."""
+    (out / "data").mkdir(parents=True, exist_ok=True)
+    (out / "metadata").mkdir(exist_ok=True)
+    codes = out / "metadata" / "codes.parquet"
+    if not codes.exists():
+        codes.symlink_to((meds / "metadata" / "codes.parquet").resolve())
+    events = pa.concat_tables(pq.read_table(p) for p in sorted((meds / "data").rglob("*.parquet")))
+    label_table = pq.read_table(labels)
+    for k in range(copies):
+        path = out / "data" / f"copy_{k:04d}.parquet"
+        if not path.exists():
+            pq.write_table(rotated(events, k), path)
+    all_labels = out / "labels.parquet"
+    pq.write_table(pa.concat_tables(rotated(label_table, k) for k in range(copies)), all_labels)
+    return out, all_labels
+
+
+def run_system(
+    system: str, meds: Path, labels: Path, out: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    """One `medtpe predict` run of `system` (local / ray); its figures."""
+    command = [
+        str(Path(sys.executable).with_name("medtpe")),
+        "predict",
+        "--meds",
+        str(meds),
+        "--labels",
+        str(labels),
+        "--task",
+        args.task,
+        "--out",
+        str(out),
+        "--max-input-tokens",
+        str(args.max_input_tokens),
+        "--kv-cache-gib",
+        str(args.kv_cache_gib),
+    ]
+    if system == "ray":
+        command += ["--ray", "--ray-cpus", str(args.ray_cpus)]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log = out.with_suffix(".log")
+    start = time.perf_counter()
+    with log.open("w") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+        memory = TreeMemory(process.pid)
+        code = process.wait()
+    wall = time.perf_counter() - start
+    peaks = memory.stop()
+    if code != 0:
+        raise RuntimeError(f"{shlex.join(command)} failed ({code}); see {log}")
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    run = summary["this_run"]
+    return {
+        "command": shlex.join(command),
+        "records": summary["records"],
+        "failures": summary["failures"],
+        "failure_kinds": summary["failure_kinds"],
+        "tokens_original": summary["tokens_original"],
+        "tokens_medtpe": summary["tokens_medtpe"],
+        "compression_rate": summary["compression_rate"],
+        "wall_s": round(wall, 1),
+        "records_per_s_wall": round(summary["records"] / wall, 3),
+        "scoring_s": round(run["scoring_s"], 1),
+        "records_per_s_scoring": run["records_per_s"],
+        **peaks,
+    }
+
+
+def _records(out: Path) -> dict[int, dict[str, Any]]:
+    tables = [pq.read_table(p) for p in sorted(out.rglob(f"*{RECORDS_SUFFIX}"))]
+    return {r["record"]: r for r in pa.concat_tables(tables).to_pylist()}
+
+
+def agreement(first: Path, second: Path) -> dict[str, Any]:
+    """How two runs' records compare: same prediction, answer text and token counts, same
+    p(yes) to the last bit, and the largest p(yes) difference."""
+    a, b = _records(first), _records(second)
+    common = [r for r in a if r in b]
+
+    def same(*keys: str) -> int:
+        return sum(1 for r in common if all(a[r][k] == b[r][k] for k in keys))
+
+    gaps = [
+        abs(a[r]["p_positive"] - b[r]["p_positive"])
+        for r in common
+        if a[r]["p_positive"] is not None and b[r]["p_positive"] is not None
+    ]
+    return {
+        "records": len(a),
+        "in_both": len(common),
+        "same_prediction": same("prediction", "error"),
+        "same_answer_text": same("answer"),
+        "same_token_counts": same("n_tokens_original", "n_tokens_medtpe"),
+        "same_p_positive_exactly": same("p_positive"),
+        "max_abs_p_positive_difference": max(gaps, default=None),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--meds", type=Path, required=True)
+    parser.add_argument("--labels", type=Path, required=True)
+    parser.add_argument("--task", default="icu_mortality")
+    parser.add_argument("--max-input-tokens", type=int, default=1024)
+    parser.add_argument("--kv-cache-gib", type=float, default=4.0)
+    parser.add_argument("--systems", nargs="+", choices=["local", "ray"], default=["local", "ray"])
+    parser.add_argument("--ray-cpus", type=int, default=os.cpu_count())
+    parser.add_argument("--repeat", type=int, default=1, help="K copies of the input (see above)")
+    parser.add_argument("--work-dir", type=Path, default=None, help="Keep outputs here.")
+    parser.add_argument("--out", type=Path, default=None, help="Results JSON.")
+    args = parser.parse_args()
+
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench_predict_"))
+    meds, labels = args.meds, args.labels
+    if args.repeat > 1:
+        meds, labels = repeated_dataset(meds, labels, args.repeat, work / "dataset")
+    results: dict[str, Any] = {
+        "max_input_tokens": args.max_input_tokens,
+        "repeat": args.repeat,
+        "systems": {},
+    }
+    for system in args.systems:
+        out = work / system
+        results["systems"][system] = run_system(system, meds, labels, out, args)
+        print(system, json.dumps(results["systems"][system], indent=1))
+    if len(args.systems) == 2:
+        results["agreement"] = agreement(work / args.systems[0], work / args.systems[1])
+        print("agreement", results["agreement"])
+    command = shlex.join([".venv/bin/python", "-m", "benchmarks.bench_predict", *sys.argv[1:]])
+    write_results(args.out, command, results)
+
+
+if __name__ == "__main__":
+    main()
