@@ -42,6 +42,8 @@ def test_predict_command_parses_as_medtpe_predict(monkeypatch: pytest.MonkeyPatc
     predict_step = yaml.safe_load(MODEL_YAML.read_text())["commands"]["supervised"]["predict"]
     argv = shlex.split(predict_step.format(**FORMAT))
     assert argv[:2] == ["medtpe", "predict"]
+    # MEDS-DEV writes the command into a bash script as is: a line break would end the command
+    assert "\n" not in predict_step
     # parse only: resilient parsing does not check that the paths exist
     context = predict.make_context("predict", argv[2:], resilient_parsing=True)
     params = context.params
