@@ -91,6 +91,7 @@ def _table(
             meds.LabelSchema.prediction_time_name: pa.array(times, pa.timestamp("us")),
             meds.LabelSchema.boolean_value_name: pa.array(labels, pa.bool_()),
             PREDICTED_VALUE: pa.array(predicted, pa.bool_()),
-            PREDICTED_PROBABILITY: pa.array(probabilities, pa.float32()),
+            # float64: MEDS-DEV's pinned meds-evaluation (0.0.3) requires it; 0.0.6 casts it
+            PREDICTED_PROBABILITY: pa.array(probabilities, pa.float64()),
         }
     )

@@ -106,6 +106,8 @@ def test_failures_are_written_with_their_reason(
     # every row is in the predictions, in meds-evaluation's schema; a failure is a miss
     predictions = pa.concat_tables(pq.read_table(p) for p in sorted(out.rglob("*.parquet")))
     PredictionSchema.align(predictions)
+    # float64: what MEDS-DEV's pinned meds-evaluation (0.0.3) accepts (0.0.6 casts it)
+    assert predictions.schema.field("predicted_boolean_probability").type == pa.float64()
     rows = {r["subject_id"]: r for r in predictions.to_pylist()}
     for subject in (2, 3, 99):
         assert rows[subject]["predicted_boolean_value"] is (not rows[subject]["boolean_value"])
