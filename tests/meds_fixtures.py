@@ -4,6 +4,7 @@ byte-level BPE tokenizer trained on its rendered text (standing in for a base to
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from pydantic import ValidationError
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from medtpe_core.base_tokenizer import BaseTokenizer
+from medtpe_core.corpus import iter_meds_corpus_texts
 from medtpe_core.meds import MedsEvent
 
 T0 = datetime(2150, 3, 1, 8, 0)
@@ -155,3 +157,22 @@ def train_tokenizer(texts: list[str], vocab_size: int = 400) -> BaseTokenizer:
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
     return BaseTokenizer.from_json_obj(json.loads(tokenizer.to_str()), fingerprint="test")
+
+
+def write_sharded_data(
+    root: Path, shards: Sequence[Sequence[int]], hours: Callable[[int], int]
+) -> Path:
+    """Data shards only (no metadata): shard i holds the subjects `shards[i]` (rows out of
+    order), subject s with `hours(s)` hours of events."""
+    for index, subjects in enumerate(shards):
+        rows = [row for s in subjects for row in subject_rows(s, hours=hours(s))]
+        write_table(root / "data" / f"shard_{index}.parquet", rows[::-1])
+    return root
+
+
+def corpus_tokenizer_file(meds_dir: Path, out_dir: Path, vocab_size: int = 500) -> Path:
+    """`out_dir`/tokenizer.json: `train_tokenizer` on the dataset's whole-history records."""
+    path = out_dir / "tokenizer.json"
+    texts = list(iter_meds_corpus_texts(meds_dir))
+    train_tokenizer(texts, vocab_size).tokenizer.save(str(path))
+    return path

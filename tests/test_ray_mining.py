@@ -14,10 +14,10 @@ import pytest
 ray = pytest.importorskip("ray", reason="needs the `ray` extra (pip install 'medtpe[ray]')")
 
 from click.testing import CliRunner  # noqa: E402
-from meds_fixtures import subject_rows, train_tokenizer, write_table  # noqa: E402
+from meds_fixtures import corpus_tokenizer_file, write_sharded_data  # noqa: E402
 
 from medtpe_cli.main import cli  # noqa: E402
-from medtpe_core.corpus import CorpusSpec, iter_meds_corpus_texts  # noqa: E402
+from medtpe_core.corpus import CorpusSpec  # noqa: E402
 from medtpe_core.mining import NgramCounts  # noqa: E402
 from medtpe_core.sharded_mining import MiningJob, count_meds_corpus  # noqa: E402
 from medtpe_core.tokenizer import MedTPETokenizer  # noqa: E402
@@ -28,19 +28,12 @@ SHARDS = ((1, 2), (3, 4), (5,), (6, 7), (8, 9, 10))
 @pytest.fixture(scope="module")
 def meds_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Five data shards of different sizes (so Ray tasks finish out of shard order)."""
-    root = tmp_path_factory.mktemp("ray-meds")
-    for index, subjects in enumerate(SHARDS):
-        rows = [row for s in subjects for row in subject_rows(s, hours=20 + 7 * s)]
-        write_table(root / "data" / f"shard_{index}.parquet", rows[::-1])
-    return root
+    return write_sharded_data(tmp_path_factory.mktemp("ray-meds"), SHARDS, lambda s: 20 + 7 * s)
 
 
 @pytest.fixture(scope="module")
 def tokenizer_file(meds_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    texts = list(iter_meds_corpus_texts(meds_dir))
-    path = tmp_path_factory.mktemp("base") / "tokenizer.json"
-    train_tokenizer(texts, vocab_size=500).tokenizer.save(str(path))
-    return path
+    return corpus_tokenizer_file(meds_dir, tmp_path_factory.mktemp("base"))
 
 
 @pytest.fixture

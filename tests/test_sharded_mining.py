@@ -11,7 +11,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from meds_fixtures import PREDICTION_TIME, subject_rows, train_tokenizer, write_table
+from meds_fixtures import (
+    PREDICTION_TIME,
+    corpus_tokenizer_file,
+    subject_rows,
+    write_sharded_data,
+    write_table,
+)
 
 from medtpe_cli.main import cli
 from medtpe_core.base_tokenizer import BaseTokenizer
@@ -39,20 +45,14 @@ def _write_labels(root: Path, subjects: list[int]) -> None:
 @pytest.fixture(scope="module")
 def meds_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Four data shards (one subject in one shard each), labels for every subject."""
-    root = tmp_path_factory.mktemp("sharded-meds")
-    for index, subjects in enumerate(SHARDS):
-        rows = [row for s in subjects for row in subject_rows(s, hours=20 + 3 * s)]
-        write_table(root / "data" / f"shard_{index}.parquet", rows[::-1])
+    root = write_sharded_data(tmp_path_factory.mktemp("sharded-meds"), SHARDS, lambda s: 20 + 3 * s)
     _write_labels(root, [s for shard in SHARDS for s in shard])
     return root
 
 
 @pytest.fixture(scope="module")
 def tokenizer_file(meds_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    texts = list(iter_meds_corpus_texts(meds_dir))
-    path = tmp_path_factory.mktemp("base") / "tokenizer.json"
-    train_tokenizer(texts, vocab_size=500).tokenizer.save(str(path))
-    return path
+    return corpus_tokenizer_file(meds_dir, tmp_path_factory.mktemp("base"))
 
 
 def test_merged_shard_counts_equal_one_pass(meds_dir: Path, tokenizer_file: Path) -> None:
