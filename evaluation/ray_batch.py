@@ -7,7 +7,9 @@ The pipeline, over the shards not written yet:
    project's MEDS reader and renders + MedTPE-encodes the records (`Predictor.prepare`), one
    row per record;
 3. `map_batches` on generation actors (`GenerateAnswers`, `--engines`), each holding one engine
-   (`inference.engines.start_vllm`) and answering through `Predictor.answer`, as the local job;
+   (`inference.engines.start_vllm`) and answering a shard's block of records through
+   `Predictor.answer`, `--concurrency` at a time, as the local job does (same batches in the
+   engine, so the same p(yes) to the last bit; Ray splits a block only beyond 128 MiB);
 4. a hash repartition by shard, so each shard's rows end in one block, and Ray Data's
    `write_parquet` (partitioned by shard) writes the records files and the predictions files into
    a staging directory beside `--out`; when the write has finished, each shard's files are renamed
@@ -62,9 +64,6 @@ from evaluation.batch import (
 from inference.engines import start_vllm
 from inference.model import ModelConfig, load_model
 
-BATCH_RECORDS = 4
-"""Records per generation batch, in units of `--concurrency`: the engine idles only while the
-last records of a batch finish (the local job streams without such tails)."""
 SHARD = "shard"
 """Partition column: the shard's index among the run's pending plans."""
 
@@ -201,7 +200,7 @@ def _run_pipeline(
         .map_batches(
             GenerateAnswers,
             fn_constructor_kwargs={"config": config, "job": job},
-            batch_size=BATCH_RECORDS * job.concurrency,
+            batch_size=None,  # a whole block: one shard's records, as the local job streams them
             batch_format="numpy",
             concurrency=resources.engines,
             num_cpus=resources.engine_cpus,
