@@ -146,9 +146,7 @@ def read_answer(text: str, reading: AnswerReading = AnswerReading.STRICT) -> Fou
     return NOT_FOUND
 
 
-def answer_end_ids(
-    tokens: Callable[[Sequence[int]], list[str]], vocab_size: int
-) -> frozenset[int]:
+def answer_end_ids(tokens: Callable[[Sequence[int]], list[str]], vocab_size: int) -> frozenset[int]:
     """The stop rule for one vocabulary: the ids whose text holds `ANSWER_END` (`tokens`: each
     id's text, e.g. `MedTPETokenizer.tokens`, whose merged tokens may hold it inside).
 
