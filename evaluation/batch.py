@@ -31,7 +31,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ from tqdm import tqdm
 
 from evaluation.predictions import PREDICTED_VALUE, results_table
 from evaluation.results import RecordResult, record_key
+from evaluation.runner import Sampling, sampled_answer
 from inference.engine import Engine, EngineDead, EngineFactory
 from inference.engines import start_vllm
 from inference.model import LoadedModel, ModelConfig, load_model
@@ -96,10 +97,8 @@ class Job:
     """(i, n): only the data shards whose position is i modulo n, so n independent jobs (a Slurm
     array, joblib) share the shards of one `--out`; label rows without events go with i = 0."""
     limit: int | None = None
-    n_samples: int = 1
-    temperature: float = 0.0
-    max_new_tokens: int = 64
-    constrained: bool = False
+    sampling: Sampling = field(default_factory=Sampling)
+    """Generation settings, as `medtpe evaluate`'s."""
     concurrency: int = 16
     """Records in flight to one engine at a time."""
 
@@ -276,15 +275,7 @@ async def answer_record(
     """The record's answer through `Predictor.answer` (first-token option probabilities asked
     for); a generation error other than a dead engine becomes the record's failure."""
     try:
-        answer = await predictor.answer(
-            engine,
-            prepared,
-            n_samples=job.n_samples,
-            temperature=job.temperature,
-            max_new_tokens=job.max_new_tokens,
-            probabilities=True,
-            constrained=job.constrained,
-        )
+        answer = await sampled_answer(engine, predictor, prepared, job.sampling)
     except EngineDead:
         raise
     except Exception as exc:
@@ -456,10 +447,7 @@ def job_settings(job: Job, model: LoadedModel) -> dict[str, Any]:
         "partition": None if job.partition is None else "/".join(map(str, job.partition)),
         "limit": job.limit,
         "max_input_tokens": model.predictor.max_input_tokens,
-        "max_new_tokens": job.max_new_tokens,
-        "n_samples": job.n_samples,
-        "temperature": job.temperature,
-        "constrained": job.constrained,
+        **asdict(job.sampling),
         "concurrency": job.concurrency,
         "model": asdict(model.identity),
     }

@@ -19,7 +19,7 @@ from evaluation.results import RecordResult
 from inference.engine import Engine, EngineFactory
 from inference.engines import start_vllm
 from inference.model import LoadedModel, ModelConfig, load_model
-from inference.predictor import Predictor
+from inference.predictor import Answer, Predictor, PreparedRecord
 from medtpe_core.tasks import Task
 from medtpe_core.tasks.option_probabilities import positive_probability
 
@@ -33,6 +33,22 @@ class Sampling:
     max_new_tokens: int = 64
     constrained: bool = False
     """Structured outputs: every answer well-formed (`Predictor.answer(constrained=True)`)."""
+
+
+async def sampled_answer(
+    engine: Engine, predictor: Predictor, prepared: PreparedRecord, sampling: Sampling
+) -> Answer:
+    """`Predictor.answer` of a prepared record with `sampling`'s settings, the answer options'
+    probabilities asked for (first-token logprobs)."""
+    return await predictor.answer(
+        engine,
+        prepared,
+        n_samples=sampling.n_samples,
+        temperature=sampling.temperature,
+        max_new_tokens=sampling.max_new_tokens,
+        probabilities=True,
+        constrained=sampling.constrained,
+    )
 
 
 async def evaluate_mode(
@@ -49,15 +65,7 @@ async def evaluate_mode(
     for record in tqdm(records, desc=f"evaluate {predictor.mode}", unit="record"):
         start = time.perf_counter()
         prepared = predictor.prepare(task, record.events, record.prediction_time)
-        answer = await predictor.answer(
-            engine,
-            prepared,
-            n_samples=sampling.n_samples,
-            temperature=sampling.temperature,
-            max_new_tokens=sampling.max_new_tokens,
-            probabilities=True,
-            constrained=sampling.constrained,
-        )
+        answer = await sampled_answer(engine, predictor, prepared, sampling)
         latency = time.perf_counter() - start
         results.append(
             RecordResult(

@@ -233,6 +233,7 @@ def predict(
     """Score every record of a MEDS dataset into meds-evaluation predictions, shard by shard
     (resumable: shards already written are skipped)."""
     from evaluation.batch import Job, run_local
+    from evaluation.runner import Sampling
     from inference.engine import EngineOptions
     from inference.model import ModelConfig
     from medtpe_core.meds_readers import read_subject_splits
@@ -251,10 +252,14 @@ def predict(
         split=split if has_splits and split != ALL_SPLITS else None,
         partition=_partition(partition),
         limit=limit,
-        n_samples=n_samples,
-        temperature=temperature if temperature is not None else (0.0 if n_samples == 1 else 0.7),
-        max_new_tokens=max_new_tokens,
-        constrained=constrained,
+        sampling=Sampling(
+            n_samples=n_samples,
+            temperature=temperature
+            if temperature is not None
+            else (0.0 if n_samples == 1 else 0.7),
+            max_new_tokens=max_new_tokens,
+            constrained=constrained,
+        ),
         concurrency=concurrency,
     )
     config = ModelConfig(

@@ -17,6 +17,7 @@ from meds_fixtures import PREDICTION_TIME, write_meds_dataset
 from service_support import engine_test_config
 
 from evaluation.batch import NO_EVENTS, UNPARSED, Job, run_local
+from evaluation.runner import Sampling
 from inference.engine import Completion, EngineConfig
 from inference.instant_engine import InstantEngine
 from medtpe_cli.predict_commands import predict
@@ -65,7 +66,7 @@ def _job(meds: Path, **changes: object) -> Job:
         "meds_dir": meds,
         "task": get_task("icu_mortality"),
         "labels": meds / "labels" / "icu_mortality.parquet",
-        "max_new_tokens": 8,
+        "sampling": Sampling(max_new_tokens=8),
         "concurrency": 2,
     }
     return Job(**{**settings, **changes})
