@@ -12,9 +12,10 @@ summary separates the engine start), peak memory (the summed RSS of the command'
 and its largest process, sampled every 0.5 s: Ray's own processes included), both tokenizers'
 token totals from the summary, and how many records the systems answered identically.
 
-`--repeat K` scores a dataset of K copies of the input (each copy's subjects renumbered and its
-numbers' digits rotated, so no prompt repeats and the prefix cache cannot help; each copy one
-shard), to show the job's memory does not grow with the records.
+`--repeat K` scores a dataset of K copies of the shared MIMIC-IV demo (each copy's subjects
+renumbered and its numbers' digits rotated, so no prompt repeats and the prefix cache cannot help;
+each copy one shard, as the mining benchmarks make them), with the labels of `--labels` repeated
+to match, to show the job's memory does not grow with the records.
 """
 
 from __future__ import annotations
@@ -36,11 +37,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from benchmarks.bench_tokenizer_data import SUBJECT_OFFSET, write_shards
 from benchmarks.results_file import write_results
 from evaluation.batch import RECORDS_SUFFIX, SUMMARY_FILE
-
-SUBJECT_OFFSET = 10**8
-"""Copy k's subject ids are the input's + k * SUBJECT_OFFSET."""
 
 
 class TreeMemory:
@@ -84,42 +83,18 @@ class TreeMemory:
         }
 
 
-def rotated(table: pa.Table, k: int) -> pa.Table:
-    """`table` with subject ids moved by k * SUBJECT_OFFSET and, when it has numeric values,
-    every value's digits rotated by k."""
-    table = table.set_column(
-        table.schema.get_field_index("subject_id"),
-        "subject_id",
-        pc.add(table.column("subject_id"), k * SUBJECT_OFFSET),
-    )
-    if "numeric_value" not in table.column_names or k == 0:
-        return table
-    digits = str.maketrans("0123456789", "".join(str((d + k) % 10) for d in range(10)))
-    values = [
-        None if v is None else float(repr(v).translate(digits))
-        for v in table.column("numeric_value").to_pylist()
+def repeated_dataset(labels: Path, copies: int, out: Path) -> tuple[Path, Path]:
+    """The shared demo's data as `copies` shards (`write_shards`: shard k's subjects moved by
+    k * SUBJECT_OFFSET, its numbers' digits rotated by k) and `labels` repeated to match."""
+    write_shards(out, copies)
+    table = pq.read_table(labels)
+    subjects = table.schema.get_field_index("subject_id")
+    moved = [
+        table.set_column(subjects, "subject_id", pc.add(table.column(subjects), k * SUBJECT_OFFSET))
+        for k in range(copies)
     ]
-    index = table.schema.get_field_index("numeric_value")
-    field = table.schema.field(index)
-    return table.set_column(index, field, pa.array(values, field.type))
-
-
-def repeated_dataset(meds: Path, labels: Path, copies: int, out: Path) -> tuple[Path, Path]:
-    """A MEDS dataset of `copies` shards, each a `rotated` copy of `meds`'s data, and the
-    matching label file."""
-    (out / "data").mkdir(parents=True, exist_ok=True)
-    (out / "metadata").mkdir(exist_ok=True)
-    codes = out / "metadata" / "codes.parquet"
-    if not codes.exists():
-        codes.symlink_to((meds / "metadata" / "codes.parquet").resolve())
-    events = pa.concat_tables(pq.read_table(p) for p in sorted((meds / "data").rglob("*.parquet")))
-    label_table = pq.read_table(labels)
-    for k in range(copies):
-        path = out / "data" / f"copy_{k:04d}.parquet"
-        if not path.exists():
-            pq.write_table(rotated(events, k), path)
     all_labels = out / "labels.parquet"
-    pq.write_table(pa.concat_tables(rotated(label_table, k) for k in range(copies)), all_labels)
+    pq.write_table(pa.concat_tables(moved), all_labels)
     return out, all_labels
 
 
@@ -221,7 +196,7 @@ def main() -> None:
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench_predict_"))
     meds, labels = args.meds, args.labels
     if args.repeat > 1:
-        meds, labels = repeated_dataset(meds, labels, args.repeat, work / "dataset")
+        meds, labels = repeated_dataset(labels, args.repeat, work / "dataset")
     results: dict[str, Any] = {
         "max_input_tokens": args.max_input_tokens,
         "repeat": args.repeat,
