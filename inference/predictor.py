@@ -269,8 +269,9 @@ class Predictor:
         cache_salt: str | None = None,
         constrained: bool = False,
     ) -> Answer:
-        """Generate (ending at the answer object's end: `stop_ids`), decode and read each answer
-        under the answer contract; majority vote over `n_samples` answers; with
+        """Generate (ending at the answer object's end: `stop_ids` in free decoding, the grammar
+        under a constraint), decode and read each answer under the answer contract; majority
+        vote over `n_samples` answers; with
         `probabilities`, the answer options' probabilities from the answer value's first token;
         with `constrained`, decoding restricted to well-formed answers (`answer_constraint`);
         `cache_salt` keeps the engine's cached prefixes apart per caller (tenant).
@@ -292,7 +293,9 @@ class Predictor:
             top_logprobs=OPTION_TOP_K if want_logprobs else None,
             cache_salt=cache_salt,
             constraint=answer_constraint(record.task) if constrained else None,
-            stop_ids=self.stop_ids,
+            # a constraint's grammar ends the answer itself; vLLM's grammar refuses the end of
+            # sequence after a stop id it has not accepted, so the stop rule is for free decoding
+            stop_ids=frozenset() if constrained else self.stop_ids,
         )
         generate_s = time.perf_counter() - start
         samples = []
