@@ -55,6 +55,7 @@ from training.build_data import (
 )
 from training.build_report import REPORT_FILE, compression
 from training.pipeline import SUMMARY_FILE, cached_examples, examples_path, read_records
+from training.pseudo_labels import DEFAULT_KVCACHE_GIB
 from training.ssft import HISTORY_FILE, SSFTConfig
 
 STATE_FILE = "state.json"
@@ -367,7 +368,12 @@ class ArtefactBuild:
             export_dir=self.work / "export",
             codes_dir=config.meds,
             max_input_tokens=max(config.serving_budgets),
-            engine=EngineOptions(seed=config.seed, enforce_eager=True, log_stats=False),
+            engine=EngineOptions(
+                kv_cache_gib=float(DEFAULT_KVCACHE_GIB),  # the pseudo-labelling engine's
+                seed=config.seed,
+                enforce_eager=True,
+                log_stats=False,
+            ),
         )
         return run_gate(
             model,
