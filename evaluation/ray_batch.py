@@ -63,6 +63,7 @@ from evaluation.batch import (
 )
 from inference.engines import start_vllm
 from inference.model import ModelConfig, load_model
+from medtpe_core.ray_cluster import LOCAL, ray_session
 
 SHARD = "shard"
 """Partition column: the shard's index among the run's pending plans."""
@@ -72,8 +73,9 @@ SHARD = "shard"
 class RayResources:
     """Where the job runs and how many actors of each kind it uses."""
 
-    address: str | None = None
-    """A running cluster (`ray://...`, `auto`, host:port); None: a local cluster for the job."""
+    address: str = LOCAL
+    """A running cluster (`ray://...`, `auto`, host:port), or `LOCAL`: a local cluster for the job
+    (`medtpe_core.ray_cluster.ray_session`)."""
     num_cpus: int | None = None
     """CPUs of the local cluster (None: the machine's)."""
     engines: int = 1
@@ -148,8 +150,6 @@ def run_ray(
 ) -> dict[str, Any]:
     """Score every pending shard on Ray Data (see the module docstring); returns (and writes)
     the summary."""
-    import ray
-
     plans = plan_shards(job)
     todo = pending(plans, out_dir)
     model = load_model(config)  # the prepared files checked once, here
@@ -159,18 +159,12 @@ def run_ray(
         if not plan.requests:
             write_shard(out_dir, plan.name, job.task, [], job.labels is not None)
     if with_records:
-        if resources.address is None:
-            ray.init(num_cpus=resources.num_cpus, include_dashboard=False)
-        else:
-            ray.init(address=resources.address)
-        try:
+        with ray_session(resources.address, resources.num_cpus):
             _run_pipeline(config, job, out_dir, with_records, resources)
-        finally:
-            ray.shutdown()
     run = run_figures("ray", plans, todo, start, start, time.perf_counter())
     run["engine_start_s"] = None  # the actors start their engines inside the pipeline's time
     run["ray"] = {
-        "address": resources.address or "local",
+        "address": resources.address,
         "num_cpus": resources.num_cpus,
         "engines": resources.engines,
         "cpu_workers": resources.cpu_workers,

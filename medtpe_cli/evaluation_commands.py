@@ -13,8 +13,7 @@ from pathlib import Path
 import click
 import meds
 
-from medtpe_cli.meds_commands import ALL_SPLITS, SPLITS
-from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
+from medtpe_cli import options
 from medtpe_core.windowing import DEFAULT_GRID_HOURS, WindowPolicy
 
 MODE_ORDER = {"original": ("original",), "medtpe": ("medtpe",), "both": ("original", "medtpe")}
@@ -41,17 +40,11 @@ def _subject_ids(value: str | None) -> set[int] | None:
 
 
 @click.command("evaluate")
-@click.option("--meds", "meds_dir", required=True, type=click.Path(exists=True, path_type=Path))
+@options.MEDS_DIR_OPTION
 @click.option(
     "--labels", "labels_path", required=True, type=click.Path(exists=True, path_type=Path)
 )
-@click.option(
-    "--task",
-    "task_name",
-    required=True,
-    envvar="MEDTPE_TASK",
-    help="Task name (e.g. icu_mortality); default: $MEDTPE_TASK (MEDS-DEV's model.yaml uses it).",
-)
+@options.TASK_OPTION
 @click.option("--mode", type=click.Choice(list(MODE_ORDER)), default="both", show_default=True)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="First N label rows.")
 @click.option(
@@ -59,21 +52,8 @@ def _subject_ids(value: str | None) -> set[int] | None:
     default=None,
     help="Only these subjects: comma-separated ids or a file with one id per line.",
 )
-@click.option(
-    "--split",
-    type=click.Choice(SPLITS),
-    default=meds.held_out_split,
-    show_default=True,
-    help="Only the subjects of this split of metadata/subject_splits.parquet (ignored when the "
-    "dataset has none); 'all' for every subject.",
-)
-@click.option("--n-samples", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option(
-    "--temperature",
-    type=click.FloatRange(min=0.0),
-    default=None,
-    help="Sampling temperature [default: 0 for one sample, 0.7 for majority voting].",
-)
+@options.split_option(meds.held_out_split, "; 'all' for every subject")
+@options.SAMPLING_OPTIONS
 @click.option(
     "--max-input-tokens",
     type=click.IntRange(min=1),
@@ -105,20 +85,7 @@ def _subject_ids(value: str | None) -> set[int] | None:
     help="Start the answer with the task's JSON opening (the service's setting); "
     "--no-prefill lets the model write the whole answer (the paper's setting).",
 )
-@click.option(
-    "--constrained/--free",
-    default=False,
-    show_default=True,
-    help="Constrain decoding to well-formed answers (vLLM structured outputs).",
-)
-@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=None)
-@click.option("--artefact", "artefact_dir", type=click.Path(path_type=Path), default=None)
-@click.option(
-    "--export-dir",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Exported MedTPE checkpoint (written from --model and --artefact when missing or stale).",
-)
+@options.MODEL_FILES_OPTIONS
 @click.option("--kv-cache-gib", type=click.FloatRange(min=0.1), default=2.0, show_default=True)
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False, path_type=Path))
@@ -172,22 +139,20 @@ def evaluate(
         labels_path,
         task,
         subjects=_subject_ids(subjects),
-        split=split if has_splits and split != ALL_SPLITS else None,
+        split=split if has_splits and split != options.ALL_SPLITS else None,
         limit=limit,
     )
     if not records:
         raise click.UsageError("no labelled records to evaluate")
     sampling = Sampling(
         n_samples=n_samples,
-        temperature=temperature if temperature is not None else (0.0 if n_samples == 1 else 0.7),
+        temperature=options.sampling_temperature(n_samples, temperature),
         max_new_tokens=max_new_tokens,
         constrained=constrained,
     )
     configs = [
         ModelConfig(
-            model_dir=model_dir or default_model_dir(),
-            artefact_dir=artefact_dir or default_artefact_dir(),
-            export_dir=export_dir or default_export_dir(),
+            **options.model_files(model_dir, artefact_dir, export_dir),
             mode=name,
             codes_dir=meds_dir,
             max_input_tokens=max_input_tokens,

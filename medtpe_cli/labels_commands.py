@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from medtpe_cli.meds_commands import MEDS_DIR_OPTION
+from medtpe_cli.options import MEDS_DIR_OPTION
 
 
 @click.command("labels")

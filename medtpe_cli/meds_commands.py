@@ -6,21 +6,9 @@ import json
 from pathlib import Path
 
 import click
-import meds
 
+from medtpe_cli.options import ALL_SPLITS, MEDS_DIR_OPTION, split_option
 from medtpe_core.prompting import DEFAULT_MAX_INPUT_TOKENS
-
-MEDS_DIR_OPTION = click.option(
-    "--meds",
-    "meds_dir",
-    required=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="MEDS dataset directory (data/, metadata/).",
-)
-"""The `--meds DIR` option of the commands that read a MEDS dataset."""
-ALL_SPLITS = "all"
-SPLITS = (meds.train_split, meds.tuning_split, meds.held_out_split, ALL_SPLITS)
-"""`--split` choices: a split of `metadata/subject_splits.parquet`, or every subject."""
 
 
 @click.command("render")
@@ -66,14 +54,7 @@ SPLITS = (meds.train_split, meds.tuning_split, meds.held_out_split, ALL_SPLITS)
     type=click.Path(dir_okay=False, path_type=Path),
     help="Output JSON-lines file.",
 )
-@click.option(
-    "--split",
-    type=click.Choice(SPLITS),
-    default=ALL_SPLITS,
-    show_default=True,
-    help="Only the subjects of this split of metadata/subject_splits.parquet (ignored when the "
-    "dataset has none), e.g. 'tuning' for an SSFT validation corpus.",
-)
+@split_option(ALL_SPLITS, ", e.g. 'tuning' for an SSFT validation corpus")
 def render(
     meds_dir: Path,
     labels_path: Path,

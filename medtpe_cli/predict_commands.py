@@ -16,13 +16,12 @@ from pathlib import Path
 
 import click
 
-from medtpe_cli.meds_commands import ALL_SPLITS, SPLITS
-from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
+from medtpe_cli import options
+from medtpe_cli.ray_option import ray_option
+from medtpe_core.ray_cluster import LOCAL, RayUnavailableError, check_ray_installed
 
 LAST_EVENT = "last"
 """`--times` value: one minute after each subject's last event (the service's default)."""
-LOCAL_RAY = "local"
-"""`--ray` without an address: a Ray cluster started on this machine for the job."""
 
 
 def _prediction_time(value: str) -> datetime | None:
@@ -45,8 +44,91 @@ def _partition(value: str | None) -> tuple[int, int] | None:
     return int(index), int(count)
 
 
+RAY_RESOURCE_OPTIONS = options.together(
+    *(
+        click.option(
+            name,
+            type=kind,
+            default=default,
+            show_default=default is not None,
+            help=f"With --ray: {text}",
+        )
+        for name, kind, default, text in (
+            ("--engines", click.IntRange(min=1), 1, "generation actors, each holding one engine."),
+            (
+                "--cpu-workers",
+                click.IntRange(min=1),
+                1,
+                "CPU actors reading shards, rendering and MedTPE-encoding records.",
+            ),
+            (
+                "--engine-cpus",
+                click.FloatRange(min=0.0),
+                1.0,
+                "CPUs Ray reserves for each generation actor.",
+            ),
+            (
+                "--engine-gpus",
+                click.FloatRange(min=0.0),
+                0.0,
+                "GPUs Ray reserves for each generation actor (1 on a GPU cluster).",
+            ),
+        )
+    ),
+    click.option(
+        "--ray-cpus",
+        type=click.IntRange(min=1),
+        default=None,
+        help="With --ray alone: CPUs of the local cluster [default: this machine's].",
+    ),
+)
+"""The Ray job's resources (`evaluation.ray_batch.RayResources`)."""
+
+
+SERVICE_SETTING_OPTIONS = options.together(
+    *(
+        click.option(
+            name,
+            type=kind,
+            default=default,
+            show_default=True,
+            envvar=f"MEDTPE_{envvar}",
+            show_envvar=True,
+            help=text,
+        )
+        for name, kind, default, envvar, text in (
+            (
+                "--max-input-tokens",
+                click.IntRange(min=1),
+                8192,
+                "MAX_INPUT_TOKENS",
+                "Input budget in ORIGINAL tokenizer tokens (the service's default); shrunk to the "
+                "model's context minus --max-new-tokens.",
+            ),
+            ("--max-new-tokens", click.IntRange(min=1), 64, "MAX_NEW_TOKENS", None),
+            (
+                "--concurrency",
+                click.IntRange(min=1),
+                16,
+                "MAX_CONCURRENCY",
+                "Records in flight to one engine (the service's default).",
+            ),
+            ("--kv-cache-gib", click.FloatRange(min=0.1), 4.0, "KV_CACHE_GIB", None),
+            (
+                "--enforce-eager/--compile",
+                None,
+                False,
+                "ENFORCE_EAGER",
+                "Skip torch.compile: the engine starts sooner, decodes slower.",
+            ),
+        )
+    )
+)
+"""The settings the service reads from the same `MEDTPE_*` variables, with its defaults."""
+
+
 @click.command("predict")
-@click.option("--meds", "meds_dir", required=True, type=click.Path(exists=True, path_type=Path))
+@options.MEDS_DIR_OPTION
 @click.option(
     "--labels",
     "labels_path",
@@ -61,13 +143,7 @@ def _partition(value: str | None) -> tuple[int, int] | None:
     help=f"Without labels: score every subject at this time (ISO date-time, or '{LAST_EVENT}': "
     "one minute after the subject's last event); repeat for several.",
 )
-@click.option(
-    "--task",
-    "task_name",
-    required=True,
-    envvar="MEDTPE_TASK",
-    help="Task name (e.g. icu_mortality); default: $MEDTPE_TASK (MEDS-DEV's model.yaml uses it).",
-)
+@options.TASK_OPTION
 @click.option(
     "--out",
     "out_dir",
@@ -75,14 +151,7 @@ def _partition(value: str | None) -> tuple[int, int] | None:
     type=click.Path(file_okay=False, path_type=Path),
     help="Output directory: <shard>.parquet predictions, <shard>.records.pq, summary.json.",
 )
-@click.option(
-    "--split",
-    type=click.Choice(SPLITS),
-    default=ALL_SPLITS,
-    show_default=True,
-    help="Only the subjects of this split of metadata/subject_splits.parquet (ignored when the "
-    "dataset has none).",
-)
+@options.split_option(options.ALL_SPLITS)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="First N records.")
 @click.option(
     "--partition",
@@ -94,113 +163,12 @@ def _partition(value: str | None) -> tuple[int, int] | None:
 @click.option(
     "--mode", type=click.Choice(["medtpe", "original"]), default="medtpe", show_default=True
 )
-@click.option(
-    "--constrained/--free",
-    default=False,
-    show_default=True,
-    help="Constrain decoding to well-formed answers (vLLM structured outputs).",
-)
-@click.option(
-    "--max-input-tokens",
-    type=click.IntRange(min=1),
-    default=8192,
-    show_default=True,
-    envvar="MEDTPE_MAX_INPUT_TOKENS",
-    show_envvar=True,
-    help="Input budget in ORIGINAL tokenizer tokens (the service's default); shrunk to the "
-    "model's context minus --max-new-tokens.",
-)
-@click.option(
-    "--max-new-tokens",
-    type=click.IntRange(min=1),
-    default=64,
-    show_default=True,
-    envvar="MEDTPE_MAX_NEW_TOKENS",
-    show_envvar=True,
-)
-@click.option("--n-samples", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option(
-    "--temperature",
-    type=click.FloatRange(min=0.0),
-    default=None,
-    help="Sampling temperature [default: 0 for one sample, 0.7 for majority voting].",
-)
-@click.option(
-    "--concurrency",
-    type=click.IntRange(min=1),
-    default=16,
-    show_default=True,
-    envvar="MEDTPE_MAX_CONCURRENCY",
-    show_envvar=True,
-    help="Records in flight to one engine (the service's default).",
-)
-@click.option("--model", "model_dir", type=click.Path(path_type=Path), default=None)
-@click.option("--artefact", "artefact_dir", type=click.Path(path_type=Path), default=None)
-@click.option(
-    "--export-dir",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Exported MedTPE checkpoint (written from --model and --artefact when missing or stale).",
-)
-@click.option(
-    "--kv-cache-gib",
-    type=click.FloatRange(min=0.1),
-    default=4.0,
-    show_default=True,
-    envvar="MEDTPE_KV_CACHE_GIB",
-    show_envvar=True,
-)
-@click.option(
-    "--enforce-eager/--compile",
-    default=False,
-    show_default=True,
-    envvar="MEDTPE_ENFORCE_EAGER",
-    show_envvar=True,
-    help="Skip torch.compile: the engine starts sooner, decodes slower.",
-)
+@SERVICE_SETTING_OPTIONS
+@options.SAMPLING_OPTIONS
+@options.MODEL_FILES_OPTIONS
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option(
-    "--ray",
-    "ray_address",
-    is_flag=False,
-    flag_value=LOCAL_RAY,
-    default=None,
-    help="Run on Ray Data: on the cluster at ADDRESS, or (--ray alone) a local one.",
-)
-@click.option(
-    "--engines",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="With --ray: generation actors, each holding one engine.",
-)
-@click.option(
-    "--cpu-workers",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="With --ray: CPU actors reading shards, rendering and MedTPE-encoding records.",
-)
-@click.option(
-    "--engine-cpus",
-    type=click.FloatRange(min=0.0),
-    default=1.0,
-    show_default=True,
-    help="With --ray: CPUs Ray reserves for each generation actor.",
-)
-@click.option(
-    "--engine-gpus",
-    type=click.FloatRange(min=0.0),
-    default=0.0,
-    show_default=True,
-    help="With --ray: GPUs Ray reserves for each generation actor (1 on a GPU cluster).",
-)
-@click.option(
-    "--ray-cpus",
-    type=click.IntRange(min=1),
-    default=None,
-    help="With --ray alone: CPUs of the local cluster [default: this machine's].",
-)
+@ray_option("the job")
+@RAY_RESOURCE_OPTIONS
 def predict(
     meds_dir: Path,
     labels_path: Path | None,
@@ -242,6 +210,8 @@ def predict(
 
     if (labels_path is None) == (not times):
         raise click.UsageError("give either --labels FILE or --times (not both)")
+    if ray_cpus is not None and ray_address != LOCAL:
+        raise click.UsageError("--ray-cpus sizes a new local cluster: give --ray without ADDRESS")
     task = get_task(task_name)
     has_splits = bool(read_subject_splits(meds_dir))
     job = Job(
@@ -249,23 +219,19 @@ def predict(
         task=task,
         labels=labels_path,
         times=tuple(_prediction_time(t) for t in times) or (None,),
-        split=split if has_splits and split != ALL_SPLITS else None,
+        split=split if has_splits and split != options.ALL_SPLITS else None,
         partition=_partition(partition),
         limit=limit,
         sampling=Sampling(
             n_samples=n_samples,
-            temperature=temperature
-            if temperature is not None
-            else (0.0 if n_samples == 1 else 0.7),
+            temperature=options.sampling_temperature(n_samples, temperature),
             max_new_tokens=max_new_tokens,
             constrained=constrained,
         ),
         concurrency=concurrency,
     )
     config = ModelConfig(
-        model_dir=model_dir or default_model_dir(),
-        artefact_dir=artefact_dir or default_artefact_dir(),
-        export_dir=export_dir or default_export_dir(),
+        **options.model_files(model_dir, artefact_dir, export_dir),
         mode=mode,
         codes_dir=meds_dir,
         max_input_tokens=max_input_tokens,
@@ -277,21 +243,26 @@ def predict(
             enforce_eager=enforce_eager,
         ),
     )
-    prepare_model_files(config)
-    if ray_address is None:
-        summary = run_local(config, job, out_dir)
-    else:
-        from evaluation.ray_batch import RayResources, run_ray
+    try:
+        if ray_address is not None:
+            check_ray_installed("--ray")  # before the model files are prepared
+        prepare_model_files(config)
+        if ray_address is None:
+            summary = run_local(config, job, out_dir)
+        else:
+            from evaluation.ray_batch import RayResources, run_ray
 
-        resources = RayResources(
-            address=None if ray_address == LOCAL_RAY else ray_address,
-            num_cpus=ray_cpus,
-            engines=engines,
-            cpu_workers=cpu_workers,
-            engine_cpus=engine_cpus,
-            engine_gpus=engine_gpus,
-        )
-        summary = run_ray(config, job, out_dir, resources)
+            resources = RayResources(
+                address=ray_address,
+                num_cpus=ray_cpus,
+                engines=engines,
+                cpu_workers=cpu_workers,
+                engine_cpus=engine_cpus,
+                engine_gpus=engine_gpus,
+            )
+            summary = run_ray(config, job, out_dir, resources)
+    except RayUnavailableError as exc:
+        raise click.UsageError(str(exc)) from exc
     run = summary["this_run"]
     click.echo(
         f"{task.title}: {run['records']} records scored in {run['shards_written']} shards "

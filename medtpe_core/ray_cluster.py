@@ -35,9 +35,10 @@ def _check_reachable(address: str) -> None:
 
 
 @contextmanager
-def ray_session(address: str) -> Iterator[None]:
+def ray_session(address: str, num_cpus: int | None = None) -> Iterator[None]:
     """Connected to Ray for the block: reuses a session this process already has, else starts
-    a local cluster (`address` "local") or connects to `address`, and shuts down after."""
+    a local cluster (`address` "local", with `num_cpus` CPUs, None: the machine's) or connects
+    to `address`, and shuts down after."""
     check_ray_installed("--ray")
     import ray
 
@@ -46,7 +47,7 @@ def ray_session(address: str) -> Iterator[None]:
         return
     _check_reachable(address)
     try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     except (ConnectionError, ValueError) as exc:
         raise RayUnavailableError(f"--ray {address}: cannot connect to Ray ({exc})") from exc
     try:
