@@ -24,7 +24,6 @@ from deploy_support import DEPLOY, ROOT
 from test_deploy_static import KUBERNETES_VERSIONS, k8s_documents, parse_dockerfile
 
 from medtpe_cli.main import cli
-from medtpe_core.paths import DEFAULT_MODEL_NAME
 
 K8S = DEPLOY / "k8s"
 RAYJOBS = sorted(K8S.glob("rayjob-*.yaml"))
@@ -150,6 +149,15 @@ def test_entrypoint_is_the_real_cli_on_the_mounted_paths(path: Path) -> None:
         assert all(any(Path(value).is_relative_to(m) for m in mounts) for mounts in mounts_of)
         return found.pop()
 
+    # the model files are the image's, written by the Dockerfile's `prepare` stage (the runtime
+    # has no training extra for `medtpe prepare-model`): the same paths in every pod
+    runtime = parse_dockerfile(ROOT / "Dockerfile")["runtime"].env()
+    image_paths = {
+        "--base": runtime["MEDTPE_MODEL_DIR"],
+        "--model": runtime["MEDTPE_MODEL_DIR"],
+        "--export-dir": runtime["MEDTPE_EXPORT_DIR"],
+        "--artefact": runtime["MEDTPE_ARTEFACT_DIR"],
+    }
     commands = entrypoint_commands(job)
     ray_used = False
     for args in commands:
@@ -164,7 +172,13 @@ def test_entrypoint_is_the_real_cli_on_the_mounted_paths(path: Path) -> None:
         if "--ray" in given:
             ray_used = True
             assert given["--ray"] == "auto"  # the driver runs inside the job's cluster
-        for option in ("--base", "--corpus", "--meds", "--labels"):
+        assert args[1] != "prepare-model", "the runtime image cannot prepare the model"
+        if args[1] == "predict":  # its defaults are under MEDTPE_CACHE_DIR, not the image's
+            assert {"--model", "--export-dir"} <= set(given)
+        for option, path in image_paths.items():
+            if option in given:
+                assert given[option] == path, f"{option}: not the image's {path}"
+        for option in ("--corpus", "--meds", "--labels"):
             if option in given:
                 mount_of(given[option])
         if "--out" in given:
@@ -180,9 +194,3 @@ def test_entrypoint_is_the_real_cli_on_the_mounted_paths(path: Path) -> None:
         assert resources["requests"].get("nvidia.com/gpu", 0) == per_pod
         gpus += group["minReplicas"] * per_pod
     assert wanted <= gpus
-    # `medtpe prepare-model` writes the base model where --base reads it (MEDTPE_CACHE_DIR)
-    cache = parse_dockerfile(ROOT / "Dockerfile")["runtime"].env()["MEDTPE_CACHE_DIR"]
-    bases = [option_values(args[2:]).get("--base") for args in commands]
-    if ["medtpe", "prepare-model"] in commands:
-        assert mount_of(cache)[1] is False  # the checkpoint lands on the shared work volume
-        assert {*bases} <= {None, f"{cache}/models/{DEFAULT_MODEL_NAME}"}
