@@ -8,14 +8,14 @@ peak memory and the artefact id of each, in one run.
 The shards are the mining benchmark's (`bench_tokenizer_data.write_shards`: the MIMIC-IV demo's
 events once per shard, subjects renumbered, digits rotated; 76 shards are about 508 M SmolLM2
 tokens). Each run is a fresh process (`medtpe_core.build.build_tokenizer_from_meds`, static,
-N = 2); the local Ray cluster is started inside the timed run (`ray.init` with `--cpus` CPUs, no
-dashboard), the worker processes are spawned inside it; `--repeat` runs the backends in turn
-again (wall times on a shared machine move with its load; the CPU seconds much less). Memory:
-the run's peak RSS summed over its whole process tree (driver, Ray's own processes and workers,
-or the worker processes; shared pages such as Ray's object store are counted in every process
-that maps them), sampled every 0.5 s, and the driver's own peak RSS. Ray runs its task workers
-at nice 15 (`os.nice(0)` in a task reads 15 here), so on a busy machine they yield to
-processes at nice 0.
+N = 2); the local Ray cluster is started inside the timed run (`ray_session` with `--cpus`
+CPUs, no dashboard), the worker processes are spawned inside it; `--repeat` runs the backends
+in turn again (wall times on a shared machine move with its load; the CPU seconds much less).
+Memory: the run's peak RSS summed over its whole process tree (driver, Ray's own processes and
+workers, or the worker processes; shared pages such as Ray's object store are counted in every
+process that maps them), sampled every 0.5 s (`benchmarks.process_tree`), and the driver's own
+peak RSS. Ray runs its task workers at nice 15 (`os.nice(0)` in a task reads 15 here), so on a
+busy machine they yield to processes at nice 0.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import json
 import resource
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -33,52 +32,12 @@ from typing import Any
 import psutil
 
 from benchmarks.bench_tokenizer_data import smollm2_tokenizer, write_shards
+from benchmarks.process_tree import TreeSampler
 from benchmarks.results_file import write_results
 from medtpe_core.paths import cache_dir, project_root
+from medtpe_core.ray_cluster import LOCAL, ray_session
 
 BACKENDS = ("workers", "ray")
-
-
-class TreeUsage:
-    """Peak summed RSS and CPU seconds of a process and its descendants, sampled in a thread
-    (CPU time: each process's last sample, so a process that lives under one interval is
-    missed; Ray's task workers and the spawned workers live until the run ends)."""
-
-    def __init__(self, pid: int, every_s: float = 0.5) -> None:
-        self.root = psutil.Process(pid)
-        self.every_s = every_s
-        self.peak = 0
-        self.cpu: dict[int, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            try:
-                processes = [self.root, *self.root.children(recursive=True)]
-            except psutil.Error:
-                return
-            total = 0
-            for process in processes:
-                try:
-                    with process.oneshot():
-                        total += process.memory_info().rss
-                        times = process.cpu_times()
-                    self.cpu[process.pid] = times.user + times.system
-                except psutil.Error:
-                    continue
-            self.peak = max(self.peak, total)
-            self._stop.wait(self.every_s)
-
-    def stop(self) -> dict[str, float]:
-        """Stop sampling; the peak RSS in MiB and the CPU seconds."""
-        self._stop.set()
-        self._thread.join()
-        return {
-            "peak_rss_tree_mib": round(self.peak / 2**20, 1),
-            "cpu_seconds_tree": round(sum(self.cpu.values()), 1),
-        }
 
 
 def mine(meds: Path, backend: str, cpus: int, max_n: int, budget: int) -> dict[str, Any]:
@@ -88,15 +47,16 @@ def mine(meds: Path, backend: str, cpus: int, max_n: int, budget: int) -> dict[s
 
     tokenizer = smollm2_tokenizer()
     started = time.perf_counter()
+    spec = CorpusSpec(meds)
     if backend == "ray":
-        import ray
-
-        ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False)
-        options: dict[str, Any] = {"ray_address": "local"}  # reuses the session just started
+        with ray_session(LOCAL, num_cpus=cpus):  # the mining reuses this session
+            tok = build_tokenizer_from_meds(
+                tokenizer, spec, budget, max_n, "static", ray_address=LOCAL
+            )
+            seconds = time.perf_counter() - started
     else:
-        options = {"workers": cpus}
-    tok = build_tokenizer_from_meds(tokenizer, CorpusSpec(meds), budget, max_n, "static", **options)
-    seconds = time.perf_counter() - started
+        tok = build_tokenizer_from_meds(tokenizer, spec, budget, max_n, "static", workers=cpus)
+        seconds = time.perf_counter() - started
     stats = tok.corpus_stats
     return {
         "backend": backend,
@@ -118,9 +78,10 @@ def run_backend(meds: Path, backend: str, args: argparse.Namespace) -> dict[str,
     command += ["--max-n", str(args.max_n), "--budget", str(args.budget)]
     load = psutil.getloadavg()[0]
     child = subprocess.Popen(command, cwd=project_root(), stdout=subprocess.PIPE, text=True)
-    usage = TreeUsage(child.pid)
+    sampler = TreeSampler(child.pid)
     stdout, _ = child.communicate()
-    measured = usage.stop()
+    usage = sampler.stop()
+    measured = {"peak_rss_tree_mib": usage.peak_rss_mib, "cpu_seconds_tree": usage.cpu_seconds}
     if child.returncode != 0:
         raise SystemExit(f"{backend} run failed ({child.returncode})")
     run = json.loads(stdout.strip().splitlines()[-1])

@@ -9,8 +9,9 @@ Each system is the real command (`medtpe predict`, `--ray --ray-cpus N` for Ray)
 process writing into its own directory, so both pay their engine start. Reported per system:
 wall time of the whole command, records/s over it (and over scoring alone for the local job, whose
 summary separates the engine start), peak memory (the summed RSS of the command's process tree
-and its largest process, sampled every 0.5 s: Ray's own processes included), both tokenizers'
-token totals from the summary, and how many records the systems answered identically.
+and its largest process, sampled every 0.5 s by `benchmarks.process_tree`: Ray's own
+processes included), both tokenizers' token totals from the summary, and how many records the
+systems answered identically.
 
 `--repeat K` scores a dataset of K copies of the shared MIMIC-IV demo (each copy's subjects
 renumbered and its numbers' digits rotated, so no prompt repeats and the prefix cache cannot help;
@@ -27,60 +28,19 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from benchmarks.bench_tokenizer_data import SUBJECT_OFFSET, write_shards
+from benchmarks.process_tree import TreeSampler
 from benchmarks.results_file import write_results
 from evaluation.batch import RECORDS_SUFFIX, SUMMARY_FILE
-
-
-class TreeMemory:
-    """Peak summed RSS of a process and its descendants, sampled in a thread."""
-
-    def __init__(self, pid: int, every_s: float = 0.5) -> None:
-        self.root = psutil.Process(pid)
-        self.every_s = every_s
-        self.peak_total = 0
-        self.peak_process = 0
-        self.loads: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            sizes = []
-            try:
-                for process in [self.root, *self.root.children(recursive=True)]:
-                    try:
-                        sizes.append(process.memory_info().rss)
-                    except psutil.Error:
-                        continue
-            except psutil.Error:
-                break
-            self.peak_total = max(self.peak_total, sum(sizes))
-            self.peak_process = max([self.peak_process, *sizes])
-            self.loads.append(os.getloadavg()[0])
-            self._stop.wait(self.every_s)
-
-    def stop(self) -> dict[str, float]:
-        """Stop sampling; the peaks in MiB and the machine's mean 1-minute load average (other
-        processes on the machine slow the run when it exceeds the cores)."""
-        self._stop.set()
-        self._thread.join()
-        return {
-            "peak_tree_rss_mib": round(self.peak_total / 2**20, 1),
-            "peak_process_rss_mib": round(self.peak_process / 2**20, 1),
-            "mean_load_avg_1m": round(sum(self.loads) / max(len(self.loads), 1), 2),
-        }
+from medtpe_cli.command_line import medtpe_command
 
 
 def repeated_dataset(labels: Path, copies: int, out: Path) -> tuple[Path, Path]:
@@ -102,22 +62,15 @@ def run_system(
     system: str, meds: Path, labels: Path, out: Path, args: argparse.Namespace
 ) -> dict[str, Any]:
     """One `medtpe predict` run of `system` (local / ray); its figures."""
-    command = [
-        str(Path(sys.executable).with_name("medtpe")),
+    command = medtpe_command(
         "predict",
-        "--meds",
-        str(meds),
-        "--labels",
-        str(labels),
-        "--task",
-        args.task,
-        "--out",
-        str(out),
-        "--max-input-tokens",
-        str(args.max_input_tokens),
-        "--kv-cache-gib",
-        str(args.kv_cache_gib),
-    ]
+        meds=meds,
+        labels=labels,
+        task=args.task,
+        out=out,
+        max_input_tokens=args.max_input_tokens,
+        kv_cache_gib=args.kv_cache_gib,
+    )
     if system == "ray":
         command += ["--ray", "--ray-cpus", str(args.ray_cpus)]
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -125,10 +78,10 @@ def run_system(
     start = time.perf_counter()
     with log.open("w") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
-        memory = TreeMemory(process.pid)
+        sampler = TreeSampler(process.pid)
         code = process.wait()
     wall = time.perf_counter() - start
-    peaks = memory.stop()
+    usage = sampler.stop()
     if code != 0:
         raise RuntimeError(f"{shlex.join(command)} failed ({code}); see {log}")
     summary = json.loads((out / SUMMARY_FILE).read_text())
@@ -145,7 +98,9 @@ def run_system(
         "records_per_s_wall": round(summary["records"] / wall, 3),
         "scoring_s": round(run["scoring_s"], 1),
         "records_per_s_scoring": run["records_per_s"],
-        **peaks,
+        "peak_tree_rss_mib": usage.peak_rss_mib,
+        "peak_process_rss_mib": usage.peak_process_rss_mib,
+        "mean_load_avg_1m": usage.mean_load_avg_1m,
     }
 
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from meds_fixtures import write_meds_dataset
 from service_support import service_env
+
+from medtpe_cli.command_line import medtpe_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
@@ -20,36 +21,22 @@ def test_evaluate_both_modes(service_files: tuple[Path, Path], tmp_path: Path) -
     meds = write_meds_dataset(tmp_path / "meds", subjects=(1, 2, 3), hours=30)
     out = tmp_path / "report.json"
     artefact, export = service_files
-    command = [
-        str(Path(sys.executable).with_name("medtpe")),
+    command = medtpe_command(
         "evaluate",
-        "--meds",
-        str(meds),
-        "--labels",
-        str(meds / "labels" / "icu_mortality.parquet"),
-        "--task",
-        "icu_mortality",
-        "--mode",
-        "both",
-        "--limit",
-        "2",
-        "--max-input-tokens",
-        "512",
-        "--max-new-tokens",
-        "16",
-        "--kv-cache-gib",
-        "1",
-        "--window-policy",
-        "stable",
-        "--window-grid-hours",
-        "6",
-        "--artefact",
-        str(artefact),
-        "--export-dir",
-        str(export),
-        "--out",
-        str(out),
-    ]
+        meds=meds,
+        labels=meds / "labels" / "icu_mortality.parquet",
+        task="icu_mortality",
+        mode="both",
+        limit=2,
+        max_input_tokens=512,
+        max_new_tokens=16,
+        kv_cache_gib=1,
+        window_policy="stable",
+        window_grid_hours=6,
+        artefact=artefact,
+        export_dir=export,
+        out=out,
+    )
     env = {**os.environ, **service_env(service_files)}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]

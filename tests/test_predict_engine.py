@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,6 +15,7 @@ from meds_fixtures import PREDICTION_TIME, write_meds_dataset
 from service_support import service_env
 
 from evaluation.batch import NO_EVENTS
+from medtpe_cli.command_line import medtpe_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
@@ -24,32 +24,22 @@ def _predict(
     service_files: tuple[Path, Path], meds: Path, out: Path, *extra: str
 ) -> subprocess.CompletedProcess:
     artefact, export = service_files
-    command = [
-        str(Path(sys.executable).with_name("medtpe")),
+    command = medtpe_command(
         "predict",
-        "--meds",
-        str(meds),
-        "--labels",
-        str(meds / "labels" / "icu_mortality.parquet"),
-        "--out",
-        str(out),
-        "--max-input-tokens",
-        "512",
-        "--max-new-tokens",
-        "16",
-        "--kv-cache-gib",
-        "1",
-        "--enforce-eager",
+        *extra,
+        meds=meds,
+        labels=meds / "labels" / "icu_mortality.parquet",
+        out=out,
+        max_input_tokens=512,
+        max_new_tokens=16,
+        kv_cache_gib=1,
+        enforce_eager=True,
         # one record in the engine at a time: batches of several records give p(yes) that
         # differ in the 5th decimal with the batch's make-up, which differs between the runs
-        "--concurrency",
-        "1",
-        "--artefact",
-        str(artefact),
-        "--export-dir",
-        str(export),
-        *extra,
-    ]
+        concurrency=1,
+        artefact=artefact,
+        export_dir=export,
+    )
     env = {**os.environ, **service_env(service_files), "MEDTPE_TASK": "icu_mortality"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
