@@ -80,6 +80,7 @@ def engine_args(config: EngineConfig) -> AsyncEngineArgs:
         max_num_seqs=options.max_num_seqs,
         kv_cache_memory_bytes=kv_bytes,
         seed=options.seed,
+        dtype=options.dtype,
         disable_log_stats=not options.log_stats,
         enforce_eager=options.enforce_eager,
         enable_prefix_caching=options.enable_prefix_caching,

@@ -9,10 +9,12 @@ import asyncio
 import json
 from dataclasses import asdict
 from pathlib import Path
+from typing import get_args
 
 import click
 import meds
 
+from inference.engine import Dtype
 from medtpe_cli import options
 from medtpe_core.windowing import DEFAULT_GRID_HOURS, WindowPolicy
 
@@ -88,6 +90,13 @@ def _subject_ids(value: str | None) -> set[int] | None:
 @options.MODEL_FILES_OPTIONS
 @click.option("--kv-cache-gib", type=click.FloatRange(min=0.1), default=2.0, show_default=True)
 @click.option("--seed", type=int, default=1, show_default=True)
+@click.option(
+    "--dtype",
+    type=click.Choice(get_args(Dtype)),
+    default="auto",
+    show_default=True,
+    help="Engine dtype of both modes (auto: vLLM's choice, bfloat16 on CPU).",
+)
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
     "--predictions-out",
@@ -117,6 +126,7 @@ def evaluate(
     export_dir: Path | None,
     kv_cache_gib: float,
     seed: int,
+    dtype: Dtype,
     out_path: Path,
     predictions_out: Path | None,
 ) -> None:
@@ -158,7 +168,7 @@ def evaluate(
             max_input_tokens=max_input_tokens,
             max_new_tokens=max_new_tokens,
             windowing=Windowing(WindowPolicy(window_policy), window_grid_hours),
-            engine=EngineOptions(kv_cache_gib=kv_cache_gib, seed=seed),
+            engine=EngineOptions(kv_cache_gib=kv_cache_gib, seed=seed, dtype=dtype),
         )
         for name in MODE_ORDER[mode]
     ]
@@ -184,6 +194,7 @@ def evaluate(
         "prefill": prefill,
         "constrained": constrained,
         "seed": seed,
+        "dtype": dtype,
         "models": {model.identity.mode: asdict(model.identity) for model in used},
     }
     report = build_report(task, results, settings=settings)
