@@ -1,18 +1,18 @@
 """F1 and FCR vs input budget (the paper's context-length robustness) and majority voting with
 n = 1, 3, 5 (test-time scaling), original vs MedTPE, through `medtpe evaluate`'s code.
 
-One engine per mode serves the whole grid (prefix caching off, one record at a time); each grid
-point gets its own `Predictor` with that point's input budget in ORIGINAL tokens, so both modes
-see the same text at every point. Points are `BUDGET:LIMIT` (the first LIMIT records);
-voting points run at `--vote-budget` with temperature `--vote-temperature`.
+One engine per mode serves the whole grid (`evaluation.settings_sweep`; prefix caching off, one
+record at a time); each grid point gets that mode's `Predictor` at the point's input budget in
+ORIGINAL tokens, so both modes see the same text at every point. Points are `BUDGET:LIMIT` (the
+first LIMIT records); voting points run at `--vote-budget` with temperature `--vote-temperature`.
 
-    .venv/bin/python benchmarks/bench_eval_grid.py --subjects 10002428,10003046,... \\
+    .venv/bin/python -m benchmarks.bench_eval_grid --subjects 10002428,10003046,... \\
         --modes original,medtpe --out benchmarks/results/eval_grid_v2.json
 
 `--modes original` and `--modes medtpe` may run at different times into different files; the
 `--merge` form joins them (later files' points replace earlier ones) and draws the plots:
 
-    .venv/bin/python benchmarks/bench_eval_grid.py --merge A.json B.json \\
+    .venv/bin/python -m benchmarks.bench_eval_grid --merge A.json B.json \\
         --out benchmarks/results/eval_grid_v2.json --plot-dir docs/img
 """
 
@@ -21,20 +21,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from evaluation.records import EvalRecord, load_records
+from evaluation.records import load_records
 from evaluation.report import build_report
 from evaluation.results import RecordResult
-from evaluation.runner import Sampling, evaluate_mode, measured
+from evaluation.runner import Sampling, measured
+from evaluation.settings_sweep import EvalSetting, evaluate_settings
 from inference.engine import EngineOptions
-from inference.engines import start_vllm
-from inference.model import LoadedModel, ModelConfig, load_model
-from inference.predictor import Predictor
+from inference.model import ModelConfig, load_model
 from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
-from medtpe_core.tasks import Task, get_task
+from medtpe_core.tasks import get_task
 from training.export import prepare_model_files
 
 SHARED_MEDS = Path("../shared/data/mimic-iv-demo-meds")
@@ -60,44 +58,24 @@ def grid_points(args: argparse.Namespace) -> list[dict[str, Any]]:
     return points
 
 
-def point_predictor(setup: LoadedModel, budget: int) -> Predictor:
-    """The service's predictor of this mode with another input budget."""
-    base = setup.predictor
-    return Predictor(base.tokenizer, base.chat_template, base.mode, budget, base.descriptions)
-
-
-async def run_mode(
-    setup: LoadedModel,
-    task: Task,
-    records: list[EvalRecord],
-    points: list[dict[str, Any]],
-    save: Callable[[str, list[RecordResult]], None],
-) -> None:
-    """Every grid point of one mode on one engine; `save` gets each point's results."""
-    engine = start_vllm(setup.engine_config)
-    try:
-        for point in points:
-            sampling = Sampling(point["n"], point.get("temperature", 0.0), MAX_NEW_TOKENS)
-            rows = await evaluate_mode(
-                engine,
-                point_predictor(setup, point["budget"]),
-                task,
-                records[: point["limit"]],
-                sampling,
-            )
-            save(point["name"], rows)
-    finally:
-        engine.shutdown()
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the grid for the requested modes; per point and mode, the report's summary (the
-    JSON is rewritten after every point, so an interrupted run keeps what it finished)."""
+    """Run the grid for the requested modes, every point of a mode on one engine; per point and
+    mode, the report's summary (the JSON is rewritten after every point, so an interrupted run
+    keeps what it finished)."""
     task = get_task(args.task)
     subjects = {int(s) for s in args.subjects.split(",")} if args.subjects else None
     records = load_records(args.meds, args.labels, task, subjects=subjects)
     points = grid_points(args)
-    max_budget = max(point["budget"] for point in points)
+    settings = [
+        EvalSetting(
+            name=point["name"],
+            task=task,
+            records=records[: point["limit"]],
+            sampling=Sampling(point["n"], point.get("temperature", 0.0), MAX_NEW_TOKENS),
+            max_input_tokens=point["budget"],
+        )
+        for point in points
+    ]
     out: dict[str, Any] = {"task": task.name, "points": points, "modes": {}}
     for mode in args.modes.split(","):
         config = ModelConfig(
@@ -106,21 +84,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             export_dir=args.export_dir or default_export_dir(),
             mode=mode,
             codes_dir=args.meds,
-            max_input_tokens=max_budget,
+            max_input_tokens=max(point["budget"] for point in points),
             max_new_tokens=MAX_NEW_TOKENS,
             engine=EngineOptions(kv_cache_gib=2.0, seed=1),
         )
         prepare_model_files(config)
-        setup = load_model(measured(config))
         by_point = out["modes"].setdefault(mode, {})
 
         def save(
-            name: str, rows: list[RecordResult], by_point: dict = by_point, mode: str = mode
+            setting: EvalSetting,
+            rows: list[RecordResult],
+            by_point: dict = by_point,
+            mode: str = mode,
         ) -> None:
-            by_point[name] = build_report(task, {mode: rows}, settings={})
+            by_point[setting.name] = build_report(task, {mode: rows}, settings={})
             args.out.write_text(json.dumps(out, indent=2) + "\n")
 
-        asyncio.run(run_mode(setup, task, records, points, save))
+        asyncio.run(evaluate_settings(load_model(measured(config)), settings, save))
     return out
 
 

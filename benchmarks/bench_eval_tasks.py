@@ -4,9 +4,10 @@ scores of each mode's predictions file.
 
 Settings: the service's (answer prefill, greedy), the paper's (no prefill, temperature 0.7, one
 sample), each free and constrained (vLLM structured outputs). One engine per mode serves every
-task and setting (prefix caching off, one record at a time, same prompts in both modes).
+task and setting (`evaluation.settings_sweep`; prefix caching off, one record at a time, same
+prompts in both modes).
 
-    nice -n 10 .venv/bin/python benchmarks/bench_eval_tasks.py --per-task 4 --budget 1024 \\
+    nice -n 10 .venv/bin/python -m benchmarks.bench_eval_tasks --per-task 4 --budget 1024 \\
         --settings service_constrained,paper_free,paper_constrained \\
         --out benchmarks/results/eval_tasks.json
 
@@ -14,7 +15,7 @@ The JSON is rewritten after every (mode, task, setting), so an interrupted run k
 The modes may run as two processes at once (`--modes original` and `--modes medtpe` into two
 files, same `--predictions-dir`), joined afterwards into both-mode reports:
 
-    .venv/bin/python benchmarks/bench_eval_tasks.py --merge A.json B.json \\
+    .venv/bin/python -m benchmarks.bench_eval_tasks --merge A.json B.json \\
         --predictions-dir DIR --out benchmarks/results/eval_tasks.json
 """
 
@@ -26,16 +27,19 @@ import json
 import os
 import platform
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from evaluation.external_scores import meds_evaluation_scores
 from evaluation.predictions import write_predictions
 from evaluation.records import EvalRecord, load_records
 from evaluation.report import build_report
 from evaluation.results import RecordResult
-from evaluation.runner import Sampling, evaluate_mode, measured
+from evaluation.runner import Sampling, measured
+from evaluation.settings_sweep import EvalSetting, evaluate_settings
+from evaluation.stored_report import stored_results
 from inference.engine import EngineOptions
-from inference.engines import start_vllm
 from inference.model import ModelConfig, load_model
 from medtpe_core.labels import LABEL_FUNCTIONS, derive_labels, write_labels
 from medtpe_core.meds_readers import MedsDataset
@@ -86,44 +90,34 @@ def task_records(
     return chosen, counts
 
 
-def meds_evaluation_scores(path: Path) -> dict[str, Any]:
-    """meds-evaluation's own scores of a predictions file (its Python entry point); its error
-    message where it cannot score (e.g. scikit-learn's AUROC with one class only)."""
-    import polars as pl
-    from meds_evaluation.evaluate import evaluate_binary_classification
-
-    try:
-        scores = evaluate_binary_classification(pl.read_parquet(path))
-    except ValueError as exc:
-        return {"error": str(exc)}
-    return json.loads(json.dumps(scores, default=float))
-
-
 async def run_mode(
     mode: str,
     config: ModelConfig,
     chosen: dict[str, list[EvalRecord]],
     settings: list[str],
     results: dict[str, dict[str, dict[str, list[RecordResult]]]],
-    save: Any,
+    save: Callable[[], None],
 ) -> None:
-    """Every task and setting of one mode on one engine."""
+    """Every task and setting of one mode on one engine (every task of a setting first: a cut
+    run keeps whole settings)."""
     prepare_model_files(config)
-    setup = load_model(measured(config))
-    engine = start_vllm(setup.engine_config)
-    try:
-        for setting in settings:  # every task of a setting first: a cut run keeps whole settings
-            spec = SETTINGS[setting]
-            for name, records in chosen.items():
-                task = get_task(name).model_copy(update={"prefill_answer": spec["prefill"]})
-                sampling = Sampling(
-                    1, spec["temperature"], config.max_new_tokens, spec["constrained"]
-                )
-                rows = await evaluate_mode(engine, setup.predictor, task, records, sampling)
-                results.setdefault(name, {}).setdefault(setting, {})[mode] = rows
-                save()
-    finally:
-        engine.shutdown()
+    points = [
+        EvalSetting(
+            name=setting,
+            task=get_task(name).model_copy(update={"prefill_answer": spec["prefill"]}),
+            records=records,
+            sampling=Sampling(1, spec["temperature"], config.max_new_tokens, spec["constrained"]),
+        )
+        for setting in settings
+        for spec in [SETTINGS[setting]]
+        for name, records in chosen.items()
+    ]
+
+    def keep(point: EvalSetting, rows: list[RecordResult]) -> None:
+        results.setdefault(point.task.name, {}).setdefault(point.name, {})[mode] = rows
+        save()
+
+    await evaluate_settings(load_model(measured(config)), points, keep)
 
 
 def reports(
@@ -158,10 +152,8 @@ def merge(paths: list[Path], meds: Path, predictions_dir: Path) -> dict[str, Any
     for part in parts:
         for name, by_setting in part["tasks"].items():
             for setting, report in by_setting.items():
-                for mode, rows in report["records"].items():
-                    results.setdefault(name, {}).setdefault(setting, {})[mode] = [
-                        RecordResult(**row) for row in rows
-                    ]
+                by_mode = results.setdefault(name, {}).setdefault(setting, {})
+                by_mode.update(stored_results(report))
     chosen = {}
     for name, keys in out["records"].items():
         task = get_task(name)

@@ -2,7 +2,7 @@
 subjects and positive rows (multilabel: rows with at least one label), and, when `es-aces` is
 installed, how the shipped ACES ICU-mortality configuration compares with the built-in one.
 
-    .venv/bin/python benchmarks/bench_labels.py --meds ../shared/data/mimic-iv-demo-meds \\
+    .venv/bin/python -m benchmarks.bench_labels --meds ../shared/data/mimic-iv-demo-meds \\
         --out benchmarks/results/labels.json
 """
 
@@ -13,11 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from results_file import write_results
-
 from medtpe_core.labels import LABEL_FUNCTIONS, derive_labels
 from medtpe_core.labels.aces_labels import ACES_CONFIG_DIR, AcesUnavailable, aces_labels
 from medtpe_core.meds_readers import LabelRow, MedsDataset
+from medtpe_core.results_file import write_results
 from medtpe_core.tasks import get_task
 
 
@@ -58,7 +57,7 @@ def main() -> None:
             "same_rows_and_labels": sum(ours.get(key) == value for key, value in theirs.items()),
         }
     print(results.get("aces_icu_mortality"))
-    write_results(args.out, " ".join(["benchmarks/bench_labels.py", *sys.argv[1:]]), results)
+    write_results(args.out, " ".join(["-m benchmarks.bench_labels", *sys.argv[1:]]), results)
 
 
 if __name__ == "__main__":

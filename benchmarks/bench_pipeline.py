@@ -4,13 +4,13 @@ render within the budget, tokenize (original + MedTPE), answer — with the engi
 The app is the real one (`service.app.create_app`, default settings but the budget and body
 limit below), driven in-process over ASGI by httpx; generation is the project's fake engine
 `inference.instant_engine.InstantEngine`, which answers every prompt at once with a fixed
-well-formed answer (an `--old-src` tree must hold that module: commits from its introduction on).
+well-formed answer.
 Per record the off-engine time is the request's wall time minus the engine's `generate` time
 the service reports; CPU time per record is the process's CPU time (all threads) over the call.
 
-One run measures the code of this checkout ("new") and, with `--old-src DIR` (a tree of the
-code before, e.g. `git archive <commit> | tar -x -C DIR`), that code ("old"), each in its own
-process with its own PYTHONPATH, on the same request bodies:
+One run measures this checkout's code, each pass in a fresh worker process, on the same request
+bodies (the comparison with an older tree, `--old-src`, was retired: its figures stay in
+benchmarks/results/bench_pipeline.json):
 - every ICU stay of the label file (events up to the prediction time, as a hospital would send
   them), two passes: `cold` (first sight of every record in a fresh process) and `warm`;
 - API-process scaling: `--processes 1 2 ...` copies of the new code each serving every record
@@ -23,8 +23,7 @@ process with its own PYTHONPATH, on the same request bodies:
   client process at `--client-concurrency` (fresh connections, so the kernel spreads them over
   the processes): one cold pass, then `LAUNCHER_WARM_PASSES` warm passes timed together.
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_pipeline.py \
-        --meds ../shared/data/mimic-iv-demo-meds --old-src /tmp/medtpe-old \
+    .venv/bin/python -m benchmarks.bench_pipeline --meds ../shared/data/mimic-iv-demo-meds \
         --out benchmarks/results/bench_pipeline.json
 """
 
@@ -33,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -44,13 +42,15 @@ from typing import Any
 
 import numpy as np
 
+from medtpe_core.paths import project_root
+from medtpe_core.results_file import write_results
+
 BUDGET = 8192
 SCALES = (1, 4, 16)
 LAUNCHER_WARM_PASSES = 5
-_HERE = Path(__file__).resolve()
 
 
-# ---------------------------------------------------------------- worker (one code tree)
+# ---------------------------------------------------------------- worker process
 
 
 async def _serve_all(paths: list[Path], passes: int) -> list[tuple[float, list[dict[str, float]]]]:
@@ -107,17 +107,17 @@ def worker(bodies: Path, names: list[str], passes: int, out: Path) -> None:
 
 
 def _run_workers(
-    tree: Path, bodies: Path, names: list[str], passes: int, copies: int = 1
+    bodies: Path, names: list[str], passes: int, copies: int = 1
 ) -> list[dict[str, Any]]:
-    """`copies` worker processes of the code in `tree` at once; their outputs."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    """`copies` worker processes at once; their outputs."""
     outs = [Path(tempfile.mkstemp(suffix=".json")[1]) for _ in range(copies)]
     names_file = Path(tempfile.mkstemp(suffix=".json")[1])
     names_file.write_text(json.dumps(names))
-    command = [sys.executable, str(_HERE), "--worker", str(bodies), str(names_file), str(passes)]
-    procs = [subprocess.Popen([*command, str(o)], env=env) for o in outs]
+    command = [sys.executable, "-m", "benchmarks.bench_pipeline", "--worker", str(bodies)]
+    command += [str(names_file), str(passes)]
+    procs = [subprocess.Popen([*command, str(o)], cwd=project_root()) for o in outs]
     if any(p.wait() != 0 for p in procs):
-        raise RuntimeError(f"a worker of {tree} failed")
+        raise RuntimeError("a worker process failed")
     return [json.loads(o.read_text()) for o in outs]
 
 
@@ -149,8 +149,7 @@ def _through_launcher(
     bodies: Path, names: list[str], workers: int, concurrency: int
 ) -> dict[str, Any]:
     """`medtpe serve` with `workers` API processes; every body to /tokenize, cold then warm."""
-    from bench_service import free_port, start_service
-
+    from benchmarks.bench_service import free_port, start_service
     from inference.model import ModelConfig
     from training.export import prepare_model_files
 
@@ -208,8 +207,7 @@ def _stats(rows: list[dict[str, float]]) -> dict[str, Any]:
 
 def _write_bodies(meds: Path, out: Path, n_scale: int) -> tuple[list[str], dict[int, list[str]]]:
     """Request bodies: every labelled stay, and the scaled copies of `n_scale` median stays."""
-    from bench_service import to_json_events
-
+    from benchmarks.bench_service import to_json_events
     from medtpe_core.meds_readers import MedsDataset, read_labels
 
     dataset = MedsDataset.load(meds)
@@ -251,22 +249,16 @@ def _repeated(events: list[dict[str, Any]], times: int) -> list[dict[str, Any]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--meds", type=Path, required=True)
-    parser.add_argument("--old-src", type=Path, help="a tree of the code to compare with")
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--scale-records", type=int, default=6)
     parser.add_argument(
         "--api-workers", type=int, nargs="*", default=[], help="MEDTPE_API_WORKERS values to run"
     )
     parser.add_argument("--client-concurrency", type=int, default=4)
-    parser.add_argument(
-        "--launcher-only", action="store_true", help="only the --api-workers runs (no old/new)"
-    )
+    parser.add_argument("--launcher-only", action="store_true", help="only the --api-workers runs")
     parser.add_argument("--limit", type=int, help="only the first N stays (a smoke run)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    from results_file import write_results
-
-    trees = {"new": _HERE.parent.parent} | ({"old": args.old_src} if args.old_src else {})
     results: dict[str, Any] = {"budget": BUDGET, "engine": "InstantEngine (answers at once)"}
     with tempfile.TemporaryDirectory() as tmp:
         bodies = Path(tmp)
@@ -287,19 +279,18 @@ def main() -> None:
             del results["engine"]
             write_results(args.out, " ".join(sys.argv), results)
             return
-        for label, tree in trees.items():
-            cold, warm = _run_workers(tree, bodies, names, passes=2)[0]["passes"]
-            results[label] = {"cold": _stats(cold), "warm": _stats(warm)}
-            print(label, json.dumps(results[label]), flush=True)
-            linear = {}
-            for scale in SCALES:
-                rows = _run_workers(tree, bodies, scaled[scale], passes=2)[0]["passes"][1]
-                linear[f"x{scale}"] = _stats(rows)
-            results[label]["linearity"] = linear
-            print(label, "linearity", json.dumps(linear), flush=True)
+        cold, warm = _run_workers(bodies, names, passes=2)[0]["passes"]
+        results["pipeline"] = {"cold": _stats(cold), "warm": _stats(warm)}
+        print("pipeline", json.dumps(results["pipeline"]), flush=True)
+        linear = {}
+        for scale in SCALES:
+            rows = _run_workers(bodies, scaled[scale], passes=2)[0]["passes"][1]
+            linear[f"x{scale}"] = _stats(rows)
+        results["pipeline"]["linearity"] = linear
+        print("linearity", json.dumps(linear), flush=True)
         scaling = {}
         for copies in args.processes:
-            outs = _run_workers(trees["new"], bodies, names, passes=2, copies=copies)
+            outs = _run_workers(bodies, names, passes=2, copies=copies)
             warm_s = max(o["wall_s"][1] for o in outs)  # the copies' warm passes overlap
             scaling[str(copies)] = {
                 "records_per_s_total": round(len(names) * copies / warm_s, 1),

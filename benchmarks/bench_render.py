@@ -1,6 +1,6 @@
 """Rendering on real MEDS data: tokens per record, budgeted prompts, and speed.
 
-    .venv/bin/python benchmarks/bench_render.py \
+    .venv/bin/python -m benchmarks.bench_render \
         --meds ../shared/data/mimic-iv-demo-meds --base .cache/models/smollm2-135m-instruct \
         [--base ../shared/tokenizers/qwen2.5/tokenizer.json ...]
 
@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-from results_file import write_results
 
 from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.chat_template import ChatTemplate
@@ -26,6 +25,7 @@ from medtpe_core.meds_readers import MedsDataset, read_labels
 from medtpe_core.paths import default_model_dir
 from medtpe_core.prompting import build_prompt
 from medtpe_core.render import _event_line, describe_code, render_record
+from medtpe_core.results_file import write_results
 
 
 def naive_text(events: SubjectEvents, descriptions: dict[str, str]) -> str:

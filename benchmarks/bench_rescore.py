@@ -12,7 +12,7 @@ prediction time, at each budget, under both window policies (`medtpe_core.window
   cold, the prefix-cache hit rate from vLLM's own `vllm:prefix_cache_*` counters, and answers
   and p(yes) of the stable window against the sliding one.
 
-    nice -n 10 .venv/bin/python benchmarks/bench_rescore.py \
+    nice -n 10 .venv/bin/python -m benchmarks.bench_rescore \
         --meds ../shared/data/mimic-iv-demo-meds --engine-stays 4096=4 --engine-stays 8192=1 \
         --out benchmarks/results/rescore.json
 """
@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import REGISTRY
-from results_file import write_results
 from tqdm import tqdm
 
 from inference.engine import EngineOptions
@@ -39,6 +38,7 @@ from inference.model import LoadedModel, ModelConfig, load_model
 from inference.predictor import Predictor, PreparedRecord
 from medtpe_core.meds import SubjectEvents
 from medtpe_core.meds_readers import MedsDataset, read_labels
+from medtpe_core.results_file import write_results
 from medtpe_core.tasks import get_task
 from medtpe_core.windowing import DEFAULT_GRID_HOURS, Windowing, WindowPolicy
 from training.export import prepare_model_files

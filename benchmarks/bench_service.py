@@ -63,9 +63,9 @@ from typing import Any
 import httpx
 import numpy as np
 
-from benchmarks.results_file import write_results
 from medtpe_core.meds import SubjectEvents
 from medtpe_core.meds_readers import MedsDataset, read_labels
+from medtpe_core.results_file import write_results
 
 TASK = "icu_mortality"
 VLLM_SERVE = "vllm-serve"
@@ -235,7 +235,7 @@ def service_env(args: argparse.Namespace, mode: str) -> dict[str, str]:
 
 def start_service(env: dict[str, str], port: int, log: Path) -> subprocess.Popen:
     """`medtpe serve` on 127.0.0.1:port with `env` added; waits until `/readyz` is green
-    (bench_pipeline.py starts it too)."""
+    (`benchmarks.bench_pipeline` starts it too)."""
     medtpe = Path(sys.executable).with_name("medtpe")
     command = [str(medtpe), "serve", "--host", "127.0.0.1", "--port", str(port)]
     process = launch(command, env, log)

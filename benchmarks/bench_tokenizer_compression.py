@@ -1,7 +1,7 @@
 """Compression at equal budget on held-out ICU records, static vs bpe selection, and the cost on
 text the vocabulary was not mined for.
 
-    .venv/bin/python benchmarks/bench_tokenizer_compression.py [--budget 5000] [--max-n 2 3]
+    .venv/bin/python -m benchmarks.bench_tokenizer_compression [--budget 5000] [--max-n 2 3]
 """
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-from bench_tokenizer_data import QWEN, icu_split, smollm2_tokenizer, unmined_texts
-from results_file import write_results
-
+from benchmarks.bench_tokenizer_data import QWEN, icu_split, smollm2_tokenizer, unmined_texts
 from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.build import METHODS, build_tokenizer
 from medtpe_core.metrics import compression_rate
+from medtpe_core.results_file import write_results
 
 
 def main() -> None:

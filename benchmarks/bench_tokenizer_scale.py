@@ -3,17 +3,17 @@
 Two modes:
 
     # one stream of pre-rendered text (in-process; the corpus held by the benchmark)
-    .venv/bin/python benchmarks/bench_tokenizer_scale.py [--tokens 50000000] [--max-n 2]
+    .venv/bin/python -m benchmarks.bench_tokenizer_scale [--tokens 50000000] [--max-n 2]
 
     # the product's sharded path: synthetic MEDS shards, rendered + counted per shard
     # (`medtpe_core.build.build_tokenizer_from_meds`), once per worker count, each in a fresh
     # process; results JSON with wall time, tokens/s and peak RSS of the main and worker processes
-    .venv/bin/python benchmarks/bench_tokenizer_scale.py --shards 8 --workers 1 2 \\
+    .venv/bin/python -m benchmarks.bench_tokenizer_scale --shards 8 --workers 1 2 \\
         --out benchmarks/results/mining_workers.json
 
     # the same with as many cores as workers (CPU affinity of the run: cores 0..K-1), so the
     # speed-up in workers is not hidden by one worker's tokenizer threads using every core
-    .venv/bin/python benchmarks/bench_tokenizer_scale.py --shards 8 --workers 1 2 \\
+    .venv/bin/python -m benchmarks.bench_tokenizer_scale --shards 8 --workers 1 2 \\
         --cores-per-worker --out benchmarks/results/mining_workers_cores.json
 
 The synthetic corpus is the MIMIC-IV demo (all patients' whole histories) repeated with the
@@ -36,8 +36,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench_tokenizer_data import icu_split, rotation, smollm2_tokenizer, write_shards
-
+from benchmarks.bench_tokenizer_data import icu_split, rotation, smollm2_tokenizer, write_shards
 from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.build import build_tokenizer, build_tokenizer_from_meds
 from medtpe_core.corpus import CorpusSpec

@@ -1,7 +1,7 @@
 """Encoding throughput of MedTPE vs the base `tokenizers` tokenizer on held-out ICU records,
 single and batched, and how time grows with input length (1x, 10x, 100x).
 
-    .venv/bin/python benchmarks/bench_tokenizer_speed.py [--artefact DIR]
+    .venv/bin/python -m benchmarks.bench_tokenizer_speed [--artefact DIR]
 
 Without --artefact a MedTPE tokenizer is built first (SmolLM2, M = 5000, N = 2, default method).
 Base and MedTPE runs alternate and the best of --repeats is kept, so background load on the
@@ -18,11 +18,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench_tokenizer_data import icu_split, smollm2_tokenizer
-from results_file import write_results
-
+from benchmarks.bench_tokenizer_data import icu_split, smollm2_tokenizer
 from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.build import build_tokenizer
+from medtpe_core.results_file import write_results
 from medtpe_core.tokenizer import MedTPETokenizer
 
 

@@ -26,6 +26,7 @@ _COMMAND_MODULES = (
     "medtpe_cli.service_commands",
     "medtpe_cli.evaluation_commands",
     "medtpe_cli.predict_commands",
+    "medtpe_cli.report_commands",
 )
 
 DISTRIBUTION = "medtpe"

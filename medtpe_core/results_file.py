@@ -1,5 +1,5 @@
-"""One place that writes a benchmark's results file: the figures plus where and when they were
-measured (cores, load average, commit), so docs/benchmarks.md can cite a file, not a terminal."""
+"""A measurement's results file: the figures plus where and when they were measured (cores,
+load average, commit), so the docs cite a file, not a terminal."""
 
 from __future__ import annotations
 
