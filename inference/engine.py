@@ -15,6 +15,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Literal, Protocol
 
+from medtpe_core.declared import described
+
 DistributedBackend = Literal["mp", "ray", "uni", "external_launcher"]
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 
@@ -25,30 +27,66 @@ class EngineDead(RuntimeError):
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """How the engine runs, whatever model it loads."""
+    """How the engine runs, whatever model it loads: the one declaration of each option's default
+    and help (the service settings and the CLI read them with `medtpe_core.declared`)."""
 
-    max_num_seqs: int = 16
-    """Sequences the scheduler runs in one batch."""
-    kv_cache_gib: float | None = None
-    """KV cache size; None: vLLM's default for the device."""
-    seed: int = 0
-    dtype: Dtype = "auto"
-    """Weights and activations (vLLM `dtype`); `auto`: vLLM's choice for the device (bfloat16 on
-    this CPU for a float32 checkpoint). bfloat16 logits move an answer's probability in steps
-    of about 0.03 near p = 0.8 (docs/benchmarks.md, "Fidelity")."""
-    enforce_eager: bool = False
-    """Skip torch.compile: starts about a minute sooner on CPU, decodes about 2x slower."""
-    enable_prefix_caching: bool | None = None
-    """None: vLLM's default (on); off for measurements where every prompt must pay its prefill."""
-    tensor_parallel_size: int = 1
-    """GPUs one model is split across, layer by layer (vLLM `tensor_parallel_size`)."""
-    pipeline_parallel_size: int = 1
-    """Pipeline stages (vLLM `pipeline_parallel_size`), e.g. one per node."""
-    distributed_executor_backend: DistributedBackend | None = None
-    """How workers are launched for parallel runs (None: vLLM chooses; `ray` across nodes)."""
-    log_stats: bool = True
-    """Keep vLLM's own statistics (prefix-cache hits, time to first token, ...): its `vllm:`
-    Prometheus metrics in the process's default registry."""
+    max_num_seqs: int = field(
+        default=16, metadata=described("Sequences the engine's scheduler runs in one batch.")
+    )
+    kv_cache_gib: float | None = field(
+        default=4.0,  # about 176,000 SmolLM2 tokens on CPU: 16 full 8,192-token prompts
+        metadata=described(
+            "KV cache size in GiB (vLLM `kv_cache_memory_bytes`); none: vLLM's default, a share "
+            "of the device memory."
+        ),
+    )
+    seed: int = field(default=0, metadata=described("Engine seed (sampling at temperature > 0)."))
+    dtype: Dtype = field(
+        default="auto",
+        metadata=described(
+            "Weights and activations (vLLM `dtype`); auto: vLLM's choice for the device "
+            "(bfloat16 on CPU for a float32 checkpoint, which moves an answer's probability in "
+            "steps of about 0.03 near p = 0.8: docs/benchmarks.md, Fidelity)."
+        ),
+    )
+    enforce_eager: bool = field(
+        default=False,
+        metadata=described(
+            "Skip torch.compile: the engine starts about a minute sooner on CPU, decodes about "
+            "2x slower."
+        ),
+    )
+    enable_prefix_caching: bool | None = field(
+        default=None,
+        metadata=described(
+            "None: vLLM's default (on); off for measurements where every prompt must pay its "
+            "prefill."
+        ),
+    )
+    tensor_parallel_size: int = field(
+        default=1,
+        metadata=described(
+            "GPUs one model is split across, layer by layer (vLLM `tensor_parallel_size`)."
+        ),
+    )
+    pipeline_parallel_size: int = field(
+        default=1,
+        metadata=described("Pipeline stages (vLLM `pipeline_parallel_size`), e.g. one per node."),
+    )
+    distributed_executor_backend: DistributedBackend | None = field(
+        default=None,
+        metadata=described(
+            "How vLLM launches its workers for parallel runs: `mp` (one node), `ray` (several "
+            "nodes), `uni`, `external_launcher`; unset: vLLM chooses."
+        ),
+    )
+    log_stats: bool = field(
+        default=True,
+        metadata=described(
+            "Keep vLLM's own statistics (prefix-cache hits, time to first token, ...): its "
+            "`vllm:` Prometheus metrics in the process's default registry."
+        ),
+    )
 
 
 @dataclass(frozen=True)

@@ -8,38 +8,97 @@ tools), and a missing or stale one is a `ModelFilesMissing` naming the command t
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from inference.checkpoints import check_base_model, check_export
 from inference.engine import EngineConfig, EngineOptions
 from inference.predictor import Mode, Predictor
 from medtpe_core.bundle import ArtefactBundle, unvalidated_budget_message
 from medtpe_core.chat_template import ChatTemplate
+from medtpe_core.declared import described
 from medtpe_core.meds_readers import read_code_descriptions
 from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
 from medtpe_core.tokenizer import MedTPETokenizer
-from medtpe_core.windowing import SLIDING_WINDOW, Windowing
+from medtpe_core.windowing import Windowing, WindowPolicy
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Which model, artefact and mode to load, the prompt budget and the engine's options."""
+    """Which model, artefact and mode to load, the prompt budget and the engine's options: the one
+    declaration of each one's default and help (`medtpe_core.declared`)."""
 
-    model_dir: Path = field(default_factory=default_model_dir)
-    """Base Hugging Face checkpoint (the default one: `medtpe prepare-model`)."""
-    artefact_dir: Path = field(default_factory=default_artefact_dir)
-    export_dir: Path = field(default_factory=default_export_dir)
-    """The base + MedTPE rows checkpoint vLLM loads in `medtpe` mode (`medtpe export`)."""
-    mode: Mode = "medtpe"
-    codes_dir: Path | None = None
-    """MEDS dataset root with `metadata/codes.parquet` (None: the artefact directory's)."""
-    max_input_tokens: int = 8192
-    """Input budget in original-tokenizer tokens (shrunk to fit the model's context)."""
-    max_new_tokens: int = 64
-    windowing: Windowing = SLIDING_WINDOW
+    model_dir: Path = field(
+        default_factory=default_model_dir,
+        metadata=described(
+            "Base Hugging Face checkpoint (the default one: `medtpe prepare-model`)."
+        ),
+    )
+    artefact_dir: Path = field(
+        default_factory=default_artefact_dir, metadata=described("MedTPE artefact directory.")
+    )
+    export_dir: Path = field(
+        default_factory=default_export_dir,
+        metadata=described(
+            "Exported checkpoint (base + MedTPE rows) that vLLM loads in `medtpe` mode; written "
+            "offline by `medtpe export` (missing or from another artefact: a start-up error)."
+        ),
+    )
+    mode: Mode = field(
+        default="medtpe",
+        metadata=described("`medtpe` or `original` (base tokenizer and model)."),
+    )
+    codes_dir: Path | None = field(
+        default=None,
+        metadata=described(
+            "MEDS dataset root whose `metadata/codes.parquet` gives code descriptions for "
+            "rendering (unset: the artefact directory's, if it has one)."
+        ),
+    )
+    max_input_tokens: int = field(
+        default=8192,  # the default artefact's fidelity gate passed at 4,096 and 8,192
+        metadata=described(
+            "Input budget in ORIGINAL-tokenizer tokens, prompt included; the newest events that "
+            "fit are kept (the same text in both modes); shrunk to the model's context minus the "
+            "answer tokens."
+        ),
+    )
+    max_new_tokens: int = field(
+        default=64, metadata=described("Tokens generated per answer at most.")
+    )
+    windowing: Windowing = field(default_factory=Windowing)
     """Which events of a record over the budget the prompt shows (`medtpe_core.windowing`)."""
     engine: EngineOptions = field(default_factory=EngineOptions)
+
+    @classmethod
+    def option_names(cls) -> frozenset[str]:
+        """The flat option names `from_options` takes."""
+        own = {f.name for f in fields(cls)} - {"windowing", "engine"}
+        return frozenset(own | {f.name for f in fields(EngineOptions)} | set(WINDOWING_OPTIONS))
+
+    @classmethod
+    def from_options(cls, **values: Any) -> ModelConfig:
+        """A config from flat option values (the service's settings, a command's options), each
+        named as its field here or in `EngineOptions`, or `window_policy` / `window_grid_hours`
+        (`Windowing`); an option not given keeps its declared default."""
+        own = {f.name for f in fields(cls)} - {"windowing", "engine"}
+        engine = {f.name for f in fields(EngineOptions)}
+        unknown = set(values) - cls.option_names()
+        if unknown:
+            raise TypeError(f"no model or engine option named {', '.join(sorted(unknown))}")
+        windowing = {WINDOWING_OPTIONS[k]: v for k, v in values.items() if k in WINDOWING_OPTIONS}
+        if "policy" in windowing:
+            windowing["policy"] = WindowPolicy(windowing["policy"])
+        return cls(
+            **{k: v for k, v in values.items() if k in own},
+            windowing=Windowing(**windowing),
+            engine=EngineOptions(**{k: v for k, v in values.items() if k in engine}),
+        )
+
+
+WINDOWING_OPTIONS = {"window_policy": "policy", "window_grid_hours": "grid_hours"}
+"""The flat option names of `Windowing`'s fields (`MEDTPE_WINDOW_POLICY`, `--window-policy`)."""
 
 
 @dataclass(frozen=True)

@@ -27,12 +27,13 @@ Contract:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
 import numpy as np
 
+from medtpe_core.declared import described
 from medtpe_core.meds import SubjectEvents
 
 _MICROSECONDS_PER_HOUR = 3_600_000_000
@@ -52,8 +53,18 @@ DEFAULT_GRID_HOURS = 6
 class Windowing:
     """A window policy and, for `stable`, the grid its start moves on."""
 
-    policy: WindowPolicy = WindowPolicy.SLIDING
-    grid_hours: int = DEFAULT_GRID_HOURS
+    policy: WindowPolicy = field(
+        default=WindowPolicy.SLIDING,
+        metadata=described(
+            "Which events of a record over the budget the prompt shows: `sliding` (the newest "
+            "that fit) or `stable` (a start on a grid that moves only when the record no longer "
+            "fits, so hourly re-scores hit the prefix cache); medtpe_core/windowing.py."
+        ),
+    )
+    grid_hours: int = field(
+        default=DEFAULT_GRID_HOURS,
+        metadata=described("Grid of the `stable` window's start, in hours (UTC boundaries)."),
+    )
 
     def __post_init__(self) -> None:
         if self.grid_hours < 1:

@@ -11,17 +11,17 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from inference.engine import DistributedBackend, EngineOptions
+from inference.engine import DistributedBackend, Dtype, EngineOptions
 from inference.model import ModelConfig
 from inference.predictor import Mode
-from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
+from medtpe_core.declared import declared
 from medtpe_core.tasks import TASKS_DIR_ENV
-from medtpe_core.windowing import DEFAULT_GRID_HOURS, Windowing, WindowPolicy
+from medtpe_core.windowing import Windowing, WindowPolicy
 
 ENV_PREFIX = "MEDTPE_"
 API_KEYS_ENV = "MEDTPE_API_KEYS"
@@ -37,6 +37,18 @@ OTHER_VARIABLES: Mapping[str, str] = {
 """The `MEDTPE_*` environment variables read outside these settings, with what they set."""
 
 
+def declared_setting(
+    cls: type, name: str, description: str | None = None, **constraints: Any
+) -> Any:
+    """A setting whose default (and, unless `description` is given, help) is option `name` of
+    the dataclass `cls` (`medtpe_core.declared`): declared once, not copied."""
+    option = declared(cls, name)
+    help_text = description or option.help
+    if option.factory is not None:
+        return Field(default_factory=option.factory, description=help_text, **constraints)
+    return Field(option.default, description=help_text, **constraints)
+
+
 class ServiceSettings(BaseSettings):
     """Configuration of one service instance; any other `MEDTPE_*` environment variable than
     its fields' and `OTHER_VARIABLES` is refused (a misspelt setting is not ignored)."""
@@ -45,53 +57,33 @@ class ServiceSettings(BaseSettings):
         env_prefix=ENV_PREFIX, extra="ignore", env_parse_none_str="none"
     )
 
-    model_dir: Path = Field(
-        default_factory=default_model_dir,
-        description="Base Hugging Face checkpoint (the default one: `medtpe prepare-model`).",
-    )
-    artefact_dir: Path = Field(
-        default_factory=default_artefact_dir, description="MedTPE artefact directory."
-    )
-    export_dir: Path = Field(
-        default_factory=default_export_dir,
-        description="Exported checkpoint (base + MedTPE rows) that vLLM loads in `medtpe` mode; "
-        "written offline by `medtpe export` (missing or from another artefact: a start-up error).",
-    )
-    codes_dir: Path | None = Field(
-        None,
-        description="MEDS dataset root whose `metadata/codes.parquet` gives code descriptions "
-        "for rendering (unset: the artefact directory's, if it has one).",
-    )
-    mode: Mode = Field("medtpe", description="`medtpe` or `original` (base tokenizer and model).")
-    max_input_tokens: int = Field(
-        8192,
-        gt=0,
-        description="Input budget in ORIGINAL-tokenizer tokens, prompt included; the newest "
-        "events that fit are kept.",
-    )
+    model_dir: Path = declared_setting(ModelConfig, "model_dir")
+    artefact_dir: Path = declared_setting(ModelConfig, "artefact_dir")
+    export_dir: Path = declared_setting(ModelConfig, "export_dir")
+    codes_dir: Path | None = declared_setting(ModelConfig, "codes_dir")
+    mode: Mode = declared_setting(ModelConfig, "mode")
+    max_input_tokens: int = declared_setting(ModelConfig, "max_input_tokens", gt=0)
     allow_unvalidated_budget: bool = Field(
         False,
         description="Serve MedTPE at an input budget above those the artefact's fidelity gate "
         "passed at (its `manifest.json`), with a warning; false: such a start fails.",
     )
-    window_policy: WindowPolicy = Field(
-        WindowPolicy.SLIDING,
-        description="Which events of a record over the budget the prompt shows: `sliding` (the "
-        "newest that fit) or `stable` (a start on a grid that moves only when the record no "
-        "longer fits, so hourly re-scores hit the prefix cache); medtpe_core/windowing.py.",
-    )
-    window_grid_hours: int = Field(
-        DEFAULT_GRID_HOURS, ge=1, description="Grid of the `stable` window's start, in hours."
-    )
+    window_policy: WindowPolicy = declared_setting(Windowing, "policy")
+    window_grid_hours: int = declared_setting(Windowing, "grid_hours", ge=1)
     cache_salt_header: str | None = Field(
         None,
         description="Without API keys: the request header whose value keeps callers' cached "
         "prompt prefixes apart (e.g. `X-Tenant`); unset: one shared cache (service/tenancy.py).",
     )
     temperature: float = Field(0.0, ge=0.0, description="Default sampling temperature.")
-    max_new_tokens: int = Field(64, gt=0, description="Tokens generated per answer at most.")
+    max_new_tokens: int = declared_setting(ModelConfig, "max_new_tokens", gt=0)
     max_n_samples: int = Field(9, gt=0, description="Largest `options.n_samples` accepted.")
-    max_concurrency: int = Field(16, gt=0, description="Records generating at the same time.")
+    max_concurrency: int = declared_setting(
+        EngineOptions,
+        "max_num_seqs",
+        "Records generating at the same time (also the engine's `max_num_seqs`).",
+        gt=0,
+    )
     queue_limit: int = Field(
         64, ge=0, description="Records waiting for a generation slot; beyond that, 503."
     )
@@ -105,27 +97,14 @@ class ServiceSettings(BaseSettings):
     )
     host: str = Field("0.0.0.0", description="Listen address of `medtpe serve`.")
     port: int = Field(8000, description="Listen port of `medtpe serve`.")
-    kv_cache_gib: float | None = Field(
-        4.0,
-        gt=0,
-        description="KV cache size in GiB (`none`: vLLM's default, a share of the device memory).",
-    )
-    seed: int = Field(0, description="Engine seed (sampling at temperature > 0).")
-    enforce_eager: bool = Field(
-        False,
-        description="Skip torch.compile in the engine: starts about a minute sooner on CPU, "
-        "decodes about 2x slower (tests).",
-    )
-    tensor_parallel_size: int = Field(
-        1, gt=0, description="GPUs the model is split across (vLLM tensor parallelism)."
-    )
-    pipeline_parallel_size: int = Field(
-        1, gt=0, description="Pipeline stages the model is split into (e.g. one per node)."
-    )
-    distributed_executor_backend: DistributedBackend | None = Field(
-        None,
-        description="How vLLM launches its workers for parallel runs: `mp` (one node), `ray` "
-        "(several nodes), `uni`, `external_launcher`; unset: vLLM chooses.",
+    kv_cache_gib: float | None = declared_setting(EngineOptions, "kv_cache_gib", gt=0)
+    seed: int = declared_setting(EngineOptions, "seed")
+    dtype: Dtype = declared_setting(EngineOptions, "dtype")
+    enforce_eager: bool = declared_setting(EngineOptions, "enforce_eager")
+    tensor_parallel_size: int = declared_setting(EngineOptions, "tensor_parallel_size", gt=0)
+    pipeline_parallel_size: int = declared_setting(EngineOptions, "pipeline_parallel_size", gt=0)
+    distributed_executor_backend: DistributedBackend | None = declared_setting(
+        EngineOptions, "distributed_executor_backend"
     )
     api_workers: int = Field(
         1,
@@ -170,26 +149,10 @@ class ServiceSettings(BaseSettings):
         return self
 
     def model(self) -> ModelConfig:
-        """What to load and how to run the engine, from these settings."""
-        return ModelConfig(
-            model_dir=self.model_dir,
-            artefact_dir=self.artefact_dir,
-            export_dir=self.export_dir,
-            mode=self.mode,
-            codes_dir=self.codes_dir,
-            max_input_tokens=self.max_input_tokens,
-            max_new_tokens=self.max_new_tokens,
-            windowing=Windowing(self.window_policy, self.window_grid_hours),
-            engine=EngineOptions(
-                max_num_seqs=self.max_concurrency,
-                kv_cache_gib=self.kv_cache_gib,
-                seed=self.seed,
-                enforce_eager=self.enforce_eager,
-                tensor_parallel_size=self.tensor_parallel_size,
-                pipeline_parallel_size=self.pipeline_parallel_size,
-                distributed_executor_backend=self.distributed_executor_backend,
-            ),
-        )
+        """What to load and how to run the engine: every setting named as a model or engine
+        option (`ModelConfig.from_options`), and `max_concurrency` as the engine's batch."""
+        values = self.model_dump(include=set(ModelConfig.option_names()))
+        return ModelConfig.from_options(**values, max_num_seqs=self.max_concurrency)
 
     @property
     def process_limits(self) -> tuple[int, int]:
