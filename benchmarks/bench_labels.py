@@ -15,17 +15,18 @@ from typing import Any
 
 from medtpe_core.labels import LABEL_FUNCTIONS, derive_labels
 from medtpe_core.labels.aces_labels import ACES_CONFIG_DIR, AcesUnavailable, aces_labels
-from medtpe_core.meds_readers import LabelRow, MedsDataset
+from medtpe_core.meds_readers import MedsDataset
+from medtpe_core.prediction_point import PredictionPoint
 from medtpe_core.results_file import write_results
 from medtpe_core.tasks import get_task
 
 
-def counts(rows: list[LabelRow]) -> dict[str, int]:
+def counts(rows: list[PredictionPoint]) -> dict[str, int]:
     """Rows, subjects and positive rows (a true, non-zero or non-empty value)."""
     return {
         "rows": len(rows),
         "subjects": len({row.subject_id for row in rows}),
-        "positive_rows": sum(bool(row.value) for row in rows),
+        "positive_rows": sum(bool(row.label) for row in rows),
     }
 
 
@@ -36,7 +37,7 @@ def main() -> None:
     args = parser.parse_args()
     dataset = MedsDataset.load(args.meds)
     results: dict[str, Any] = {}
-    built_in: dict[str, list[LabelRow]] = {}
+    built_in: dict[str, list[PredictionPoint]] = {}
     for name in LABEL_FUNCTIONS:
         built_in[name] = derive_labels(dataset, get_task(name))
         results[name] = counts(built_in[name])
@@ -46,7 +47,7 @@ def main() -> None:
     except AcesUnavailable as exc:
         results["aces_icu_mortality"] = {"skipped": str(exc)}
     else:
-        ours = {(r.subject_id, r.prediction_time): bool(r.value) for r in built_in["icu_mortality"]}
+        ours = {(r.subject_id, r.prediction_time): bool(r.label) for r in built_in["icu_mortality"]}
         columns = (table[name].to_pylist() for name in ("subject_id", "prediction_time"))
         keys = zip(*columns, strict=True)
         values = (bool(v) for v in table["boolean_value"].to_pylist())

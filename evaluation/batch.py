@@ -43,14 +43,16 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from evaluation.predictions import PREDICTED_VALUE, results_table
-from evaluation.results import RecordResult, record_key
+from evaluation.results import RecordResult
 from evaluation.runner import Sampling, sampled_answer
 from inference.engine import Engine, EngineDead, EngineFactory
 from inference.engines import start_vllm
 from inference.model import LoadedModel, ModelConfig, load_model
 from inference.predictor import Predictor, PreparedRecord
-from medtpe_core.meds_readers import MedsDataset, data_shards, read_labels, read_subject_splits
+from medtpe_core.meds_readers import MedsDataset, data_shards, read_labels
 from medtpe_core.metrics import compression_rate
+from medtpe_core.prediction_point import record_key
+from medtpe_core.subject_split import subject_split
 from medtpe_core.tasks import Prediction, Task
 from medtpe_core.tasks.option_probabilities import positive_probability
 
@@ -92,7 +94,7 @@ class Job:
     times: tuple[datetime | None, ...] = (None,)
     """Without labels: score every subject at each of these times."""
     split: str | None = None
-    """Only the subjects of this split of `metadata/subject_splits.parquet` (None: all)."""
+    """Only the subjects of this split (`medtpe_core.subject_split`; None: all)."""
     partition: tuple[int, int] | None = None
     """(i, n): only the data shards whose position is i modulo n, so n independent jobs (a Slurm
     array, joblib) share the shards of one `--out`; label rows without events go with i = 0."""
@@ -194,22 +196,30 @@ def _shard_subjects(shard: Path) -> list[int]:
 def plan_shards(job: Job) -> list[ShardPlan]:
     """The records of each data shard (reading only the shards' `subject_id` column), in shard
     order; with labels, the label rows whose subject is in no shard as a last plan `_no_events`."""
-    splits = read_subject_splits(job.meds_dir) if job.split is not None else {}
+    shards = data_shards(job.meds_dir)
+    points = read_labels(job.labels) if job.labels is not None else []
+    by_split = None
+    if job.split is not None:  # seeded (no subject_splits.parquet): the labels' or shards' subjects
+        subjects = (
+            [p.subject_id for p in points]
+            if job.labels is not None
+            else [s for shard in shards for s in _shard_subjects(shard)]
+        )
+        by_split = subject_split(job.meds_dir, subjects)
 
     def wanted(subject: int) -> bool:
-        return not splits or splits.get(subject) == job.split
+        return by_split is None or by_split.keeps(subject, job.split)
 
-    shards = data_shards(job.meds_dir)
     part, parts = job.partition or (0, 1)
     mine = [shard for k, shard in enumerate(shards) if k % parts == part]
     plans: list[ShardPlan] = []
     if job.labels is not None:
         by_subject: dict[int, list[Request]] = {}
-        for index, row in enumerate(read_labels(job.labels)):
-            if wanted(row.subject_id):
-                label = None if row.value is None else job.task.parse_label(row.value)
-                request = Request(index, row.subject_id, row.prediction_time, label)
-                by_subject.setdefault(row.subject_id, []).append(request)
+        for index, point in enumerate(points):
+            if wanted(point.subject_id):
+                label = point.parsed(job.task).label
+                request = Request(index, point.subject_id, point.prediction_time, label)
+                by_subject.setdefault(point.subject_id, []).append(request)
         for shard in shards:
             requests = [r for s in _shard_subjects(shard) for r in by_subject.pop(s, [])]
             if shard not in mine:

@@ -11,20 +11,34 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from evaluation.results import record_key
 from medtpe_core.meds import SubjectEvents
-from medtpe_core.meds_readers import MedsDataset, read_labels, read_subject_splits
-from medtpe_core.tasks import Prediction, Task
+from medtpe_core.meds_readers import MedsDataset, read_labels
+from medtpe_core.prediction_point import LabelValue, PredictionPoint
+from medtpe_core.subject_split import subject_split
+from medtpe_core.tasks import Task
 
 
 @dataclass(frozen=True)
 class EvalRecord:
-    """One labelled record: its subject's events and the time of the prediction."""
+    """A labelled prediction point (its label as the task reads it) with its subject's events."""
 
-    key: str
-    label: Prediction
+    point: PredictionPoint
     events: SubjectEvents
-    prediction_time: datetime
+
+    @property
+    def key(self) -> str:
+        """The point's key (`subject@prediction time`), shared by both modes' results."""
+        return self.point.key
+
+    @property
+    def label(self) -> LabelValue:
+        """The point's parsed label (None: unlabelled)."""
+        return self.point.label
+
+    @property
+    def prediction_time(self) -> datetime:
+        """The time of the prediction."""
+        return self.point.prediction_time
 
 
 def load_records(
@@ -37,28 +51,25 @@ def load_records(
     limit: int | None = None,
 ) -> list[EvalRecord]:
     """Rows of the label file (file order), restricted to `subjects` and to the subjects of
-    `split` in `metadata/subject_splits.parquet` (when the dataset has one), the first `limit`."""
+    `split` (`medtpe_core.subject_split` over the label file's subjects; None: every subject),
+    the first `limit`."""
     dataset = MedsDataset.load(meds_dir)
-    splits = read_subject_splits(meds_dir) if split is not None else {}
-    rows = [
-        row
-        for row in read_labels(labels_path)
-        if (subjects is None or row.subject_id in subjects)
-        and (not splits or splits.get(row.subject_id) == split)
+    points = read_labels(labels_path)
+    by_split = subject_split(meds_dir, (point.subject_id for point in points))
+    points = [
+        point
+        for point in points
+        if (subjects is None or point.subject_id in subjects)
+        and by_split.keeps(point.subject_id, split)
     ]
     if limit is not None:
-        rows = rows[:limit]
+        points = points[:limit]
     known = set(dataset.subject_ids)
     records = []
-    for row in rows:
-        if row.subject_id not in known:
-            raise ValueError(f"{labels_path}: subject {row.subject_id} has no events in {meds_dir}")
-        records.append(
-            EvalRecord(
-                key=record_key(row.subject_id, row.prediction_time.isoformat()),
-                label=task.parse_label(row.value),
-                events=dataset.events(row.subject_id),
-                prediction_time=row.prediction_time,
+    for point in points:
+        if point.subject_id not in known:
+            raise ValueError(
+                f"{labels_path}: subject {point.subject_id} has no events in {meds_dir}"
             )
-        )
+        records.append(EvalRecord(point.parsed(task), dataset.events(point.subject_id)))
     return records

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from evaluation.results import RecordResult, subject_of
+from evaluation.results import RecordResult
 from medtpe_core.fidelity import PairedAnswer, fidelity
 from medtpe_core.metrics import (
     DEFAULT_RESAMPLES,
@@ -30,6 +30,7 @@ from medtpe_core.metrics import (
     subject_resample_weights,
     wrong_prediction,
 )
+from medtpe_core.prediction_point import subject_of
 from medtpe_core.tasks import Prediction, Task
 
 MODES = ("original", "medtpe")

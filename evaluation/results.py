@@ -50,16 +50,6 @@ class RecordResult:
         return data
 
 
-def record_key(subject_id: int, prediction_time: object) -> str:
-    """Identity of a labelled record across modes: subject and prediction time."""
-    return f"{subject_id}@{prediction_time}"
-
-
-def subject_of(key: str) -> int:
-    """The subject id of a record key (`record_key`'s inverse for the subject)."""
-    return int(key.partition("@")[0])
-
-
 def _jsonable(value: Any) -> Any:
     """Sets and tuples (multi-label answers) as sorted lists; anything else unchanged."""
     if isinstance(value, set | frozenset | tuple):

@@ -137,19 +137,18 @@ def evaluate(
     from evaluation.runner import Sampling, run_modes
     from inference.engine import EngineOptions
     from inference.model import ModelConfig
-    from medtpe_core.meds_readers import read_dataset_metadata, read_subject_splits
+    from medtpe_core.meds_readers import read_dataset_metadata
     from medtpe_core.tasks import get_task
     from medtpe_core.windowing import Windowing
     from training.export import prepare_model_files
 
     task = get_task(task_name).model_copy(update={"prefill_answer": prefill})
-    has_splits = bool(read_subject_splits(meds_dir))
     records = load_records(
         meds_dir,
         labels_path,
         task,
         subjects=_subject_ids(subjects),
-        split=split if has_splits and split != options.ALL_SPLITS else None,
+        split=options.split_name(split),
         limit=limit,
     )
     if not records:
@@ -183,7 +182,7 @@ def evaluate(
         "meds_version": read_dataset_metadata(meds_dir).get(
             meds.DatasetMetadataSchema.meds_version_name
         ),
-        "split": split if has_splits else None,
+        "split": split,
         "n_records": len(records),
         "max_input_tokens": budget,
         "n_samples": sampling.n_samples,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
@@ -67,13 +66,17 @@ def render(
 ) -> None:
     """Render each label row's record and prompt (events up to and including its prediction
     time)."""
+    from dataclasses import replace
+
     from tqdm import tqdm
 
     from medtpe_core.base_tokenizer import BaseTokenizer
     from medtpe_core.chat_template import ChatTemplate
-    from medtpe_core.meds_readers import MedsDataset, read_labels, read_subject_splits
+    from medtpe_core.meds_readers import MedsDataset, read_labels
     from medtpe_core.paths import default_model_dir
+    from medtpe_core.prediction_point import write_points
     from medtpe_core.prompting import build_prompt
+    from medtpe_core.subject_split import subject_split
     from medtpe_core.tasks import UnknownTaskError, get_task
 
     try:
@@ -85,43 +88,44 @@ def render(
         template_dir or (base_path if base_path.is_dir() else default_model_dir())
     )
     dataset = MedsDataset.load(meds_dir)
-    rows = read_labels(labels_path)
-    splits = read_subject_splits(meds_dir) if split != ALL_SPLITS else {}
-    if splits:
-        rows = [row for row in rows if splits.get(row.subject_id) == split]
+    points = read_labels(labels_path)
+    if split != ALL_SPLITS:
+        by_split = subject_split(meds_dir, (p.subject_id for p in points))
+        points = [p for p in points if by_split.keeps(p.subject_id, split)]
+        click.echo(f"split {split} ({by_split.source}): {len(points)} records", err=True)
     known = set(dataset.subject_ids)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    with out_path.open("w", encoding="utf-8") as out:
-        for i, row in enumerate(tqdm(rows, desc="render", unit="record")):
-            if row.subject_id not in known:
-                raise click.ClickException(
-                    f"label row {i}: subject {row.subject_id} is not in {meds_dir}"
-                )
-            try:
-                label = task.parse_label(row.value) if row.value is not None else None
-            except ValueError as exc:
-                raise click.ClickException(f"label row {i}: {exc}") from exc
-            prompt = build_prompt(
-                task,
-                dataset.events(row.subject_id),
-                row.prediction_time,
-                tokenizer,
-                template,
-                max_input_tokens,
-                dataset.descriptions,
+    rendered, extras = [], []
+    for i, point in enumerate(tqdm(points, desc="render", unit="record")):
+        if point.subject_id not in known:
+            raise click.ClickException(
+                f"label row {i}: subject {point.subject_id} is not in {meds_dir}"
             )
-            line = {
-                "subject_id": row.subject_id,
-                "prediction_time": row.prediction_time.isoformat(),
-                "label": label,
+        try:
+            labelled = replace(point.parsed(task), task=task.name, budget=max_input_tokens)
+        except ValueError as exc:
+            raise click.ClickException(f"label row {i}: {exc}") from exc
+        prompt = build_prompt(
+            task,
+            dataset.events(point.subject_id),
+            point.prediction_time,
+            tokenizer,
+            template,
+            max_input_tokens,
+            dataset.descriptions,
+        )
+        rendered.append(labelled)
+        extras.append(
+            {
                 "text": prompt.record_text,
                 "prompt": prompt.text,
                 "n_tokens_original": prompt.n_tokens_original,
                 "n_events_total": prompt.n_events_total,
                 "n_events_kept": prompt.n_events_kept,
             }
-            out.write(json.dumps(line, ensure_ascii=False) + "\n")
-    click.echo(f"wrote {len(rows)} records to {out_path}", err=True)
+        )
+    write_points(out_path, rendered, extras)
+    click.echo(f"wrote {len(points)} records to {out_path}", err=True)
 
 
 commands = [render]

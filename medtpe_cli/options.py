@@ -5,14 +5,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 import click
 import meds
 
-from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
+from inference.engine import Dtype
+from inference.model import ModelConfig
+from inference.predictor import Mode
+from medtpe_core.windowing import WindowPolicy
+from medtpe_core.subject_split import DEFAULT_HELD_OUT, DEFAULT_SEED
 
 F = TypeVar("F", bound=Callable[..., Any])
+ENV_PREFIX = "MEDTPE_"
 
 MEDS_DIR_OPTION = click.option(
     "--meds",
@@ -24,7 +29,14 @@ MEDS_DIR_OPTION = click.option(
 """The `--meds DIR` option of the commands that read a MEDS dataset."""
 ALL_SPLITS = "all"
 SPLITS = (meds.train_split, meds.tuning_split, meds.held_out_split, ALL_SPLITS)
-"""`--split` choices: a split of `metadata/subject_splits.parquet`, or every subject."""
+"""`--split` choices: a split of `medtpe_core.subject_split` (the dataset's
+`metadata/subject_splits.parquet`, else a seeded held-out fraction), or every subject."""
+
+
+def split_name(split: str) -> str | None:
+    """A `--split` value as the split to keep (None: every subject)."""
+    return None if split == ALL_SPLITS else split
+
 
 TASK_OPTION = click.option(
     "--task",
@@ -43,8 +55,8 @@ def split_option(default: str, note: str = "") -> Callable[[F], F]:
         type=click.Choice(SPLITS),
         default=default,
         show_default=True,
-        help="Only the subjects of this split of metadata/subject_splits.parquet (ignored when the "
-        f"dataset has none){note}.",
+        help="Only the subjects of this split: metadata/subject_splits.parquet's, or without one "
+        f"{DEFAULT_HELD_OUT:.0%} of the records' subjects held out (seed {DEFAULT_SEED}){note}.",
     )
 
 
@@ -84,16 +96,76 @@ def sampling_temperature(n_samples: int, temperature: float | None) -> float:
     return 0.0 if n_samples == 1 else 0.7
 
 
-MODEL_FILES_OPTIONS = together(
-    click.option("--model", "model_dir", type=click.Path(path_type=Path), default=None),
-    click.option("--artefact", "artefact_dir", type=click.Path(path_type=Path), default=None),
-    click.option(
-        "--export-dir",
-        type=click.Path(path_type=Path),
-        default=None,
-        help="Exported MedTPE checkpoint (written from --model and --artefact when missing or "
-        "stale).",
+MODEL_OPTION_FLAGS: dict[str, tuple[str, str, click.ParamType | None, str | None]] = {
+    "model_dir": ("--model", "model_dir", click.Path(path_type=Path), None),
+    "artefact_dir": ("--artefact", "artefact_dir", click.Path(path_type=Path), None),
+    "export_dir": ("--export-dir", "export_dir", click.Path(path_type=Path), None),
+    "mode": ("--mode", "mode", click.Choice(get_args(Mode)), "MODE"),
+    "max_input_tokens": (
+        "--max-input-tokens",
+        "max_input_tokens",
+        click.IntRange(min=1),
+        "MAX_INPUT_TOKENS",
     ),
+    "max_new_tokens": (
+        "--max-new-tokens",
+        "max_new_tokens",
+        click.IntRange(min=1),
+        "MAX_NEW_TOKENS",
+    ),
+    "window_policy": (
+        "--window-policy",
+        "window_policy",
+        click.Choice([p.value for p in WindowPolicy]),
+        "WINDOW_POLICY",
+    ),
+    "window_grid_hours": (
+        "--window-grid-hours",
+        "window_grid_hours",
+        click.IntRange(min=1),
+        "WINDOW_GRID_HOURS",
+    ),
+    "max_num_seqs": ("--concurrency", "concurrency", click.IntRange(min=1), "MAX_CONCURRENCY"),
+    "kv_cache_gib": ("--kv-cache-gib", "kv_cache_gib", click.FloatRange(min=0.1), "KV_CACHE_GIB"),
+    "seed": ("--seed", "seed", click.INT, "SEED"),
+    "dtype": ("--dtype", "dtype", click.Choice(get_args(Dtype)), "DTYPE"),
+    "enforce_eager": ("--enforce-eager/--compile", "enforce_eager", None, "ENFORCE_EAGER"),
+}
+"""The command-line flag, parameter name, type and service setting (`MEDTPE_<name>`) of each
+model or engine option (`ModelConfig.from_options`)."""
+
+
+def model_options(*names: str, env: bool = False, **helps: str) -> Callable[[F], F]:
+    """The click options of the model or engine options `names`, with the default and help
+    declared in `ModelConfig` / `EngineOptions` (`ModelConfig.declared`), none copied; `env`:
+    each reads its service setting's `MEDTPE_*` variable too; `helps[name]` replaces a help
+    where the command does more (e.g. prepares a missing export)."""
+    made = []
+    for name in names:
+        flag, parameter, kind, setting = MODEL_OPTION_FLAGS[name]
+        option = ModelConfig.declared(name)
+        default = None if option.factory is not None else option.default
+        extra = {"envvar": f"{ENV_PREFIX}{setting}", "show_envvar": True} if env and setting else {}
+        made.append(
+            click.option(
+                flag,
+                parameter,
+                type=kind,
+                default=default,
+                show_default=default is not None,
+                help=helps.get(name, option.help),
+                **extra,
+            )
+        )
+    return together(*made)
+
+
+MODEL_FILES_OPTIONS = model_options(
+    "model_dir",
+    "artefact_dir",
+    "export_dir",
+    export_dir="Exported MedTPE checkpoint (written from --model and --artefact when missing or "
+    "stale).",
 )
 """`--model`, `--artefact` and `--export-dir` (see `model_files`)."""
 
@@ -101,9 +173,7 @@ MODEL_FILES_OPTIONS = together(
 def model_files(
     model_dir: Path | None, artefact_dir: Path | None, export_dir: Path | None
 ) -> dict[str, Path]:
-    """The `ModelConfig` paths of `MODEL_FILES_OPTIONS`, each defaulting to the default model's."""
-    return {
-        "model_dir": model_dir or default_model_dir(),
-        "artefact_dir": artefact_dir or default_artefact_dir(),
-        "export_dir": export_dir or default_export_dir(),
-    }
+    """The `ModelConfig` paths of `MODEL_FILES_OPTIONS` that were given (the others keep their
+    declared defaults in `ModelConfig.from_options`)."""
+    given = {"model_dir": model_dir, "artefact_dir": artefact_dir, "export_dir": export_dir}
+    return {name: path for name, path in given.items() if path is not None}

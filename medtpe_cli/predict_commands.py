@@ -204,7 +204,6 @@ def predict(
     from evaluation.runner import Sampling
     from inference.engine import EngineOptions
     from inference.model import ModelConfig
-    from medtpe_core.meds_readers import read_subject_splits
     from medtpe_core.tasks import get_task
     from training.export import prepare_model_files
 
@@ -213,13 +212,12 @@ def predict(
     if ray_cpus is not None and ray_address != LOCAL:
         raise click.UsageError("--ray-cpus sizes a new local cluster: give --ray without ADDRESS")
     task = get_task(task_name)
-    has_splits = bool(read_subject_splits(meds_dir))
     job = Job(
         meds_dir=meds_dir,
         task=task,
         labels=labels_path,
         times=tuple(_prediction_time(t) for t in times) or (None,),
-        split=split if has_splits and split != options.ALL_SPLITS else None,
+        split=options.split_name(split),
         partition=_partition(partition),
         limit=limit,
         sampling=Sampling(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Iterator, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import pyarrow.parquet as pq
 from flexible_schema.exceptions import SchemaValidationError, TableValidationError
 
 from medtpe_core.meds import SubjectEvents
+from medtpe_core.prediction_point import PredictionPoint
 
 LABEL_VALUE_COLUMNS = ("boolean_value", "integer_value", "float_value", "categorical_value")
 
@@ -202,17 +202,9 @@ def read_subject_splits(root: str | Path) -> dict[int, str]:
     return dict(zip(subjects, splits, strict=True))
 
 
-@dataclass(frozen=True)
-class LabelRow:
-    """One row of a MEDS label file; `value` is its value column's entry (None if it has none)."""
-
-    subject_id: int
-    prediction_time: datetime
-    value: bool | int | float | str | None
-
-
-def read_labels(path: str | Path) -> list[LabelRow]:
-    """Rows of a MEDS label file (or a directory of them), in file order."""
+def read_labels(path: str | Path) -> list[PredictionPoint]:
+    """Rows of a MEDS label file (or a directory of them), in file order; a point's `label` is
+    its row's first non-null value column (None if it has none)."""
     path = Path(path)
     table = _read_aligned(_parquet_files(path), meds.LabelSchema)
     _require_non_null(table, "subject_id", path)
@@ -229,7 +221,7 @@ def read_labels(path: str | Path) -> list[LabelRow]:
     rows = []
     for i, (subject_id, time) in enumerate(zip(subjects, times, strict=True)):
         value = next((col[i] for col in value_columns if col[i] is not None), None)
-        rows.append(LabelRow(subject_id=subject_id, prediction_time=time, value=value))
+        rows.append(PredictionPoint(subject_id, time, value))
     return rows
 
 

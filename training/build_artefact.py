@@ -38,6 +38,8 @@ from medtpe_core.build import build_tokenizer_from_meds, default_protected_texts
 from medtpe_core.bundle import MANIFEST_FILE, ROWS_FILE, ArtefactBundle, content_digest
 from medtpe_core.corpus import CorpusSpec
 from medtpe_core.fidelity import Thresholds
+from medtpe_core.prediction_point import PredictionPoint
+from medtpe_core.subject_split import subject_split
 from medtpe_core.tasks.answers import ANSWER_END
 from medtpe_core.tokenizer import MedTPETokenizer
 from training.base_model import BaseModelInfo, check_artefact_base, inspect_base_model
@@ -47,9 +49,6 @@ from training.build_data import (
     prediction_times,
     render_windows,
     sample,
-    split_subjects,
-    window_from_record,
-    window_record,
     with_budgets,
     write_label_file,
 )
@@ -176,12 +175,14 @@ class ArtefactBuild:
         return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self.info).items()}
 
     def split(self) -> dict[str, Any]:
-        """Subjects split; the SSFT windows sampled; the mining corpus's label file."""
+        """Subjects split (`medtpe_core.subject_split`: the dataset's subject_splits.parquet,
+        else `held_out` of them with `seed`); the SSFT windows sampled; the mining corpus's
+        label file."""
         config = self.config
         times = prediction_times(config)
-        train_subjects, held_subjects = split_subjects(
-            [s for s, _ in times], config.held_out, config.seed
-        )
+        subjects = [s for s, _ in times]
+        split = subject_split(config.meds, subjects, config.held_out, config.seed)
+        train_subjects, held_subjects = split.train_and_held_out(subjects)
         held = set(held_subjects)
         train_times = [(s, t) for s, t in times if s not in held]
         held_times = [(s, t) for s, t in times if s in held]
@@ -199,10 +200,11 @@ class ArtefactBuild:
             "val": with_budgets(sample(held_windows, config.n_val, config.seed), mix),
             GATE_WINDOWS: sample(held_windows, config.n_gate, config.seed + 1),
         }
-        records = {k: [window_record(w) for w in v] for k, v in windows.items()}
+        records = {k: [w.to_json() for w in v] for k, v in windows.items()}
         (self.work / WINDOWS_FILE).write_text(json.dumps(records, indent=0))
         write_label_file(self.work / MINING_LABELS_FILE, train_times)
         return {
+            "split_source": split.source,
             "train_subjects": train_subjects,
             "held_out_subjects": held_subjects,
             "n_train_times": len(train_times),
@@ -218,7 +220,7 @@ class ArtefactBuild:
         result = {}
         for split in ("train", "val"):
             records = saved[split]
-            windows = [window_from_record(r) for r in records]
+            windows = [PredictionPoint.from_json(r) for r in records]
             lines = render_windows(self.config, windows, self.work / f"{split}.jsonl", split)
             result[f"{split}_tokens_original"] = sum(r["n_tokens_original"] for r in lines)
             result[f"{split}_budgets"] = dict(
@@ -361,7 +363,7 @@ class ArtefactBuild:
 
         config = self.config
         saved = json.loads((self.work / WINDOWS_FILE).read_text())
-        windows = [window_from_record(r) for r in saved[GATE_WINDOWS]]
+        windows = [PredictionPoint.from_json(r) for r in saved[GATE_WINDOWS]]
         model = ModelConfig(
             model_dir=config.base,
             artefact_dir=self._kept(),

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from medtpe_core.build import DEFAULT_METHOD, METHODS
+from medtpe_core.subject_split import DEFAULT_HELD_OUT
 from training.losses import LOSSES
 
 DEVICES = ("cpu", "cuda")
@@ -74,7 +75,7 @@ class BuildConfig:
     init_from: Path | None = None
     """An earlier stage of a curriculum: a trained artefact whose merges are taken instead of
     mining and whose rows SSFT starts from (None: mine, start from the constituents' mean)."""
-    held_out: float = 0.2
+    held_out: float = DEFAULT_HELD_OUT
     n_train: int = 368
     n_val: int = 40
     losses: tuple[str, ...] = ("ce",)

@@ -1,13 +1,12 @@
 """The data steps of `medtpe build-artefact`: prediction times (a MEDS label file, or windows
-inside intervals), the subject split, the SSFT samples, and their prompts rendered shard by
-shard (never the whole dataset in memory)."""
+inside intervals), the SSFT samples (`PredictionPoint`s with a task and a budget: the build's
+windows), and their prompts rendered shard by shard (never the whole dataset in memory)."""
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -25,23 +24,13 @@ from medtpe_core.meds_readers import (
     data_shards,
     read_prediction_times,
 )
+from medtpe_core.prediction_point import PredictionPoint, write_points
 from medtpe_core.prompting import build_prompt
 from medtpe_core.tasks import get_task
 from training.build_config import BuildConfig, Windows
 
 SUBJECT_ID = "subject_id"
 PREDICTION_TIME = "prediction_time"
-
-
-@dataclass(frozen=True)
-class Window:
-    """One prediction: a subject, a prediction time, the task whose prompt it gets and the
-    prompt's input budget (None: the build's `max_input_tokens`)."""
-
-    subject_id: int
-    time: datetime
-    task: str
-    budget: int | None = None
 
 
 def window_times(windows: Windows) -> list[tuple[int, datetime]]:
@@ -71,24 +60,18 @@ def prediction_times(config: BuildConfig) -> list[tuple[int, datetime]]:
     return read_prediction_times(labels)
 
 
-def split_subjects(subjects: Sequence[int], held_out: float, seed: int) -> tuple[list, list]:
-    """Subjects shuffled with `seed`, the first `held_out` fraction held out: (train, held out)."""
-    order = sorted(set(subjects))
-    random.Random(seed).shuffle(order)
-    n_held = max(1, round(len(order) * held_out))
-    return sorted(order[n_held:]), sorted(order[:n_held])
-
-
-def assign_tasks(times: Sequence[tuple[int, datetime]], tasks: Sequence[str]) -> list[Window]:
+def assign_tasks(
+    times: Sequence[tuple[int, datetime]], tasks: Sequence[str]
+) -> list[PredictionPoint]:
     """The times alternate between `tasks`; grouped by task (each task's share in order)."""
     return [
-        Window(subject, time, task)
+        PredictionPoint(subject, time, task=task)
         for index, task in enumerate(tasks)
         for subject, time in times[index :: len(tasks)]
     ]
 
 
-def sample(windows: Sequence[Window], n: int, seed: int) -> list[Window]:
+def sample(windows: Sequence[PredictionPoint], n: int, seed: int) -> list[PredictionPoint]:
     """A seeded sample of `n` windows (all when there are fewer)."""
     return random.Random(seed).sample(list(windows), min(n, len(windows)))
 
@@ -105,29 +88,15 @@ def write_label_file(path: Path, times: Sequence[tuple[int, datetime]]) -> Path:
     return path
 
 
-def with_budgets(windows: Sequence[Window], budgets: Sequence[int]) -> list[Window]:
+def with_budgets(
+    windows: Sequence[PredictionPoint], budgets: Sequence[int]
+) -> list[PredictionPoint]:
     """The windows with `budgets` cycled over them (the SSFT length mix)."""
     return [replace(w, budget=budgets[k % len(budgets)]) for k, w in enumerate(windows)]
 
 
-def window_record(window: Window) -> dict[str, Any]:
-    """A window as JSON."""
-    return {
-        "subject_id": window.subject_id,
-        "time": window.time.isoformat(),
-        "task": window.task,
-        "budget": window.budget,
-    }
-
-
-def window_from_record(record: dict[str, Any]) -> Window:
-    """Inverse of `window_record`."""
-    time = datetime.fromisoformat(record["time"])
-    return Window(record["subject_id"], time, record["task"], record.get("budget"))
-
-
 def render_windows(
-    config: BuildConfig, windows: Sequence[Window], out: Path, desc: str
+    config: BuildConfig, windows: Sequence[PredictionPoint], out: Path, desc: str
 ) -> list[dict[str, Any]]:
     """Render the prompts of `windows` (each at its budget) into JSONL `out`, one data shard at
     a time; lines in `windows` order. Returns the lines."""
@@ -136,26 +105,24 @@ def render_windows(
     wanted: dict[int, list[int]] = {}
     for index, window in enumerate(windows):
         wanted.setdefault(window.subject_id, []).append(index)
-    lines: list[dict[str, Any] | None] = [None] * len(windows)
+    extras: list[dict[str, Any]] = [{} for _ in windows]
     bar = tqdm(total=len(windows), desc=desc, unit="record")
     for shard in data_shards(config.meds):
         dataset = MedsDataset.load(config.meds, [shard])
         for subject in set(dataset.subject_ids).intersection(wanted):
             for index in wanted.pop(subject):
-                lines[index] = _render(dataset, windows[index], tokenizer, template, config)
+                extras[index] = _render(dataset, windows[index], tokenizer, template, config)
                 bar.update(1)
     bar.close()
     if wanted:
         raise MedsFormatError(f"subject {min(wanted)} has prediction times but no data shard")
-    with out.open("w", encoding="utf-8") as handle:
-        for line in lines:
-            handle.write(json.dumps(line, ensure_ascii=False) + "\n")
-    return [line for line in lines if line is not None]
+    write_points(out, windows, extras)
+    return [w.to_json() | extra for w, extra in zip(windows, extras, strict=True)]
 
 
 def _render(
     dataset: MedsDataset,
-    window: Window,
+    window: PredictionPoint,
     tokenizer: BaseTokenizer,
     template: ChatTemplate,
     config: BuildConfig,
@@ -163,13 +130,13 @@ def _render(
     prompt = build_prompt(
         get_task(window.task),
         dataset.events(window.subject_id),
-        window.time,
+        window.prediction_time,
         tokenizer,
         template,
         window.budget or config.max_input_tokens,
         dataset.descriptions,
     )
-    return window_record(window) | {
+    return {
         "prompt": prompt.text,
         "text": prompt.record_text,
         "n_tokens_original": prompt.n_tokens_original,

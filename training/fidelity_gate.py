@@ -18,12 +18,13 @@ from typing import Any
 
 from evaluation.records import EvalRecord
 from evaluation.report import paired_answers
-from evaluation.results import RecordResult, record_key
+from evaluation.results import RecordResult
 from evaluation.runner import Sampling, evaluate_mode, measured
 from inference.engine import EngineFactory
 from inference.model import ModelConfig, load_model
 from medtpe_core.fidelity import Thresholds, fidelity
 from medtpe_core.meds_readers import MedsDataset, data_shards
+from medtpe_core.prediction_point import PredictionPoint
 from medtpe_core.tasks import get_task
 from training.export import ensure_export
 
@@ -31,9 +32,9 @@ SERVICE_SAMPLING = Sampling()
 """The service's default decoding (greedy, 64 new tokens, free, the task's prefill)."""
 
 
-def gate_records(meds: Path, windows: Sequence[Any]) -> dict[str, list[EvalRecord]]:
-    """The gate's windows (`subject_id`, `time`, `task`) as unlabelled records, by task, read
-    one data shard at a time."""
+def gate_records(meds: Path, windows: Sequence[PredictionPoint]) -> dict[str, list[EvalRecord]]:
+    """The gate's windows (points with a task) as unlabelled records, by task, read one data
+    shard at a time."""
     wanted = {w.subject_id for w in windows}
     events = {}
     for shard in data_shards(meds):
@@ -42,10 +43,8 @@ def gate_records(meds: Path, windows: Sequence[Any]) -> dict[str, list[EvalRecor
             events[subject] = dataset.events(subject)
     by_task: dict[str, list[EvalRecord]] = {}
     for w in windows:
-        record = EvalRecord(
-            record_key(w.subject_id, w.time.isoformat()), None, events[w.subject_id], w.time
-        )
-        by_task.setdefault(w.task, []).append(record)
+        record = EvalRecord(replace(w, label=None), events[w.subject_id])
+        by_task.setdefault(str(w.task), []).append(record)
     return by_task
 
 

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from medtpe_core.subject_split import TRAIN, seeded_split
 from training.embedding_split import EXTENSION_UNSUPPORTED
 from training.examples import Example, build_examples, load_examples, save_examples
 from training.export import model_fingerprint, save_rows
@@ -29,14 +29,13 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 def split_by_subject(
     records: Sequence[dict[str, Any]], fraction: float, seed: int
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Hold out `fraction` of the subjects (`subject_id`; each line is its own subject when the
-    field is absent) for validation. Returns (train, validation)."""
-    keys = [r.get("subject_id", i) for i, r in enumerate(records)]
-    subjects = sorted(set(keys), key=str)
-    random.Random(seed).shuffle(subjects)
-    held_out = set(subjects[: max(1, round(len(subjects) * fraction))])
-    train = [r for r, k in zip(records, keys, strict=True) if k not in held_out]
-    val = [r for r, k in zip(records, keys, strict=True) if k in held_out]
+    """Hold out `fraction` of the subjects (`subject_id`) for validation, as
+    `medtpe_core.subject_split.seeded_split` does (a line without `subject_id` is a subject of
+    its own). Returns (train, validation), each in file order."""
+    keys = [r.get("subject_id", -1 - i) for i, r in enumerate(records)]
+    split = seeded_split(keys, fraction, seed)
+    train = [r for r, k in zip(records, keys, strict=True) if split.split_of(k) == TRAIN]
+    val = [r for r, k in zip(records, keys, strict=True) if split.split_of(k) != TRAIN]
     return train, val
 
 

@@ -1,8 +1,8 @@
 """MEDS label files for the built-in tasks, derived from any MEDS dataset's events.
 
-`derive_labels(dataset, task)` gives one `LabelRow` per prediction (subject, prediction time,
-value) and `write_labels` writes them as a MEDS label file (`meds.LabelSchema`: binary tasks in
-`boolean_value`, phenotyping in `categorical_value`, the phenotype names separated by `|`).
+`derive_labels(dataset, task)` gives one `PredictionPoint` per prediction (subject, prediction
+time, label) and `write_labels` writes them as a MEDS label file (`meds.LabelSchema`: binary
+tasks in `boolean_value`, phenotyping in `categorical_value`, the phenotype names separated by `|`).
 
 What a label file means: each row asks for a prediction from the subject's data up to and
 including `prediction_time` (MEDS's convention, the renderer's default), and no label is ever
@@ -24,10 +24,11 @@ from medtpe_core.labels.icu import icu_mortality, phenotyping
 from medtpe_core.labels.pancreatic_cancer import pancreatic_cancer_1y
 from medtpe_core.labels.readmission import readmission_30d
 from medtpe_core.meds import SubjectEvents
-from medtpe_core.meds_readers import LabelRow, MedsDataset
+from medtpe_core.meds_readers import MedsDataset
+from medtpe_core.prediction_point import PredictionPoint
 from medtpe_core.tasks import Task
 
-LabelFunction = Callable[[SubjectEvents, Task], list[LabelRow]]
+LabelFunction = Callable[[SubjectEvents, Task], list[PredictionPoint]]
 
 LABEL_FUNCTIONS: dict[str, LabelFunction] = {
     "icu_mortality": lambda events, _task: icu_mortality(events),
@@ -38,20 +39,20 @@ LABEL_FUNCTIONS: dict[str, LabelFunction] = {
 """The tasks whose labels can be derived from events, by task name."""
 
 
-def derive_labels(dataset: MedsDataset, task: Task) -> list[LabelRow]:
+def derive_labels(dataset: MedsDataset, task: Task) -> list[PredictionPoint]:
     """The task's label rows over every subject of the dataset (subject order, then time)."""
     if task.name not in LABEL_FUNCTIONS:
         raise KeyError(
             f"no label definition for task {task.name!r}; known: {', '.join(LABEL_FUNCTIONS)}"
         )
     derive = LABEL_FUNCTIONS[task.name]
-    rows: list[LabelRow] = []
+    rows: list[PredictionPoint] = []
     for events in tqdm(dataset, total=len(dataset.subject_ids), desc=task.name, unit="subject"):
         rows.extend(derive(events, task))
     return rows
 
 
-def label_table(rows: Iterable[LabelRow], task: Task) -> pa.Table:
+def label_table(rows: Iterable[PredictionPoint], task: Task) -> pa.Table:
     """Label rows as a table of `meds.LabelSchema` (value column by the task's label type)."""
     rows = list(rows)
     value_column = (
@@ -65,13 +66,13 @@ def label_table(rows: Iterable[LabelRow], task: Task) -> pa.Table:
             meds.LabelSchema.prediction_time_name: pa.array(
                 [r.prediction_time for r in rows], pa.timestamp("us")
             ),
-            value_column: [r.value for r in rows],
+            value_column: [r.label for r in rows],
         }
     )
     return meds.LabelSchema.align(table)
 
 
-def write_labels(rows: Iterable[LabelRow], task: Task, path: str | Path) -> pa.Table:
+def write_labels(rows: Iterable[PredictionPoint], task: Task, path: str | Path) -> pa.Table:
     """Write the rows as a MEDS label file at `path` (parents created); returns the table."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ from medtpe_core.labels.stays import (
     icu_stays,
 )
 from medtpe_core.meds import SubjectEvents
-from medtpe_core.meds_readers import LabelRow
+from medtpe_core.prediction_point import PredictionPoint
 
 MORTALITY_OBSERVATION = timedelta(hours=24)
 """ICU mortality is predicted this long after ICU admission, from the data until then."""
@@ -27,7 +27,7 @@ BEFORE_DIAGNOSES = np.timedelta64(1, "s")
 are recorded before the ICU discharge (the label must not be part of the record)."""
 
 
-def icu_mortality(events: SubjectEvents) -> list[LabelRow]:
+def icu_mortality(events: SubjectEvents) -> list[PredictionPoint]:
     """Per ICU stay lasting beyond the observation window: death during the stay (up to the ICU
     discharge), predicted `MORTALITY_OBSERVATION` after admission."""
     death = death_time(events)
@@ -38,11 +38,11 @@ def icu_mortality(events: SubjectEvents) -> list[LabelRow]:
         if stay.end <= when or (death is not None and death <= when):
             continue
         died = death is not None and death <= stay.end
-        rows.append(LabelRow(events.subject_id, as_datetime(when), died))
+        rows.append(PredictionPoint(events.subject_id, as_datetime(when), died))
     return rows
 
 
-def phenotyping(events: SubjectEvents, phenotypes: Sequence[str]) -> list[LabelRow]:
+def phenotyping(events: SubjectEvents, phenotypes: Sequence[str]) -> list[PredictionPoint]:
     """Per ICU stay inside a hospital stay with diagnoses: the phenotypes of that hospital stay's
     ICD codes, predicted at the ICU discharge (earlier if the diagnoses are recorded earlier)."""
     coded, admissions = diagnoses(events), hospital_stays(events)
@@ -60,6 +60,8 @@ def phenotyping(events: SubjectEvents, phenotypes: Sequence[str]) -> list[LabelR
             continue
         names = phenotypes_of(((d.icd_version, d.code) for d in stay_codes), phenotypes)
         rows.append(
-            LabelRow(events.subject_id, as_datetime(when), PHENOTYPE_LABEL_SEPARATOR.join(names))
+            PredictionPoint(
+                events.subject_id, as_datetime(when), PHENOTYPE_LABEL_SEPARATOR.join(names)
+            )
         )
     return rows

@@ -16,7 +16,7 @@ from medtpe_core.labels.stays import (
     last_time,
 )
 from medtpe_core.meds import SubjectEvents
-from medtpe_core.meds_readers import LabelRow
+from medtpe_core.prediction_point import PredictionPoint
 
 CANCER_WINDOW = timedelta(days=365)
 PANCREATIC_CANCER_PREFIXES = {"9": ("157",), "10": ("C25",)}
@@ -28,7 +28,7 @@ def is_pancreatic_cancer(diagnosis: Diagnosis) -> bool:
     return diagnosis.code.startswith(PANCREATIC_CANCER_PREFIXES.get(diagnosis.icd_version, ()))
 
 
-def pancreatic_cancer_1y(events: SubjectEvents) -> list[LabelRow]:
+def pancreatic_cancer_1y(events: SubjectEvents) -> list[PredictionPoint]:
     """Predicted at each hospital discharge with no pancreatic cancer diagnosis at or before it:
     True when one follows within a year. A negative record needs the year observed (an event a
     year later or more, or death within the year); otherwise it is left out (censored)."""
@@ -45,5 +45,5 @@ def pancreatic_cancer_1y(events: SubjectEvents) -> list[LabelRow]:
             death is not None and death <= when + window
         )
         if positive or observed:
-            rows.append(LabelRow(events.subject_id, as_datetime(when), positive))
+            rows.append(PredictionPoint(events.subject_id, as_datetime(when), positive))
     return rows

@@ -9,14 +9,14 @@ import numpy as np
 
 from medtpe_core.labels.stays import admission_type, as_datetime, death_time, hospital_stays
 from medtpe_core.meds import SubjectEvents
-from medtpe_core.meds_readers import LabelRow
+from medtpe_core.prediction_point import PredictionPoint
 
 READMISSION_WINDOW = timedelta(days=30)
 PLANNED_ADMISSION_TYPES = frozenset({"ELECTIVE", "SURGICAL SAME DAY ADMISSION"})
 """MIMIC-IV admission types of planned admissions (all others count as unplanned)."""
 
 
-def readmission_30d(events: SubjectEvents) -> list[LabelRow]:
+def readmission_30d(events: SubjectEvents) -> list[PredictionPoint]:
     """Predicted at each discharge of a patient alive then: True when an unplanned hospital
     admission starts in (discharge, discharge + 30 days]."""
     death = death_time(events)
@@ -31,5 +31,5 @@ def readmission_30d(events: SubjectEvents) -> list[LabelRow]:
             and admission_type(later) not in PLANNED_ADMISSION_TYPES
             for later in admissions
         )
-        rows.append(LabelRow(events.subject_id, as_datetime(stay.end), readmitted))
+        rows.append(PredictionPoint(events.subject_id, as_datetime(stay.end), readmitted))
     return rows
