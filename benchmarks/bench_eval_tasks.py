@@ -34,7 +34,7 @@ from typing import Any
 from evaluation.external_scores import meds_evaluation_scores
 from evaluation.predictions import write_predictions
 from evaluation.records import EvalRecord, load_records
-from evaluation.report import build_report
+from evaluation.report import build_report, with_interval
 from evaluation.results import RecordResult
 from evaluation.runner import Sampling, measured
 from evaluation.settings_sweep import EvalSetting, evaluate_settings
@@ -165,18 +165,6 @@ def merge(paths: list[Path], meds: Path, predictions_dir: Path) -> dict[str, Any
     return out
 
 
-def _cell(figure: dict[str, Any] | None, spec: str = ".2f") -> str:
-    """`value [low, high]` of a report figure, `–` when undefined."""
-    if not figure or figure.get("value") is None:
-        return "–"
-    text = format(figure["value"], spec)
-    return (
-        text
-        if figure["low"] is None
-        else f"{text} [{figure['low']:{spec}}, {figure['high']:{spec}}]"
-    )
-
-
 def markdown_tables(out: dict[str, Any]) -> str:
     """The Table-2 rows (one per task, setting and mode) and the meds-evaluation rows."""
     lines = [
@@ -200,10 +188,12 @@ def markdown_tables(out: dict[str, Any]) -> str:
                     continue
                 row = report[mode]
                 cr = f"{row['compression_rate']:.1%}" if "compression_rate" in row else "–"
+                quality = " | ".join(
+                    with_interval(row.get(key), ".2f")
+                    for key in ("f1", "auroc", "auprc", "brier", "ece")
+                )
                 lines.append(
-                    f"| {name} | {setting} | {mode} | {row['fcr']:.0%} | {_cell(row['f1'])} | "
-                    f"{_cell(row.get('auroc'))} | {_cell(row.get('auprc'))} | "
-                    f"{_cell(row.get('brier'))} | {_cell(row.get('ece'))} | "
+                    f"| {name} | {setting} | {mode} | {row['fcr']:.0%} | {quality} | "
                     f"{row['tokens_mean']:.0f} | {row['latency_s_mean']:.1f} | {cr} |"
                 )
                 evaluated = report.get("meds_evaluation", {}).get(mode)
@@ -222,11 +212,11 @@ def markdown_tables(out: dict[str, Any]) -> str:
                     )
                     scored.append(f"| {name} | {setting} | {mode} | {cells} |")
             if "agreement" in report:
-                deltas.append(
-                    f"| {name} | {setting} | {_cell(report['delta_f1'], '+.2f')} | "
-                    f"{_cell(report.get('delta_auroc'), '+.2f')} | "
-                    f"{_cell(report.get('delta_auprc'), '+.2f')} | {report['agreement']:.0%} |"
+                changes = " | ".join(
+                    with_interval(report.get(key), "+.2f")
+                    for key in ("delta_f1", "delta_auroc", "delta_auprc")
                 )
+                deltas.append(f"| {name} | {setting} | {changes} | {report['agreement']:.0%} |")
     return "\n".join([*lines, "", *deltas, "", *scored]) + "\n"
 
 

@@ -256,7 +256,7 @@ def build_report(
     return report
 
 
-def _with_interval(figure: dict[str, Any] | None, spec: str = ".3f") -> str:
+def with_interval(figure: dict[str, Any] | None, spec: str = ".3f") -> str:
     """`value [low, high]`, `-` when undefined."""
     if not figure or figure["value"] is None:
         return "-"
@@ -282,12 +282,12 @@ def format_table(report: dict[str, Any]) -> str:
             f"{mode:<10} {row['fcr']:>7.1%} {row['tokens_mean']:>8.0f} "
             f"{row['latency_s_mean']:>10.2f} {cr:>7}"
         )
-        figures = ", ".join(f"{n} {_with_interval(row.get(n))}" for n in names if n in row)
+        figures = ", ".join(f"{n} {with_interval(row.get(n))}" for n in names if n in row)
         lines.append(f"  {figures} ({row['n_positive']} positive labels)")
     if "agreement" in report:
         answered = report["agreement_answered"]
         deltas = ", ".join(
-            f"{name[len('delta_') :]} {_with_interval(report[name], '+.3f')}"
+            f"{name[len('delta_') :]} {with_interval(report[name], '+.3f')}"
             for name in ("delta_f1", "delta_auroc", "delta_auprc")
             if name in report
         )
@@ -314,12 +314,12 @@ def fidelity_lines(figures: dict[str, Any]) -> list[str]:
     return [
         f"Fidelity, MedTPE vs original on {figures['n_records']} records "
         f"({figures['n_subjects']} patients):",
-        f"  same answer {_with_interval(figures['same_answer'])}; answers given: "
+        f"  same answer {with_interval(figures['same_answer'])}; answers given: "
         f"original {figures['answer_counts']['original']}, "
         f"MedTPE {figures['answer_counts']['medtpe']}",
-        f"  |Δp| mean {_with_interval(figures['delta_p_mean'], '.4f')}, "
-        f"p95 {_with_interval(figures['delta_p_p95'], '.4f')}, "
-        f"KL {_with_interval(figures['kl_mean'], '.4f')} ({figures['delta_p_n']} records)",
+        f"  |Δp| mean {with_interval(figures['delta_p_mean'], '.4f')}, "
+        f"p95 {with_interval(figures['delta_p_p95'], '.4f')}, "
+        f"KL {with_interval(figures['kl_mean'], '.4f')} ({figures['delta_p_n']} records)",
         f"  same stop {figures['same_stop']:.1%}; generated tokens "
         f"{generated['original']:.1f} -> {generated['medtpe']:.1f}; strict FCR "
         f"{fcr['original']:.1%} -> {fcr['medtpe']:.1%}; text after the answer "
