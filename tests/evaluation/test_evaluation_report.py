@@ -205,7 +205,7 @@ def test_p_positive_shift_between_modes() -> None:
 
 
 def test_results_without_p_positive_still_load_and_report() -> None:
-    # a record as written before p_positive existed (bench_eval_compare.py loads rows like this)
+    # a record as written before p_positive existed (evaluation.stored_report loads rows like this)
     row = MEDTPE[0].to_json()
     del row["probabilities"], row["p_positive"]
     old = RecordResult(**row)
