@@ -35,10 +35,7 @@ class EngineOptions:
     )
     kv_cache_gib: float | None = field(
         default=4.0,  # about 176,000 SmolLM2 tokens on CPU: 16 full 8,192-token prompts
-        metadata=described(
-            "KV cache size in GiB (vLLM `kv_cache_memory_bytes`); none: vLLM's default, a share "
-            "of the device memory."
-        ),
+        metadata=described("KV cache size in GiB (vLLM `kv_cache_memory_bytes`)."),
     )
     seed: int = field(default=0, metadata=described("Engine seed (sampling at temperature > 0)."))
     dtype: Dtype = field(

@@ -17,7 +17,7 @@ from inference.engine import EngineConfig, EngineOptions
 from inference.predictor import Mode, Predictor
 from medtpe_core.bundle import ArtefactBundle, unvalidated_budget_message
 from medtpe_core.chat_template import ChatTemplate
-from medtpe_core.declared import described
+from medtpe_core.declared import Declared, declared, described
 from medtpe_core.meds_readers import read_code_descriptions
 from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
 from medtpe_core.tokenizer import MedTPETokenizer
@@ -76,6 +76,15 @@ class ModelConfig:
         """The flat option names `from_options` takes."""
         own = {f.name for f in fields(cls)} - {"windowing", "engine"}
         return frozenset(own | {f.name for f in fields(EngineOptions)} | set(WINDOWING_OPTIONS))
+
+    @classmethod
+    def declared(cls, name: str) -> Declared:
+        """The declaration (default, help) of flat option `name` (see `from_options`)."""
+        if name in WINDOWING_OPTIONS:
+            return declared(Windowing, WINDOWING_OPTIONS[name])
+        if name in {f.name for f in fields(EngineOptions)}:
+            return declared(EngineOptions, name)
+        return declared(cls, name)
 
     @classmethod
     def from_options(cls, **values: Any) -> ModelConfig:

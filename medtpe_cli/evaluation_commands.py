@@ -9,14 +9,12 @@ import asyncio
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import get_args
 
 import click
 import meds
 
 from inference.engine import Dtype
 from medtpe_cli import options
-from medtpe_core.windowing import DEFAULT_GRID_HOURS, WindowPolicy
 
 MODE_ORDER = {"original": ("original",), "medtpe": ("medtpe",), "both": ("original", "medtpe")}
 
@@ -56,30 +54,7 @@ def _subject_ids(value: str | None) -> set[int] | None:
 )
 @options.split_option(meds.held_out_split, "; 'all' for every subject")
 @options.SAMPLING_OPTIONS
-@click.option(
-    "--max-input-tokens",
-    type=click.IntRange(min=1),
-    default=4096,
-    show_default=True,
-    help="Input budget in ORIGINAL tokenizer tokens, prompt included (same text for both "
-    "modes); shrunk to the model's context minus --max-new-tokens.",
-)
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
-@click.option(
-    "--window-policy",
-    type=click.Choice([p.value for p in WindowPolicy]),
-    default=WindowPolicy.SLIDING.value,
-    show_default=True,
-    help="Which events of a record over the budget are kept: the newest that fit (sliding), or "
-    "from the earliest grid boundary that fits (stable; see docs/configuration.md).",
-)
-@click.option(
-    "--window-grid-hours",
-    type=click.IntRange(min=1),
-    default=DEFAULT_GRID_HOURS,
-    show_default=True,
-    help="Grid of the stable window's start, in hours (UTC boundaries).",
-)
+@options.model_options("max_input_tokens", "max_new_tokens", "window_policy", "window_grid_hours")
 @click.option(
     "--prefill/--no-prefill",
     default=True,
@@ -88,15 +63,7 @@ def _subject_ids(value: str | None) -> set[int] | None:
     "--no-prefill lets the model write the whole answer (the paper's setting).",
 )
 @options.MODEL_FILES_OPTIONS
-@click.option("--kv-cache-gib", type=click.FloatRange(min=0.1), default=2.0, show_default=True)
-@click.option("--seed", type=int, default=1, show_default=True)
-@click.option(
-    "--dtype",
-    type=click.Choice(get_args(Dtype)),
-    default="auto",
-    show_default=True,
-    help="Engine dtype of both modes (auto: vLLM's choice, bfloat16 on CPU).",
-)
+@options.model_options("kv_cache_gib", "seed", "dtype")
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
     "--predictions-out",
@@ -135,11 +102,9 @@ def evaluate(
     from evaluation.records import load_records
     from evaluation.report import build_report, format_table
     from evaluation.runner import Sampling, run_modes
-    from inference.engine import EngineOptions
     from inference.model import ModelConfig
     from medtpe_core.meds_readers import read_dataset_metadata
     from medtpe_core.tasks import get_task
-    from medtpe_core.windowing import Windowing
     from training.export import prepare_model_files
 
     task = get_task(task_name).model_copy(update={"prefill_answer": prefill})
@@ -160,14 +125,17 @@ def evaluate(
         constrained=constrained,
     )
     configs = [
-        ModelConfig(
+        ModelConfig.from_options(
             **options.model_files(model_dir, artefact_dir, export_dir),
             mode=name,
             codes_dir=meds_dir,
             max_input_tokens=max_input_tokens,
             max_new_tokens=max_new_tokens,
-            windowing=Windowing(WindowPolicy(window_policy), window_grid_hours),
-            engine=EngineOptions(kv_cache_gib=kv_cache_gib, seed=seed, dtype=dtype),
+            window_policy=window_policy,
+            window_grid_hours=window_grid_hours,
+            kv_cache_gib=kv_cache_gib,
+            seed=seed,
+            dtype=dtype,
         )
         for name in MODE_ORDER[mode]
     ]

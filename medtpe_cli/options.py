@@ -4,6 +4,7 @@ definition each, so their names, defaults and help read the same everywhere."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar, get_args
 
@@ -13,8 +14,8 @@ import meds
 from inference.engine import Dtype
 from inference.model import ModelConfig
 from inference.predictor import Mode
-from medtpe_core.windowing import WindowPolicy
 from medtpe_core.subject_split import DEFAULT_HELD_OUT, DEFAULT_SEED
+from medtpe_core.windowing import WindowPolicy
 
 F = TypeVar("F", bound=Callable[..., Any])
 ENV_PREFIX = "MEDTPE_"
@@ -145,6 +146,8 @@ def model_options(*names: str, env: bool = False, **helps: str) -> Callable[[F],
         flag, parameter, kind, setting = MODEL_OPTION_FLAGS[name]
         option = ModelConfig.declared(name)
         default = None if option.factory is not None else option.default
+        if isinstance(default, Enum):
+            default = default.value
         extra = {"envvar": f"{ENV_PREFIX}{setting}", "show_envvar": True} if env and setting else {}
         made.append(
             click.option(

@@ -85,46 +85,17 @@ RAY_RESOURCE_OPTIONS = options.together(
 """The Ray job's resources (`evaluation.ray_batch.RayResources`)."""
 
 
-SERVICE_SETTING_OPTIONS = options.together(
-    *(
-        click.option(
-            name,
-            type=kind,
-            default=default,
-            show_default=True,
-            envvar=f"MEDTPE_{envvar}",
-            show_envvar=True,
-            help=text,
-        )
-        for name, kind, default, envvar, text in (
-            (
-                "--max-input-tokens",
-                click.IntRange(min=1),
-                8192,
-                "MAX_INPUT_TOKENS",
-                "Input budget in ORIGINAL tokenizer tokens (the service's default); shrunk to the "
-                "model's context minus --max-new-tokens.",
-            ),
-            ("--max-new-tokens", click.IntRange(min=1), 64, "MAX_NEW_TOKENS", None),
-            (
-                "--concurrency",
-                click.IntRange(min=1),
-                16,
-                "MAX_CONCURRENCY",
-                "Records in flight to one engine (the service's default).",
-            ),
-            ("--kv-cache-gib", click.FloatRange(min=0.1), 4.0, "KV_CACHE_GIB", None),
-            (
-                "--enforce-eager/--compile",
-                None,
-                False,
-                "ENFORCE_EAGER",
-                "Skip torch.compile: the engine starts sooner, decodes slower.",
-            ),
-        )
-    )
+SERVICE_SETTING_OPTIONS = options.model_options(
+    "max_input_tokens",
+    "max_new_tokens",
+    "max_num_seqs",
+    "kv_cache_gib",
+    "enforce_eager",
+    env=True,
+    max_num_seqs="Records in flight to one engine (also its `max_num_seqs`).",
 )
-"""The settings the service reads from the same `MEDTPE_*` variables, with its defaults."""
+"""The model and engine options the service reads from the same `MEDTPE_*` variables, with
+their declared defaults."""
 
 
 @click.command("predict")
@@ -160,13 +131,11 @@ SERVICE_SETTING_OPTIONS = options.together(
     help="Only the data shards at positions I modulo N (0 <= I < N): N independent jobs (a "
     "Slurm array, joblib) sharing the shards of one --out.",
 )
-@click.option(
-    "--mode", type=click.Choice(["medtpe", "original"]), default="medtpe", show_default=True
-)
+@options.model_options("mode")
 @SERVICE_SETTING_OPTIONS
 @options.SAMPLING_OPTIONS
 @options.MODEL_FILES_OPTIONS
-@click.option("--seed", type=int, default=0, show_default=True)
+@options.model_options("seed")
 @ray_option("the job")
 @RAY_RESOURCE_OPTIONS
 def predict(
@@ -202,7 +171,6 @@ def predict(
     (resumable: shards already written are skipped)."""
     from evaluation.batch import Job, run_local
     from evaluation.runner import Sampling
-    from inference.engine import EngineOptions
     from inference.model import ModelConfig
     from medtpe_core.tasks import get_task
     from training.export import prepare_model_files
@@ -228,18 +196,16 @@ def predict(
         ),
         concurrency=concurrency,
     )
-    config = ModelConfig(
+    config = ModelConfig.from_options(
         **options.model_files(model_dir, artefact_dir, export_dir),
         mode=mode,
         codes_dir=meds_dir,
         max_input_tokens=max_input_tokens,
         max_new_tokens=max_new_tokens,
-        engine=EngineOptions(
-            max_num_seqs=concurrency,
-            kv_cache_gib=kv_cache_gib,
-            seed=seed,
-            enforce_eager=enforce_eager,
-        ),
+        max_num_seqs=concurrency,
+        kv_cache_gib=kv_cache_gib,
+        seed=seed,
+        enforce_eager=enforce_eager,
     )
     try:
         if ray_address is not None:

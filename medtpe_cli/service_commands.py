@@ -6,8 +6,8 @@ import click
 
 
 @click.command("serve")
-@click.option("--host", default=None, help="Listen address (default: $MEDTPE_HOST or 0.0.0.0).")
-@click.option("--port", type=int, default=None, help="Listen port (default: $MEDTPE_PORT or 8000).")
+@click.option("--host", default=None, help="Listen address (default: setting MEDTPE_HOST).")
+@click.option("--port", type=int, default=None, help="Listen port (default: setting MEDTPE_PORT).")
 def serve(host: str | None, port: int | None) -> None:
     """Serve /predict, /predict/batch, /tokenize, /healthz, /readyz and /metrics.
 

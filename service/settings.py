@@ -16,12 +16,11 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from inference.engine import DistributedBackend, Dtype, EngineOptions
+from inference.engine import DistributedBackend, Dtype
 from inference.model import ModelConfig
 from inference.predictor import Mode
-from medtpe_core.declared import declared
 from medtpe_core.tasks import TASKS_DIR_ENV
-from medtpe_core.windowing import Windowing, WindowPolicy
+from medtpe_core.windowing import WindowPolicy
 
 ENV_PREFIX = "MEDTPE_"
 API_KEYS_ENV = "MEDTPE_API_KEYS"
@@ -38,12 +37,12 @@ OTHER_VARIABLES: Mapping[str, str] = {
 
 
 def declared_setting(
-    cls: type, name: str, description: str | None = None, **constraints: Any
+    name: str, description: str | None = None, note: str = "", **constraints: Any
 ) -> Any:
-    """A setting whose default (and, unless `description` is given, help) is option `name` of
-    the dataclass `cls` (`medtpe_core.declared`): declared once, not copied."""
-    option = declared(cls, name)
-    help_text = description or option.help
+    """A setting whose default (and, unless `description` is given, help, with `note` after it)
+    is the model or engine option `name` (`ModelConfig.declared`): declared once, not copied."""
+    option = ModelConfig.declared(name)
+    help_text = (description or option.help) + note
     if option.factory is not None:
         return Field(default_factory=option.factory, description=help_text, **constraints)
     return Field(option.default, description=help_text, **constraints)
@@ -57,29 +56,28 @@ class ServiceSettings(BaseSettings):
         env_prefix=ENV_PREFIX, extra="ignore", env_parse_none_str="none"
     )
 
-    model_dir: Path = declared_setting(ModelConfig, "model_dir")
-    artefact_dir: Path = declared_setting(ModelConfig, "artefact_dir")
-    export_dir: Path = declared_setting(ModelConfig, "export_dir")
-    codes_dir: Path | None = declared_setting(ModelConfig, "codes_dir")
-    mode: Mode = declared_setting(ModelConfig, "mode")
-    max_input_tokens: int = declared_setting(ModelConfig, "max_input_tokens", gt=0)
+    model_dir: Path = declared_setting("model_dir")
+    artefact_dir: Path = declared_setting("artefact_dir")
+    export_dir: Path = declared_setting("export_dir")
+    codes_dir: Path | None = declared_setting("codes_dir")
+    mode: Mode = declared_setting("mode")
+    max_input_tokens: int = declared_setting("max_input_tokens", gt=0)
     allow_unvalidated_budget: bool = Field(
         False,
         description="Serve MedTPE at an input budget above those the artefact's fidelity gate "
         "passed at (its `manifest.json`), with a warning; false: such a start fails.",
     )
-    window_policy: WindowPolicy = declared_setting(Windowing, "policy")
-    window_grid_hours: int = declared_setting(Windowing, "grid_hours", ge=1)
+    window_policy: WindowPolicy = declared_setting("window_policy")
+    window_grid_hours: int = declared_setting("window_grid_hours", ge=1)
     cache_salt_header: str | None = Field(
         None,
         description="Without API keys: the request header whose value keeps callers' cached "
         "prompt prefixes apart (e.g. `X-Tenant`); unset: one shared cache (service/tenancy.py).",
     )
     temperature: float = Field(0.0, ge=0.0, description="Default sampling temperature.")
-    max_new_tokens: int = declared_setting(ModelConfig, "max_new_tokens", gt=0)
+    max_new_tokens: int = declared_setting("max_new_tokens", gt=0)
     max_n_samples: int = Field(9, gt=0, description="Largest `options.n_samples` accepted.")
     max_concurrency: int = declared_setting(
-        EngineOptions,
         "max_num_seqs",
         "Records generating at the same time (also the engine's `max_num_seqs`).",
         gt=0,
@@ -97,14 +95,16 @@ class ServiceSettings(BaseSettings):
     )
     host: str = Field("0.0.0.0", description="Listen address of `medtpe serve`.")
     port: int = Field(8000, description="Listen port of `medtpe serve`.")
-    kv_cache_gib: float | None = declared_setting(EngineOptions, "kv_cache_gib", gt=0)
-    seed: int = declared_setting(EngineOptions, "seed")
-    dtype: Dtype = declared_setting(EngineOptions, "dtype")
-    enforce_eager: bool = declared_setting(EngineOptions, "enforce_eager")
-    tensor_parallel_size: int = declared_setting(EngineOptions, "tensor_parallel_size", gt=0)
-    pipeline_parallel_size: int = declared_setting(EngineOptions, "pipeline_parallel_size", gt=0)
+    kv_cache_gib: float | None = declared_setting(
+        "kv_cache_gib", note=" `none`: vLLM's default, a share of the device memory.", gt=0
+    )
+    seed: int = declared_setting("seed")
+    dtype: Dtype = declared_setting("dtype")
+    enforce_eager: bool = declared_setting("enforce_eager")
+    tensor_parallel_size: int = declared_setting("tensor_parallel_size", gt=0)
+    pipeline_parallel_size: int = declared_setting("pipeline_parallel_size", gt=0)
     distributed_executor_backend: DistributedBackend | None = declared_setting(
-        EngineOptions, "distributed_executor_backend"
+        "distributed_executor_backend"
     )
     api_workers: int = Field(
         1,

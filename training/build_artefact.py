@@ -54,7 +54,7 @@ from training.build_data import (
 )
 from training.build_report import REPORT_FILE, compression
 from training.pipeline import SUMMARY_FILE, cached_examples, examples_path, read_records
-from training.pseudo_labels import DEFAULT_KVCACHE_GIB
+from training.pseudo_labels import BUILD_KV_CACHE_GIB
 from training.ssft import HISTORY_FILE, SSFTConfig
 
 STATE_FILE = "state.json"
@@ -371,7 +371,7 @@ class ArtefactBuild:
             codes_dir=config.meds,
             max_input_tokens=max(config.serving_budgets),
             engine=EngineOptions(
-                kv_cache_gib=float(DEFAULT_KVCACHE_GIB),  # the pseudo-labelling engine's
+                kv_cache_gib=BUILD_KV_CACHE_GIB,  # beside training: smaller than serving's
                 seed=config.seed,
                 enforce_eager=True,
                 log_stats=False,

@@ -20,21 +20,21 @@ from pathlib import Path
 
 from inference.engine import EngineConfig, EngineOptions, Finish
 
-DEFAULT_KVCACHE_GIB = "2"
+BUILD_KV_CACHE_GIB = 2.0
+"""KV cache of a build's engines (pseudo-labelling, the fidelity gate): they run between training
+steps on the same machine, so they take half of serving's default (`EngineOptions.kv_cache_gib`)."""
 SMALL_MACHINE_CORES = 4
-PSEUDO_LABEL_SEED = 1
 
 
 def _cpu_engine_defaults() -> dict[str, str]:
-    """CPU-backend settings unless the environment sets them: a small KV cache and, on machines
-    with at most 4 cores, OpenMP threads on every core (vLLM's default reserves one core for
-    itself, which halves the speed on 2 cores). The GPU backend ignores them."""
-    defaults = {"VLLM_CPU_KVCACHE_SPACE": DEFAULT_KVCACHE_GIB}
+    """CPU-backend settings unless the environment sets them: on machines with at most 4 cores,
+    OpenMP threads on every core (vLLM's default reserves one core for itself, which halves the
+    speed on 2 cores). The GPU backend ignores them."""
     cores = sorted(os.sched_getaffinity(0))
-    if len(cores) <= SMALL_MACHINE_CORES:
-        bind = ",".join(map(str, cores))
-        defaults |= {"VLLM_CPU_OMP_THREADS_BIND": bind, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
-    return defaults
+    if len(cores) > SMALL_MACHINE_CORES:
+        return {}
+    bind = ",".join(map(str, cores))
+    return {"VLLM_CPU_OMP_THREADS_BIND": bind, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 
 
 def greedy_generate(
@@ -77,7 +77,7 @@ async def _generate_all(request: dict) -> list[list[int]]:
     from inference.vllm_engine import VllmEngine
 
     options = EngineOptions(
-        seed=PSEUDO_LABEL_SEED,
+        kv_cache_gib=BUILD_KV_CACHE_GIB,  # beside training: smaller than serving's default
         enable_prefix_caching=False,
         enforce_eager=True,  # skips torch.compile: engine ready in seconds, not minutes, on CPU
         log_stats=False,
