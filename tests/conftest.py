@@ -9,8 +9,15 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
-from meds_fixtures import train_tokenizer
-from service_support import (
+from starlette.testclient import TestClient
+
+from medtpe_core.base_tokenizer import BaseTokenizer
+from medtpe_core.chat_template import ChatTemplate
+from medtpe_core.meds_readers import MedsDataset
+from medtpe_core.render import render_record
+from tests.support.meds_fixtures import train_tokenizer
+from tests.support.paths import FIXTURES
+from tests.support.service_support import (
     SERVICE_API_KEY,
     Api,
     ServedApi,
@@ -21,12 +28,6 @@ from service_support import (
     service_artefact,
     service_env,
 )
-from starlette.testclient import TestClient
-
-from medtpe_core.base_tokenizer import BaseTokenizer
-from medtpe_core.chat_template import ChatTemplate
-from medtpe_core.meds_readers import MedsDataset
-from medtpe_core.render import render_record
 
 # CI (`CI=true`, as .ci/run is called) draws the same examples on every run, so a red build is
 # reproducible and never flaky; locally each run explores new ones. HYPOTHESIS_PROFILE overrides.
@@ -91,4 +92,4 @@ def tokenizer(dataset: MedsDataset) -> BaseTokenizer:
 @pytest.fixture(scope="module")
 def template() -> ChatTemplate:
     """SmolLM2's chat template (committed fixture)."""
-    return ChatTemplate.from_model_dir(Path(__file__).parent / "fixtures" / "smollm2")
+    return ChatTemplate.from_model_dir(FIXTURES / "smollm2")

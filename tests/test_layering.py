@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT
+
 SERVING = ("inference", "service")
 
 

@@ -5,18 +5,18 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from meds_fixtures import train_tokenizer, write_meds_dataset
 
 from medtpe_cli.meds_commands import render
 from medtpe_core.corpus import iter_meds_corpus_texts
 from medtpe_core.meds_readers import MedsDataset
 from medtpe_core.render import render_record
+from tests.support.meds_fixtures import train_tokenizer, write_meds_dataset
+from tests.support.paths import FIXTURES
 
-SMOLLM2_DIR = Path(__file__).parent / "fixtures" / "smollm2"
+SMOLLM2_DIR = FIXTURES / "smollm2"
 
 
 @pytest.fixture

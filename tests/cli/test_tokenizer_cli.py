@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 from click.testing import CliRunner
-from tokenizer_support import icu_records, smollm2_dir
 
 from medtpe_cli.main import cli
 from medtpe_core import MedTPETokenizer
+from tests.support.tokenizer_support import icu_records, smollm2_dir
 
 
 def test_build_then_tokenize(tmp_path: Path) -> None:

@@ -25,8 +25,9 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 import yaml
-from deploy_support import DEPLOY, require_tool, substitute_grafana_macros
-from service_support import SERVICE_API_KEY, ServiceProcess, synthetic_events
+
+from tests.support.deploy_support import DEPLOY, require_tool, substitute_grafana_macros
+from tests.support.service_support import SERVICE_API_KEY, ServiceProcess, synthetic_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 

@@ -20,10 +20,10 @@ import click
 import kubernetes_validate
 import pytest
 import yaml
-from deploy_support import DEPLOY, ROOT
-from test_deploy_static import KUBERNETES_VERSIONS, k8s_documents, parse_dockerfile
 
 from medtpe_cli.main import cli
+from tests.deploy.test_deploy_static import KUBERNETES_VERSIONS, k8s_documents, parse_dockerfile
+from tests.support.deploy_support import DEPLOY, ROOT
 
 K8S = DEPLOY / "k8s"
 RAYJOBS = sorted(K8S.glob("rayjob-*.yaml"))

@@ -24,7 +24,9 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from deploy_support import (
+
+from medtpe_core.paths import DEFAULT_ARTEFACT_NAME
+from tests.support.deploy_support import (
     DEPLOY,
     ROOT,
     exported_metric_names,
@@ -35,8 +37,6 @@ from deploy_support import (
     substitute_grafana_macros,
     vllm_metric_names,
 )
-
-from medtpe_core.paths import DEFAULT_ARTEFACT_NAME
 
 SERVICE_PORT = 8000
 # Series Prometheus itself adds to every scrape target (used by the TargetDown alert).
@@ -453,7 +453,7 @@ def test_dashboard_shows_what_operations_need() -> None:
 
 def k8s_documents() -> dict[str, dict[str, Any]]:
     """kind -> document of every manifest that deploy/k8s/kustomization.yaml lists (all but the
-    KubeRay batch jobs, tests/test_deploy_rayjobs.py)."""
+    KubeRay batch jobs, tests/deploy/test_deploy_rayjobs.py)."""
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     listed = set(kustomization["resources"])
     rayjobs = {p.name for p in K8S.glob("rayjob-*.yaml")}

@@ -9,10 +9,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from meds_fixtures import write_meds_dataset
-from service_support import service_env
 
 from medtpe_cli.command_line import medtpe_command
+from tests.support.meds_fixtures import write_meds_dataset
+from tests.support.service_support import service_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 

@@ -20,8 +20,9 @@ from evaluation.report import (
     resample_weights,
     summarise_mode,
 )
-from evaluation.results import RecordResult, record_key
+from evaluation.results import RecordResult
 from medtpe_core.metrics import f1
+from medtpe_core.prediction_point import record_key
 from medtpe_core.tasks import get_task
 
 MORTALITY = get_task("icu_mortality")

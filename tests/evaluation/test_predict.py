@@ -1,6 +1,6 @@
 """`medtpe predict`'s local job (`evaluation.batch.run_local`) on the project's synthetic MEDS
 dataset: the real model files, prompts and tokenizers, an engine that answers at once (the engine
-is not the point here; tests/test_predict_engine.py runs the real one)."""
+is not the point here; tests/evaluation/test_predict_engine.py runs the real one)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 from meds_evaluation.schema import PredictionSchema
-from meds_fixtures import PREDICTION_TIME, write_meds_dataset
-from service_support import engine_test_config
 
 from evaluation.batch import NO_EVENTS, UNPARSED, Job, run_local
 from evaluation.runner import Sampling
@@ -22,6 +20,8 @@ from inference.engine import Completion, EngineConfig
 from inference.instant_engine import InstantEngine
 from medtpe_cli.predict_commands import predict
 from medtpe_core.tasks import get_task
+from tests.support.meds_fixtures import PREDICTION_TIME, write_meds_dataset
+from tests.support.service_support import engine_test_config
 
 SUBJECTS = (1, 2, 3, 4)
 

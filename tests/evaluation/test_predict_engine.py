@@ -11,11 +11,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from meds_evaluation.schema import PredictionSchema
-from meds_fixtures import PREDICTION_TIME, write_meds_dataset
-from service_support import service_env
 
 from evaluation.batch import NO_EVENTS
 from medtpe_cli.command_line import medtpe_command
+from tests.support.meds_fixtures import PREDICTION_TIME, write_meds_dataset
+from tests.support.service_support import service_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 

@@ -18,8 +18,9 @@ from meds_evaluation.schema import PredictionSchema
 from evaluation.predictions import predictions_table, write_predictions
 from evaluation.records import EvalRecord
 from evaluation.report import summarise_mode
-from evaluation.results import RecordResult, record_key
+from evaluation.results import RecordResult
 from medtpe_core.meds import MedsEvent, SubjectEvents
+from medtpe_core.prediction_point import PredictionPoint
 from medtpe_core.tasks import get_task
 
 WHEN = datetime(2150, 3, 2, 8)
@@ -31,7 +32,7 @@ def record(subject_id: int, label: object) -> EvalRecord:
     events = SubjectEvents.from_events(
         [MedsEvent(subject_id=subject_id, time=datetime(2150, 3, 1), code="LAB//1//x")]
     )
-    return EvalRecord(record_key(subject_id, WHEN.isoformat()), label, events, WHEN)
+    return EvalRecord(PredictionPoint(subject_id, WHEN, label), events)
 
 
 def result(rec: EvalRecord, prediction: object, p: float | None, ok: bool = True) -> RecordResult:

@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from service_support import synthetic_events
-from tokenizer_support import smollm2_dir, smollm2_medtpe
 
 from inference.engine import AnswerConstraint, Completion
 from inference.predictor import Predictor, answer_constraint
 from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.meds import MedsEvent
 from medtpe_core.tasks import get_task
+from tests.support.service_support import synthetic_events
+from tests.support.tokenizer_support import smollm2_dir, smollm2_medtpe
 
 MORTALITY = get_task("icu_mortality")
 FREE = MORTALITY.model_copy(update={"prefill_answer": False})

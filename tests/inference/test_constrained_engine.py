@@ -9,14 +9,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from meds_fixtures import write_meds_dataset
-from service_support import engine_test_config
 
 from evaluation.records import load_records
 from evaluation.runner import Sampling, evaluate_mode, measured
 from inference.engines import start_vllm
 from inference.model import load_model
 from medtpe_core.tasks import get_task
+from tests.support.meds_fixtures import write_meds_dataset
+from tests.support.service_support import engine_test_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(1800)]
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from service_support import build_test_artefact, instant_client, instant_settings
 
 from inference.checkpoints import EXPORT_STAMP, ModelFilesMissing, check_export
 from medtpe_core.bundle import content_digest
 from medtpe_core.paths import default_model_dir
 from service.settings import ServiceSettings
+from tests.support.service_support import build_test_artefact, instant_client, instant_settings
 
 pytestmark = [pytest.mark.timeout(600)]
 

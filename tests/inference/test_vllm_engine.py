@@ -10,8 +10,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-from meds_fixtures import write_meds_dataset
-from service_support import engine_test_config
 
 from evaluation.records import EvalRecord, load_records
 from evaluation.report import build_report
@@ -22,6 +20,8 @@ from inference.model import load_model
 from inference.predictor import Predictor
 from inference.vllm_engine import VllmEngine
 from medtpe_core.tasks import Task, get_task
+from tests.support.meds_fixtures import write_meds_dataset
+from tests.support.service_support import engine_test_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import httpx
 import pytest
-from service_support import free_port
 from tokenizers import Tokenizer
 
 from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.tokenizer import MedTPETokenizer
+from tests.support.service_support import free_port
 
 openai = pytest.importorskip("openai")
 

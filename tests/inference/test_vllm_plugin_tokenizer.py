@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from tokenizer_support import EDGE_CASES, MIXED_TEXT
 from vllm.sampling_params import SamplingParams
 from vllm.tokenizers.hf import CachedHfTokenizer
 from vllm.tokenizers.registry import get_tokenizer
@@ -26,6 +25,7 @@ from inference.vllm_plugin import register
 from inference.vllm_tokenizer import MedTPEEncoding, load_medtpe_tokenizer
 from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.paths import default_artefact_dir
+from tests.support.tokenizer_support import EDGE_CASES, MIXED_TEXT
 
 CLINICAL = "Non Invasive Blood Pressure: 120/80 mmHg\nHeart Rate: 88 bpm, température 😀 ✓"
 

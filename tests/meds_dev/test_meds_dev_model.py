@@ -5,14 +5,14 @@ with the metadata MEDS-DEV's model registry requires."""
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 
 import pytest
 import yaml
 
 from medtpe_cli.predict_commands import predict
+from tests.support.paths import ROOT
 
-MODEL_YAML = Path(__file__).resolve().parents[1] / "meds_dev" / "model.yaml"
+MODEL_YAML = ROOT / "meds_dev" / "model.yaml"
 FORMAT = {
     "dataset_dir": "/data/meds",
     "labels_dir": "/data/labels/mortality",

@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 
 from medtpe_core.chat_template import ChatTemplate, ChatTemplateError
+from tests.support.paths import FIXTURES
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-SMOLLM2_DIR = Path(__file__).parent / "fixtures" / "smollm2"
+SMOLLM2_DIR = FIXTURES / "smollm2"
 
 # A Llama-3-style template: loop controls, raise_exception, strftime_now, tojson, bos_token.
 RICH_TEMPLATE = """{{- bos_token }}

@@ -10,13 +10,14 @@ import meds
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from meds_fixtures import write_table
 
 from medtpe_cli.labels_commands import labels
 from medtpe_core.labels import derive_labels, label_table
 from medtpe_core.labels.phenotypes import phenotype_map
 from medtpe_core.meds_readers import MedsDataset, read_labels
 from medtpe_core.tasks import get_task
+from tests.support.meds_fixtures import write_table
+from tests.support.paths import ROOT
 
 DAY0 = datetime(2150, 1, 1)
 
@@ -78,7 +79,7 @@ def dataset(stays_dir: Path) -> MedsDataset:
 
 def rows_of(dataset: MedsDataset, task: str) -> list[tuple[int, datetime, object]]:
     return [
-        (r.subject_id, r.prediction_time, r.value) for r in derive_labels(dataset, get_task(task))
+        (r.subject_id, r.prediction_time, r.label) for r in derive_labels(dataset, get_task(task))
     ]
 
 
@@ -164,7 +165,7 @@ def test_labels_command_writes_a_label_file(stays_dir: Path, tmp_path: Path) -> 
     )
     assert result.exit_code == 0, result.output
     assert "3 label rows (dataset MEDS version: not declared)" in result.output
-    assert [r.value for r in read_labels(out)] == [True, False, False]
+    assert [r.label for r in read_labels(out)] == [True, False, False]
     unknown = CliRunner().invoke(
         labels, ["--meds", str(stays_dir), "--task", "nope", "--out", str(out)]
     )
@@ -177,12 +178,12 @@ def test_aces_configuration_gives_the_same_icu_mortality_labels(
     stays_dir: Path, dataset: MedsDataset, tmp_path: Path
 ) -> None:
     pytest.importorskip("aces", reason="es-aces (the labels extra) is not installed")
-    config = Path(__file__).resolve().parents[1] / "medtpe_core/labels/aces/icu_mortality.yaml"
+    config = ROOT / "medtpe_core/labels/aces/icu_mortality.yaml"
     out = tmp_path / "aces.parquet"
     result = CliRunner().invoke(
         labels, ["--meds", str(stays_dir), "--aces-config", str(config), "--out", str(out)]
     )
     assert result.exit_code == 0, result.output
-    aces = [(r.subject_id, r.prediction_time, r.value) for r in read_labels(out)]
+    aces = [(r.subject_id, r.prediction_time, r.label) for r in read_labels(out)]
     assert aces == rows_of(dataset, "icu_mortality")
     assert pq.read_schema(out).names[:2] == ["subject_id", "prediction_time"]

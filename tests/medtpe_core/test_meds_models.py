@@ -7,10 +7,10 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import numpy as np
 import pytest
-from meds_fixtures import GOOD_EVENT, error_locs, validated_events
 from pydantic import ValidationError
 
 from medtpe_core.meds import MedsEvent, SubjectEvents
+from tests.support.meds_fixtures import GOOD_EVENT, error_locs, validated_events
 
 
 def test_valid_event_from_json_and_static_event():

@@ -9,15 +9,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from meds_fixtures import (
+
+from medtpe_core.meds_readers import MedsDataset, MedsFormatError, read_labels
+from tests.support.meds_fixtures import (
     DESCRIPTIONS,
     PREDICTION_TIME,
     subject_rows,
     write_meds_dataset,
     write_table,
 )
-
-from medtpe_core.meds_readers import MedsDataset, MedsFormatError, read_labels
 
 
 @pytest.fixture
@@ -110,7 +110,7 @@ def test_unreadable_parquet(tmp_path):
 
 def test_labels(dataset_dir):
     rows = read_labels(dataset_dir / "labels" / "icu_mortality.parquet")
-    assert [(r.subject_id, r.prediction_time, r.value) for r in rows] == [
+    assert [(r.subject_id, r.prediction_time, r.label) for r in rows] == [
         (1, PREDICTION_TIME, False),
         (2, PREDICTION_TIME, True),
         (3, PREDICTION_TIME, False),
@@ -129,7 +129,7 @@ def test_labels_categorical(tmp_path):
         }
     )
     pq.write_table(table, tmp_path / "l.parquet")
-    assert [r.value for r in read_labels(tmp_path / "l.parquet")] == ["A|D", ""]
+    assert [r.label for r in read_labels(tmp_path / "l.parquet")] == ["A|D", ""]
 
 
 def test_labels_without_value_column_are_unlabelled(tmp_path):
@@ -140,7 +140,7 @@ def test_labels_without_value_column_are_unlabelled(tmp_path):
         }
     )
     pq.write_table(table, tmp_path / "l.parquet")
-    assert read_labels(tmp_path / "l.parquet")[0].value is None
+    assert read_labels(tmp_path / "l.parquet")[0].label is None
 
 
 def test_labels_null_value_is_an_error(tmp_path):

@@ -12,15 +12,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from meds_fixtures import train_tokenizer, write_meds_dataset
 
 from evaluation.records import load_records
 from medtpe_cli.meds_commands import render
 from medtpe_core.meds_readers import MedsDataset, read_subject_splits
 from medtpe_core.render import render_record
 from medtpe_core.tasks import get_task
+from tests.support.meds_fixtures import train_tokenizer, write_meds_dataset
+from tests.support.paths import FIXTURES
 
-SMOLLM2_DIR = Path(__file__).parent / "fixtures" / "smollm2"
+SMOLLM2_DIR = FIXTURES / "smollm2"
 SPLITS = {1: meds.train_split, 2: meds.tuning_split, 3: meds.held_out_split}
 
 

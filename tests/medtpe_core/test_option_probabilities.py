@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 
 import pytest
-from tokenizer_support import smollm2_dir, smollm2_medtpe
 
 from inference.predictor import Predictor
 from medtpe_core.chat_template import ChatTemplate
@@ -16,6 +15,7 @@ from medtpe_core.tasks.option_probabilities import (
     option_probabilities,
     positive_probability,
 )
+from tests.support.tokenizer_support import smollm2_dir, smollm2_medtpe
 
 YES_NO = ("yes", "no")
 MORTALITY = get_task("icu_mortality")

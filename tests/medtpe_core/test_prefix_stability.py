@@ -5,18 +5,24 @@
 from __future__ import annotations
 
 from functools import cache
-from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from tokenizer_support import MIXED_TEXT, icu_records, small_medtpe, smollm2_dir, smollm2_medtpe
 
 from medtpe_core.encoding import merge_depth
 from medtpe_core.prefix_stability import last_pretoken_start, stable_prefix_length
 from medtpe_core.tokenizer import MedTPETokenizer
+from tests.support.paths import ROOT
+from tests.support.tokenizer_support import (
+    MIXED_TEXT,
+    icu_records,
+    small_medtpe,
+    smollm2_dir,
+    smollm2_medtpe,
+)
 
-DEFAULT_ARTEFACT = Path(__file__).parent.parent / "artifacts" / "smollm2-135m-icu"
+DEFAULT_ARTEFACT = ROOT / "artifacts" / "smollm2-135m-icu"
 RECORD_LINES = st.lists(st.sampled_from(icu_records(2, seed=3)[0].splitlines()), max_size=8).map(
     "\n".join
 )

@@ -8,8 +8,6 @@ from datetime import datetime
 import meds
 import numpy as np
 import pytest
-from service_support import synthetic_events
-from tokenizer_support import smollm2_dir
 
 from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.chat_template import ChatTemplate
@@ -17,6 +15,8 @@ from medtpe_core.meds import MAX_EVENTS_PER_RECORD, MedsEvent, SubjectEvents
 from medtpe_core.prompting import build_prompt, min_input_tokens
 from medtpe_core.render import BudgetTooSmallError
 from medtpe_core.tasks import list_tasks
+from tests.support.service_support import synthetic_events
+from tests.support.tokenizer_support import smollm2_dir
 
 LATEST = datetime(9999, 12, 31, 23, 59, 59)
 

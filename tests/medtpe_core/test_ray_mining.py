@@ -14,13 +14,13 @@ import pytest
 ray = pytest.importorskip("ray", reason="needs the `ray` extra (pip install 'medtpe[ray]')")
 
 from click.testing import CliRunner  # noqa: E402
-from meds_fixtures import corpus_tokenizer_file, write_sharded_data  # noqa: E402
 
 from medtpe_cli.main import cli  # noqa: E402
 from medtpe_core.corpus import CorpusSpec  # noqa: E402
 from medtpe_core.mining import NgramCounts  # noqa: E402
 from medtpe_core.sharded_mining import MiningJob, count_meds_corpus  # noqa: E402
 from medtpe_core.tokenizer import MedTPETokenizer  # noqa: E402
+from tests.support.meds_fixtures import corpus_tokenizer_file, write_sharded_data  # noqa: E402
 
 SHARDS = ((1, 2), (3, 4), (5,), (6, 7), (8, 9, 10))
 

@@ -5,11 +5,17 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import pytest
-from meds_fixtures import DESCRIPTIONS, PREDICTION_TIME, T0, train_tokenizer, write_meds_dataset
 
 from medtpe_core.meds import MedsEvent, SubjectEvents
 from medtpe_core.meds_readers import MedsDataset
 from medtpe_core.render import BudgetTooSmallError, describe_code, format_value, render_record
+from tests.support.meds_fixtures import (
+    DESCRIPTIONS,
+    PREDICTION_TIME,
+    T0,
+    train_tokenizer,
+    write_meds_dataset,
+)
 
 
 @pytest.fixture(scope="module")

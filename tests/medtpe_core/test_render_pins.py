@@ -1,6 +1,6 @@
 """The columnar renderer writes byte for byte what the per-event renderer wrote: the same text,
 token count, ids and events kept, per record and budget (pins recorded before the rewrite by
-`tests/render_pins.py`), on the project's fixture records and every ICU record of the shared
+`tests/support/render_pins.py`), on the project's fixture records and every ICU record of the shared
 MEDS data."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from render_pins import (
+
+from tests.support.render_pins import (
     PINS_FILE,
     SHARED_MEDS,
     SHARED_PINS_FILE,

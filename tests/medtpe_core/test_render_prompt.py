@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from meds_fixtures import PREDICTION_TIME, validated_events, write_meds_dataset
-from tokenizer_support import smollm2_dir, smollm2_medtpe
 
 from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.meds_readers import MedsDataset
 from medtpe_core.prompting import build_prompt
 from medtpe_core.render import BudgetTooSmallError
 from medtpe_core.tasks import UnknownTaskError, get_task
+from tests.support.meds_fixtures import PREDICTION_TIME, validated_events, write_meds_dataset
+from tests.support.paths import FIXTURES
+from tests.support.tokenizer_support import smollm2_dir, smollm2_medtpe
 
-SMOLLM2_DIR = Path(__file__).parent / "fixtures" / "smollm2"
+SMOLLM2_DIR = FIXTURES / "smollm2"
 
 
 @pytest.fixture(scope="module")

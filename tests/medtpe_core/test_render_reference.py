@@ -1,22 +1,23 @@
-"""The columnar renderer against a frozen copy of the per-event renderer (tests/render_reference.py)
-on generated records: text values with newlines and stray whitespace, duplicates, seconds,
-static events, descriptions with odd spacing, every budget — with an encoder whose lines compose
-(SmolLM2) and one whose lines do not (the record is then encoded whole)."""
+"""The columnar renderer against a frozen copy of the per-event renderer
+(tests/support/render_reference.py) on generated records: text values with newlines and stray
+whitespace, duplicates, seconds, static events, descriptions with odd spacing, every budget — with
+an encoder whose lines compose (SmolLM2) and one whose lines do not (the record is then encoded
+whole)."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
 import pytest
-import render_reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizer_support import smollm2_dir
 
 from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.meds import MedsEvent, SubjectEvents
 from medtpe_core.piece_tokens import piece_tokens
 from medtpe_core.render import BudgetTooSmallError, render_record
+from tests.support import render_reference
+from tests.support.tokenizer_support import smollm2_dir
 
 DESCRIPTIONS = {
     "LAB//220045//bpm": "Heart Rate [bpm]",

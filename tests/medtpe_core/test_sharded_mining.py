@@ -11,13 +11,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from meds_fixtures import (
-    PREDICTION_TIME,
-    corpus_tokenizer_file,
-    subject_rows,
-    write_sharded_data,
-    write_table,
-)
 
 from medtpe_cli.main import cli
 from medtpe_core.base_tokenizer import BaseTokenizer
@@ -27,6 +20,13 @@ from medtpe_core.mining import NgramCounter
 from medtpe_core.render import render_record
 from medtpe_core.sharded_mining import MiningJob, count_meds_corpus
 from medtpe_core.tokenizer import MedTPETokenizer
+from tests.support.meds_fixtures import (
+    PREDICTION_TIME,
+    corpus_tokenizer_file,
+    subject_rows,
+    write_sharded_data,
+    write_table,
+)
 
 SHARDS = ((1, 2), (3, 4), (5,), (6, 7))
 

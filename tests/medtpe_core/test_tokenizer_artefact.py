@@ -7,18 +7,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tokenizer_support import (
+
+from medtpe_core import MedTPETokenizer
+from medtpe_core.artefact import ArtefactMismatchError
+from medtpe_core.base_tokenizer import BaseTokenizer
+from medtpe_core.mining import NgramCounter, select_static
+from tests.support.tokenizer_support import (
     icu_records,
     small_medtpe,
     small_tokenizer_file,
     smollm2_dir,
     smollm2_medtpe,
 )
-
-from medtpe_core import MedTPETokenizer
-from medtpe_core.artefact import ArtefactMismatchError
-from medtpe_core.base_tokenizer import BaseTokenizer
-from medtpe_core.mining import NgramCounter, select_static
 
 
 def test_save_load_round_trip(tmp_path: Path) -> None:

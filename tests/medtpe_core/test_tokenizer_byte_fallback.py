@@ -7,12 +7,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from tokenizer_support import (
-    PROTECTED_TEXT,
-    icu_records,
-    small_medtpe,
-    smollm2_medtpe,
-)
 from tokenizers import Tokenizer
 
 from medtpe_cli.main import cli
@@ -20,9 +14,16 @@ from medtpe_core.base_tokenizer import UTF8_BYTES, BaseTokenizer, bytes_to_unico
 from medtpe_core.build import add_byte_fallback
 from medtpe_core.replacement import MergeGraph, single_char_ids
 from medtpe_core.tokenizer import MedTPETokenizer
+from tests.support.paths import SHARED
+from tests.support.tokenizer_support import (
+    PROTECTED_TEXT,
+    icu_records,
+    small_medtpe,
+    smollm2_medtpe,
+)
 
 SMOLLM2_MISSING = [0x04, 0x06, 0x13, 0x14, 0x16, 0x1D, 0xF1, 0xF2]
-QWEN = Path(__file__).parents[2] / "shared" / "tokenizers" / "qwen2.5" / "tokenizer.json"
+QWEN = SHARED / "tokenizers" / "qwen2.5" / "tokenizer.json"
 
 
 def _old_style(tok: MedTPETokenizer) -> MedTPETokenizer:

@@ -9,7 +9,11 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizer_support import (
+from tokenizers import Tokenizer
+
+from medtpe_core.extension import SOURCE_SETTING, extension_twin, fresh_ids
+from medtpe_core.tokenizer import MedTPETokenizer
+from tests.support.tokenizer_support import (
     ANY_TEXT,
     DENSE_TEXT,
     MIXED_TEXT,
@@ -19,10 +23,6 @@ from tokenizer_support import (
     smollm2_extension,
     smollm2_medtpe,
 )
-from tokenizers import Tokenizer
-
-from medtpe_core.extension import SOURCE_SETTING, extension_twin, fresh_ids
-from medtpe_core.tokenizer import MedTPETokenizer
 
 PAIRS = {
     "smollm2-static": (lambda: smollm2_medtpe("static", 2), lambda: smollm2_extension("static", 2)),

@@ -5,17 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tokenizer_support import (
+from tokenizers import Tokenizer
+
+from medtpe_core.replacement import MergeGraph, single_char_ids
+from medtpe_core.tokenizer import MedTPETokenizer
+from tests.support.tokenizer_support import (
     ENGLISH,
     PROTECTED_TEXT,
     icu_records,
     small_medtpe,
     smollm2_medtpe,
 )
-from tokenizers import Tokenizer
-
-from medtpe_core.replacement import MergeGraph, single_char_ids
-from medtpe_core.tokenizer import MedTPETokenizer
 
 BUILDS = {
     "smollm2-static": lambda: smollm2_medtpe("static", 2),

@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizer_support import (
+from tokenizers import Tokenizer
+
+from medtpe_core.tokenizer import MedTPETokenizer
+from tests.support.tokenizer_support import (
     ANY_TEXT,
     DENSE_TEXT,
     EDGE_CASES,
@@ -20,9 +23,6 @@ from tokenizer_support import (
     smollm2_extension,
     smollm2_medtpe,
 )
-from tokenizers import Tokenizer
-
-from medtpe_core.tokenizer import MedTPETokenizer
 
 TOKENIZERS = {
     "smollm2-static": lambda: smollm2_medtpe("static", 2),

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import itertools
 from datetime import datetime, timedelta
-from pathlib import Path
 
 import meds
 import numpy as np
 import pytest
-from meds_fixtures import T0, write_meds_dataset
-from tokenizer_support import smollm2_dir, smollm2_medtpe
 
 from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.encoding import merge_depth
@@ -19,8 +16,11 @@ from medtpe_core.meds_readers import MedsDataset
 from medtpe_core.prefix_stability import last_pretoken_start
 from medtpe_core.prompting import Prompt, build_prompt
 from medtpe_core.windowing import Windowing, WindowPolicy, stable_starts
+from tests.support.meds_fixtures import T0, write_meds_dataset
+from tests.support.paths import FIXTURES
+from tests.support.tokenizer_support import smollm2_dir, smollm2_medtpe
 
-SMOLLM2_DIR = Path(__file__).parent / "fixtures" / "smollm2"
+SMOLLM2_DIR = FIXTURES / "smollm2"
 BUDGET = 700
 STABLE = Windowing(WindowPolicy.STABLE, grid_hours=6)
 HOURS = [T0 + timedelta(hours=h, minutes=40) for h in range(40, 52)]

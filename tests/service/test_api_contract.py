@@ -14,9 +14,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from service_support import instant_settings, served_in_thread
 
 from medtpe_core.tasks import list_tasks
+from tests.support.paths import ROOT
+from tests.support.service_support import instant_settings, served_in_thread
 
 pytestmark = [pytest.mark.timeout(900)]
 
@@ -36,8 +37,9 @@ def test_the_api_keeps_its_published_contract(contract_url: str, tmp_path: Path)
     schemathesis = Path(sys.executable).with_name("schemathesis")
     command = [str(schemathesis), "run", contract_url + "/openapi.json", "--checks", "all"]
     command += ["--max-examples", FUZZ_EXAMPLES, "--seed", "1", "--no-color", "--workers", "1"]
-    tests_dir = str(Path(__file__).parent)
-    env = os.environ | {"PYTHONPATH": tests_dir, "SCHEMATHESIS_HOOKS": "contract_hooks"}
+    # the hooks are imported by module name; the fuzzer runs elsewhere, so name the repository
+    hooks = "tests.support.contract_hooks"
+    env = os.environ | {"PYTHONPATH": str(ROOT), "SCHEMATHESIS_HOOKS": hooks}
     # run in a scratch directory: the fuzzer keeps its cache of findings in `.schemathesis/`
     done = subprocess.run(
         command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=800

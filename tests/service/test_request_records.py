@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from meds_fixtures import GOOD_EVENT, error_locs
 from pydantic import ValidationError
 
 from medtpe_core.meds import MAX_EVENTS_PER_RECORD, SubjectEvents
 from service.schemas import PredictRequest
+from tests.support.meds_fixtures import GOOD_EVENT, error_locs
 
 
 def request(events: list[dict]) -> PredictRequest:

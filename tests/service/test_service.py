@@ -10,7 +10,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from service_support import SERVICE_API_KEY, Api, ServedApi, metric_value, synthetic_events
+
+from tests.support.service_support import (
+    SERVICE_API_KEY,
+    Api,
+    ServedApi,
+    metric_value,
+    synthetic_events,
+)
 
 pytestmark = [pytest.mark.timeout(900)]
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from service_support import (
+
+from tests.support.service_support import (
     SERVICE_API_KEY,
     ServiceProcess,
     metric_value,

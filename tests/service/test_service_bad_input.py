@@ -11,7 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from service_support import (
+from starlette.testclient import TestClient
+
+from medtpe_core.base_tokenizer import BaseTokenizer
+from medtpe_core.chat_template import ChatTemplate
+from medtpe_core.paths import default_model_dir
+from medtpe_core.prompting import min_input_tokens
+from tests.support.service_support import (
     SERVICE_API_KEY,
     free_port,
     instant_client,
@@ -19,12 +25,6 @@ from service_support import (
     service_env,
     synthetic_events,
 )
-from starlette.testclient import TestClient
-
-from medtpe_core.base_tokenizer import BaseTokenizer
-from medtpe_core.chat_template import ChatTemplate
-from medtpe_core.paths import default_model_dir
-from medtpe_core.prompting import min_input_tokens
 
 pytestmark = [pytest.mark.timeout(600)]
 AUTH = {"Authorization": f"Bearer {SERVICE_API_KEY}"}

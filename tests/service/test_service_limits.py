@@ -12,8 +12,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from service_support import instant_client, instant_settings, metric_value, synthetic_events
 from starlette.testclient import TestClient
+
+from tests.support.service_support import (
+    instant_client,
+    instant_settings,
+    metric_value,
+    synthetic_events,
+)
 
 pytestmark = [pytest.mark.timeout(300)]
 

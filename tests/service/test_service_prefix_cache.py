@@ -11,7 +11,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from service_support import (
+
+from tests.support.service_support import (
     ServiceProcess,
     metric_value,
     running_service,

@@ -9,7 +9,13 @@ import time
 
 import httpx
 import pytest
-from service_support import SERVICE_API_KEY, ServiceProcess, metric_value, synthetic_events
+
+from tests.support.service_support import (
+    SERVICE_API_KEY,
+    ServiceProcess,
+    metric_value,
+    synthetic_events,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
 

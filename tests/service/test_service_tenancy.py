@@ -1,5 +1,6 @@
 """Per-caller cache salts and the window policy setting, on the instant engine (the real
-engine's cache behaviour: tests/test_service_prefix_cache.py); vLLM's metrics on /metrics."""
+engine's cache behaviour: tests/service/test_service_prefix_cache.py); vLLM's metrics on
+/metrics."""
 
 from __future__ import annotations
 
@@ -7,11 +8,16 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY, Counter
-from service_support import SERVICE_API_KEY, instant_client, instant_settings, synthetic_events
 
 from medtpe_core.windowing import Windowing, WindowPolicy
 from service.metrics import ServiceMetrics
 from service.settings import ServiceSettings
+from tests.support.service_support import (
+    SERVICE_API_KEY,
+    instant_client,
+    instant_settings,
+    synthetic_events,
+)
 
 EVENTS = synthetic_events(5, 40)
 BODY = {"task": "icu_mortality", "events": EVENTS}

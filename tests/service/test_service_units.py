@@ -8,8 +8,6 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from service_support import synthetic_events
-from tokenizer_support import smollm2_dir, smollm2_medtpe
 
 from inference.predictor import (
     Answer,
@@ -24,6 +22,8 @@ from medtpe_core.tasks import get_task
 from service.limits import Admission, QueueFull
 from service.metrics import ServiceMetrics
 from service.settings import ServiceSettings
+from tests.support.service_support import synthetic_events
+from tests.support.tokenizer_support import smollm2_dir, smollm2_medtpe
 
 
 def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,7 +10,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from service_support import instant_client, instant_settings
 
 from medtpe_core.bundle import (
     MANIFEST_FILE,
@@ -19,6 +18,7 @@ from medtpe_core.bundle import (
     ManifestError,
     unvalidated_budget_message,
 )
+from tests.support.service_support import instant_client, instant_settings
 
 FIGURES = {"n_records": 16, "same_answer": {"value": 1.0}}
 

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.paths import ROOT
+
 if TYPE_CHECKING:
     from service.settings import ServiceSettings
 
-ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 
 # Sample-name suffixes of each metric type in the text exposition.

@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer
 
+from tests.support.paths import FIXTURES
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-FIXTURES = Path(__file__).parent / "fixtures"
 SMOLLM2_TOKENIZER = FIXTURES / "tokenizers" / "smollm2" / "tokenizer.json.gz"
 SMOLLM2_CONFIG = FIXTURES / "smollm2" / "tokenizer_config.json"
 QWEN25_TOKENIZER = FIXTURES / "tokenizers" / "qwen2.5" / "tokenizer.json.gz"

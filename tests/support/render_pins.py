@@ -2,7 +2,7 @@
 and budget, recorded from the renderer as it was before the columnar rewrite (issue 12), so the
 new path is held to the very same bytes.
 
-    PYTHONPATH=$PWD .venv/bin/python tests/render_pins.py --write [--meds DIR]
+    .venv/bin/python -m tests.support.render_pins --write [--meds DIR]
 
 rewrites `tests/fixtures/render_pins.json` (project fixtures) and, with `--meds`, the pins of
 every ICU record of that MEDS dataset. Only regenerate when the rendered format changes on
@@ -18,20 +18,20 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
-from meds_fixtures import DESCRIPTIONS, PREDICTION_TIME, subject_rows
-from service_support import synthetic_events
-from tokenizer_support import smollm2_dir
-
 from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.meds import MedsEvent, SubjectEvents
 from medtpe_core.prompting import build_prompt
 from medtpe_core.render import render_record
+from tests.support.meds_fixtures import DESCRIPTIONS, PREDICTION_TIME, subject_rows
+from tests.support.paths import FIXTURES, SHARED
+from tests.support.service_support import synthetic_events
+from tests.support.tokenizer_support import smollm2_dir
 
-PINS_FILE = Path(__file__).parent / "fixtures" / "render_pins.json"
-SHARED_PINS_FILE = Path(__file__).parent / "fixtures" / "render_pins_mimic_demo.json"
-SHARED_MEDS = Path(__file__).resolve().parents[2] / "shared" / "data" / "mimic-iv-demo-meds"
-TEMPLATE_DIR = Path(__file__).parent / "fixtures" / "smollm2"
+PINS_FILE = FIXTURES / "render_pins.json"
+SHARED_PINS_FILE = FIXTURES / "render_pins_mimic_demo.json"
+SHARED_MEDS = SHARED / "data" / "mimic-iv-demo-meds"
+TEMPLATE_DIR = FIXTURES / "smollm2"
 RENDER_BUDGETS = (None, 64, 512, 4096)
 PROMPT_BUDGETS = (1024, 8192)
 SHARED_PROMPT_BUDGETS = (1024, 4096, 8192)
@@ -89,7 +89,8 @@ def record_pins(
 
     The pins were recorded when records ended strictly before the prediction time; the default
     is now up to and including it (MEDS), so the events are cut strictly before it here, which
-    keeps the pins a check of the renderer, not of the cut (tested in tests/test_meds_models.py).
+    keeps the pins a check of the renderer, not of the cut (tested in
+    tests/medtpe_core/test_meds_models.py).
     """
     out: dict[str, dict[str, object]] = {}
     if when is not None:

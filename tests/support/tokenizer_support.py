@@ -16,8 +16,9 @@ from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.build import build_tokenizer
 from medtpe_core.extension import extension_twin
 from medtpe_core.tokenizer import MedTPETokenizer
+from tests.support.paths import FIXTURES, ROOT
 
-FIXTURES = Path(__file__).parent / "fixtures" / "tokenizers"
+TOKENIZER_FIXTURES = FIXTURES / "tokenizers"
 PROTECTED_TEXT = "<|im_start|>system\nYou are a clinical assistant.<|im_end|>\nAnswer in JSON."
 ENGLISH = (
     "The quick brown fox jumps over the lazy dog. Please summarise the patient's history and "
@@ -67,9 +68,9 @@ def icu_records(n: int, seed: int = 0, lines: int = 120) -> list[str]:
 @cache
 def smollm2_dir() -> Path:
     """A model-like directory holding SmolLM2's tokenizer.json (unpacked from the fixture)."""
-    out = Path(__file__).parent.parent / ".cache" / "test-fixtures" / "smollm2-tokenizer"
+    out = ROOT / ".cache" / "test-fixtures" / "smollm2-tokenizer"
     out.mkdir(parents=True, exist_ok=True)
-    data = gzip.decompress((FIXTURES / "smollm2" / "tokenizer.json.gz").read_bytes())
+    data = gzip.decompress((TOKENIZER_FIXTURES / "smollm2" / "tokenizer.json.gz").read_bytes())
     target = out / "tokenizer.json"
     if not target.is_file() or target.read_bytes() != data:
         target.write_bytes(data)
@@ -92,7 +93,7 @@ def small_tokenizer_file() -> Path:
         show_progress=False,
     )
     tok.train_from_iterator(icu_records(30, seed=7) + [ENGLISH] * 5, trainer=trainer)
-    out = Path(__file__).parent.parent / ".cache" / "test-fixtures" / "small-bpe.json"
+    out = ROOT / ".cache" / "test-fixtures" / "small-bpe.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     tok.save(str(out))
     return out

@@ -16,8 +16,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from click.testing import CliRunner  # noqa: E402
-from meds_fixtures import train_tokenizer, write_meds_dataset  # noqa: E402
-from model_fixtures import tiny_llama  # noqa: E402
 from tokenizers import Tokenizer, models  # noqa: E402
 
 import training.examples  # noqa: E402
@@ -28,6 +26,8 @@ from medtpe_core.build import build_tokenizer  # noqa: E402
 from medtpe_core.bundle import ArtefactBundle  # noqa: E402
 from medtpe_core.corpus import iter_meds_corpus_texts  # noqa: E402
 from medtpe_core.tokenizer import MedTPETokenizer  # noqa: E402
+from tests.support.meds_fixtures import train_tokenizer, write_meds_dataset  # noqa: E402
+from tests.support.model_fixtures import tiny_llama  # noqa: E402
 from training import build_artefact as build_module  # noqa: E402
 from training.export import load_rows  # noqa: E402
 

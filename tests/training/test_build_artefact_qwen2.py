@@ -15,12 +15,12 @@ pytest.importorskip("vllm")
 
 import httpx
 from click.testing import CliRunner
-from meds_fixtures import write_meds_dataset
-from model_fixtures import QWEN25_VOCAB_SIZE, tiny_qwen2
-from service_support import ServiceProcess, synthetic_events
 
 from medtpe_cli.main import cli
 from medtpe_core.tokenizer import MedTPETokenizer
+from tests.support.meds_fixtures import write_meds_dataset
+from tests.support.model_fixtures import QWEN25_VOCAB_SIZE, tiny_qwen2
+from tests.support.service_support import ServiceProcess, synthetic_events
 from training.export import load_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(1800)]

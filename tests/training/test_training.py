@@ -14,12 +14,12 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from click.testing import CliRunner  # noqa: E402
-from model_fixtures import tiny_llama, tiny_llama_model  # noqa: E402
 
 from medtpe_cli.main import cli  # noqa: E402
 from medtpe_core.build import build_tokenizer  # noqa: E402
 from medtpe_core.extension import extension_twin  # noqa: E402
 from medtpe_core.tokenizer import MedTPETokenizer  # noqa: E402
+from tests.support.model_fixtures import tiny_llama, tiny_llama_model  # noqa: E402
 from training import ssft as ssft_module  # noqa: E402
 from training.embedding_init import DEFAULT_ALPHA, init_new_rows, mean_row_norm  # noqa: E402
 from training.embedding_split import apply_split, split_rows  # noqa: E402
