@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             by_point: dict = by_point,
             mode: str = mode,
         ) -> None:
-            by_point[setting.name] = build_report(task, {mode: rows}, settings={})
+            by_point[setting.name] = build_report(task, {mode: rows}, settings={}).to_json()
             args.out.write_text(json.dumps(out, indent=2) + "\n")
 
         asyncio.run(evaluate_settings(load_model(measured(config)), settings, save))

@@ -133,7 +133,7 @@ def reports(
             task = get_task(name).model_copy(
                 update={"prefill_answer": SETTINGS[setting]["prefill"]}
             )
-            report = build_report(task, by_mode, settings={"setting": setting})
+            report = build_report(task, by_mode, settings={"setting": setting}).to_json()
             entry = out["tasks"].setdefault(name, {})[setting] = report
             if task.label_type != "binary":
                 continue

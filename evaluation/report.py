@@ -9,17 +9,19 @@ option) scores `UNSCORED_PROBABILITY`. With both modes, the paired differences M
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from statistics import fmean
 from typing import Any
 
 import numpy as np
 
+from evaluation.evaluation_report import EvaluationReport, Fidelity, ModeSummary
 from evaluation.results import RecordResult
 from medtpe_core.fidelity import PairedAnswer, fidelity
 from medtpe_core.metrics import (
     DEFAULT_RESAMPLES,
     SCORE_METRICS,
+    Interval,
     agreement,
     compression_rate,
     f1_scores,
@@ -96,7 +98,7 @@ def quality(task: Task, results: Sequence[RecordResult], weights: np.ndarray) ->
 
 def summarise_mode(
     mode: str, task: Task, results: Sequence[RecordResult], *, weights: np.ndarray | None = None
-) -> dict[str, Any]:
+) -> ModeSummary:
     """Figures of one mode: quality with intervals, FCR, latency and prompt tokens (and CR for
     medtpe). `weights`: the bootstrap's (default: a patient-level one of these records)."""
     if not results:
@@ -119,7 +121,7 @@ def summarise_mode(
         summary["compression_rate"] = compression_rate(
             sum(r.n_tokens_original for r in results), sum(r.n_tokens for r in results)
         )
-    return summary
+    return ModeSummary.model_validate(summary)
 
 
 def aligned(original: Sequence[RecordResult], medtpe: Sequence[RecordResult]) -> list[RecordResult]:
@@ -228,99 +230,105 @@ def build_report(
     settings: dict[str, Any],
     n_resamples: int = DEFAULT_RESAMPLES,
     seed: int = 1,
-) -> dict[str, Any]:
-    """The JSON report: with both modes, fidelity first (`medtpe_core.fidelity`); one summary
-    per evaluated mode; with both, their paired differences, agreement, latency reduction and
+) -> EvaluationReport:
+    """The report: with both modes, fidelity first (`medtpe_core.fidelity`); one summary per
+    evaluated mode; with both, their paired differences, agreement, latency reduction and
     p_positive shift; the records."""
-    report: dict[str, Any] = {"settings": settings | {"bootstrap_resamples": n_resamples}}
+    figures: dict[str, Any] = {"settings": settings | {"bootstrap_resamples": n_resamples}}
     first = next(iter(results.values()))
-    if all(mode in results for mode in MODES):
+    both = all(mode in results for mode in MODES)
+    if both:
         pairs = paired_answers(results["original"], results["medtpe"])
-        report["fidelity"] = fidelity(pairs, n_resamples, seed)
+        figures["fidelity"] = fidelity(pairs, n_resamples, seed)
     weights = resample_weights(first, n_resamples, seed)
     for mode in MODES:
         if mode in results:
             ordered = aligned(first, results[mode])
-            report[mode] = summarise_mode(mode, task, ordered, weights=weights)
-    if all(mode in results for mode in MODES):
+            figures[mode] = summarise_mode(mode, task, ordered, weights=weights)
+    if both:
         original, medtpe = results["original"], results["medtpe"]
-        report.update(paired_differences(task, original, medtpe, weights))
-        report.update(mode_agreement(original, medtpe))
-        report["latency_reduction"] = 1.0 - (
-            report["medtpe"]["latency_s_total"] / report["original"]["latency_s_total"]
+        figures.update(paired_differences(task, original, medtpe, weights))
+        figures.update(mode_agreement(original, medtpe))
+        figures["latency_reduction"] = 1.0 - (
+            figures["medtpe"].latency_s_total / figures["original"].latency_s_total
         )
-        report.update(positive_shift(original, medtpe))
-    report["records"] = {
-        mode: [r.to_json() for r in mode_results] for mode, mode_results in results.items()
-    }
-    return report
+        figures.update(positive_shift(original, medtpe))
+    figures["records"] = {mode: list(mode_results) for mode, mode_results in results.items()}
+    return EvaluationReport(**figures)
 
 
-def with_interval(figure: dict[str, Any] | None, spec: str = ".3f") -> str:
-    """`value [low, high]`, `-` when undefined."""
-    if not figure or figure["value"] is None:
+def with_interval(figure: Interval | Mapping[str, Any] | float | None, spec: str = ".3f") -> str:
+    """`value [low, high]` of an interval (or of its JSON object; a plain number, as reports
+    before the intervals give F1, as itself), `-` when undefined."""
+    if isinstance(figure, Mapping):
+        figure = Interval(**figure)
+    if isinstance(figure, float | int):
+        return format(figure, spec)
+    if figure is None or figure.value is None:
         return "-"
-    text = format(figure["value"], spec)
-    if figure["low"] is not None:
-        text += f" [{figure['low']:{spec}}, {figure['high']:{spec}}]"
+    text = format(figure.value, spec)
+    if figure.low is not None:
+        text += f" [{figure.low:{spec}}, {figure.high:{spec}}]"
     return text
 
 
-def format_table(report: dict[str, Any]) -> str:
+def format_table(report: EvaluationReport) -> str:
     """Plain-text table in the layout of the paper's Table 2 (one row per tokenizer) with the
     quality figures and their 95 % intervals, then the comparison of the modes."""
     names = ("f1", "auroc", "auprc", "brier", "ece")
     header = f"{'tokenizer':<10} {'FCR':>7} {'tokens':>8} {'latency s':>10} {'CR':>7}"
-    lines = fidelity_lines(report["fidelity"]) if "fidelity" in report else []
+    lines = fidelity_lines(report.fidelity) if report.fidelity is not None else []
     lines += [header, "-" * len(header)]
     for mode in MODES:
-        if mode not in report:
+        row = report.mode(mode)
+        if row is None:
             continue
-        row = report[mode]
-        cr = f"{row['compression_rate']:.1%}" if "compression_rate" in row else "-"
+        cr = "-" if row.compression_rate is None else f"{row.compression_rate:.1%}"
         lines.append(
-            f"{mode:<10} {row['fcr']:>7.1%} {row['tokens_mean']:>8.0f} "
-            f"{row['latency_s_mean']:>10.2f} {cr:>7}"
+            f"{mode:<10} {row.fcr:>7.1%} {row.tokens_mean:>8.0f} "
+            f"{row.latency_s_mean:>10.2f} {cr:>7}"
         )
-        figures = ", ".join(f"{n} {with_interval(row.get(n))}" for n in names if n in row)
-        lines.append(f"  {figures} ({row['n_positive']} positive labels)")
-    if "agreement" in report:
-        answered = report["agreement_answered"]
+        figures = ", ".join(
+            f"{n} {with_interval(getattr(row, n))}" for n in names if getattr(row, n) is not None
+        )
+        lines.append(f"  {figures} ({row.n_positive} positive labels)")
+    if report.agreement is not None:
+        answered = report.agreement_answered
         deltas = ", ".join(
-            f"{name[len('delta_') :]} {with_interval(report[name], '+.3f')}"
+            f"{name[len('delta_') :]} {with_interval(getattr(report, name), '+.3f')}"
             for name in ("delta_f1", "delta_auroc", "delta_auprc")
-            if name in report
+            if getattr(report, name) is not None
         )
         lines.append(f"MedTPE - original: {deltas}")
         lines.append(
-            f"latency reduction {report['latency_reduction']:.1%}, "
-            f"same answer on {report['agreement']:.1%} of records"
+            f"latency reduction {report.latency_reduction:.1%}, "
+            f"same answer on {report.agreement:.1%} of records"
             + (f" ({answered:.1%} of those the original answered)" if answered is not None else "")
         )
-    if report.get("p_positive_pairs"):
+    if report.p_positive_pairs:
         lines.append(
-            f"p(positive) MedTPE vs original on {report['p_positive_pairs']} records: "
-            f"Pearson r {_figure(report['p_positive_correlation'], '.3f')}, "
-            f"mean |Δp| {report['p_positive_mae']:.3f}, "
-            f"max |Δp| {report['p_positive_max_abs_diff']:.3f}"
+            f"p(positive) MedTPE vs original on {report.p_positive_pairs} records: "
+            f"Pearson r {_figure(report.p_positive_correlation, '.3f')}, "
+            f"mean |Δp| {report.p_positive_mae:.3f}, "
+            f"max |Δp| {report.p_positive_max_abs_diff:.3f}"
         )
     return "\n".join(lines)
 
 
-def fidelity_lines(figures: dict[str, Any]) -> list[str]:
+def fidelity_lines(figures: Fidelity) -> list[str]:
     """The fidelity figures (`medtpe_core.fidelity.fidelity`) as text, intervals in brackets."""
-    generated = figures["generated_tokens_mean"]
-    fcr, trailing = figures["fcr_strict"], figures["trailing_text"]
+    generated = figures.generated_tokens_mean
+    fcr, trailing = figures.fcr_strict, figures.trailing_text
     return [
-        f"Fidelity, MedTPE vs original on {figures['n_records']} records "
-        f"({figures['n_subjects']} patients):",
-        f"  same answer {with_interval(figures['same_answer'])}; answers given: "
-        f"original {figures['answer_counts']['original']}, "
-        f"MedTPE {figures['answer_counts']['medtpe']}",
-        f"  |Δp| mean {with_interval(figures['delta_p_mean'], '.4f')}, "
-        f"p95 {with_interval(figures['delta_p_p95'], '.4f')}, "
-        f"KL {with_interval(figures['kl_mean'], '.4f')} ({figures['delta_p_n']} records)",
-        f"  same stop {figures['same_stop']:.1%}; generated tokens "
+        f"Fidelity, MedTPE vs original on {figures.n_records} records "
+        f"({figures.n_subjects} patients):",
+        f"  same answer {with_interval(figures.same_answer)}; answers given: "
+        f"original {figures.answer_counts['original']}, "
+        f"MedTPE {figures.answer_counts['medtpe']}",
+        f"  |Δp| mean {with_interval(figures.delta_p_mean, '.4f')}, "
+        f"p95 {with_interval(figures.delta_p_p95, '.4f')}, "
+        f"KL {with_interval(figures.kl_mean, '.4f')} ({figures.delta_p_n} records)",
+        f"  same stop {figures.same_stop:.1%}; generated tokens "
         f"{generated['original']:.1f} -> {generated['medtpe']:.1f}; strict FCR "
         f"{fcr['original']:.1%} -> {fcr['medtpe']:.1%}; text after the answer "
         f"{trailing['original']} -> {trailing['medtpe']}",

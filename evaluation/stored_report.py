@@ -4,11 +4,11 @@ the answers and p(yes) are the ones the report recorded)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from evaluation.evaluation_report import EvaluationReport
 from evaluation.external_scores import meds_evaluation_scores
 from evaluation.predictions import write_predictions
 from evaluation.records import load_records
@@ -18,15 +18,15 @@ from medtpe_core.tasks import get_task
 
 
 def stored_results(report: Mapping[str, Any]) -> dict[str, list[RecordResult]]:
-    """A report's per-record results by mode (rows written before a field existed load with
-    that field's default)."""
-    return {mode: [RecordResult(**row) for row in rows] for mode, rows in report["records"].items()}
+    """A report's (JSON object's) per-record results by mode (`EvaluationReport.records`: rows
+    written before a field existed load with that field's default)."""
+    return EvaluationReport.from_json(report).records
 
 
 def mode_results(spec: str) -> list[RecordResult]:
     """`REPORT.json:MODE` → that mode's per-record results."""
     path, _, mode = spec.rpartition(":")
-    results = stored_results(json.loads(Path(path).read_text()))
+    results = EvaluationReport.read(path).records
     if mode not in results:
         raise ValueError(f"{spec}: the report holds the modes {sorted(results)}, not {mode!r}")
     return results[mode]
@@ -38,21 +38,21 @@ def compare_runs(first: list[RecordResult], second: list[RecordResult]) -> dict[
     return mode_agreement(first, second) | positive_shift(first, second)
 
 
-def rescore_report(report_path: Path, predictions_dir: Path) -> dict[str, Any]:
+def rescore_report(report_path: Path, predictions_dir: Path) -> EvaluationReport:
     """The report at `report_path` rebuilt from its records with the current metrics, each mode's
     meds-evaluation predictions file written into `predictions_dir` (`<mode>.parquet`) and
     meds-evaluation's own scores of it under `meds_evaluation`."""
-    old = json.loads(report_path.read_text())
-    settings = old["settings"]
+    old = EvaluationReport.read(report_path)
+    settings = old.settings
     task = get_task(settings["task"])
-    results = stored_results(old)
+    results = old.records
     report = build_report(task, results, settings=settings | {"rescored_from": str(report_path)})
     keys = {r.key for r in next(iter(results.values()))}
     records = load_records(Path(settings["meds"]), Path(settings["labels"]), task)
     records = [r for r in records if r.key in keys]
-    report["meds_evaluation"] = {}
+    scores = {}
     for mode, rows in results.items():
         path = predictions_dir / f"{mode}.parquet"
         write_predictions(task, records, rows, path)
-        report["meds_evaluation"][mode] = meds_evaluation_scores(path)
-    return report
+        scores[mode] = meds_evaluation_scores(path)
+    return report.model_copy(update={"meds_evaluation": scores})

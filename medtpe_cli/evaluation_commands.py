@@ -6,7 +6,6 @@ The engine (vLLM, torch) is imported inside the command, so loading the CLI stay
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import asdict
 from pathlib import Path
 
@@ -165,8 +164,7 @@ def evaluate(
         "models": {model.identity.mode: asdict(model.identity) for model in used},
     }
     report = build_report(task, results, settings=settings)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(report, indent=2) + "\n")
+    report.write(out_path)
     click.echo(f"{task.title}: {len(records)} records, input budget {budget} original tokens")
     click.echo(format_table(report))
     click.echo(f"report: {out_path}")

@@ -30,9 +30,7 @@ def rescore(report: Path, predictions_dir: Path, out_path: Path) -> None:
     add meds-evaluation's own scores of each mode's predictions file."""
     from evaluation.stored_report import rescore_report
 
-    rescored = rescore_report(report, predictions_dir)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(rescored, indent=2) + "\n")
+    rescore_report(report, predictions_dir).write(out_path)
     click.echo(f"report: {out_path}")
 
 

@@ -71,15 +71,15 @@ MEDTPE = [  # record 4: no top token spelled an option (no p_positive)
 
 def test_summary_figures() -> None:
     summary = summarise_mode("medtpe", MORTALITY, MEDTPE)
-    assert summary["n_records"] == 4
-    assert summary["fcr"] == pytest.approx(0.75)
-    assert summary["latency_s_total"] == pytest.approx(6.0)
-    assert summary["latency_s_mean"] == pytest.approx(1.5)
-    assert summary["generate_s_mean"] == pytest.approx(0.9 * 1.5)
-    assert summary["tokens_mean"] == pytest.approx(500.0)
-    assert summary["tokens_original_mean"] == pytest.approx(750.0)
-    assert summary["compression_rate"] == pytest.approx(1 - 2000 / 3000)
-    assert "compression_rate" not in summarise_mode("original", MORTALITY, ORIGINAL)
+    assert summary.n_records == 4
+    assert summary.fcr == pytest.approx(0.75)
+    assert summary.latency_s_total == pytest.approx(6.0)
+    assert summary.latency_s_mean == pytest.approx(1.5)
+    assert summary.generate_s_mean == pytest.approx(0.9 * 1.5)
+    assert summary.tokens_mean == pytest.approx(500.0)
+    assert summary.tokens_original_mean == pytest.approx(750.0)
+    assert summary.compression_rate == pytest.approx(1 - 2000 / 3000)
+    assert "compression_rate" not in summarise_mode("original", MORTALITY, ORIGINAL).to_json()
 
 
 def test_f1_counts_unparsed_answers_as_wrong() -> None:
@@ -88,9 +88,9 @@ def test_f1_counts_unparsed_answers_as_wrong() -> None:
     rows = [*ORIGINAL, result(5, False, None, ok=False, p=0.2)]
     summary = summarise_mode("original", MORTALITY, rows)
     expected = f1([True, False, True, False, False], [True, False, False, True, True])
-    assert summary["f1"]["value"] == pytest.approx(expected)
-    assert summary["f1"]["low"] <= expected <= summary["f1"]["high"]
-    assert summary["n_positive"] == 2 and summary["n_subjects"] == 5
+    assert summary.f1.value == pytest.approx(expected)
+    assert summary.f1.low <= expected <= summary.f1.high
+    assert summary.n_positive == 2 and summary.n_subjects == 5
 
 
 def test_multilabel_unparsed_answer_is_wrong_on_every_label() -> None:
@@ -138,7 +138,7 @@ def test_report_json_shape() -> None:
     report = build_report(
         MORTALITY, {"original": ORIGINAL, "medtpe": MEDTPE}, settings={"task": "icu_mortality"}
     )
-    decoded = json.loads(json.dumps(report))
+    decoded = json.loads(json.dumps(report.to_json()))
     required = {"f1", "auroc", "auprc", "brier", "ece", "fcr", "latency_s_mean", "tokens_mean"}
     assert required <= set(decoded["original"])
     assert required | {"compression_rate"} <= set(decoded["medtpe"])
@@ -159,7 +159,8 @@ def test_report_json_shape() -> None:
 
 def test_single_mode_report_has_no_agreement() -> None:
     report = build_report(MORTALITY, {"medtpe": MEDTPE}, settings={})
-    assert "original" not in report and "agreement" not in report
+    assert report.original is None and report.agreement is None and report.fidelity is None
+    assert list(report.to_json()) == ["settings", "medtpe", "records"]
 
 
 def test_table_lists_both_modes_and_the_comparison() -> None:
@@ -213,7 +214,7 @@ def test_results_without_p_positive_still_load_and_report() -> None:
     assert old.p_positive is None and old.probabilities is None
     rows = [RecordResult(**{**row, "key": record_key(i, "x")}) for i in range(2)]
     report = build_report(MORTALITY, {"original": rows, "medtpe": rows}, settings={})
-    assert report["original"]["p_positive_n"] == 0 and report["p_positive_pairs"] == 0
-    assert report["p_positive_correlation"] is None and report["p_positive_mae"] is None
+    assert report.original.p_positive_n == 0 and report.p_positive_pairs == 0
+    assert report.p_positive_correlation is None and report.p_positive_mae is None
     table = format_table(report)
     assert "p(positive)" not in table

@@ -77,11 +77,11 @@ def test_binary_predictions_score_the_same_in_meds_evaluation(tmp_path: Path) ->
 
     scored = evaluate_binary_classification(frame)["samples_equally_weighted"]
     ours = summarise_mode("original", MORTALITY, results)
-    assert scored["roc_auc_score"] == pytest.approx(ours["auroc"]["value"], abs=1e-6)
-    assert scored["average_precision_score"] == pytest.approx(ours["auprc"]["value"], abs=1e-6)
-    assert scored["brier_score"] == pytest.approx(ours["brier"]["value"], abs=1e-6)
+    assert scored["roc_auc_score"] == pytest.approx(ours.auroc.value, abs=1e-6)
+    assert scored["average_precision_score"] == pytest.approx(ours.auprc.value, abs=1e-6)
+    assert scored["brier_score"] == pytest.approx(ours.brier.value, abs=1e-6)
     # unparsed answers are written wrong, so meds-evaluation's F1 is the report's F1
-    assert scored["f1_score"] == pytest.approx(ours["f1"]["value"])
+    assert scored["f1_score"] == pytest.approx(ours.f1.value)
 
 
 def test_meds_evaluation_command_line_reads_the_file(tmp_path: Path) -> None:
@@ -99,7 +99,7 @@ def test_meds_evaluation_command_line_reads_the_file(tmp_path: Path) -> None:
     scores = json.loads(out.read_text())
     ours = summarise_mode("original", MORTALITY, results)
     assert scores["samples_equally_weighted"]["roc_auc_score"] == pytest.approx(
-        ours["auroc"]["value"], abs=1e-6
+        ours.auroc.value, abs=1e-6
     )
 
 

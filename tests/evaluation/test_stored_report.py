@@ -38,7 +38,7 @@ def result(key: str, label: bool, prediction: bool | None, p: float | None) -> R
 
 def write_report(path: Path, results: dict[str, list[RecordResult]], **settings: str) -> Path:
     report = build_report(MORTALITY, results, settings={"task": "icu_mortality", **settings})
-    path.write_text(json.dumps(report))
+    report.write(path)
     return path
 
 

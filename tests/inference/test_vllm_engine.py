@@ -55,8 +55,8 @@ def test_p_positive_is_a_probability(
     elif record.prediction is False:
         assert record.p_positive < 1
     report = build_report(task, results, settings={}, n_resamples=10)
-    assert report["medtpe"]["p_positive_n"] == 1
-    assert report["medtpe"]["auroc"]["value"] is None  # one record: one class only
+    assert report.medtpe.p_positive_n == 1
+    assert report.medtpe.auroc.value is None  # one record: one class only
 
 
 async def stop_rule_ends_the_answer(
