@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from inference.model import ModelConfig
 from medtpe_cli.ray_option import ray_option
 
 
@@ -233,7 +234,8 @@ def extend_vocab(source: Path, out: Path, base: Path | None) -> None:
     multiple=True,
     type=click.IntRange(1),
     help="Input budget the artefact will serve and is validated at by the fidelity gate; "
-    "repeat for several [8192].",
+    "repeat for several [the service's default, "
+    f"{ModelConfig.declared('max_input_tokens').default}].",
 )
 @click.option(
     "--length-mix",

@@ -31,7 +31,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from inference.engine import EngineFactory, EngineOptions
+from inference.engine import EngineFactory
 from inference.engines import start_vllm
 from inference.model import ModelConfig, model_context_length
 from medtpe_core.build import build_tokenizer_from_meds, default_protected_texts
@@ -108,6 +108,23 @@ class BuildState:
     def result(self, name: str) -> Any:
         """Step `name`'s recorded result."""
         return self.steps[name]["result"]
+
+
+def gate_model(config: BuildConfig, artefact_dir: Path, export_dir: Path) -> ModelConfig:
+    """What the fidelity gate loads: the kept artefact and its export at the largest serving
+    budget, on an eager engine with the build's KV cache and seed; every other option keeps its
+    declared default (`ModelConfig.from_options`), as in serving."""
+    return ModelConfig.from_options(
+        model_dir=config.base,
+        artefact_dir=artefact_dir,
+        export_dir=export_dir,
+        codes_dir=config.meds,
+        max_input_tokens=max(config.serving_budgets),
+        kv_cache_gib=BUILD_KV_CACHE_GIB,  # beside training: smaller than serving's default
+        seed=config.seed,  # the build's own seed, recorded in its identity
+        enforce_eager=True,  # engine ready in seconds, not minutes, on CPU
+        log_stats=False,
+    )
 
 
 class ArtefactBuild:
@@ -364,21 +381,8 @@ class ArtefactBuild:
         config = self.config
         saved = json.loads((self.work / WINDOWS_FILE).read_text())
         windows = [PredictionPoint.from_json(r) for r in saved[GATE_WINDOWS]]
-        model = ModelConfig(
-            model_dir=config.base,
-            artefact_dir=self._kept(),
-            export_dir=self.work / "export",
-            codes_dir=config.meds,
-            max_input_tokens=max(config.serving_budgets),
-            engine=EngineOptions(
-                kv_cache_gib=BUILD_KV_CACHE_GIB,  # beside training: smaller than serving's
-                seed=config.seed,
-                enforce_eager=True,
-                log_stats=False,
-            ),
-        )
         return run_gate(
-            model,
+            gate_model(config, self._kept(), self.work / "export"),
             gate_records(config.meds, windows),
             config.serving_budgets,
             self.thresholds,

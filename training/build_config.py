@@ -11,11 +11,14 @@ from typing import Any
 
 import yaml
 
+from inference.model import ModelConfig
 from medtpe_core.build import DEFAULT_METHOD, METHODS
 from medtpe_core.subject_split import DEFAULT_HELD_OUT
 from training.losses import LOSSES
 
 DEVICES = ("cpu", "cuda")
+SERVING_BUDGET: int = ModelConfig.declared("max_input_tokens").default
+"""The service's default input budget: the one a build validates its artefact at by default."""
 # Settings that change how a build runs, not what it produces: a resumed build may change them.
 RUNTIME_FIELDS = (
     "out",
@@ -63,7 +66,7 @@ class BuildConfig:
     length_mix: tuple[int, ...] = ()
     """Input budgets of the SSFT windows, cycled over them (() = `max_input_tokens` alone); the
     largest must reach the largest serving budget."""
-    serving_budgets: tuple[int, ...] = (8192,)
+    serving_budgets: tuple[int, ...] = (SERVING_BUDGET,)
     """The input budgets the artefact is validated at: the fidelity gate answers its held-out
     windows at each, and the manifest records those it passed."""
     n_gate: int = 16
