@@ -27,6 +27,7 @@ def test_evaluate_both_modes(service_files: tuple[Path, Path], tmp_path: Path) -
         labels=meds / "labels" / "icu_mortality.parquet",
         task="icu_mortality",
         mode="both",
+        split="all",  # the fixture has no subject_splits.parquet: held_out would be 1 of 3
         limit=2,
         max_input_tokens=512,
         max_new_tokens=16,

@@ -12,8 +12,7 @@ from evaluation.batch import Job, plan_shards
 from evaluation.records import load_records
 from medtpe_core.subject_split import HELD_OUT, TRAIN, TUNING, seeded_split
 from medtpe_core.tasks import get_task
-from tests.medtpe_core.test_subject_split import write_splits
-from tests.support.meds_fixtures import write_meds_dataset
+from tests.support.meds_fixtures import write_meds_dataset, write_subject_splits
 
 TASK = get_task("icu_mortality")
 SUBJECTS = (1, 2, 3, 4, 5)
@@ -32,7 +31,7 @@ def loaded_subjects(meds: Path, split: str | None) -> list[int]:
 @pytest.mark.parametrize("read", [planned_subjects, loaded_subjects])
 def test_with_a_splits_file(read, tmp_path: Path) -> None:
     meds = write_meds_dataset(tmp_path / "meds", subjects=SUBJECTS, hours=6)
-    write_splits(meds, {1: TRAIN, 2: TUNING, 3: HELD_OUT, 4: HELD_OUT, 5: TRAIN})
+    write_subject_splits(meds, {1: TRAIN, 2: TUNING, 3: HELD_OUT, 4: HELD_OUT, 5: TRAIN})
     assert read(meds, HELD_OUT) == [3, 4]
     assert read(meds, TUNING) == [2]
     assert read(meds, None) == list(SUBJECTS)

@@ -8,17 +8,16 @@ import shutil
 from pathlib import Path
 
 import meds
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
 from evaluation.records import load_records
 from medtpe_cli.meds_commands import render
 from medtpe_core.meds_readers import MedsDataset, read_subject_splits
+from medtpe_core.prediction_point import read_points
 from medtpe_core.render import render_record
 from medtpe_core.tasks import get_task
-from tests.support.meds_fixtures import train_tokenizer, write_meds_dataset
+from tests.support.meds_fixtures import train_tokenizer, write_meds_dataset, write_subject_splits
 from tests.support.paths import FIXTURES
 
 SMOLLM2_DIR = FIXTURES / "smollm2"
@@ -27,14 +26,9 @@ SPLITS = {1: meds.train_split, 2: meds.tuning_split, 3: meds.held_out_split}
 
 @pytest.fixture
 def meds_dir(tmp_path: Path) -> Path:
-    root = write_meds_dataset(tmp_path / "meds", subjects=(1, 2, 3), hours=6)
-    table = pa.table(
-        {
-            meds.SubjectSplitSchema.subject_id_name: pa.array(list(SPLITS), pa.int64()),
-            meds.SubjectSplitSchema.split_name: pa.array(list(SPLITS.values()), pa.string()),
-        }
+    root = write_subject_splits(
+        write_meds_dataset(tmp_path / "meds", subjects=(1, 2, 3), hours=6), SPLITS
     )
-    pq.write_table(table, root / meds.subject_splits_filepath)
     info = {"dataset_name": "synthetic", "meds_version": "0.4.1"}
     (root / meds.dataset_metadata_filepath).write_text(json.dumps(info))
     return root
@@ -69,3 +63,7 @@ def test_render_a_tuning_corpus(meds_dir: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [row["subject_id"] for row in rows] == [2]
+    # each line is a prediction point (label as the task reads it) with its prompt
+    assert [(p.subject_id, p.label, p.task) for p in read_points(out)] == [
+        (2, True, "icu_mortality")
+    ]

@@ -6,10 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import meds
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from medtpe_core.subject_split import (
     HELD_OUT,
     SPLITS_FILE_SOURCE,
@@ -18,21 +14,9 @@ from medtpe_core.subject_split import (
     seeded_split,
     subject_split,
 )
-from tests.support.meds_fixtures import write_meds_dataset
+from tests.support.meds_fixtures import write_meds_dataset, write_subject_splits
 
 DECLARED = {1: TRAIN, 2: TUNING, 3: HELD_OUT, 4: TRAIN}
-
-
-def write_splits(root: Path, splits: dict[int, str]) -> Path:
-    """`metadata/subject_splits.parquet` of a MEDS dataset at `root`."""
-    table = pa.table(
-        {
-            meds.SubjectSplitSchema.subject_id_name: pa.array(list(splits), pa.int64()),
-            meds.SubjectSplitSchema.split_name: pa.array(list(splits.values()), pa.string()),
-        }
-    )
-    pq.write_table(table, root / meds.subject_splits_filepath)
-    return root
 
 
 def test_seeded_split_is_pinned() -> None:
@@ -50,7 +34,9 @@ def test_seeded_split_is_pinned() -> None:
 
 
 def test_the_datasets_splits_file_wins(tmp_path: Path) -> None:
-    root = write_splits(write_meds_dataset(tmp_path / "meds", subjects=(1, 2, 3, 4)), DECLARED)
+    root = write_subject_splits(
+        write_meds_dataset(tmp_path / "meds", subjects=(1, 2, 3, 4)), DECLARED
+    )
     split = subject_split(root, [1, 2, 3, 4], held_out=0.5, seed=3)
     assert split.source == SPLITS_FILE_SOURCE == "metadata/subject_splits.parquet"
     assert dict(split.splits) == DECLARED

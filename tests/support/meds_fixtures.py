@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import meds
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import ValidationError
@@ -141,6 +142,18 @@ def write_meds_dataset(root: Path, subjects: tuple[int, ...] = (1, 2, 3), hours:
     )
     (root / "labels").mkdir(parents=True, exist_ok=True)
     pq.write_table(labels, root / "labels" / "icu_mortality.parquet")
+    return root
+
+
+def write_subject_splits(root: Path, splits: dict[int, str]) -> Path:
+    """`metadata/subject_splits.parquet` (`subject_id -> split`) of the MEDS dataset at `root`."""
+    table = pa.table(
+        {
+            meds.SubjectSplitSchema.subject_id_name: pa.array(list(splits), pa.int64()),
+            meds.SubjectSplitSchema.split_name: pa.array(list(splits.values()), pa.string()),
+        }
+    )
+    pq.write_table(table, root / meds.subject_splits_filepath)
     return root
 
 
