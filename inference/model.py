@@ -20,6 +20,7 @@ from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.declared import Declared, declared, described
 from medtpe_core.meds_readers import read_code_descriptions
 from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
+from medtpe_core.prompting import DEFAULT_MAX_INPUT_TOKENS
 from medtpe_core.tokenizer import MedTPETokenizer
 from medtpe_core.windowing import Windowing, WindowPolicy
 
@@ -57,7 +58,7 @@ class ModelConfig:
         ),
     )
     max_input_tokens: int = field(
-        default=8192,  # the default artefact's fidelity gate passed at 4,096 and 8,192
+        default=DEFAULT_MAX_INPUT_TOKENS,  # 8,192: the default artefact's gate passed at it
         metadata=described(
             "Input budget in ORIGINAL-tokenizer tokens, prompt included; the newest events that "
             "fit are kept (the same text in both modes); shrunk to the model's context minus the "

@@ -1,5 +1,5 @@
-"""One default per model or engine option: the service settings, the options of `medtpe predict`
-and `medtpe evaluate` and the build's fidelity gate take theirs from the one declaration
+"""One default per model or engine option: the service settings, the options of `medtpe predict`,
+`evaluate` and `render` and the build's fidelity gate take theirs from the one declaration
 (`ModelConfig.declared`: the fields of `ModelConfig`, `EngineOptions` and `Windowing`)."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pytest
 from inference.engine import EngineOptions
 from inference.model import ModelConfig
 from medtpe_cli.evaluation_commands import evaluate
+from medtpe_cli.meds_commands import render
 from medtpe_cli.options import MODEL_OPTION_FLAGS, model_files
 from medtpe_cli.predict_commands import predict
 from service.settings import ENV_PREFIX, ServiceSettings
@@ -58,6 +59,7 @@ def test_the_service_settings_default_to_the_declared_model() -> None:
             {"max_input_tokens", "max_new_tokens", "window_policy", "window_grid_hours"}
             | {"kv_cache_gib", "seed", "dtype", "model_dir", "artefact_dir", "export_dir"},
         ),
+        (render, {"max_input_tokens"}),
     ],
 )
 def test_command_defaults_are_the_declared_ones(command: click.Command, options: set[str]) -> None:
