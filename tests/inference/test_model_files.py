@@ -68,8 +68,7 @@ def test_ensure_export_stamps_skips_a_current_export_and_redoes_a_stale_one(
     tmp_path: Path,
 ) -> None:
     pytest.importorskip("transformers")
-    from model_fixtures import tiny_llama
-
+    from tests.support.model_fixtures import tiny_llama
     from training.embedding_init import NewRows
     from training.export import ensure_export, load_rows, save_rows
 

@@ -119,10 +119,9 @@ def test_build_artefact_ray_mines_the_same_tokenizer_and_resumes_without_ray(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("torch")
-    from meds_fixtures import write_meds_dataset
-    from model_fixtures import tiny_llama
-    from test_build_artefact import SETTINGS  # the tiny build's settings
-
+    from tests.support.meds_fixtures import write_meds_dataset
+    from tests.support.model_fixtures import tiny_llama
+    from tests.training.test_build_artefact import SETTINGS  # the tiny build's settings
     from training.build_artefact import ArtefactBuild
 
     def interrupted(self: ArtefactBuild) -> dict:
