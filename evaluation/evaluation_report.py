@@ -70,10 +70,6 @@ class ModeSummary(_Figures):
     load_avg_1m_mean: float
     compression_rate: float | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        """The figures as the report file holds them (figures that do not apply left out)."""
-        return self.model_dump(mode="json", exclude_unset=True)
-
 
 class EvaluationReport(BaseModel):
     """One evaluation: its settings, the figures of each mode, with both modes their fidelity
@@ -104,11 +100,6 @@ class EvaluationReport(BaseModel):
     def mode(self, name: str) -> ModeSummary | None:
         """The figures of mode `name` (`original` or `medtpe`; None when not evaluated)."""
         return {"original": self.original, "medtpe": self.medtpe}[name]
-
-    @property
-    def modes(self) -> list[str]:
-        """The evaluated modes, in the records' order."""
-        return list(self.records)
 
     def to_json(self) -> dict[str, Any]:
         """The report file's JSON object (keys that do not apply left out)."""
