@@ -130,7 +130,7 @@ def ssft(
         resume=not no_resume,
     )
     click.echo(
-        f"validation pseudo-label loss {result.initial_val_loss:.4f} -> "
+        f"held-out {loss} loss {result.initial_val_loss:.4f} -> "
         f"{result.best_val_loss:.4f} after {result.steps} steps"
     )
 

@@ -43,7 +43,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     for loss, run in report["ssft"].items():
         kept = " (kept)" if loss == report["pick"]["loss"] else ""
         lines.append(
-            f"  SSFT {loss}{kept}: held-out pseudo-label loss {run['initial_val_loss']:.4f} -> "
+            f"  SSFT {loss}{kept}: held-out {loss} loss {run['initial_val_loss']:.4f} -> "
             f"{run['best_val_loss']:.4f} in {run['steps']} steps"
         )
     for budget, result in report["gate"].items():

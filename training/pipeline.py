@@ -96,6 +96,7 @@ def run_ssft(
         "n_val": len(val),
         "initial_val_loss": result.initial_val_loss,
         "best_val_loss": result.best_val_loss,
+        "best_val": result.best_val,
         "steps": result.steps,
         "stopped_early": result.stopped_early,
     }

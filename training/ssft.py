@@ -3,8 +3,10 @@
 Everything is frozen except the new rows (an embedding split, `training.embedding_split`).
 The loss is cross-entropy on the original model's greedy answers (`ce`), or distillation to
 its next-token distributions over the answer (`kl`). AdamW (lr 5e-5), batch 2 × accumulation 2,
-linear warm-up over 10 % of the steps then cosine decay, validation (pseudo-label
-cross-entropy on held-out examples) every K optimizer steps with early stopping, seed 1.
+linear warm-up over 10 % of the steps then cosine decay, validation every K optimizer steps
+with early stopping, seed 1. Validation measures both losses on held-out examples and keeps the
+rows best by the run's own loss (a `kl` run's CE to the greedy answers may rise while it moves
+toward the original model's probabilities).
 A checkpoint after every validation makes an interrupted run resumable from its run directory.
 """
 
@@ -26,6 +28,8 @@ from training.embedding_split import apply_split, split_rows
 from training.examples import Example, collate
 from training.export import load_rows_file
 from training.losses import LOSSES, cross_entropy, distillation_kl, student_logits, teacher_logits
+
+VAL_COLUMNS = tuple(f"val_{name}" for name in LOSSES)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -63,11 +67,13 @@ class SSFTConfig:
 
 @dataclass
 class SSFTResult:
-    """Best rows (by validation loss) and the run's record."""
+    """Best rows (by the run's own validation loss) and the run's record; `best_val` holds
+    both held-out losses (`ce`, `kl`) of those rows."""
 
     rows: NewRows
     initial_val_loss: float
     best_val_loss: float
+    best_val: dict[str, float]
     steps: int
     stopped_early: bool
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -139,18 +145,25 @@ def batch_loss(
 
 
 @torch.no_grad()
-def validation_loss(
-    model: PreTrainedModel, examples: Sequence[Example], batch_size: int, device: torch.device
-) -> float:
-    """Token-weighted mean cross-entropy of the pseudo-labels on `examples`."""
+def validation_losses(
+    model: PreTrainedModel,
+    examples: Sequence[Example],
+    batch_size: int,
+    keep: torch.Tensor,
+    device: torch.device,
+) -> dict[str, float]:
+    """Token-weighted means on `examples` of every loss: `ce` (to the pseudo-labels) and `kl`
+    (to the original model's distributions at the answer positions)."""
     was_training = model.training
     model.eval()
-    total, count = 0.0, 0
+    totals, count = dict.fromkeys(LOSSES, 0.0), 0
     for batch in _batches(examples, batch_size):
-        loss, n = batch_loss(model, batch, "ce", torch.empty(0), device)
-        total, count = total + loss.item() * n, count + n
+        for name in LOSSES:
+            value, n = batch_loss(model, batch, name, keep, device)
+            totals[name] += value.item() * n
+        count += n
     model.train(was_training)
-    return total / max(count, 1)
+    return {name: total / max(count, 1) for name, total in totals.items()}
 
 
 def _schedule(total_steps: int, warmup_ratio: float) -> Callable[[int], float]:
@@ -174,7 +187,9 @@ def _save_checkpoint(path: Path, state: dict[str, Any]) -> None:
 
 def _write_history(path: Path, history: list[dict[str, Any]]) -> None:
     with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=["step", "train_loss", "val_loss", "lr"])
+        writer = csv.DictWriter(
+            handle, fieldnames=["step", "train_loss", "val_loss", *VAL_COLUMNS, "lr"]
+        )
         writer.writeheader()
         writer.writerows(history)
 
@@ -246,11 +261,26 @@ def _restore(run: _Run, checkpoint_path: Path) -> None:
     run.state = state
 
 
+def _validation_row(run: _Run, val: Sequence[Example]) -> dict[str, float]:
+    """History columns of one validation: the run's own loss and every loss by name."""
+    losses = validation_losses(run.model, val, run.config.batch_size, run.keep, run.device)
+    return {"val_loss": losses[run.config.loss]} | {f"val_{k}": v for k, v in losses.items()}
+
+
+def _best_val(row: dict[str, Any]) -> dict[str, float]:
+    return {name: row[f"val_{name}"] for name in LOSSES}
+
+
 def _first_validation(run: _Run, val: Sequence[Example]) -> None:
-    """Step 0: the initialised rows' validation loss, the first best rows."""
-    loss = validation_loss(run.model, val, run.config.batch_size, run.device)
-    run.state.update(initial_val_loss=loss, best_val_loss=loss, best_rows=split_rows(run.model))
-    run.state["history"].append({"step": 0, "train_loss": "", "val_loss": loss, "lr": 0.0})
+    """Step 0: the initialised rows' validation losses, the first best rows."""
+    row = {"step": 0, "train_loss": ""} | _validation_row(run, val) | {"lr": 0.0}
+    run.state.update(
+        initial_val_loss=row["val_loss"],
+        best_val_loss=row["val_loss"],
+        best_val=_best_val(row),
+        best_rows=split_rows(run.model),
+    )
+    run.state["history"].append(row)
 
 
 def _checkpoint(run: _Run) -> None:
@@ -283,9 +313,14 @@ def _validate(run: _Run, row: dict[str, Any], val: Sequence[Example]) -> None:
     """Validation after a step: keep the best rows, count checks without progress (early
     stopping after `patience`), checkpoint."""
     state = run.state
-    row["val_loss"] = validation_loss(run.model, val, run.config.batch_size, run.device)
+    row.update(_validation_row(run, val))
     if row["val_loss"] < state["best_val_loss"]:
-        state.update(best_val_loss=row["val_loss"], best_rows=split_rows(run.model), bad_checks=0)
+        state.update(
+            best_val_loss=row["val_loss"],
+            best_val=_best_val(row),
+            best_rows=split_rows(run.model),
+            bad_checks=0,
+        )
     else:
         state["bad_checks"] += 1
         state["stopped"] = state["bad_checks"] >= run.config.patience
@@ -353,6 +388,7 @@ def train_ssft(
         rows=state["best_rows"],
         initial_val_loss=state["initial_val_loss"],
         best_val_loss=state["best_val_loss"],
+        best_val=state["best_val"],
         steps=state["step"],
         stopped_early=state["stopped"],
         history=state["history"],

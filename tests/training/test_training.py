@@ -109,6 +109,24 @@ def test_split_model_equals_model_with_rows_written(tokenizer: MedTPETokenizer, 
     torch.testing.assert_close(split(input_ids).logits, full(input_ids).logits)
 
 
+@pytest.mark.parametrize("loss", ["ce", "kl"])
+def test_a_run_keeps_the_rows_best_by_its_own_loss(
+    base_dir: Path, tokenizer: MedTPETokenizer, tmp_path: Path, loss: str
+) -> None:
+    """Every validation measures both losses; the kept rows are those with the lowest held-out
+    value of the loss the run trains (a KL run is not judged by CE to the greedy answers)."""
+    examples = _examples(tokenizer, CORPUS[:14])
+    config = _config(loss=loss, max_steps=4, eval_every=1)
+    result = train_ssft(base_dir, tokenizer, examples[:10], examples[10:], tmp_path / loss, config)
+    validations = [row for row in result.history if row["val_loss"] != ""]
+    assert len(validations) == 4  # step 0 and after each of the 3 steps (10 examples / 4)
+    for row in validations:
+        assert row["val_loss"] == row[f"val_{loss}"] and {"val_ce", "val_kl"} <= set(row)
+    best = min(validations, key=lambda row: row["val_loss"])
+    assert result.best_val_loss == best["val_loss"] == result.best_val[loss]
+    assert result.best_val == {"ce": best["val_ce"], "kl": best["val_kl"]}
+
+
 def test_ssft_changes_only_new_rows_and_export_round_trips(
     base_dir: Path, tokenizer: MedTPETokenizer, tmp_path: Path
 ) -> None:
@@ -322,7 +340,7 @@ def test_bfloat16_weights_train_float32_rows(
     torch.testing.assert_close(params[0].detach(), expected.input, rtol=0, atol=0)
     examples = _examples(tokenizer, CORPUS[:6])
     keep = torch.ones(model.config.vocab_size, dtype=torch.bool)
-    before = ssft_module.validation_loss(model, examples, 2, cpu)
+    before = ssft_module.validation_losses(model, examples, 2, keep, cpu)
     optimizer = torch.optim.AdamW(params, lr=5e-2)
     for _ in range(5):
         loss, _ = ssft_module.batch_loss(model, examples, "ce", keep, cpu)
@@ -331,4 +349,5 @@ def test_bfloat16_weights_train_float32_rows(
         assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in params)
         optimizer.step()
         optimizer.zero_grad()
-    assert ssft_module.validation_loss(model, examples, 2, cpu) < before
+    after = ssft_module.validation_losses(model, examples, 2, keep, cpu)
+    assert after["ce"] < before["ce"] and set(after) == {"ce", "kl"}
