@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 from hypothesis import HealthCheck, settings
 from starlette.testclient import TestClient
 
@@ -42,12 +43,30 @@ settings.register_profile("dev", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The test that stops the session's service runs last. Under xdist (`make test` runs
+    `-n 2 --dist loadgroup`) the real-engine tests form one group, so they run one after the
+    other on one worker and share its session service (two engines never compete for the two
+    cores); every other module goes whole to one worker, so its module fixtures are built once."""
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            real_engine = item.get_closest_marker("engine") or item.get_closest_marker("slow")
+            group = "engine" if real_engine else item.nodeid.split("::")[0]
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: item.get_closest_marker("stops_service") is not None)
+
+
 @pytest.fixture(scope="session")
 def service_files() -> tuple[Path, Path]:
-    """(artefact dir, export dir) the service tests run on, prepared once."""
+    """(artefact dir, export dir) the service tests run on, prepared once (under a file lock:
+    xdist workers, or other test runs, may prepare the same cache at the same time)."""
     from medtpe_core.paths import cache_dir
 
-    return service_artefact(cache_dir() / "test-fixtures")
+    cache = cache_dir() / "test-fixtures"
+    cache.mkdir(parents=True, exist_ok=True)
+    with FileLock(cache / "service-files.lock"):
+        return service_artefact(cache)
 
 
 @pytest.fixture(scope="session")

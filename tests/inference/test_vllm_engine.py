@@ -84,9 +84,11 @@ async def evaluate_then_kill(
     rows = await evaluate_mode(engine, predictor, task, records, Sampling(max_new_tokens=8))
     await stop_rule_ends_the_answer(engine, predictor, task, records[0])
     prompt_ids = predictor.engine_ids(predictor.segment("Hi"))
+    # this engine's core is a child of this process; services that other tests of the session
+    # keep running have their cores one level further down, and must live on
     cores = [
         child
-        for child in psutil.Process().children(recursive=True)
+        for child in psutil.Process().children()
         if "EngineCore" in " ".join(child.cmdline() or [child.name()])
     ]
     assert cores, "no engine core process found"

@@ -17,7 +17,12 @@ from tests.support.service_support import (
     synthetic_events,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.engine,
+    pytest.mark.stops_service,
+    pytest.mark.timeout(900),
+]
 
 
 def test_sigterm_drains_inflight_requests(service_server: ServiceProcess) -> None:

@@ -5,6 +5,7 @@ strategies (hypothesis) for round-trip properties."""
 from __future__ import annotations
 
 import gzip
+import os
 import random
 from functools import cache
 from pathlib import Path
@@ -73,11 +74,19 @@ def smollm2_dir() -> Path:
     data = gzip.decompress((TOKENIZER_FIXTURES / "smollm2" / "tokenizer.json.gz").read_bytes())
     target = out / "tokenizer.json"
     if not target.is_file() or target.read_bytes() != data:
-        target.write_bytes(data)
-    (out / "chat_template.jinja").write_text(
+        replace_file(target, data)
+    template = (
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     )
+    replace_file(out / "chat_template.jinja", template.encode())
     return out
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Write `path` whole or not at all: concurrent test processes share these cache files."""
+    scratch = path.with_name(f".{path.name}.{os.getpid()}")
+    scratch.write_bytes(data)
+    os.replace(scratch, path)
 
 
 @cache
@@ -95,7 +104,7 @@ def small_tokenizer_file() -> Path:
     tok.train_from_iterator(icu_records(30, seed=7) + [ENGLISH] * 5, trainer=trainer)
     out = ROOT / ".cache" / "test-fixtures" / "small-bpe.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out))
+    replace_file(out, tok.to_str(pretty=True).encode())
     return out
 
 
