@@ -54,13 +54,11 @@ $(DEPLOY_STAMP): $(STAMP) deploy/requirements-tools.txt
 
 deps-deploy: $(DEPLOY_STAMP)
 
-# Second command of the README: set up and pass the tests, every one (real-engine tests included),
-# on TEST_WORKERS pytest-xdist workers: the real-engine tests share one worker (and its service),
-# the others run beside them (tests/conftest.py). TEST_WORKERS=0 runs them in this process.
-TEST_WORKERS ?= 2
+# Second command of the README: set up and pass the tests, every one (real-engine tests included);
+# the 25 slowest are listed at the end.
 test: install deps-system deps-deploy
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25
+	$(BIN)/python -m pytest -q --durations=25
 
 lint: install
 	$(BIN)/ruff check .

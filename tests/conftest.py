@@ -43,24 +43,16 @@ settings.register_profile("dev", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The test that stops the session's service runs last. Under xdist (`make test` runs
-    `-n 2 --dist loadgroup`) the real-engine tests form one group, so they run one after the
-    other on one worker and share its session service (two engines never compete for the two
-    cores); every other module goes whole to one worker, so its module fixtures are built once."""
-    if config.pluginmanager.hasplugin("xdist"):
-        for item in items:
-            real_engine = item.get_closest_marker("engine") or item.get_closest_marker("slow")
-            group = "engine" if real_engine else item.nodeid.split("::")[0]
-            item.add_marker(pytest.mark.xdist_group(group))
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The test that stops the session's service runs after every other test (whatever the
+    order of the directories), so every real-engine test before it shares that one service."""
     items.sort(key=lambda item: item.get_closest_marker("stops_service") is not None)
 
 
 @pytest.fixture(scope="session")
 def service_files() -> tuple[Path, Path]:
     """(artefact dir, export dir) the service tests run on, prepared once (under a file lock:
-    xdist workers, or other test runs, may prepare the same cache at the same time)."""
+    test runs side by side may prepare the same cache at the same time)."""
     from medtpe_core.paths import cache_dir
 
     cache = cache_dir() / "test-fixtures"
