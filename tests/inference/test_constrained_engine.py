@@ -42,7 +42,10 @@ def test_constrained_answers_always_parse(
                 task = get_task(name).model_copy(update={"prefill_answer": prefill})
                 # the fixture's mortality rows; phenotyping labels do not matter here
                 records = [
-                    r if task.label_type == "binary" else replace(r, label=[]) for r in task_records
+                    r
+                    if task.label_type == "binary"
+                    else replace(r, point=replace(r.point, label=[]))
+                    for r in task_records
                 ]
                 results = await evaluate_mode(engine, model.predictor, task, records, SAMPLING)
                 for result in results:
