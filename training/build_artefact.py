@@ -417,6 +417,8 @@ class ArtefactBuild:
         gate = self._check_gate()
         out = self.config.out
         out.mkdir(parents=True, exist_ok=True)
+        # an earlier artefact's manifest there vouches for files about to be replaced
+        (out / MANIFEST_FILE).unlink(missing_ok=True)
         written = []
         for path in sorted(self._kept().iterdir()):
             if path.is_file():

@@ -23,7 +23,7 @@ import training.pseudo_labels  # noqa: E402
 from inference.instant_engine import InstantEngine  # noqa: E402
 from medtpe_cli.main import cli  # noqa: E402
 from medtpe_core.build import build_tokenizer  # noqa: E402
-from medtpe_core.bundle import ArtefactBundle  # noqa: E402
+from medtpe_core.bundle import MANIFEST_FILE, ArtefactBundle  # noqa: E402
 from medtpe_core.corpus import iter_meds_corpus_texts  # noqa: E402
 from medtpe_core.tokenizer import MedTPETokenizer  # noqa: E402
 from tests.support.meds_fixtures import train_tokenizer, write_meds_dataset  # noqa: E402
@@ -184,6 +184,24 @@ def test_interrupted_build_resumes_from_its_last_step(
     report = json.loads((out / "build_report.json").read_text())
     assert report["step_seconds"]["ssft_ce"] == state["steps"]["ssft_ce"]["seconds"]
     assert set(report["ssft"]) == {"ce", "kl"}
+
+
+def test_a_rebuild_into_an_artefact_replaces_its_manifest(
+    config_file: Path, base_dir: Path, meds_dir: Path, tmp_path: Path, engine: FixedAnswers
+) -> None:
+    """Building again into a directory that holds an artefact (other settings, --restart) writes
+    a manifest for the new files instead of tripping over the earlier one's."""
+    out = tmp_path / "artefact"
+    args = _args(config_file, base_dir, meds_dir, out)
+    assert _build(*args).exit_code == 0
+    first = json.loads((out / MANIFEST_FILE).read_text())
+    again = _build(*args, "--restart", "--budget", "30")
+    assert again.exit_code == 0, again.output
+    second = json.loads((out / MANIFEST_FILE).read_text())
+    assert second["content_digest"] != first["content_digest"]
+    bundle = ArtefactBundle.from_pretrained(out)  # refuses a manifest that does not match
+    assert bundle.digest() == second["content_digest"]
+    assert bundle.validated_budgets == (600, 700)
 
 
 def test_a_second_stage_continues_from_an_artefact(
