@@ -62,7 +62,7 @@ def _subject_ids(value: str | None) -> set[int] | None:
     "--no-prefill lets the model write the whole answer (the paper's setting).",
 )
 @options.MODEL_FILES_OPTIONS
-@options.model_options("kv_cache_gib", "seed", "dtype")
+@options.model_options("kv_cache_gib", "seed", "dtype", "enforce_eager")
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
     "--predictions-out",
@@ -93,6 +93,7 @@ def evaluate(
     kv_cache_gib: float,
     seed: int,
     dtype: Dtype,
+    enforce_eager: bool,
     out_path: Path,
     predictions_out: Path | None,
 ) -> None:
@@ -135,6 +136,7 @@ def evaluate(
             kv_cache_gib=kv_cache_gib,
             seed=seed,
             dtype=dtype,
+            enforce_eager=enforce_eager,
         )
         for name in MODE_ORDER[mode]
     ]
@@ -161,6 +163,7 @@ def evaluate(
         "constrained": constrained,
         "seed": seed,
         "dtype": dtype,
+        "enforce_eager": enforce_eager,
         "models": {model.identity.mode: asdict(model.identity) for model in used},
     }
     report = build_report(task, results, settings=settings)

@@ -57,7 +57,8 @@ def test_the_service_settings_default_to_the_declared_model() -> None:
         (
             evaluate,
             {"max_input_tokens", "max_new_tokens", "window_policy", "window_grid_hours"}
-            | {"kv_cache_gib", "seed", "dtype", "model_dir", "artefact_dir", "export_dir"},
+            | {"kv_cache_gib", "seed", "dtype", "enforce_eager", "model_dir", "artefact_dir"}
+            | {"export_dir"},
         ),
         (render, {"max_input_tokens"}),
     ],
