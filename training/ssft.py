@@ -126,6 +126,28 @@ def _autocast(device: torch.device) -> torch.autocast:
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
 
 
+def batch_losses(
+    model: PreTrainedModel,
+    batch: Sequence[Example],
+    names: Sequence[str],
+    keep: torch.Tensor,
+    device: torch.device,
+) -> tuple[dict[str, torch.Tensor], int]:
+    """The batch's mean loss over its answer tokens for each loss in `names`, all from one
+    student forward (and one teacher forward for `kl`), and the answer-token count."""
+    ids, mask, labels = (t.to(device) for t in collate(batch, "student"))
+    teacher = None
+    with _autocast(device):
+        logits = student_logits(model, ids, mask, labels)
+        losses = {"ce": cross_entropy(logits, labels)} if "ce" in names else {}
+        if "kl" in names:
+            t_ids, t_mask, t_labels = (t.to(device) for t in collate(batch, "teacher"))
+            teacher = teacher_logits(model, t_ids, t_mask, t_labels)
+    if teacher is not None:
+        losses["kl"] = distillation_kl(logits, teacher, keep)
+    return losses, logits.shape[0]
+
+
 def batch_loss(
     model: PreTrainedModel,
     batch: Sequence[Example],
@@ -134,14 +156,8 @@ def batch_loss(
     device: torch.device,
 ) -> tuple[torch.Tensor, int]:
     """The batch's mean loss over its answer tokens, and that token count."""
-    ids, mask, labels = (t.to(device) for t in collate(batch, "student"))
-    with _autocast(device):
-        logits = student_logits(model, ids, mask, labels)
-        if loss == "ce":
-            return cross_entropy(logits, labels), logits.shape[0]
-        t_ids, t_mask, t_labels = (t.to(device) for t in collate(batch, "teacher"))
-        teacher = teacher_logits(model, t_ids, t_mask, t_labels)
-    return distillation_kl(logits, teacher, keep), logits.shape[0]
+    losses, n = batch_losses(model, batch, (loss,), keep, device)
+    return losses[loss], n
 
 
 @torch.no_grad()
@@ -158,8 +174,8 @@ def validation_losses(
     model.eval()
     totals, count = dict.fromkeys(LOSSES, 0.0), 0
     for batch in _batches(examples, batch_size):
-        for name in LOSSES:
-            value, n = batch_loss(model, batch, name, keep, device)
+        losses, n = batch_losses(model, batch, LOSSES, keep, device)
+        for name, value in losses.items():
             totals[name] += value.item() * n
         count += n
     model.train(was_training)
