@@ -29,6 +29,10 @@ class IdExpansion:
             flat[self._starts[i] : self._starts[i] + len(seq)] = seq
         self._flat = flat
 
+    def lengths(self, ids: np.ndarray) -> np.ndarray:
+        """How many ids each of `ids` expands to (1 for an id left as it is)."""
+        return self._lengths[ids]
+
     def __call__(self, ids: np.ndarray) -> np.ndarray:
         """The expanded id array (the input itself when nothing needs expanding)."""
         if ids.size == 0 or not self._mask[ids].any():

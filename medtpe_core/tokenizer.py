@@ -162,6 +162,23 @@ class MedTPETokenizer:
             arr = arr[~self._is_fallback[arr]]
         return self._to_base(arr).tolist()
 
+    def shared_ends(
+        self, ids: Sequence[int], base_ids: Sequence[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Index pairs (i, j) where MedTPE `ids[: i + 1]` and base `base_ids[: j + 1]` spell the
+        same text: every MedTPE token end that is also a base token end, the last pair included.
+        `ids` must be `encode_ids(base_ids)` (`ValueError` when they spell different lengths).
+        O(n): two cumulative sums of expansion lengths and one intersection.
+
+        >>> i, j = tok.shared_ends(tok.encode_ids(base), base)  # doctest: +SKIP
+        """
+        ends = np.cumsum(self._to_base.lengths(np.asarray(ids, dtype=np.int64)))
+        base_ends = np.cumsum(self._decompose.lengths(np.asarray(base_ids, dtype=np.int64)))
+        if ends[-1:].tolist() != base_ends[-1:].tolist():
+            raise ValueError("ids are not the MedTPE encoding of base_ids")
+        _, i, j = np.intersect1d(ends, base_ends, assume_unique=True, return_indices=True)
+        return i, j
+
     def decode(self, ids: Sequence[int]) -> str:
         """Text of MedTPE ids (byte-fallback ids included)."""
         arr = np.array(ids, dtype=np.int64)

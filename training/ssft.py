@@ -1,10 +1,11 @@
 """Self-supervised fine-tuning (SSFT) of the new embedding rows (paper, method step 5).
 
 Everything is frozen except the new rows (an embedding split, `training.embedding_split`).
-The loss is cross-entropy on the original model's greedy answers (`ce`), or distillation to
-its next-token distributions over the answer (`kl`). AdamW (lr 5e-5), batch 2 × accumulation 2,
+The loss is cross-entropy on the original model's greedy answers (`ce`), distillation to its
+next-token distributions over the answer (`kl`), or that plus distillation at shared ends over
+the whole prompt (`kl_dense`; `training.losses`). AdamW (lr 5e-5), batch 2 × accumulation 2,
 linear warm-up over 10 % of the steps then cosine decay, validation every K optimizer steps
-with early stopping, seed 1. Validation measures both losses on held-out examples and keeps the
+with early stopping, seed 1. Validation measures every loss on held-out examples and keeps the
 rows best by the run's own loss (a `kl` run's CE to the greedy answers may rise while it moves
 toward the original model's probabilities).
 A checkpoint after every validation makes an interrupted run resumable from its run directory.
@@ -25,9 +26,19 @@ from tqdm.auto import tqdm
 
 from training.embedding_init import NewRows, init_new_rows
 from training.embedding_split import apply_split, split_rows
-from training.examples import Example, collate
+from training.examples import IGNORE_INDEX, Example, collate
 from training.export import load_rows_file
-from training.losses import LOSSES, cross_entropy, distillation_kl, student_logits, teacher_logits
+from training.losses import (
+    DENSE_POSITIONS,
+    LOSSES,
+    DensePositions,
+    cross_entropy,
+    distillation_kl,
+    final_hidden,
+    student_logits,
+    teacher_hidden,
+    teacher_logits,
+)
 
 VAL_COLUMNS = tuple(f"val_{name}" for name in LOSSES)
 
@@ -55,6 +66,8 @@ class SSFTConfig:
     seed: int = 1
     max_steps: int | None = None
     gradient_checkpointing: bool = False
+    dense_positions: int = DENSE_POSITIONS
+    """Shared ends per window that `kl_dense` reads (validation measures it for every run)."""
     device: str | None = None
     init_rows: Path | None = None
     """Rows to start from (a rows file of `training.export.save_rows` for the same tokens, e.g.
@@ -68,7 +81,7 @@ class SSFTConfig:
 @dataclass
 class SSFTResult:
     """Best rows (by the run's own validation loss) and the run's record; `best_val` holds
-    both held-out losses (`ce`, `kl`) of those rows."""
+    every held-out loss (`ce`, `kl`, `kl_dense`) of those rows."""
 
     rows: NewRows
     initial_val_loss: float
@@ -132,19 +145,31 @@ def batch_losses(
     names: Sequence[str],
     keep: torch.Tensor,
     device: torch.device,
+    dense: DensePositions | None = None,
 ) -> tuple[dict[str, torch.Tensor], int]:
-    """The batch's mean loss over its answer tokens for each loss in `names`, all from one
-    student forward (and one teacher forward for `kl`), and the answer-token count."""
+    """The batch's mean loss for each loss in `names`, all from one student forward (and one
+    teacher forward for `kl` and `kl_dense`, which needs `dense`), and the answer-token count."""
     ids, mask, labels = (t.to(device) for t in collate(batch, "student"))
+    answer = labels != IGNORE_INDEX
     teacher = None
     with _autocast(device):
-        logits = student_logits(model, ids, mask, labels)
-        losses = {"ce": cross_entropy(logits, labels)} if "ce" in names else {}
-        if "kl" in names:
+        hidden = final_hidden(model, mask, input_ids=ids)
+        logits = student_logits(model, hidden[answer])
+        losses = {"ce": cross_entropy(logits, labels[answer])} if "ce" in names else {}
+        if {"kl", "kl_dense"} & set(names):
             t_ids, t_mask, t_labels = (t.to(device) for t in collate(batch, "teacher"))
-            teacher = teacher_logits(model, t_ids, t_mask, t_labels)
+            t_hidden = teacher_hidden(model, t_ids, t_mask)
+            teacher = teacher_logits(model, t_hidden[t_labels != IGNORE_INDEX])
+        if "kl_dense" in names:
+            if dense is None:
+                raise ValueError("kl_dense needs the dense positions")
+            s_at, t_at = (p.to(device) for p in dense(batch, ids.shape[1], t_ids.shape[1]))
+            s_dense = student_logits(model, hidden.flatten(0, 1)[s_at])
+            t_dense = teacher_logits(model, t_hidden.flatten(0, 1)[t_at])
     if teacher is not None:
         losses["kl"] = distillation_kl(logits, teacher, keep)
+    if "kl_dense" in names:
+        losses["kl_dense"] = losses["kl"] + distillation_kl(s_dense, t_dense, keep)
     return losses, logits.shape[0]
 
 
@@ -154,9 +179,10 @@ def batch_loss(
     loss: str,
     keep: torch.Tensor,
     device: torch.device,
+    dense: DensePositions | None = None,
 ) -> tuple[torch.Tensor, int]:
-    """The batch's mean loss over its answer tokens, and that token count."""
-    losses, n = batch_losses(model, batch, (loss,), keep, device)
+    """The batch's mean loss (`batch_losses` of one loss), and its answer-token count."""
+    losses, n = batch_losses(model, batch, (loss,), keep, device, dense)
     return losses[loss], n
 
 
@@ -167,14 +193,17 @@ def validation_losses(
     batch_size: int,
     keep: torch.Tensor,
     device: torch.device,
+    dense: DensePositions | None = None,
 ) -> dict[str, float]:
-    """Token-weighted means on `examples` of every loss: `ce` (to the pseudo-labels) and `kl`
-    (to the original model's distributions at the answer positions)."""
+    """Answer-token-weighted means on `examples` of every loss: `ce` (to the pseudo-labels),
+    `kl` (to the original model's distributions at the answer positions) and, given `dense`,
+    `kl_dense`."""
     was_training = model.training
     model.eval()
-    totals, count = dict.fromkeys(LOSSES, 0.0), 0
+    names = LOSSES if dense is not None else tuple(n for n in LOSSES if n != "kl_dense")
+    totals, count = dict.fromkeys(names, 0.0), 0
     for batch in _batches(examples, batch_size):
-        losses, n = batch_losses(model, batch, LOSSES, keep, device)
+        losses, n = batch_losses(model, batch, names, keep, device, dense)
         for name, value in losses.items():
             totals[name] += value.item() * n
         count += n
@@ -219,6 +248,7 @@ class _Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     keep: torch.Tensor
+    dense: DensePositions
     device: torch.device
     steps_per_epoch: int
     total_steps: int
@@ -257,8 +287,9 @@ def _start_run(
         optimizer, _schedule(total_steps, config.warmup_ratio)
     )
     state: dict[str, Any] = {"step": 0, "history": [], "bad_checks": 0, "stopped": False}
+    dense = DensePositions(tokenizer, config.dense_positions)
     return _Run(
-        model, params, optimizer, scheduler, keep, device, steps_per_epoch, total_steps,
+        model, params, optimizer, scheduler, keep, dense, device, steps_per_epoch, total_steps,
         run_dir, config, state,
     )  # fmt: skip
 
@@ -279,7 +310,9 @@ def _restore(run: _Run, checkpoint_path: Path) -> None:
 
 def _validation_row(run: _Run, val: Sequence[Example]) -> dict[str, float]:
     """History columns of one validation: the run's own loss and every loss by name."""
-    losses = validation_losses(run.model, val, run.config.batch_size, run.keep, run.device)
+    losses = validation_losses(
+        run.model, val, run.config.batch_size, run.keep, run.device, run.dense
+    )
     return {"val_loss": losses[run.config.loss]} | {f"val_{k}": v for k, v in losses.items()}
 
 
@@ -316,7 +349,7 @@ def _optimizer_step(run: _Run, step_batches: Sequence[Sequence[Example]]) -> flo
     """Accumulate the gradients of `step_batches`, step; the mean training loss."""
     step_loss = 0.0
     for batch in step_batches:
-        loss, _ = batch_loss(run.model, batch, run.config.loss, run.keep, run.device)
+        loss, _ = batch_loss(run.model, batch, run.config.loss, run.keep, run.device, run.dense)
         (loss / len(step_batches)).backward()
         step_loss += loss.item() / len(step_batches)
     run.optimizer.step()

@@ -23,13 +23,14 @@ from tests.support.model_fixtures import tiny_llama, tiny_llama_model  # noqa: E
 from training import ssft as ssft_module  # noqa: E402
 from training.embedding_init import DEFAULT_ALPHA, init_new_rows, mean_row_norm  # noqa: E402
 from training.embedding_split import apply_split, split_rows  # noqa: E402
-from training.examples import Example  # noqa: E402
+from training.examples import Example, collate  # noqa: E402
 from training.export import (  # noqa: E402
     load_rows,
     model_fingerprint,
     save_rows,
     write_rows_into,
 )
+from training.losses import DensePositions, final_hidden, teacher_hidden  # noqa: E402
 from training.pipeline import run_ssft, split_by_subject  # noqa: E402
 from training.ssft import SSFTConfig, train_ssft  # noqa: E402
 
@@ -109,7 +110,7 @@ def test_split_model_equals_model_with_rows_written(tokenizer: MedTPETokenizer, 
     torch.testing.assert_close(split(input_ids).logits, full(input_ids).logits)
 
 
-@pytest.mark.parametrize("loss", ["ce", "kl"])
+@pytest.mark.parametrize("loss", ["ce", "kl", "kl_dense"])
 def test_a_run_keeps_the_rows_best_by_its_own_loss(
     base_dir: Path, tokenizer: MedTPETokenizer, tmp_path: Path, loss: str
 ) -> None:
@@ -121,10 +122,41 @@ def test_a_run_keeps_the_rows_best_by_its_own_loss(
     validations = [row for row in result.history if row["val_loss"] != ""]
     assert len(validations) == 4  # step 0 and after each of the 3 steps (10 examples / 4)
     for row in validations:
-        assert row["val_loss"] == row[f"val_{loss}"] and {"val_ce", "val_kl"} <= set(row)
+        assert row["val_loss"] == row[f"val_{loss}"]
+        assert row["val_kl_dense"] > row["val_kl"] > 0  # kl plus the prompt's shared ends
     best = min(validations, key=lambda row: row["val_loss"])
     assert result.best_val_loss == best["val_loss"] == result.best_val[loss]
-    assert result.best_val == {"ce": best["val_ce"], "kl": best["val_kl"]}
+    assert result.best_val == {name: best[f"val_{name}"] for name in ("ce", "kl", "kl_dense")}
+    if loss == "kl_dense":
+        assert result.best_val_loss < result.initial_val_loss
+
+
+def test_dense_positions_pair_the_same_text(base_dir: Path, tokenizer: MedTPETokenizer) -> None:
+    """kl_dense's pairs point at the same text on both sides of a padded batch; before the first
+    MedTPE token the two models read the same ids, so their hidden states there are equal."""
+    batch = _examples(tokenizer, CORPUS[:4])
+    batch[1] = Example(batch[1].student[:9], tokenizer.to_base_ids(batch[1].student[:9]), [5])
+    s_ids, s_mask, _ = collate(batch, "student")
+    t_ids, t_mask, _ = collate(batch, "teacher")
+    s_at, t_at = DensePositions(tokenizer, n=6)(batch, s_ids.shape[1], t_ids.shape[1])
+    model, _ = ssft_module.load_split_model(base_dir, tokenizer, torch.device("cpu"))
+    with torch.no_grad():
+        student = final_hidden(model, s_mask, input_ids=s_ids).flatten(0, 1)
+        teacher = teacher_hidden(model, t_ids, t_mask).flatten(0, 1)
+    new_ids = {t.id for t in tokenizer.new_tokens}
+    rows, unmerged = [], 0
+    for s, t in zip(s_at.tolist(), t_at.tolist(), strict=True):
+        (row, i), (t_row, j) = divmod(s, s_ids.shape[1]), divmod(t, t_ids.shape[1])
+        example = batch[row]
+        assert t_row == row and i < len(example.student) - 1  # never the answer position
+        assert tokenizer.decode(example.student[: i + 1]) == tokenizer.base.decode(
+            example.teacher[: j + 1]
+        )
+        if not new_ids & set(example.student[: i + 1]):
+            torch.testing.assert_close(student[s], teacher[t])
+            unmerged += 1
+        rows.append(row)
+    assert unmerged >= 3 and sorted(set(rows)) == [0, 1, 2] and max(map(rows.count, set(rows))) == 6
 
 
 def test_ssft_changes_only_new_rows_and_export_round_trips(

@@ -1,0 +1,61 @@
+"""`MedTPETokenizer.shared_ends`: the positions where a MedTPE encoding and the base encoding it
+came from end at the same point of the text (what dense distillation aligns), over arbitrary
+Unicode and arbitrary base ids (evicted ones included)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from medtpe_core.tokenizer import MedTPETokenizer
+from tests.support.tokenizer_support import MIXED_TEXT, small_medtpe, smollm2_medtpe
+
+TOKENIZERS = {
+    "smollm2-static": lambda: smollm2_medtpe("static", 2),
+    "small-bpe3": lambda: small_medtpe("bpe", 3),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(TOKENIZERS))
+def tok(request: pytest.FixtureRequest) -> MedTPETokenizer:
+    return TOKENIZERS[request.param]()
+
+
+def _check_pairs(tok: MedTPETokenizer, base: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    ids = tok.encode_ids(base)
+    i, j = tok.shared_ends(ids, base)
+    assert len(i) == len(j) and (len(i) > 0) == (len(base) > 0)
+    assert np.all(np.diff(i) > 0) and np.all(np.diff(j) > 0)
+    if base:
+        assert (i[-1], j[-1]) == (len(ids) - 1, len(base) - 1)
+    every = max(1, len(i) // 16)  # decoding every prefix is quadratic: 16 spread over the text
+    for a, b in list(zip(i.tolist(), j.tolist(), strict=True))[::every]:
+        assert tok.decode(ids[: a + 1]) == tok.base.decode(base[: b + 1])
+    return i, j
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=MIXED_TEXT)
+def test_shared_ends_of_text(tok: MedTPETokenizer, text: str) -> None:
+    base = tok.base_encode(text)
+    i, _ = _check_pairs(tok, base)
+    if not set(base) & tok.evicted.keys():  # merges only join whole base tokens
+        assert i.tolist() == list(range(len(tok.encode_ids(base))))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_shared_ends_of_any_base_ids(tok: MedTPETokenizer, data: st.DataObject) -> None:
+    """Evicted base ids (split into several MedTPE tokens) end inside no MedTPE token."""
+    evicted = sorted(i for i in tok.evicted if i < tok.base.vocab_size)
+    any_id = st.integers(0, tok.base.vocab_size - 1)
+    base = data.draw(st.lists(st.one_of(any_id, st.sampled_from(evicted)), max_size=60))
+    _check_pairs(tok, base)
+
+
+def test_ids_of_other_base_ids_are_refused(tok: MedTPETokenizer) -> None:
+    base = tok.base_encode("Heart rate 80 bpm, SpO2 97 %")
+    with pytest.raises(ValueError, match="not the MedTPE encoding"):
+        tok.shared_ends(tok.encode_ids(base), base[:-1])
