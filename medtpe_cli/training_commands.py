@@ -11,6 +11,7 @@ import click
 
 from inference.model import ModelConfig
 from medtpe_cli.ray_option import ray_option
+from training.loss_names import LOSSES
 
 
 @click.command("prepare-model")
@@ -65,7 +66,7 @@ def _base_or_default(base_dir: Path | None) -> Path:
 @click.option("--val-fraction", default=0.2, show_default=True, type=click.FloatRange(0, 1))
 @_dir_option("--run-dir", "Checkpoints, cached pseudo-labels, history.csv (default: cache).")
 @_dir_option("--out", "Where embeddings.safetensors goes (default: the --medtpe dir).")
-@click.option("--loss", type=click.Choice(["ce", "kl"]), default="ce", show_default=True)
+@click.option("--loss", type=click.Choice(LOSSES), default="ce", show_default=True)
 @click.option("--epochs", default=1, show_default=True, type=click.IntRange(1))
 @click.option("--max-steps", default=None, type=click.IntRange(1), help="Optimizer steps cap.")
 @click.option("--eval-every", default=25, show_default=True, type=click.IntRange(1))
@@ -222,8 +223,11 @@ def extend_vocab(source: Path, out: Path, base: Path | None) -> None:
     "--loss",
     "losses",
     multiple=True,
-    type=click.Choice(["ce", "kl"]),
-    help="SSFT loss; repeat to train each and keep the lowest held-out loss [ce].",
+    type=click.Choice(LOSSES),
+    help=(
+        "SSFT loss (training.loss_names); repeat to train each and keep the rows with the "
+        "lowest held-out KL at the answer [ce]."
+    ),
 )
 @click.option("--max-steps", type=click.IntRange(1), default=None, help="SSFT steps cap [90].")
 @click.option("--n-train", type=click.IntRange(1), default=None, help="SSFT prompts [368].")

@@ -14,7 +14,7 @@ import yaml
 from inference.model import ModelConfig
 from medtpe_core.build import DEFAULT_METHOD, METHODS
 from medtpe_core.subject_split import DEFAULT_HELD_OUT
-from training.losses import LOSSES
+from training.loss_names import LOSSES
 
 DEVICES = ("cpu", "cuda")
 SERVING_BUDGET: int = ModelConfig.declared("max_input_tokens").default

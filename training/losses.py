@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from medtpe_core.tokenizer import MedTPETokenizer
     from training.examples import Example
 
-LOSSES = ("ce", "kl", "kl_dense")
 DENSE_POSITIONS = 256
 """Shared ends per window that `kl_dense` reads (evenly spaced over the prompt)."""
 

@@ -28,9 +28,9 @@ from training.embedding_init import NewRows, init_new_rows
 from training.embedding_split import apply_split, split_rows
 from training.examples import IGNORE_INDEX, Example, collate
 from training.export import load_rows_file
+from training.loss_names import LOSSES
 from training.losses import (
     DENSE_POSITIONS,
-    LOSSES,
     DensePositions,
     cross_entropy,
     distillation_kl,
