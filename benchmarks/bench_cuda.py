@@ -22,15 +22,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from medtpe_core.results_file import write_results
+from training.loss_names import LOSSES
+
+if TYPE_CHECKING:
+    from medtpe_core.tokenizer import MedTPETokenizer
 
 RECORDS_FILE = "records.json"
 EXAMPLES_FILE = "ssft_examples.jsonl"
@@ -43,7 +48,6 @@ ANSWER_TEXT = 'yes"}'
 CAUSAL_SDPA = "medtpe_causal_sdpa"
 CAUSAL = {"is_causal": True}
 QWEN25_15B = {
-    "model_type": "qwen2",
     "vocab_size": 151936,
     "hidden_size": 1536,
     "intermediate_size": 8960,
@@ -58,15 +62,12 @@ QWEN25_15B = {
 """Qwen2.5-1.5B-Instruct's shapes (its published config.json)."""
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    with path.open() as handle:
-        return [json.loads(line) for line in handle if line.strip()]
-
-
-def _side_by_side(tokenizer: Any, path: Path) -> list[dict[str, Any]]:
+def _side_by_side(tokenizer: MedTPETokenizer, path: Path) -> list[dict[str, Any]]:
     """Original and MedTPE ids of each rendered prompt of `path` (`medtpe render` output)."""
+    from training.pipeline import read_records
+
     rows = []
-    for record in _read_jsonl(path):
+    for record in read_records(path):
         original = tokenizer.base_encode(record["prompt"], special_tokens=True)
         ids = dict(zip(SIDES, (original, tokenizer.encode_ids(original)), strict=True))
         rows.append({k: record[k] for k in ("subject_id", "prediction_time")} | ids)
@@ -75,8 +76,6 @@ def _side_by_side(tokenizer: Any, path: Path) -> list[dict[str, Any]]:
 
 def write_bundle(args: argparse.Namespace) -> None:
     """The `ids` step: token ids of the rendered records, SSFT examples, config, tokenizer."""
-    import shutil
-
     from medtpe_core.tokenizer import MedTPETokenizer
     from training.examples import Example, save_examples
 
@@ -222,7 +221,7 @@ def _prefill_model(name: str, bundle: Path) -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config
 
     if name == "qwen2.5-1.5b":
-        config = Qwen2Config(**{k: v for k, v in QWEN25_15B.items() if k != "model_type"})
+        config = Qwen2Config(**QWEN25_15B)
     else:
         config = AutoConfig.from_pretrained(bundle / SMOLLM2_CONFIG_DIR)
     torch.manual_seed(0)
@@ -338,7 +337,7 @@ def main() -> None:
     ssft = steps.add_parser("ssft", help="time SSFT optimizer steps")
     ssft.add_argument("--bundle", type=Path, required=True)
     ssft.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
-    ssft.add_argument("--losses", nargs="+", default=["ce", "kl", "kl_dense"])
+    ssft.add_argument("--losses", nargs="+", choices=LOSSES, default=list(LOSSES))
     ssft.add_argument("--grad-accum", type=int, default=4)
     ssft.add_argument("--warmup", type=int, default=2)
     ssft.add_argument("--steps", type=int, default=5)
