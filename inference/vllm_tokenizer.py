@@ -182,7 +182,9 @@ class MedTPEEncoding:
         return spans
 
     def __deepcopy__(self, memo: dict[int, Any]) -> MedTPEEncoding:
-        clone = copy.copy(self)
+        # not copy.copy(self): that goes through __reduce__, a reload from disk (seconds)
+        clone = object.__new__(type(self))
+        memo[id(self)] = clone
         clone.__dict__.update({k: copy.deepcopy(v, memo) for k, v in self.__dict__.items()})
         return clone
 

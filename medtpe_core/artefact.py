@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from medtpe_core.base_tokenizer import BaseTokenizer, canonical_fingerprint, merge_pair
+from medtpe_core.base_tokenizer import BaseTokenizer, merge_pair
 
 FORMAT_VERSION = 1
 MEDTPE_FILE = "medtpe.json"
@@ -26,6 +25,16 @@ class ArtefactMismatchError(ValueError):
     """A MedTPE artefact was loaded onto a base tokenizer it was not built from."""
 
 
+def _editable_model(obj: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a tokenizer.json object whose vocabulary and merge list (what the artefact
+    edits) are its own; everything else is shared, read-only. Linear in the vocabulary at C
+    speed, where a deep copy took seconds for a Qwen2.5-sized tokenizer."""
+    model = dict(
+        obj["model"], vocab=dict(obj["model"]["vocab"]), merges=list(obj["model"]["merges"])
+    )
+    return dict(obj, model=model)
+
+
 def detokenizer_json(
     base: BaseTokenizer, renamed: Mapping[int, str]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -36,7 +45,7 @@ def detokenizer_json(
     decoding; MedTPE encoding always runs the untouched base). Also returns what `restore_base`
     needs to rebuild the base from it.
     """
-    obj = copy.deepcopy(base.json_obj)
+    obj = _editable_model(base.json_obj)
     vocab: dict[str, int] = obj["model"]["vocab"]
     by_id = {i: s for s, i in vocab.items()}
     fresh = sorted(i for i in renamed if i >= base.vocab_size)
@@ -67,7 +76,7 @@ def detokenizer_json(
 
 def restore_base(detok: dict[str, Any], restore: dict[str, Any]) -> dict[str, Any]:
     """Inverse of `detokenizer_json`: the base tokenizer.json content."""
-    obj = copy.deepcopy(detok)
+    obj = _editable_model(detok)
     vocab: dict[str, int] = obj["model"]["vocab"]
     by_id = {i: s for s, i in vocab.items()}
     for i in restore.get("fresh_ids", ()):
@@ -94,10 +103,10 @@ def rebuild_base(
     detok: dict[str, Any], restore: dict[str, Any], base_info: dict[str, str]
 ) -> BaseTokenizer:
     """The base tokenizer rebuilt from an artefact's detokenizer, checked by fingerprint."""
-    obj = restore_base(detok, restore)
-    if canonical_fingerprint(obj) != base_info["content_fingerprint"]:
+    base = BaseTokenizer.from_json_obj(restore_base(detok, restore), base_info["fingerprint"])
+    if base.content_fingerprint != base_info["content_fingerprint"]:
         raise ArtefactMismatchError("the artefact's tokenizer.json does not match its medtpe.json")
-    return BaseTokenizer.from_json_obj(obj, base_info["fingerprint"])
+    return base
 
 
 def copy_model_files(

@@ -6,6 +6,7 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -57,17 +58,22 @@ class BaseTokenizer:
     fingerprint: str
     path: Path | None = None
     model_dir: Path | None = None
-    _plain: Tokenizer = field(init=False, repr=False)
     _token_texts: dict[int, str] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.json_obj.get("model", {}).get("type") != "BPE":
             raise ValueError("MedTPE needs a tokenizer.json with a BPE model")
-        plain = dict(
-            self.json_obj, added_tokens=[]
-        )  # no added-token matching: lossless on any text
-        self._plain = Tokenizer.from_str(json.dumps(plain))
-        self.content_fingerprint = canonical_fingerprint(self.json_obj)
+
+    @cached_property
+    def _plain(self) -> Tokenizer:
+        """The tokenizer without added-token matching (lossless on any text), built on first
+        use: a Qwen2.5-sized vocabulary takes about a second to parse."""
+        return Tokenizer.from_str(json.dumps(dict(self.json_obj, added_tokens=[])))
+
+    @cached_property
+    def content_fingerprint(self) -> str:
+        """`canonical_fingerprint` of the tokenizer.json content, computed on first use."""
+        return canonical_fingerprint(self.json_obj)
 
     @classmethod
     def load(cls, path: str | Path) -> BaseTokenizer:

@@ -136,6 +136,20 @@ def test_copies_keep_medtpe(tok: Any) -> None:
     assert restored.truncation_side == "left"
 
 
+def test_deep_copies_read_nothing_from_disk(medtpe_dir: Path, tmp_path: Path) -> None:
+    """vLLM deep-copies the tokenizer for its pool at every engine start: the copy is made in
+    memory (a reload from disk took seconds for a Qwen2.5-sized vocabulary)."""
+    source = tmp_path / "export"
+    shutil.copytree(medtpe_dir, source)
+    tok = load_medtpe_tokenizer(source, truncation_side="left")
+    shutil.rmtree(source)
+    clone = copy.deepcopy(tok)
+    assert clone is not tok and clone.medtpe is tok.medtpe
+    assert clone.truncation_side == "left"
+    assert clone.encode(CLINICAL) == tok.encode(CLINICAL)
+    assert clone.decode(tok.encode(CLINICAL)) == tok.decode(tok.encode(CLINICAL))
+
+
 def test_vllm_incremental_detokenizer_is_lossless(tok: Any) -> None:
     """vLLM's own detokenizer over answer ids one at a time: multi-byte characters split across
     tokens and TPE tokens spanning a space come out as the whole text."""
