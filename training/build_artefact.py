@@ -296,16 +296,12 @@ class ArtefactBuild:
         """The original model's greedy answers to every prompt (vLLM), cached as examples."""
         tokenizer = MedTPETokenizer.load(self.work / TOKENIZER_DIR)
         (self.work / EXAMPLES_DIR).mkdir(exist_ok=True)
+        splits = {s: (self._examples_file(s), self._prompts(s)) for s in ("train", "val")}
+        by_split = cached_examples(
+            splits, self.config.base, tokenizer, self.config.max_new_tokens, self.info.eos_ids[0]
+        )
         result = {}
-        for split in ("train", "val"):
-            examples = cached_examples(
-                self._examples_file(split),
-                self.config.base,
-                tokenizer,
-                self._prompts(split),
-                self.config.max_new_tokens,
-                self.info.eos_ids[0],
-            )
+        for split, examples in by_split.items():
             ended = sum(bool(e.response) and e.response[-1] in self.info.eos_ids for e in examples)
             result[split] = {
                 "n": len(examples),

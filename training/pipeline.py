@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,19 +46,31 @@ def examples_path(run_dir: Path, artefact_id: str, split: str) -> Path:
 
 
 def cached_examples(
-    path: Path,
+    splits: Mapping[str, tuple[Path, Sequence[str]]],
     base_dir: Path,
     tokenizer: MedTPETokenizer,
-    prompts: Sequence[str],
     max_new_tokens: int,
     eos_id: int | None = None,
-) -> list[Example]:
-    """Pseudo-labelled examples for `prompts`, generated once and then read from `path`."""
-    if path.is_file():
-        return load_examples(path)
-    examples = build_examples(base_dir, tokenizer, prompts, max_new_tokens, eos_id)
-    save_examples(path, examples)
-    return examples
+) -> dict[str, list[Example]]:
+    """Pseudo-labelled examples of each split's prompts ({split: (cache file, prompts)}), read
+    from the cache file where it exists; the missing splits are labelled together, by one
+    engine start (tens of seconds on a CPU), and cached."""
+    missing = [split for split, (path, _) in splits.items() if not path.is_file()]
+    made = iter(
+        build_examples(
+            base_dir,
+            tokenizer,
+            [p for split in missing for p in splits[split][1]],
+            max_new_tokens,
+            eos_id,
+        )
+        if missing
+        else []
+    )
+    for split in missing:
+        path, prompts = splits[split]
+        save_examples(path, itertools.islice(made, len(prompts)))
+    return {split: load_examples(path) for split, (path, _) in splits.items()}
 
 
 def run_ssft(
@@ -81,12 +94,14 @@ def run_ssft(
         raise ValueError(f"{artefact_dir}: {EXTENSION_UNSUPPORTED}")
     run_dir.mkdir(parents=True, exist_ok=True)
     tag = tokenizer.artefact_id
-    train = cached_examples(
-        examples_path(run_dir, tag, "train"), base_dir, tokenizer, train_prompts, max_new_tokens
+    prompts = {"train": train_prompts, "val": val_prompts}
+    examples = cached_examples(
+        {split: (examples_path(run_dir, tag, split), p) for split, p in prompts.items()},
+        base_dir,
+        tokenizer,
+        max_new_tokens,
     )
-    val = cached_examples(
-        examples_path(run_dir, tag, "val"), base_dir, tokenizer, val_prompts, max_new_tokens
-    )
+    train, val = examples["train"], examples["val"]
     result = train_ssft(base_dir, tokenizer, train, val, run_dir, config, resume=resume)
     base = AutoModelForCausalLM.from_pretrained(base_dir)
     save_rows(out_dir or artefact_dir, result.rows, model_fingerprint(base))
