@@ -54,11 +54,12 @@ $(DEPLOY_STAMP): $(STAMP) deploy/requirements-tools.txt
 
 deps-deploy: $(DEPLOY_STAMP)
 
-# Second command of the README: set up and pass the tests, every one (real-engine tests included);
-# the 25 slowest are listed at the end.
+# Second command of the README: set up and pass the tests, every one (real-engine tests included),
+# in two pytest-xdist workers (tests/conftest.py groups them); the 25 slowest are listed at the end.
+TEST_WORKERS ?= 2
 test: install deps-system deps-deploy
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup
 
 lint: install
 	$(BIN)/ruff check .

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from filelock import FileLock
@@ -32,6 +33,9 @@ from tests.support.service_support import (
 
 # CI (`CI=true`, as .ci/run is called) draws the same examples on every run, so a red build is
 # reproducible and never flaky; locally each run explores new ones. HYPOTHESIS_PROFILE overrides.
+SERVICE_GROUP = "service"
+"""pytest-xdist group of the tests on the session's service (`service_server`)."""
+
 settings.register_profile(
     "ci",
     derandomize=True,
@@ -43,10 +47,35 @@ settings.register_profile("dev", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The test that stops the session's service runs after every other test (whatever the
-    order of the directories), so every real-engine test before it shares that one service."""
+    order of the directories), so every real-engine test before it shares that one service.
+    Each test gets its pytest-xdist group (`make test` runs two workers, `--dist loadgroup`)."""
     items.sort(key=lambda item: item.get_closest_marker("stops_service") is not None)
+    on_service = {
+        _file(item) for item in items if "service_server" in getattr(item, "fixturenames", ())
+    }
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            group = SERVICE_GROUP if _file(item) in on_service else _file(item)
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """Under `--dist loadgroup`, stop when pytest-xdist did not tag the tests with their group
+    (pytest 9.2 with pytest-xdist 3.8): each test would go its own way, and module fixtures
+    (services, engines) would start once per worker and test."""
+    if node.config.option.dist == "loadgroup" and not all("@" in i for i in ids):
+        pytest.exit("pytest-xdist did not group the tests: see pyproject's pytest pin", 4)
+
+
+def _file(item: pytest.Item) -> str:
+    """The test's file: the unit of a pytest-xdist group (its module fixtures start once). The
+    files with a test on the session's service share one group (one service start; the test that
+    stops it runs last there). A file can name its own group (the Ray tests share one: one local
+    cluster at a time)."""
+    return item.nodeid.split("::", 1)[0]
 
 
 @pytest.fixture(scope="session")

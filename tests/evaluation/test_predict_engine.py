@@ -17,7 +17,8 @@ from medtpe_cli.command_line import medtpe_command
 from tests.support.meds_fixtures import PREDICTION_TIME, write_meds_dataset
 from tests.support.service_support import service_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.engine]
+# one local Ray cluster at a time (the Ray mining tests share the group)
+pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.xdist_group("ray")]
 
 
 def _predict(

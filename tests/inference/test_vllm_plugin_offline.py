@@ -1,5 +1,7 @@
-"""`vllm.LLM` offline on the exported default model, text prompt in: the MedTPE plugin (found
-by its entry point, the model picked by its `medtpe.json`) encodes and decodes it."""
+"""`vllm.LLM` offline on the exported default model (the committed default artefact), text
+prompts in: the MedTPE plugin (found by its entry point, the model picked by its `medtpe.json`)
+encodes and decodes them, and a general-text question gets the answer the base model gives it
+under its own tokenizer (greedy, through the service's engine wrapper)."""
 
 from __future__ import annotations
 
@@ -7,14 +9,18 @@ from pathlib import Path
 
 import pytest
 
+from medtpe_core.chat_template import ChatTemplate
+from medtpe_core.paths import default_model_dir
 from medtpe_core.tokenizer import MedTPETokenizer
+from training.pseudo_labels import greedy_generate
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
 
 PROMPT = "Heart Rate: 90 bpm\nNon Invasive Blood Pressure systolic: 110 mmHg\nThe patient"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def test_text_prompt_through_vllm_llm(
+def test_text_prompts_through_vllm_llm(
     service_files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from vllm import LLM, SamplingParams
@@ -22,13 +28,23 @@ def test_text_prompt_through_vllm_llm(
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     export = service_files[1]
     medtpe = MedTPETokenizer.load(export)
+    question = ChatTemplate.from_model_dir(export).render(QUESTION, add_generation_prompt=True)
     llm = LLM(model=str(export), max_model_len=2048, enforce_eager=True, seed=0)
-    try:
-        [output] = llm.generate(PROMPT, SamplingParams(max_tokens=16, temperature=0))
+    try:  # one prompt per call: each answer computed alone, as the reference's is
+        [record] = llm.generate(PROMPT, SamplingParams(max_tokens=16, temperature=0))
+        [answered] = llm.generate(question, SamplingParams(max_tokens=24, temperature=0))
     finally:
         llm.llm_engine.engine_core.shutdown()
     ids = medtpe.encode(PROMPT, special_tokens=True)
-    assert output.prompt_token_ids == ids
+    assert record.prompt_token_ids == ids
     assert len(ids) < len(medtpe.base_encode(PROMPT))
-    [answer] = output.outputs
+    [answer] = record.outputs
     assert answer.text and answer.text == medtpe.decode(answer.token_ids)
+
+    base_ids = medtpe.base_encode(question, special_tokens=True)
+    assert answered.prompt_token_ids == medtpe.encode(question, special_tokens=True)
+    assert len(answered.prompt_token_ids) <= len(base_ids)
+    [reference] = greedy_generate(default_model_dir(), [base_ids], 24, max_model_len=256)
+    [answer] = answered.outputs
+    base_answer = medtpe.base.tokenizer.decode(reference, skip_special_tokens=True)
+    assert answer.text.strip() and answer.text == base_answer
