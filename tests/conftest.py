@@ -50,9 +50,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The test that stops the session's service runs after every other test (whatever the
-    order of the directories), so every real-engine test before it shares that one service.
-    Each test gets its pytest-xdist group (`make test` runs two workers, `--dist loadgroup`)."""
-    items.sort(key=lambda item: item.get_closest_marker("stops_service") is not None)
+    order of the directories), so every real-engine test before it shares that one service; the
+    real-engine tests first (`_run_order`). Each test gets its pytest-xdist group (`make test`
+    runs two workers, `--dist loadgroup`)."""
+    items.sort(key=_run_order)
     on_service = {
         _file(item) for item in items if "service_server" in getattr(item, "fixturenames", ())
     }
@@ -68,6 +69,17 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
     (services, engines) would start once per worker and test."""
     if node.config.option.dist == "loadgroup" and not all("@" in i for i in ids):
         pytest.exit("pytest-xdist did not group the tests: see pyproject's pytest pin", 4)
+
+
+def _run_order(item: pytest.Item) -> tuple[bool, bool, float]:
+    """Sort key: the test that stops the session's service last; before every other test, the
+    real-engine ones (minutes each), those allowed the longest (`timeout` marker) first:
+    pytest-xdist hands out groups in this order, so the long ones start first and the short ones
+    fill in beside them."""
+    slow = any(item.get_closest_marker(name) for name in ("slow", "engine"))
+    timeout = item.get_closest_marker("timeout")
+    allowed = float(timeout.args[0]) if timeout and timeout.args else 0.0
+    return item.get_closest_marker("stops_service") is not None, not slow, -allowed
 
 
 def _file(item: pytest.Item) -> str:
