@@ -31,11 +31,11 @@ from tests.support.service_support import (
     service_env,
 )
 
-# CI (`CI=true`, as .ci/run is called) draws the same examples on every run, so a red build is
-# reproducible and never flaky; locally each run explores new ones. HYPOTHESIS_PROFILE overrides.
 SERVICE_GROUP = "service"
 """pytest-xdist group of the tests on the session's service (`service_server`)."""
 
+# CI (`CI=true`, as .ci/run is called) draws the same examples on every run, so a red build is
+# reproducible and never flaky; locally each run explores new ones. HYPOTHESIS_PROFILE overrides.
 settings.register_profile(
     "ci",
     derandomize=True,
@@ -52,7 +52,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The test that stops the session's service runs after every other test (whatever the
     order of the directories), so every real-engine test before it shares that one service; the
     real-engine tests first (`_run_order`). Each test gets its pytest-xdist group (`make test`
-    runs two workers, `--dist loadgroup`)."""
+    runs two workers, `--dist loadgroup`): its file's, or one for all the files with a test on
+    the session's service (one service start; the test that stops it runs last there). A file
+    can name its own group (the Ray tests share one: one local cluster at a time)."""
     items.sort(key=_run_order)
     on_service = {
         _file(item) for item in items if "service_server" in getattr(item, "fixturenames", ())
@@ -83,10 +85,7 @@ def _run_order(item: pytest.Item) -> tuple[bool, bool, float]:
 
 
 def _file(item: pytest.Item) -> str:
-    """The test's file: the unit of a pytest-xdist group (its module fixtures start once). The
-    files with a test on the session's service share one group (one service start; the test that
-    stops it runs last there). A file can name its own group (the Ray tests share one: one local
-    cluster at a time)."""
+    """The test's file: the unit of a pytest-xdist group (its module fixtures start once)."""
     return item.nodeid.split("::", 1)[0]
 
 

@@ -56,21 +56,18 @@ def cached_examples(
     from the cache file where it exists; the missing splits are labelled together, by one
     engine start (tens of seconds on a CPU), and cached."""
     missing = [split for split, (path, _) in splits.items() if not path.is_file()]
+    prompts = [p for split in missing for p in splits[split][1]]
     made = iter(
-        build_examples(
-            base_dir,
-            tokenizer,
-            [p for split in missing for p in splits[split][1]],
-            max_new_tokens,
-            eos_id,
-        )
-        if missing
-        else []
+        build_examples(base_dir, tokenizer, prompts, max_new_tokens, eos_id) if prompts else []
     )
-    for split in missing:
-        path, prompts = splits[split]
-        save_examples(path, itertools.islice(made, len(prompts)))
-    return {split: load_examples(path) for split, (path, _) in splits.items()}
+    examples = {}
+    for split, (path, split_prompts) in splits.items():
+        if split in missing:
+            examples[split] = list(itertools.islice(made, len(split_prompts)))
+            save_examples(path, examples[split])
+        else:
+            examples[split] = load_examples(path)
+    return examples
 
 
 def run_ssft(
