@@ -32,6 +32,9 @@ class Fidelity(_Figures):
     n_records: int
     n_subjects: int
     same_answer: Interval
+    n_answered: int | None = None
+    """Records at least one model answered (`same_answer`'s records); None in reports written
+    before agreement left out the records neither answers."""
     delta_p_mean: Interval
     delta_p_p95: Interval
     delta_p_n: int

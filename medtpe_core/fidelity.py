@@ -4,7 +4,8 @@ The paired figures of one set of records answered by both models (same prompts, 
 one under the base tokenizer and the MedTPE one under MedTPE), with patient-level bootstrap
 intervals (`medtpe_core.metrics.subject_resample_weights`):
 
-- `same_answer`: share of records with the same prediction (no answer counts as one answer);
+- `same_answer`: share of the records that at least one model answered (`n_answered` of them)
+  with the same prediction: a record neither model answers says nothing of agreement;
 - `delta_p_mean`, `delta_p_p95`: mean and 95th percentile over records of |Δp|, the largest
   change of an answer option's probability (binary tasks: |Δp(yes)|), on the records where both
   models put probability on some option (`delta_p_n` of them);
@@ -132,6 +133,7 @@ def fidelity(
         raise ValueError("fidelity needs at least one record answered by both models")
     weights = subject_resample_weights([p.subject_id for p in pairs], n_resamples, seed)
     scored = [k for k, p in enumerate(pairs) if p.delta_p is not None]
+    answered = [k for k, p in enumerate(pairs) if (p.original, p.medtpe) != (None, None)]
     sub = weights[:, scored]
     n = len(pairs)
     generated = {
@@ -141,7 +143,10 @@ def fidelity(
     return {
         "n_records": n,
         "n_subjects": len({p.subject_id for p in pairs}),
-        "same_answer": _figure([float(p.same_answer) for p in pairs], weights, "mean"),
+        "same_answer": _figure(
+            [float(pairs[k].same_answer) for k in answered], weights[:, answered], "mean"
+        ),
+        "n_answered": len(answered),
         "delta_p_mean": _figure([pairs[k].delta_p for k in scored], sub, "mean"),
         "delta_p_p95": _figure([pairs[k].delta_p for k in scored], sub, "p95"),
         "delta_p_n": len(scored),
@@ -167,6 +172,41 @@ def fidelity(
     }
 
 
+def paired_difference(
+    first: Sequence[PairedAnswer],
+    second: Sequence[PairedAnswer],
+    n_resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 1,
+) -> dict[str, Any]:
+    """Mean |Δp| of `second` minus that of `first`, two artefacts answering the same records
+    (same order), on the records where both have a |Δp|, with its patient-level paired
+    bootstrap interval (one draw of patients for both sides), as JSON.
+
+    >>> a = [PairedAnswer(1, 1, 1, {"yes": 0.8}, {"yes": 0.7})]
+    >>> b = [PairedAnswer(1, 1, 1, {"yes": 0.8}, {"yes": 0.75})]
+    >>> round(paired_difference(a, b, n_resamples=10)["value"], 3)
+    -0.05
+    """
+    if [p.subject_id for p in first] != [p.subject_id for p in second]:
+        raise ValueError("paired artefacts must answer the same records in the same order")
+    both = [
+        k
+        for k, (a, b) in enumerate(zip(first, second, strict=True))
+        if None not in (a.delta_p, b.delta_p)
+    ]
+    if not both:
+        return Interval(None, None, None, 0).to_json() | {"n": 0}
+    diff = np.array([second[k].delta_p - first[k].delta_p for k in both])
+    weights = subject_resample_weights([first[k].subject_id for k in both], n_resamples, seed)
+    value = float(diff.mean())
+    figure = Interval.from_samples(value, _weighted_mean(diff, weights)).to_json()
+    return figure | {
+        "n": len(both),
+        "n_better": int((diff < 0).sum()),
+        "n_worse": int((diff > 0).sum()),
+    }
+
+
 def _counts(predictions: Any) -> dict[str, int]:
     """How often each answer was given (JSON keys: the answers' JSON spelling)."""
     counts = Counter(
@@ -187,8 +227,10 @@ class Thresholds:
         """Why `report` (of `fidelity`) fails the gate; empty when it passes."""
         failures = []
         same = report["same_answer"]["value"]
-        if same is None or same < self.min_same_answer:
-            failures.append(f"same answer {same or 0.0:.3f} < {self.min_same_answer}")
+        if same is None:
+            failures.append("same answer: no record answered by either model")
+        elif same < self.min_same_answer:
+            failures.append(f"same answer {same:.3f} < {self.min_same_answer}")
         delta = report["delta_p_mean"]["value"]
         if delta is not None and delta > self.max_delta_p_mean:
             failures.append(f"mean |Δp| {delta:.4f} > {self.max_delta_p_mean}")

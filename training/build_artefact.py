@@ -1,9 +1,13 @@
 """`medtpe build-artefact`: a Hugging Face causal LM and a MEDS dataset in, a MedTPE artefact
 (tokenizer files, trained rows, build report) out, in resumable steps:
 
-check → split → render → mine → pseudo_label → ssft_<loss>… → pick → measure → gate → write
+check → split → render → mine → [distill] → [pseudo_label → ssft_<loss>…] → pick → measure → gate
+→ write
 
-The SSFT windows are rendered at the budgets of the length mix, which reaches the serving budget;
+The windows are rendered at the budgets of the length mix, which reaches the serving budget;
+`distill` (token-level distillation, `training.token_distillation`) trains the rows on short
+snippets of them; SSFT, when `losses` names any, trains on the whole windows against the
+original model's answers;
 the gate answers held-out windows at every serving budget in both modes and holds their fidelity
 to the thresholds (`training.fidelity_gate`): a build that fails it stops before `write`
 (non-zero exit, nothing written into the output directory, the work dir kept), one that passes
@@ -56,6 +60,8 @@ from training.build_report import REPORT_FILE, compression
 from training.pipeline import SUMMARY_FILE, cached_examples, examples_path, read_records
 from training.pseudo_labels import BUILD_KV_CACHE_GIB
 from training.ssft import HISTORY_FILE, SSFTConfig
+from training.token_distillation import HISTORY_FILE as DISTILL_HISTORY
+from training.token_distillation import distill, summary
 
 STATE_FILE = "state.json"
 TOKENIZER_DIR = "tokenizer"
@@ -157,12 +163,15 @@ class ArtefactBuild:
     def steps(self) -> list[tuple[str, Callable[[], Any]]]:
         """The build's steps in order."""
         ssft = [(f"ssft_{loss}", lambda loss=loss: self.ssft(loss)) for loss in self.config.losses]
+        distill = [("distill", self.distill_rows)] if self.config.distill is not None else []
+        labels = [("pseudo_label", self.pseudo_label)] if ssft else []
         return [
             ("check", self.check),
             ("split", self.split),
             ("render", self.render),
             ("mine", self.mine),
-            ("pseudo_label", self.pseudo_label),
+            *distill,
+            *labels,
             *ssft,
             ("pick", self.pick),
             ("measure", self.measure),
@@ -285,6 +294,52 @@ class ArtefactBuild:
             "sample_compression_rate": stats["sample_compression_rate"],
         }
 
+    def distill_rows(self) -> dict[str, Any]:
+        """Token-level distillation of the rows on snippets of the rendered windows (training
+        split: training snippets; validation split: held-out ones), in its own copy of the
+        tokenizer artefact (resumes from its run directory)."""
+        from medtpe_core.snippets import coverage, cut, draw
+        from training.export import base_model_fingerprint, load_rows_file, save_rows
+
+        config, settings = self.config, self.config.distill
+        tokenizer = MedTPETokenizer.load(self.work / TOKENIZER_DIR)
+        pools = {
+            split: [
+                snippet
+                for prompt in self._prompts(split)
+                for snippet in cut(
+                    tokenizer,
+                    tokenizer.base_encode(prompt, special_tokens=True),
+                    settings.snippet_tokens,
+                )
+            ]
+            for split in ("train", "val")
+        }
+        train = draw(
+            tokenizer, pools["train"], settings.snippets, settings.min_contexts, config.seed
+        )
+        val = draw(tokenizer, pools["val"], settings.val_snippets, 0, config.seed + 1)
+        initial = load_rows_file(config.init_from / ROWS_FILE)[0] if config.init_from else None
+        result = distill(
+            config.base,
+            tokenizer,
+            train,
+            val,
+            self.work / "runs" / "distill",
+            settings,
+            initial,
+            seed=config.seed,
+            device=config.device,
+        )
+        artefact = self.work / "artefact-distill"
+        if not artefact.is_dir():
+            shutil.copytree(self.work / TOKENIZER_DIR, artefact)
+        save_rows(artefact, result.rows, base_model_fingerprint(config.base))
+        return summary(result, settings) | {
+            "coverage": {"train": coverage(tokenizer, train), "val": coverage(tokenizer, val)},
+            "pool": {split: len(pool) for split, pool in pools.items()},
+        }
+
     def _prompts(self, split: str) -> list[str]:
         return [r["prompt"] for r in read_records(self.work / f"{split}.jsonl")]
 
@@ -339,7 +394,7 @@ class ArtefactBuild:
             device=config.device,
             batch_size=config.batch_size,
             grad_accum=config.grad_accum,
-            init_rows=config.init_from / ROWS_FILE if config.init_from else None,
+            init_rows=self._ssft_init(),
         )
         run_ssft(
             config.base,
@@ -352,9 +407,19 @@ class ArtefactBuild:
         )
         return json.loads((run_dir / SUMMARY_FILE).read_text())
 
+    def _ssft_init(self) -> Path | None:
+        """The rows SSFT starts from: the distilled rows, else `init_from`'s, else None (the
+        constituents' mean)."""
+        if self.config.distill is not None:
+            return self.work / "artefact-distill" / ROWS_FILE
+        return self.config.init_from / ROWS_FILE if self.config.init_from else None
+
     def pick(self) -> dict[str, Any]:
         """The loss whose rows are closest to the original model on held-out windows (lowest
-        held-out KL of the answer distributions; every run measures it, whatever it trains)."""
+        held-out KL of the answer distributions; every run measures it, whatever it trains);
+        without SSFT, the distilled rows."""
+        if not self.config.losses:
+            return {"loss": "distill", "best_val": self.state.result("distill")["best_val_loss"]}
         losses = {loss: self.state.result(f"ssft_{loss}") for loss in self.config.losses}
         best = min(losses, key=lambda loss: losses[loss]["best_val"]["kl"])
         return {"loss": best, "best_val": losses[best]["best_val"]}
@@ -425,6 +490,9 @@ class ArtefactBuild:
             name = f"training_curve_{loss}.csv"
             shutil.copyfile(history, out / name)
             written.append(name)
+        if self.config.distill is not None:
+            shutil.copyfile(self.work / "runs" / "distill" / DISTILL_HISTORY, out / DISTILL_HISTORY)
+            written.append(DISTILL_HISTORY)
         written += [REPORT_FILE, MANIFEST_FILE]
         (out / REPORT_FILE).write_text(json.dumps(self.report(written), indent=2) + "\n")
         validated = {int(budget): result["fidelity"] for budget, result in gate.items()}
@@ -435,6 +503,7 @@ class ArtefactBuild:
         """The build report: settings, base model, every step's result and time."""
         steps = self.state.steps
         ssft = {loss: steps[f"ssft_{loss}"]["result"] for loss in self.config.losses}
+        distilled = steps["distill"]["result"] if "distill" in steps else None
         return {
             "artefact_id": steps["mine"]["result"]["artefact_id"],
             "out": str(self.config.out),
@@ -443,7 +512,8 @@ class ArtefactBuild:
             "split": {k: v for k, v in steps["split"]["result"].items() if "subjects" not in k},
             "render": steps["render"]["result"],
             "mine": steps["mine"]["result"],
-            "pseudo_label": steps["pseudo_label"]["result"],
+            "distill": distilled,
+            "pseudo_label": steps["pseudo_label"]["result"] if "pseudo_label" in steps else None,
             "ssft": ssft,
             "pick": steps["pick"]["result"],
             "measure": steps["measure"]["result"],

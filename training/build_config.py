@@ -14,6 +14,7 @@ import yaml
 from inference.model import ModelConfig
 from medtpe_core.build import DEFAULT_METHOD, METHODS
 from medtpe_core.subject_split import DEFAULT_HELD_OUT
+from training.distill_config import DistillConfig
 from training.loss_names import LOSSES
 
 DEVICES = ("cpu", "cuda")
@@ -81,6 +82,10 @@ class BuildConfig:
     held_out: float = DEFAULT_HELD_OUT
     n_train: int = 368
     n_val: int = 40
+    distill: DistillConfig | None = None
+    """Token-level distillation of the rows (`training.token_distillation`) on snippets of the
+    rendered windows, from `init_from`'s rows or the constituents' mean; SSFT (`losses`), if
+    any, continues from its rows. None: no distillation."""
     losses: tuple[str, ...] = ("ce",)
     lr: float = 5e-4
     epochs: int = 1
@@ -98,7 +103,12 @@ class BuildConfig:
 
     def __post_init__(self) -> None:
         _check(self.method in METHODS, "method", f"one of {METHODS}")
-        _check(bool(self.losses) and set(self.losses) <= set(LOSSES), "losses", f"of {LOSSES}")
+        _check(set(self.losses) <= set(LOSSES), "losses", f"of {LOSSES}")
+        _check(
+            bool(self.losses) or self.distill is not None,
+            "losses",
+            "at least one SSFT loss, unless the rows are distilled (distill)",
+        )
         _check(self.device in (None, *DEVICES), "device", f"one of {DEVICES}")
         _check(bool(self.tasks), "tasks", "at least one task")
         _check(0 < self.held_out < 1, "held_out", "a fraction between 0 and 1")
@@ -200,7 +210,21 @@ def build_config(file: Path | None, overrides: dict[str, Any]) -> BuildConfig:
             values[name] = (given,) if isinstance(given, str) else tuple(given)
     if values.get("windows") is not None:
         values["windows"] = _windows(values["windows"])
+    if values.get("distill") is not None:
+        values["distill"] = _distill(values["distill"])
     return BuildConfig(**values)
+
+
+def _distill(given: Any) -> DistillConfig:
+    if isinstance(given, DistillConfig):
+        return given
+    names = {f.name for f in dataclasses.fields(DistillConfig)}
+    if not isinstance(given, dict) or not set(given) <= names:
+        raise BuildConfigError(f"build setting 'distill': expected keys of {sorted(names)}")
+    try:
+        return DistillConfig(**given)
+    except (TypeError, ValueError) as exc:
+        raise BuildConfigError(f"build setting 'distill': {exc}") from exc
 
 
 def _windows(given: Any) -> Windows:

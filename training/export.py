@@ -59,6 +59,13 @@ def model_fingerprint(model: PreTrainedModel) -> str:
     return hashlib.sha256(weight.numpy().tobytes()).hexdigest()
 
 
+def base_model_fingerprint(base_dir: Path) -> str:
+    """`model_fingerprint` of the checkpoint in `base_dir` (loaded in its stored dtype)."""
+    from transformers import AutoModelForCausalLM
+
+    return model_fingerprint(AutoModelForCausalLM.from_pretrained(base_dir))
+
+
 def save_rows(artefact_dir: Path, rows: NewRows, base_fingerprint: str) -> Path:
     """Write `embeddings.safetensors` into the artefact directory; returns its path."""
     tensors = {"new_rows": rows.input.detach().float().cpu().contiguous()}
@@ -106,11 +113,26 @@ def grow_vocabulary(model: PreTrainedModel, size: int) -> None:
         model.resize_token_embeddings(size, mean_resizing=False)
 
 
+def untie_head(model: PreTrainedModel) -> None:
+    """Give a tied model its own output head, a copy of the embedding matrix (the checkpoint
+    then stores `lm_head.weight` and `tie_word_embeddings: false`)."""
+    embedding = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    head.weight = torch.nn.Parameter(embedding.detach().clone(), requires_grad=False)
+    model.config.tie_word_embeddings = False
+    if hasattr(model.config, "get_text_config"):
+        model.config.get_text_config().tie_word_embeddings = False
+
+
 def write_rows_into(model: PreTrainedModel, new_ids: list[int], rows: NewRows) -> None:
-    """Overwrite the rows of `new_ids` (reused or fresh) of `model`'s embedding and untied head."""
+    """Overwrite the rows of `new_ids` (reused or fresh) of `model`'s embedding and untied head.
+    Rows with an output side for a tied model (token distillation's `output: base`) untie its
+    head first (`untie_head`)."""
     tied = has_tied_embeddings(model)
-    if tied != (rows.output is None):
-        raise ValueError("tied models take one set of rows, untied models two")
+    if not tied and rows.output is None:
+        raise ValueError("untied models take two sets of rows (input and output)")
+    if tied and rows.output is not None:
+        untie_head(model)
     if len(new_ids) != len(rows.input):
         raise ValueError(f"{len(rows.input)} rows for {len(new_ids)} ids")
     ids = torch.tensor(new_ids, dtype=torch.long)

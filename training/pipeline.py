@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from medtpe_core.subject_split import TRAIN, seeded_split
 from training.embedding_split import EXTENSION_UNSUPPORTED
 from training.examples import Example, build_examples, load_examples, save_examples
-from training.export import model_fingerprint, save_rows
+from training.export import base_model_fingerprint, save_rows
 from training.ssft import SSFTConfig, SSFTResult, train_ssft
 
 if TYPE_CHECKING:
@@ -82,8 +82,6 @@ def run_ssft(
     resume: bool = True,
 ) -> SSFTResult:
     """Pseudo-label, train, and save the best rows to `out_dir` (default: the artefact)."""
-    from transformers import AutoModelForCausalLM
-
     from medtpe_core.tokenizer import MedTPETokenizer
 
     tokenizer = MedTPETokenizer.load(artefact_dir)
@@ -100,8 +98,7 @@ def run_ssft(
     )
     train, val = examples["train"], examples["val"]
     result = train_ssft(base_dir, tokenizer, train, val, run_dir, config, resume=resume)
-    base = AutoModelForCausalLM.from_pretrained(base_dir)
-    save_rows(out_dir or artefact_dir, result.rows, model_fingerprint(base))
+    save_rows(out_dir or artefact_dir, result.rows, base_model_fingerprint(base_dir))
     summary = {
         "artefact_id": tag,
         "n_train": len(train),

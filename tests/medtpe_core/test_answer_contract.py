@@ -94,7 +94,8 @@ def test_fidelity_figures_by_hand():
         pair(4, None, None),  # no probabilities: out of the |Δp| figures
     ]
     report = fidelity(pairs, n_resamples=200)
-    assert report["same_answer"]["value"] == pytest.approx(0.75)
+    # record 4 (answered by neither) says nothing of agreement
+    assert report["same_answer"]["value"] == pytest.approx(2 / 3) and report["n_answered"] == 3
     assert report["delta_p_n"] == 3
     assert report["delta_p_mean"]["value"] == pytest.approx((0.1 + 0.2 + 0.0) / 3)
     low, high = report["delta_p_mean"]["low"], report["delta_p_mean"]["high"]
@@ -116,6 +117,10 @@ def test_gate_thresholds():
     split = [pair(k, True, k % 2 == 0, 0.8, 0.8) for k in range(20)]
     assert Thresholds(min_same_answer=0.9).check(fidelity(split, n_resamples=20)) == [
         "same answer 0.500 < 0.9"
+    ]
+    unanswered = [pair(k, None, None) for k in range(4)]
+    assert Thresholds().check(fidelity(unanswered, n_resamples=20)) == [
+        "same answer: no record answered by either model"
     ]
     with pytest.raises(ValueError, match="at least one record"):
         fidelity([])

@@ -257,11 +257,12 @@ def test_a_build_that_fails_its_fidelity_gate_writes_nothing(
     failed = _build(*args)
     assert failed.exit_code == 1, failed.output[-600:]
     # the mortality windows answer "no" under MedTPE; the phenotyping one parses in neither
-    assert "fidelity gate failed (at 600 tokens: same answer 0.333 < 0.95" in failed.output
+    # (and so does not count toward agreement)
+    assert "fidelity gate failed (at 600 tokens: same answer 0.000 < 0.95" in failed.output
     assert not (out / "medtpe.json").exists() and not (out / "manifest.json").exists()
     state = json.loads((out / ".build" / "state.json").read_text())
     same = state["steps"]["gate"]["result"]["700"]["fidelity"]["same_answer"]["value"]
-    assert same == pytest.approx(1 / 3)
+    assert same == 0.0
     assert len(started) == 2  # one engine per mode
     passed = _build(*args, "--min-same-answer", "0")
     assert passed.exit_code == 0, passed.output

@@ -1,0 +1,320 @@
+"""Fidelity that can resolve 0.01: many held-out prediction points, artefacts paired on them.
+
+Fidelity needs no labels, so every few hours of each held-out ICU stay is a point (the stays of
+the patients an artefact's build held out, `held_out_subjects` in its `build_report.json`).
+Three steps:
+
+    python -m benchmarks.bench_fidelity points --artefact artifacts/smollm2-135m-icu \\
+        --every-hours 6 --n 120 --out .cache/fidelity/points_120.parquet
+    medtpe evaluate ... --labels .cache/fidelity/points_120.parquet --split all \\
+        --mode both|original|medtpe --dtype float32|auto --max-input-tokens 4096 --out RUN.json
+    python -m benchmarks.bench_fidelity pair --original RUN.json:original \\
+        --artefact default=RUN.json:medtpe --artefact distilled=OTHER.json:medtpe ... --out R.json
+
+`diagnose` (float32, a Hugging Face forward per prompt and side: what the drift is made of)
+answers the same points at each budget with the original model and each set of rows, and reads
+the answer position: |Δp|, the probability mass the reused ids receive there (their rows are
+also the tied LM head), and the relative error of the hidden state of every layer at the last
+prompt position:
+
+    python -m benchmarks.bench_fidelity diagnose --points .cache/fidelity/points_24.parquet \
+        --budgets 1024,2048 --rows mean --rows default=artifacts/smollm2-135m-icu \
+        --rows distilled=DIR:base --out benchmarks/results/fidelity_diagnosis.json
+
+`points` writes a MEDS label file (the stay's ICU death as its label: fidelity ignores it);
+`medtpe evaluate` answers the points with the service's engine path (the served dtype, or
+float32: the rows' own error); `pair` reads the runs back, pairs every artefact with the one
+original run on the same points (same prompt text) and reports each artefact's |Δp| (mean, p95)
+and every two artefacts' paired difference with patient-level bootstrap intervals
+(`medtpe_core.fidelity.paired_difference`); with `--floor A.json:original B.json:original`, the
+engine's own floor (the original model in the served dtype against float32 on the same points).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm.auto import tqdm
+
+from evaluation.results import RecordResult
+from evaluation.stored_report import mode_results
+from medtpe_core.fidelity import PairedAnswer, fidelity, paired_difference
+from medtpe_core.results_file import write_results
+from medtpe_core.tokenizer import MedTPETokenizer
+
+if TYPE_CHECKING:
+    from training.answer_scoring import RowsModel
+
+STAYS = Path("metadata/icu_stays.parquet")
+FIRST_HOURS = 6
+"""The first point of a stay: hours after ICU admission."""
+SEED = 1
+
+
+def held_out_points(
+    meds: Path, subjects: set[int], every_hours: float, n: int | None
+) -> list[dict[str, Any]]:
+    """(subject, time, ICU death) every `every_hours` from `FIRST_HOURS` after each ICU
+    admission of `subjects` until discharge, in (subject, time) order; with `n`, `n` of them
+    drawn stay by stay in turns (each stay's points in a seeded random order), so every stay
+    is represented before any gets a second point."""
+    stays = pq.read_table(meds / STAYS).to_pylist()
+    rng = random.Random(SEED)
+    by_stay = []
+    for stay in sorted(stays, key=lambda s: (s["subject_id"], s["intime"])):
+        if stay["subject_id"] not in subjects:
+            continue
+        hours, points = FIRST_HOURS, []
+        while (time := stay["intime"] + timedelta(hours=hours)) < stay["outtime"]:
+            points.append(
+                {
+                    "subject_id": stay["subject_id"],
+                    "prediction_time": time,
+                    "boolean_value": bool(stay["died_in_icu"]),
+                }
+            )
+            hours += every_hours
+        rng.shuffle(points)
+        by_stay.append(points)
+    turns = [p for points in itertools.zip_longest(*by_stay) for p in points if p is not None]
+    chosen = turns[:n] if n is not None else turns
+    return sorted(chosen, key=lambda p: (p["subject_id"], p["prediction_time"]))
+
+
+def points(args: argparse.Namespace) -> None:
+    """Write the held-out points' label file."""
+    report = json.loads((args.artefact / "build_report.json").read_text())
+    rows = held_out_points(args.meds, set(report["held_out_subjects"]), args.every_hours, args.n)
+    table = pa.table(
+        {
+            "subject_id": pa.array([r["subject_id"] for r in rows], pa.int64()),
+            "prediction_time": pa.array([r["prediction_time"] for r in rows], pa.timestamp("us")),
+            "boolean_value": pa.array([r["boolean_value"] for r in rows], pa.bool_()),
+        }
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, args.out)
+    print(f"{len(rows)} points of {len({r['subject_id'] for r in rows})} patients: {args.out}")
+
+
+def _rows(spec: str, tokenizer: MedTPETokenizer, model: RowsModel) -> tuple[str, Any, str]:
+    """`NAME=ARTEFACT_DIR[:OUTPUT]` (or `mean`: the constituents' mean) → (name, rows, output)."""
+    from training.embedding_init import init_new_rows
+    from training.export import load_rows
+
+    name, _, where = spec.partition("=")
+    if not where:
+        return name, init_new_rows(model.model, tokenizer.new_tokens), "tied"
+    path, _, output = where.partition(":")
+    return name, load_rows(Path(path))[0], output or "tied"
+
+
+def diagnose(args: argparse.Namespace) -> None:
+    """Float32 answers of the points at each budget: original against each set of rows."""
+    from inference.predictor import Predictor
+    from medtpe_core.chat_template import ChatTemplate
+    from medtpe_core.meds_readers import MedsDataset, read_labels
+    from medtpe_core.tasks import get_task
+    from training.answer_scoring import RowsModel
+
+    task = get_task("icu_mortality")
+    tokenizer = MedTPETokenizer.load(args.artefact)
+    template = ChatTemplate.from_model_dir(args.base)
+    dataset = MedsDataset.load(args.meds)
+    model = RowsModel(args.base, threads=args.threads)
+    variants = [_rows(spec, tokenizer, model) for spec in args.rows]
+    new_ids = [t.id for t in tokenizer.new_tokens]
+    points = read_labels(args.points)
+    budgets = [int(b) for b in args.budgets.split(",")]
+    results: dict[str, Any] = {"budgets": {}}
+    for budget in budgets:
+        predictors = {
+            mode: Predictor(tokenizer, template, mode, budget, dataset.descriptions)
+            for mode in ("original", "medtpe")
+        }
+        rows = []
+        for point in tqdm(points, desc=f"diagnose {budget}", unit="point"):
+            events = dataset.events(point.subject_id)
+            record = predictors["original"].prepare(task, events, point.prediction_time)
+            seg = record.segmentation
+            model.set_rows(new_ids, None)
+            reference = model.score(seg.original_ids)
+            p_orig = predictors["original"].option_probabilities(task, reference.top_logprobs)
+            row: dict[str, Any] = {
+                "key": point.key,
+                "subject_id": point.subject_id,
+                "n_original": len(seg.original_ids),
+                "n_medtpe": len(seg.medtpe_ids),
+                "p_original": p_orig,
+                "variants": {},
+            }
+            for name, variant_rows, output in variants:
+                model.set_rows(new_ids, variant_rows, output)
+                scored = model.score(seg.medtpe_ids)
+                p = predictors["medtpe"].option_probabilities(task, scored.top_logprobs)
+                error = ((scored.hidden - reference.hidden) ** 2).sum(-1) / (
+                    reference.hidden**2
+                ).sum(-1)
+                row["variants"][name] = {
+                    "p": p,
+                    "new_id_mass": scored.new_id_mass,
+                    "layer_error": [round(float(e), 5) for e in error],
+                    "top_is_new": max(scored.top_logprobs, key=scored.top_logprobs.get) in new_ids,
+                }
+            rows.append(row)
+        results["budgets"][str(budget)] = {
+            "records": rows,
+            "summary": _diagnosis_summary(rows, [v[0] for v in variants], args.resamples),
+        }
+        for name, figures in results["budgets"][str(budget)]["summary"].items():
+            print(
+                budget, name, json.dumps({k: v for k, v in figures.items() if k != "layer_error"})
+            )
+    write_results(args.out, " ".join(sys.argv), results)
+
+
+def _diagnosis_summary(
+    rows: list[dict[str, Any]], names: list[str], resamples: int
+) -> dict[str, Any]:
+    """Per set of rows: fidelity of p(yes), mean new-id mass, mean layer-error profile; and
+    every two sets' paired difference."""
+    paired = {
+        name: [
+            PairedAnswer(r["subject_id"], None, None, r["p_original"], r["variants"][name]["p"])
+            for r in rows
+        ]
+        for name in names
+    }
+    summary: dict[str, Any] = {}
+    for name in names:
+        figures = fidelity(paired[name], resamples)
+        summary[name] = {
+            "delta_p_mean": figures["delta_p_mean"],
+            "delta_p_p95": figures["delta_p_p95"]["value"],
+            "delta_p_n": figures["delta_p_n"],
+            "signed_dp_mean": float(
+                np.mean(
+                    [
+                        r["variants"][name]["p"]["yes"] - r["p_original"]["yes"]
+                        for r in rows
+                        if r["variants"][name]["p"] and r["p_original"]
+                    ]
+                )
+            ),
+            "new_id_mass_mean": float(np.mean([r["variants"][name]["new_id_mass"] for r in rows])),
+            "new_id_mass_max": float(np.max([r["variants"][name]["new_id_mass"] for r in rows])),
+            "top_is_new": sum(r["variants"][name]["top_is_new"] for r in rows),
+            "layer_error": np.mean([r["variants"][name]["layer_error"] for r in rows], axis=0)
+            .round(5)
+            .tolist(),
+        }
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            summary[f"{b} - {a}"] = paired_difference(paired[a], paired[b], resamples)
+    return summary
+
+
+def _pairs(original: list[RecordResult], other: list[RecordResult]) -> list[PairedAnswer]:
+    """The records of two runs paired by key (same prompt text: checked by token counts)."""
+    by_key = {r.key: r for r in other}
+    pairs = []
+    for first in original:
+        second = by_key.get(first.key)
+        if second is None:
+            continue
+        if second.n_tokens_original != first.n_tokens_original:
+            raise ValueError(f"{first.key}: the runs rendered different prompts")
+        pairs.append(
+            PairedAnswer(
+                int(first.key.split("@")[0]),
+                first.prediction,
+                second.prediction,
+                first.probabilities,
+                second.probabilities,
+            )
+        )
+    return pairs
+
+
+def _named(spec: str) -> tuple[str, str]:
+    name, _, run = spec.partition("=")
+    return name, run
+
+
+def pair(args: argparse.Namespace) -> None:
+    """Each artefact's fidelity against the original run, and every two artefacts' paired
+    difference of |Δp| (on the points both runs answered with probabilities)."""
+    original = mode_results(args.original)
+    paired = {name: _pairs(original, mode_results(run)) for name, run in map(_named, args.artefact)}
+    results: dict[str, Any] = {
+        "original": args.original,
+        "artefacts": dict(map(_named, args.artefact)),
+        "fidelity": {name: fidelity(p, args.resamples) for name, p in paired.items()},
+    }
+    names = list(paired)
+    results["differences"] = {
+        f"{b} - {a}": paired_difference(paired[a], paired[b], args.resamples)
+        for i, a in enumerate(names)
+        for b in names[i + 1 :]
+    }
+    if args.floor:
+        served, reference = (mode_results(spec) for spec in args.floor)
+        results["floor"] = fidelity(_pairs(reference, served), args.resamples)
+    for name, figures in results["fidelity"].items():
+        dp = figures["delta_p_mean"]
+        print(
+            f"{name}: n={figures['delta_p_n']} mean |dp| {dp['value']:.4f} "
+            f"[{dp['low']:.4f}, {dp['high']:.4f}] p95 {figures['delta_p_p95']['value']:.4f}"
+        )
+    for name, diff in results["differences"].items():
+        print(f"{name}: {diff['value']:+.4f} [{diff['low']:+.4f}, {diff['high']:+.4f}]")
+    write_results(args.out, " ".join(sys.argv), results)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    steps = parser.add_subparsers(dest="step", required=True)
+    p = steps.add_parser("points", help="held-out prediction points as a MEDS label file")
+    p.add_argument("--meds", type=Path, default=Path("../shared/data/mimic-iv-demo-meds"))
+    p.add_argument("--artefact", type=Path, default=Path("artifacts/smollm2-135m-icu"))
+    p.add_argument("--every-hours", type=float, default=6.0)
+    p.add_argument("--n", type=int, default=None, help="evenly spread subset of the points")
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(run=points)
+    d = steps.add_parser("diagnose", help="float32 answers, reused-id mass, layer errors")
+    d.add_argument("--meds", type=Path, default=Path("../shared/data/mimic-iv-demo-meds"))
+    d.add_argument("--base", type=Path, default=Path(".cache/models/smollm2-135m-instruct"))
+    d.add_argument("--artefact", type=Path, default=Path("artifacts/smollm2-135m-icu"))
+    d.add_argument("--points", type=Path, required=True)
+    d.add_argument("--budgets", default="1024,2048,4096,8192")
+    d.add_argument(
+        "--rows", action="append", required=True, help="mean | NAME=ARTEFACT_DIR[:tied|base]"
+    )
+    d.add_argument("--threads", type=int, default=None)
+    d.add_argument("--resamples", type=int, default=1000)
+    d.add_argument("--out", type=Path)
+    d.set_defaults(run=diagnose)
+    q = steps.add_parser("pair", help="artefacts paired on the same points")
+    q.add_argument("--original", required=True, help="REPORT.json:original")
+    q.add_argument("--artefact", action="append", required=True, help="NAME=REPORT.json:medtpe")
+    q.add_argument("--floor", nargs=2, metavar="REPORT.json:MODE", help="served, then float32")
+    q.add_argument("--resamples", type=int, default=1000)
+    q.add_argument("--out", type=Path)
+    q.set_defaults(run=pair)
+    args = parser.parse_args(argv)
+    args.run(args)
+
+
+if __name__ == "__main__":
+    main()

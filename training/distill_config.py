@@ -1,0 +1,44 @@
+"""Settings of token-level distillation (`training.token_distillation`), without torch: the
+build settings (`training.build_config`) and the CLI read them without loading it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+OUTPUT_SIDES = ("base", "tied")
+"""How the reused ids' output (LM head) rows are served: `base` keeps the base model's own rows
+there (the export unties the head), `tied` serves the trained input rows on both sides."""
+FINAL_LAYER = -1
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """Distillation settings (defaults: the default artefact's)."""
+
+    snippets: int = 2400
+    """Training snippets drawn (frequency-aware) from the training split's prompts."""
+    val_snippets: int = 128
+    """Held-out snippets (the validation split's prompts) that pick the best rows."""
+    snippet_tokens: int = 64
+    """Original tokens per snippet (at least; each ends at the next shared end)."""
+    min_contexts: int = 8
+    """Snippets drawn first so that every new token the prompts hold is seen in this many."""
+    layer: int = FINAL_LAYER
+    """The hidden state matched: -1 the last layer after the final norm, k ≥ 1 layer k's output."""
+    lr: float = 5e-3
+    batch_size: int = 16
+    epochs: int = 2
+    warmup_ratio: float = 0.05
+    eval_every: int = 25
+    output: str = "base"
+
+    def __post_init__(self) -> None:
+        if self.output not in OUTPUT_SIDES:
+            raise ValueError(f"output: expected one of {OUTPUT_SIDES}, not {self.output!r}")
+        if self.layer == 0 or self.layer < FINAL_LAYER:
+            raise ValueError("layer: expected -1 (the last, normed) or a layer number from 1")
+        for name in ("snippets", "val_snippets", "snippet_tokens", "batch_size", "epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected at least 1")
+        if self.lr <= 0:
+            raise ValueError("lr: expected a positive learning rate")

@@ -1,0 +1,330 @@
+"""Token-level distillation of the new rows (after Token Distillation, Dobler et al., ICLR 2026):
+the MedTPE model reading a snippet must produce, at every point where both have read the same
+text, the hidden state the original model produces reading the original tokens.
+
+Short snippets (`medtpe_core.snippets`: ~64 original tokens, cut at shared ends, drawn so every
+new token is seen in enough contexts) instead of whole 8k-token prompts: one snippet holds
+dozens of MedTPE tokens, and each is trained in many contexts for the price of a few long
+windows. The teacher (base model, original ids) runs once per snippet and its hidden states at
+the aligned positions are cached (`teacher.pt`); the student trains only the new rows (the
+embedding split) with the relative squared error of the hidden state at `layer` (the last
+layer after the final norm, what the LM head reads, by default; the forward stops at the layer
+matched). With tied embeddings the loss trains the input side only: `output="base"` serves the
+base model's own head rows for the reused ids (the export unties the head), `"tied"` the
+trained rows on both sides.
+
+Resumable: the teacher cache and a checkpoint after every validation live in the run
+directory; a re-run continues. Cost per step ≈ one forward and one backward of the student over
+`batch_size` snippets (~35 MedTPE tokens each) up to `layer`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tqdm.auto import tqdm
+
+from medtpe_core.snippets import Snippet
+from training.distill_config import FINAL_LAYER, DistillConfig
+from training.embedding_init import NewRows
+from training.embedding_split import SplitEmbedding
+from training.ssft import _schedule, load_split_model, pick_device
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from medtpe_core.tokenizer import MedTPETokenizer
+
+TEACHER_FILE = "teacher.pt"
+CHECKPOINT_FILE = "distill-checkpoint.pt"
+HISTORY_FILE = "distill-history.jsonl"
+
+
+@dataclass(frozen=True)
+class DistillResult:
+    """The best rows (by held-out loss) and the run's record."""
+
+    rows: NewRows
+    initial_val_loss: float
+    best_val_loss: float
+    steps: int
+    seconds: dict[str, float]
+
+
+class _Stop(Exception):
+    """Raised by the hook that ends a forward at the layer matched."""
+
+
+def hidden_at(
+    model: PreTrainedModel,
+    layer: int,
+    input_ids: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    inputs_embeds: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Hidden states [batch, width, hidden] at `layer` (see `DistillConfig.layer`); the forward
+    stops there (the layers above it are not run)."""
+    kwargs = {"input_ids": input_ids, "inputs_embeds": inputs_embeds}
+    if layer == FINAL_LAYER:
+        return model.base_model(**kwargs, attention_mask=attention_mask).last_hidden_state
+    caught: list[torch.Tensor] = []
+
+    def stop(_module: Any, _args: Any, output: Any) -> None:
+        caught.append(output[0] if isinstance(output, tuple) else output)
+        raise _Stop
+
+    handle = model.base_model.layers[layer - 1].register_forward_hook(stop)
+    try:
+        model.base_model(**kwargs, attention_mask=attention_mask)
+    except _Stop:
+        pass
+    finally:
+        handle.remove()
+    return caught[0]
+
+
+def _pad(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for k, r in enumerate(rows):
+        ids[k, : len(r)] = torch.tensor(r, dtype=torch.long)
+        mask[k, : len(r)] = 1
+    return ids, mask
+
+
+def _flat_positions(snippets: Sequence[Snippet], width: int, side: int) -> torch.Tensor:
+    """Flat indices into [batch, width] of each snippet's aligned positions (`side` 0: student,
+    1: teacher)."""
+    return torch.tensor(
+        [k * width + pair[side] for k, s in enumerate(snippets) for pair in s.pairs],
+        dtype=torch.long,
+    )
+
+
+@torch.no_grad()
+def teacher_states(
+    model: PreTrainedModel,
+    snippets: Sequence[Snippet],
+    layer: int,
+    batch_size: int,
+    device: torch.device,
+    pad: int,
+) -> torch.Tensor:
+    """The original model's hidden states at `layer` at every snippet's aligned positions
+    ([sum of pairs, hidden] float32, snippet by snippet), new rows ignored."""
+    embedding: SplitEmbedding = model.get_input_embeddings()
+    out = []
+    for start in tqdm(range(0, len(snippets), batch_size), desc="teacher", unit="batch"):
+        batch = snippets[start : start + batch_size]
+        ids, mask = _pad([s.teacher for s in batch], pad)
+        embeds = torch.nn.functional.embedding(ids.to(device), embedding.weight)
+        hidden = hidden_at(model, layer, attention_mask=mask.to(device), inputs_embeds=embeds)
+        at = _flat_positions(batch, ids.shape[1], 1).to(device)
+        out.append(hidden.flatten(0, 1)[at].float().cpu())
+    return torch.cat(out)
+
+
+def _offsets(snippets: Sequence[Snippet]) -> list[int]:
+    """Start of each snippet's rows in the teacher cache."""
+    offsets = [0]
+    for s in snippets:
+        offsets.append(offsets[-1] + len(s.pairs))
+    return offsets
+
+
+def relative_error(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """Mean squared error of the aligned hidden states relative to the teacher's mean squared
+    norm (scale-free across layers)."""
+    return (student - teacher).pow(2).sum(-1).mean() / teacher.pow(2).sum(-1).mean()
+
+
+def _batch_loss(
+    model: PreTrainedModel,
+    batch: Sequence[Snippet],
+    target: torch.Tensor,
+    layer: int,
+    device: torch.device,
+    pad: int,
+) -> torch.Tensor:
+    ids, mask = _pad([s.student for s in batch], pad)
+    hidden = hidden_at(model, layer, input_ids=ids.to(device), attention_mask=mask.to(device))
+    at = _flat_positions(batch, ids.shape[1], 0).to(device)
+    return relative_error(hidden.flatten(0, 1)[at].float(), target.to(device))
+
+
+@torch.no_grad()
+def _validate(
+    model: PreTrainedModel,
+    snippets: Sequence[Snippet],
+    teacher: torch.Tensor,
+    config: DistillConfig,
+    device: torch.device,
+    pad: int,
+) -> float:
+    offsets = _offsets(snippets)
+    total, count = 0.0, 0
+    for start in range(0, len(snippets), config.batch_size):
+        batch = snippets[start : start + config.batch_size]
+        target = teacher[offsets[start] : offsets[start + len(batch)]]
+        loss = _batch_loss(model, batch, target, config.layer, device, pad)
+        total += loss.item() * len(batch)
+        count += len(batch)
+    return total / max(count, 1)
+
+
+def _cached_teacher(
+    path: Path,
+    model: PreTrainedModel,
+    snippets: Sequence[Snippet],
+    config: DistillConfig,
+    device: torch.device,
+    pad: int,
+) -> torch.Tensor:
+    """The teacher states of `snippets`, read from `path` when a run already computed them."""
+    if path.is_file():
+        return torch.load(path)
+    states = teacher_states(model, snippets, config.layer, config.batch_size, device, pad)
+    tmp = path.with_suffix(".tmp")
+    torch.save(states, tmp)
+    os.replace(tmp, path)
+    return states
+
+
+def distill(
+    base_dir: Path,
+    tokenizer: MedTPETokenizer,
+    train: Sequence[Snippet],
+    val: Sequence[Snippet],
+    run_dir: Path,
+    config: DistillConfig,
+    initial: NewRows | None = None,
+    *,
+    seed: int = 1,
+    device: str | None = None,
+) -> DistillResult:
+    """Train the new rows by token-level distillation (module docstring) from `initial` (None:
+    the constituents' mean); resumes from `run_dir`. Returns the rows best on `val`, with the
+    output side `config.output` asks for (`base`: the base head's rows of the reused ids)."""
+    device = pick_device(device)
+    torch.manual_seed(seed)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    model, params = load_split_model(base_dir, tokenizer, device, _input_only(initial))
+    pad = 0  # any id: padded positions are masked and never read
+    teacher = {
+        split: _cached_teacher(
+            run_dir / f"{split}-{TEACHER_FILE}", model, snippets, config, device, pad
+        )
+        for split, snippets in (("train", train), ("val", val))
+    }
+    teacher_s = time.perf_counter() - started
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
+    steps_per_epoch = math.ceil(len(train) / config.batch_size)
+    total = steps_per_epoch * config.epochs
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(total, config.warmup_ratio))
+    checkpoint = run_dir / CHECKPOINT_FILE
+    state: dict[str, Any] = {"step": 0, "best": None, "best_rows": None, "initial": None}
+    if checkpoint.is_file():
+        saved = torch.load(checkpoint, weights_only=False)
+        with torch.no_grad():
+            params[0].copy_(saved["rows"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        state = saved["state"]
+    if state["initial"] is None:
+        state["initial"] = state["best"] = _validate(
+            model, val, teacher["val"], config, device, pad
+        )
+        state["best_rows"] = params[0].detach().cpu().clone()
+    order = _order(len(train), config.epochs, seed)
+    offsets = _offsets(train)
+    model.eval()  # no dropout; the rows still get their gradients
+    bar = tqdm(total=total, initial=state["step"], desc="distill", unit="step")
+    train_started = time.perf_counter()
+    while state["step"] < total:
+        step = state["step"]
+        picked = order[step * config.batch_size : (step + 1) * config.batch_size]
+        batch = [train[k] for k in picked]
+        target = torch.cat([teacher["train"][offsets[k] : offsets[k + 1]] for k in picked])
+        loss = _batch_loss(model, batch, target, config.layer, device, pad)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        state["step"] += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.4f}")
+        row = {"step": state["step"], "train_loss": loss.item(), "lr": scheduler.get_last_lr()[0]}
+        if state["step"] % config.eval_every == 0 or state["step"] == total:
+            row["val_loss"] = _validate(model, val, teacher["val"], config, device, pad)
+            if row["val_loss"] < state["best"]:
+                state["best"], state["best_rows"] = (
+                    row["val_loss"],
+                    params[0].detach().cpu().clone(),
+                )
+            _save(checkpoint, params[0], optimizer, scheduler, state)
+        with (run_dir / HISTORY_FILE).open("a") as handle:
+            handle.write(json.dumps(row) + "\n")
+    bar.close()
+    rows = NewRows(state["best_rows"])
+    if config.output == "base":
+        ids = torch.tensor([t.id for t in tokenizer.new_tokens], dtype=torch.long)
+        rows = NewRows(rows.input, model.get_output_embeddings().weight[ids].detach().float().cpu())
+    return DistillResult(
+        rows,
+        state["initial"],
+        state["best"],
+        state["step"],
+        {"teacher": round(teacher_s, 1), "train": round(time.perf_counter() - train_started, 1)},
+    )
+
+
+def _input_only(rows: NewRows | None) -> NewRows | None:
+    """Distillation trains the input rows: an initial output side is not carried."""
+    return None if rows is None else NewRows(rows.input)
+
+
+def _order(n: int, epochs: int, seed: int) -> list[int]:
+    """The snippets' seeded order over all epochs (a new permutation each epoch)."""
+    generator = torch.Generator().manual_seed(seed)
+    return [int(k) for _ in range(epochs) for k in torch.randperm(n, generator=generator)]
+
+
+def _save(
+    path: Path,
+    rows: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LambdaLR,
+    state: dict[str, Any],
+) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(
+        {
+            "rows": rows.detach().cpu(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "state": state,
+        },
+        tmp,
+    )
+    os.replace(tmp, path)
+
+
+def summary(result: DistillResult, config: DistillConfig) -> dict[str, Any]:
+    """A JSON-ready record of a run."""
+    return {
+        "settings": asdict(config),
+        "initial_val_loss": result.initial_val_loss,
+        "best_val_loss": result.best_val_loss,
+        "steps": result.steps,
+        "seconds": result.seconds,
+    }
