@@ -6,6 +6,7 @@ must report death and refuse to generate (what the service maps to 503 and red r
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import psutil
@@ -15,6 +16,7 @@ from evaluation.records import EvalRecord, load_records
 from evaluation.report import build_report
 from evaluation.results import RecordResult
 from evaluation.runner import Sampling, evaluate_mode, measured
+from inference.cpu_cores import SMALL_MACHINE_CORES
 from inference.engine import EngineDead, Finish
 from inference.model import load_model
 from inference.predictor import Predictor
@@ -92,6 +94,7 @@ async def evaluate_then_kill(
         if "EngineCore" in " ".join(child.cmdline() or [child.name()])
     ]
     assert cores, "no engine core process found"
+    assert_computes_on_every_core(cores)
     assert not engine.dead
     for core in cores:
         core.kill()
@@ -99,3 +102,17 @@ async def evaluate_then_kill(
         await engine.generate(prompt_ids, max_new_tokens=2)
     assert engine.dead
     return rows
+
+
+def assert_computes_on_every_core(cores: list[psutil.Process]) -> None:
+    """On a machine of at most `SMALL_MACHINE_CORES` cores, the engine's worker (the process
+    whose OpenMP threads run the model) may run on every core this process may: vLLM's own
+    binding put it on all but one, so two engines on 2 cores both ran on core 0."""
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) > SMALL_MACHINE_CORES:  # vLLM's own reservation applies there
+        return
+    workers = [p for core in cores for p in core.children(recursive=True)]
+    assert workers, "no engine worker process found"
+    for worker in workers:
+        # the main thread is the OpenMP master thread, bound to the engine's cores
+        assert os.sched_getaffinity(worker.pid) == allowed, worker.environ().get("OMP_PLACES")
