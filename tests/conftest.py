@@ -21,6 +21,7 @@ from tests.support.meds_fixtures import train_tokenizer
 from tests.support.paths import FIXTURES
 from tests.support.service_support import (
     SERVICE_API_KEY,
+    SHUTDOWN_GRACE_S,
     Api,
     ServedApi,
     ServiceProcess,
@@ -105,11 +106,13 @@ def service_files() -> tuple[Path, Path]:
 def service_server(
     service_files: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServiceProcess]:
-    """The service with API keys and a 256 KiB body limit (stopped by the shutdown test)."""
+    """The service with API keys, a 256 KiB body limit and a short grace period (stopped by the
+    shutdown test)."""
     env = service_env(
         service_files,
         MEDTPE_API_KEYS=f"{SERVICE_API_KEY},test-key-2",
         MEDTPE_MAX_REQUEST_BYTES=str(256 * 1024),
+        MEDTPE_SHUTDOWN_GRACE_S=str(SHUTDOWN_GRACE_S),
     )
     with running_service(env, tmp_path_factory.mktemp("service") / "service.log") as server:
         yield server
