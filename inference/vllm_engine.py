@@ -22,7 +22,15 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
-from inference.engine import AnswerConstraint, Completion, EngineConfig, EngineDead, Finish
+from inference.cpu_cores import bind_engine_cores, reserved_from_env
+from inference.engine import (
+    AnswerConstraint,
+    Completion,
+    EngineConfig,
+    EngineDead,
+    EngineOptions,
+    Finish,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +98,19 @@ def engine_args(config: EngineConfig) -> AsyncEngineArgs:
     )
 
 
+def bind_cpu_cores(options: EngineOptions) -> None:
+    """Choose the CPU engine's cores before an engine core starts (`inference.cpu_cores`):
+    `options.cpu_reserved_cores`, else `MEDTPE_CPU_RESERVED_CORES`; every core on a small
+    machine. Every engine start goes through here (`VllmEngine.start`, the shared engine core)."""
+    reserved = options.cpu_reserved_cores
+    if reserved is None:
+        reserved = reserved_from_env()
+    workers = options.tensor_parallel_size * options.pipeline_parallel_size
+    written = bind_engine_cores(reserved, workers)
+    if written:
+        logger.info("CPU engine cores: %s", written)
+
+
 def client_vllm_config(config: EngineConfig, n_processes: int, rank: int) -> VllmConfig:
     """vLLM's configuration of `config` for API process `rank` of `n_processes` sharing one
     engine core (rank -1: the process that launches the core)."""
@@ -112,6 +133,7 @@ class VllmEngine:
     def start(cls, config: EngineConfig) -> VllmEngine:
         """Start the engine (blocking, about 30 s on CPU; run it off the event loop)."""
         logger.info("starting vLLM engine on %s", config.model_dir)
+        bind_cpu_cores(config.options)
         return cls(AsyncLLM.from_engine_args(engine_args(config)), config)
 
     @classmethod

@@ -1,8 +1,11 @@
 """vLLM general plugin (entry point `vllm.general_plugins`, loaded in every vLLM process): the
 MedTPE tokenizer as `--tokenizer-mode medtpe`, and vLLM's default `hf`/`auto` mode extended to
-pick it for any model directory that holds `medtpe.json` (`inference.vllm_tokenizer`)."""
+pick it for any model directory that holds `medtpe.json` (`inference.vllm_tokenizer`); and the
+CPU engine's cores chosen as the project's own engines choose them (`inference.cpu_cores`)."""
 
 from __future__ import annotations
+
+from inference.cpu_cores import bind_engine_cores, reserved_from_env
 
 _TOKENIZER_MODULE = "inference.vllm_tokenizer"
 
@@ -12,6 +15,11 @@ def register() -> None:
     heavy: vLLM resolves the classes by name when a model is loaded)."""
     from vllm.renderers.registry import RENDERER_REGISTRY
     from vllm.tokenizers.registry import TokenizerRegistry
+
+    # loaded before the engine core starts (in `vllm serve`'s front end and `vllm.LLM`'s
+    # process): the CPU engine on every core of a small machine, as in the service; an engine
+    # wrapper's or the operator's binding set earlier stands
+    bind_engine_cores(reserved_from_env(), replace=False)
 
     if TokenizerRegistry.tokenizers.get("medtpe") == (_TOKENIZER_MODULE, "MedTPEVllmTokenizer"):
         return

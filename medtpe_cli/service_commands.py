@@ -11,20 +11,21 @@ import click
 def serve(host: str | None, port: int | None) -> None:
     """Serve /predict, /predict/batch, /tokenize, /healthz, /readyz and /metrics.
 
-    It only loads prepared files: `medtpe prepare-model` and `medtpe export` (`make serve` runs
-    both) write the base and the exported checkpoint, and a missing or stale one fails the start
-    with an error naming the command. `/readyz` turns green once the engine has answered a
-    warm-up request. SIGTERM drains the requests in flight before the engine stops. With
-    `MEDTPE_API_WORKERS` = N > 1, N API processes share one engine (service/api_processes.py).
-    docs/configuration.md lists the settings.
+        It only loads prepared files: `medtpe prepare-model` and `medtpe export` (`make serve` runs
+        both) write the base and the exported checkpoint, and a missing or stale one fails the start
+        with an error naming the command. `/readyz` turns green once the engine has answered a
+        warm-up request. SIGTERM drains: new requests get 503 `shutting_down`, those in flight get
+    `MEDTPE_SHUTDOWN_GRACE_S` to finish (then 503 `shutting_down`), then the engine stops. With
+        `MEDTPE_API_WORKERS` = N > 1, N API processes share one engine (service/api_processes.py).
+        docs/configuration.md lists the settings.
     """
     import logging
 
-    import uvicorn
     from pydantic import ValidationError
 
     from service.api_processes import LOG_FORMAT, serve_api_processes
     from service.app import create_app
+    from service.drain import draining_server
     from service.settings import ServiceSettings
 
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
@@ -36,13 +37,8 @@ def serve(host: str | None, port: int | None) -> None:
     if settings.api_workers > 1:
         serve_api_processes(settings)
         return
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        timeout_graceful_shutdown=int(settings.shutdown_grace_s),
-        log_level="info",
-    )
+    app = create_app(settings)
+    draining_server(app, host=settings.host, port=settings.port, log_level="info").run()
 
 
 commands = [serve]

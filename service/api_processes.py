@@ -24,13 +24,13 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-import uvicorn
 from prometheus_client import multiprocess
 
 from inference.engines import connect_vllm
 from inference.model import load_model
 from inference.shared_engine import serve_shared_engine
 from service.app import create_app
+from service.drain import draining_server, stop_within_s
 from service.metrics import MULTIPROCESS_DIR_ENV
 from service.settings import ServiceSettings
 from service.state import require_input_budget, require_validated_budget
@@ -74,7 +74,7 @@ def serve_api_processes(settings: ServiceSettings) -> None:
             _api_process,
             sock,
             ApiProcessArgs(settings, new_secret()),
-            settings.shutdown_grace_s,
+            stop_within_s(settings.shutdown_grace_s),
         )
     finally:
         sock.close()
@@ -89,10 +89,8 @@ def _api_process(
     logger.info("API process %d serving %s", client["client_index"], listen_address)
     settings = args.settings
     app = create_app(settings, connect_vllm(client), args.salt_secret)
-    config = uvicorn.Config(
-        app, timeout_graceful_shutdown=int(settings.shutdown_grace_s), log_level="info"
-    )
+    server = draining_server(app, log_level="info")
     try:
-        asyncio.run(uvicorn.Server(config).serve(sockets=[sock]))
+        asyncio.run(server.serve(sockets=[sock]))
     finally:
         multiprocess.mark_process_dead(os.getpid())

@@ -2,8 +2,8 @@
 
 The engine starts in the background when the app starts (the prepared model files checked and
 loaded, engine start, one warm-up generation), so `/healthz` answers at once and `/readyz` turns
-green when the engine can serve; the engine stops when the app stops, after uvicorn has drained
-the requests in flight.
+green when the engine can serve; the engine stops when the app stops, after the server has
+drained the requests in flight (`service.drain`: late ones answered 503 `shutting_down`).
 """
 
 from __future__ import annotations

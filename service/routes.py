@@ -87,8 +87,15 @@ def _cache_salt(
 SaltDep = Annotated[str | None, Depends(_cache_salt)]
 
 
+def _accepting(state: StateDep) -> None:
+    """Once a stop began (`service.drain`), every API request is a 503 `shutting_down`."""
+    state.refuse_if_draining()
+
+
 router = APIRouter(
-    dependencies=[Depends(_require_api_key)], responses=ERROR_RESPONSES, route_class=FastJsonRoute
+    dependencies=[Depends(_accepting), Depends(_require_api_key)],
+    responses=ERROR_RESPONSES,
+    route_class=FastJsonRoute,
 )
 
 
@@ -210,13 +217,14 @@ async def _engine_errors(state: ServiceState) -> AsyncIterator[None]:
 async def _served(
     state: ServiceState, endpoint: str, task: str, n_records: int
 ) -> AsyncIterator[None]:
-    """Admission, deadline, in-flight gauge, latency histogram and one log line per request."""
+    """Admission, deadline (brought forward by a stop: 503 `shutting_down`), in-flight gauge,
+    latency histogram and one log line per request."""
     metrics = state.metrics
     start = time.perf_counter()
     status = 200
     try:
         with state.admission.admit(n_records), metrics.inflight.track_inprogress():
-            async with asyncio.timeout(state.settings.request_timeout_s):
+            async with state.deadline(state.settings.request_timeout_s):
                 yield
     except QueueFull as exc:
         status = 503
@@ -228,6 +236,10 @@ async def _served(
             headers={"Retry-After": str(exc.retry_after_s)},
         ) from exc
     except TimeoutError as exc:
+        if state.drain_expired:  # the stop's grace period ended first
+            status = 503
+            metrics.errors.labels("shutting_down").inc()
+            raise state.shutting_down("the service stopped before the answer") from exc
         status = 504
         metrics.errors.labels("timeout").inc()
         raise ApiError(

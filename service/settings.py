@@ -106,6 +106,7 @@ class ServiceSettings(BaseSettings):
     distributed_executor_backend: DistributedBackend | None = declared_setting(
         "distributed_executor_backend"
     )
+    cpu_reserved_cores: int | None = declared_setting("cpu_reserved_cores", ge=0)
     api_workers: int = Field(
         1,
         ge=1,

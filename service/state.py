@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from inference.engine import Engine, EngineFactory
 from inference.engines import start_vllm
@@ -18,6 +20,10 @@ from service.settings import ServiceSettings
 from service.tenancy import CacheSalts
 
 logger = logging.getLogger("medtpe.service")
+
+SHUTDOWN_RETRY_AFTER_S = 10
+"""`Retry-After` of a request refused or cut off by a stop: long enough for a restart; a load
+balancer sends the retry to another replica at once."""
 
 
 class ServiceState:
@@ -38,6 +44,11 @@ class ServiceState:
         self.engine: Engine | None = None
         self.warmed_up = False
         self.stopping = False
+        self.draining = False
+        """Stopping: new API requests are refused (`service.drain`)."""
+        self.drain_expired = False
+        """The grace period is over: requests still in flight are cut off."""
+        self._deadlines: set[asyncio.Timeout] = set()
         self.failure: str | None = None
         self.publish_status()
 
@@ -47,7 +58,7 @@ class ServiceState:
         place readiness is derived (`/readyz`, `/healthz`, the `medtpe_engine_ready` gauge)."""
         if self.failure is not None:
             return "failed"
-        if self.stopping:
+        if self.stopping or self.draining:
             return "stopping"
         if self.engine is not None and self.engine.dead:
             return "engine_dead"
@@ -76,6 +87,47 @@ class ServiceState:
         self.publish_status()
         if self.engine is not None:
             self.engine.shutdown()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests inside their deadline (`deadline`): admitted, not yet answered."""
+        return len(self._deadlines)
+
+    @asynccontextmanager
+    async def deadline(self, seconds: float) -> AsyncIterator[None]:
+        """`asyncio.timeout(seconds)` that a stop can bring forward (`expire_in_flight`); one
+        entered after the grace period expires at once."""
+        async with asyncio.timeout(0 if self.drain_expired else seconds) as timeout:
+            self._deadlines.add(timeout)
+            try:
+                yield
+            finally:
+                self._deadlines.discard(timeout)
+
+    def begin_drain(self) -> None:
+        """Stop taking API requests (`refuse_if_draining`); readiness turns red."""
+        self.draining = True
+        self.publish_status()
+
+    def refuse_if_draining(self) -> None:
+        """503 `shutting_down` (counted) once the drain began."""
+        if self.draining:
+            self.metrics.rejections.labels("shutting_down").inc()
+            raise self.shutting_down("the service is shutting down")
+
+    def expire_in_flight(self) -> int:
+        """End the grace period: every request in flight times out now (its generation aborted)
+        and is answered 503 `shutting_down`; returns how many."""
+        self.drain_expired = True
+        now = asyncio.get_running_loop().time()
+        for timeout in self._deadlines:
+            timeout.reschedule(now)
+        return len(self._deadlines)
+
+    def shutting_down(self, detail: str) -> ApiError:
+        """The 503 of a request refused or cut off by a stop, with `Retry-After`."""
+        retry = {"Retry-After": str(SHUTDOWN_RETRY_AFTER_S)}
+        return ApiError(503, "shutting_down", f"{detail}; retry", headers=retry)
 
     def publish_status(self) -> None:
         """Set the `medtpe_engine_ready` gauge from `status` (at each change of state and before

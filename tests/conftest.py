@@ -21,6 +21,7 @@ from tests.support.meds_fixtures import train_tokenizer
 from tests.support.paths import FIXTURES
 from tests.support.service_support import (
     SERVICE_API_KEY,
+    SHUTDOWN_GRACE_S,
     Api,
     ServedApi,
     ServiceProcess,
@@ -29,6 +30,12 @@ from tests.support.service_support import (
     running_service,
     service_artefact,
     service_env,
+)
+from tests.support.xdist_schedule import (
+    ENGINE_KIND,
+    LIGHT_KIND,
+    EngineFirstScheduling,
+    group_name,
 )
 
 SERVICE_GROUP = "service"
@@ -53,16 +60,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     order of the directories), so every real-engine test before it shares that one service; the
     real-engine tests first (`_run_order`). Each test gets its pytest-xdist group (`make test`
     runs two workers, `--dist loadgroup`): its file's, or one for all the files with a test on
-    the session's service (one service start; the test that stops it runs last there). A file
-    can name its own group (the Ray tests share one: one local cluster at a time)."""
+    the session's service (one service start; the test that stops it runs last there), or the
+    one its file names (the Ray tests share one: one local cluster at a time); the group's name
+    says its kind, `engine:` when one of its tests carries the `engine` marker, else `light:`,
+    which is how `tests.support.xdist_schedule` spreads the engine groups over the workers."""
     items.sort(key=_run_order)
     on_service = {
         _file(item) for item in items if "service_server" in getattr(item, "fixturenames", ())
     }
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            group = SERVICE_GROUP if _file(item) in on_service else _file(item)
-            item.add_marker(pytest.mark.xdist_group(group))
+    names = {item: _group(item, on_service) for item in items}
+    engine = {names[item] for item in items if item.get_closest_marker("engine")}
+    for item, name in names.items():
+        kind = ENGINE_KIND if name in engine else LIGHT_KIND
+        item.add_marker(pytest.mark.xdist_group(group_name(kind, name)), append=False)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup`: the engine groups spread over the workers (`EngineFirstScheduling`)."""
+    if config.getoption("dist") == "loadgroup":
+        return EngineFirstScheduling(config, log)
+    return None
 
 
 def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
@@ -76,12 +93,21 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
 def _run_order(item: pytest.Item) -> tuple[bool, bool, float]:
     """Sort key: the test that stops the session's service last; before every other test, the
     real-engine ones (minutes each), those allowed the longest (`timeout` marker) first:
-    pytest-xdist hands out groups in this order, so the long ones start first and the short ones
+    the groups are handed out in this order, so the long ones start first and the short ones
     fill in beside them."""
     slow = any(item.get_closest_marker(name) for name in ("slow", "engine"))
     timeout = item.get_closest_marker("timeout")
     allowed = float(timeout.args[0]) if timeout and timeout.args else 0.0
     return item.get_closest_marker("stops_service") is not None, not slow, -allowed
+
+
+def _group(item: pytest.Item, on_service: set[str]) -> str:
+    """The test's group name without its kind: the one its file names, else the session
+    service's, else its file's."""
+    named = item.get_closest_marker("xdist_group")
+    if named is not None:
+        return str(named.args[0] if named.args else named.kwargs.get("name", "default"))
+    return SERVICE_GROUP if _file(item) in on_service else _file(item)
 
 
 def _file(item: pytest.Item) -> str:
@@ -105,11 +131,13 @@ def service_files() -> tuple[Path, Path]:
 def service_server(
     service_files: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServiceProcess]:
-    """The service with API keys and a 256 KiB body limit (stopped by the shutdown test)."""
+    """The service with API keys, a 256 KiB body limit and a short grace period (stopped by the
+    shutdown test)."""
     env = service_env(
         service_files,
         MEDTPE_API_KEYS=f"{SERVICE_API_KEY},test-key-2",
         MEDTPE_MAX_REQUEST_BYTES=str(256 * 1024),
+        MEDTPE_SHUTDOWN_GRACE_S=str(SHUTDOWN_GRACE_S),
     )
     with running_service(env, tmp_path_factory.mktemp("service") / "service.log") as server:
         yield server

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -23,18 +22,6 @@ from inference.engine import EngineConfig, EngineOptions, Finish
 BUILD_KV_CACHE_GIB = 2.0
 """KV cache of a build's engines (pseudo-labelling, the fidelity gate): they run between training
 steps on the same machine, so they take half of serving's default (`EngineOptions.kv_cache_gib`)."""
-SMALL_MACHINE_CORES = 4
-
-
-def _cpu_engine_defaults() -> dict[str, str]:
-    """CPU-backend settings unless the environment sets them: on machines with at most 4 cores,
-    OpenMP threads on every core (vLLM's default reserves one core for itself, which halves the
-    speed on 2 cores). The GPU backend ignores them."""
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) > SMALL_MACHINE_CORES:
-        return {}
-    bind = ",".join(map(str, cores))
-    return {"VLLM_CPU_OMP_THREADS_BIND": bind, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 
 
 def greedy_generate(
@@ -63,11 +50,10 @@ def greedy_generate(
                 }
             )
         )
-        env = {**_cpu_engine_defaults(), **os.environ}
+        # the engine's cores: chosen by the engine wrapper (`inference.cpu_cores`)
         subprocess.run(
             [sys.executable, "-m", "training.pseudo_labels", str(request), str(result)],
             check=True,
-            env=env,
         )
         return json.loads(result.read_text())["completions"]
 

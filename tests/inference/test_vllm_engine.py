@@ -1,11 +1,16 @@
-"""The real vLLM engine behind `inference.engine.Engine`, medtpe mode on the default model:
-p_positive from one short synthetic record through the evaluation path (`evaluate_mode` →
-`Predictor.answer` → first-token logprobs); then its engine process is killed and the engine
-must report death and refuse to generate (what the service maps to 503 and red readiness)."""
+"""The real vLLM engine behind `inference.engine.Engine`, medtpe mode on the default model, one
+engine for the module (one start): constrained answers at temperature 0.7, with and without the
+answer prefill, every sampled answer parsing; p_positive from one short synthetic record through
+the evaluation path (`evaluate_mode` -> `Predictor.answer` -> first-token logprobs); the engine's
+worker on every allowed core; then its engine process is killed and the engine must report death
+and refuse to generate (what the service maps to 503 and red readiness): that test runs last."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
@@ -15,6 +20,7 @@ from evaluation.records import EvalRecord, load_records
 from evaluation.report import build_report
 from evaluation.results import RecordResult
 from evaluation.runner import Sampling, evaluate_mode, measured
+from inference.cpu_cores import SMALL_MACHINE_CORES
 from inference.engine import EngineDead, Finish
 from inference.model import load_model
 from inference.predictor import Predictor
@@ -23,24 +29,72 @@ from medtpe_core.tasks import Task, get_task
 from tests.support.meds_fixtures import write_meds_dataset
 from tests.support.service_support import engine_test_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(1800)]
+
+MORTALITY = get_task("icu_mortality")
+SAMPLING = Sampling(n_samples=2, temperature=0.7, max_new_tokens=32, constrained=True)
+CASES = (("icu_mortality", True), ("icu_mortality", False), ("phenotyping", True))
+"""(task, answer prefill): a regex after the prefill, a JSON schema without it, a list answer."""
 
 
-def test_p_positive_is_a_probability(
-    service_files: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    task = get_task("icu_mortality")
-    meds = write_meds_dataset(tmp_path / "meds", subjects=(1,), hours=6)
-    records = load_records(meds, meds / "labels" / "icu_mortality.parquet", task)
+@dataclass(frozen=True)
+class EngineRun:
+    """The module's engine, its model and records, and the one event loop the engine lives in
+    (its output loop is a task of that loop)."""
 
-    config = engine_test_config(service_files, meds, max_new_tokens=8)
-    model = load_model(measured(config))
-    engine = VllmEngine.start(model.engine_config)
+    engine: VllmEngine
+    predictor: Predictor
+    records: list[EvalRecord]
+    loop: asyncio.AbstractEventLoop
+
+
+@pytest.fixture(scope="module")
+def run(
+    service_files: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EngineRun]:
+    """One engine for the module: the test artefact, a 1 GiB KV cache, eager, 32 answer tokens
+    at most; one synthetic ICU record."""
+    meds = write_meds_dataset(tmp_path_factory.mktemp("meds") / "meds", subjects=(1,), hours=6)
+    records = load_records(meds, meds / "labels" / "icu_mortality.parquet", MORTALITY)
+    model = load_model(measured(engine_test_config(service_files, meds, SAMPLING.max_new_tokens)))
+    loop = asyncio.new_event_loop()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+        engine = VllmEngine.start(model.engine_config)
     try:
-        rows = asyncio.run(evaluate_then_kill(engine, model.predictor, task, records))
+        yield EngineRun(engine, model.predictor, records, loop)
     finally:
         engine.shutdown()
+        loop.close()
+
+
+def test_constrained_answers_always_parse(run: EngineRun) -> None:
+    for name, prefill in CASES:
+        task = get_task(name).model_copy(update={"prefill_answer": prefill})
+        # the fixture's mortality rows; phenotyping labels do not matter here
+        records = [
+            r if task.label_type == "binary" else replace(r, point=replace(r.point, label=[]))
+            for r in run.records
+        ]
+        results = run.loop.run_until_complete(
+            evaluate_mode(run.engine, run.predictor, task, records, SAMPLING)
+        )
+        for result in results:
+            parsed = [task.parse_answer(text) for text in result.outputs]
+            # strictly compliant: the answer object and nothing else
+            assert all(p.format_ok for p in parsed), (name, prefill, result.outputs)
+            assert result.format_ok
+            if task.label_type == "binary" and prefill:
+                assert result.probabilities is not None
+                assert sum(result.probabilities.values()) == pytest.approx(1.0)
+
+
+def test_p_positive_is_a_probability(run: EngineRun) -> None:
+    """Runs last: it kills the module's engine."""
+    task = MORTALITY
+    rows = run.loop.run_until_complete(
+        evaluate_then_kill(run.engine, run.predictor, task, run.records)
+    )
     results = {"medtpe": rows}
 
     [record] = results["medtpe"]
@@ -92,6 +146,7 @@ async def evaluate_then_kill(
         if "EngineCore" in " ".join(child.cmdline() or [child.name()])
     ]
     assert cores, "no engine core process found"
+    assert_computes_on_every_core(cores)
     assert not engine.dead
     for core in cores:
         core.kill()
@@ -99,3 +154,17 @@ async def evaluate_then_kill(
         await engine.generate(prompt_ids, max_new_tokens=2)
     assert engine.dead
     return rows
+
+
+def assert_computes_on_every_core(cores: list[psutil.Process]) -> None:
+    """On a machine of at most `SMALL_MACHINE_CORES` cores, the engine's worker (the process
+    whose OpenMP threads run the model) may run on every core this process may: vLLM's own
+    binding put it on all but one, so two engines on 2 cores both ran on core 0."""
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) > SMALL_MACHINE_CORES:  # vLLM's own reservation applies there
+        return
+    workers = [p for core in cores for p in core.children(recursive=True)]
+    assert workers, "no engine worker process found"
+    for worker in workers:
+        # the main thread is the OpenMP master thread, bound to the engine's cores
+        assert os.sched_getaffinity(worker.pid) == allowed, worker.environ().get("OMP_PLACES")

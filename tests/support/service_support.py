@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,6 +23,7 @@ from starlette.testclient import TestClient
 
 from inference.instant_engine import InstantEngine
 from service.app import create_app
+from service.drain import DrainingServer, draining_server
 from service.settings import ServiceSettings
 
 # (code, low, high): ICU chart items and labs in MIMIC-IV MEDS spelling, without descriptions.
@@ -155,6 +157,9 @@ def engine_test_config(service_files: tuple[Path, Path], meds: Path, max_new_tok
 
 
 SERVICE_API_KEY = "test-key-1"
+SHUTDOWN_GRACE_S = 5
+"""The session service's grace period (`MEDTPE_SHUTDOWN_GRACE_S`): shorter than the request its
+stop test leaves in flight."""
 
 
 def service_env(service_files: tuple[Path, Path], **overrides: str) -> dict[str, str]:
@@ -317,17 +322,24 @@ def instant_client(settings: ServiceSettings, delay_s: float = 0.0) -> Iterator[
         yield client
 
 
-@contextmanager
-def served_in_thread(settings: ServiceSettings, delay_s: float = 0.0) -> Iterator[str]:
-    """The app on an `InstantEngine`, served by uvicorn on 127.0.0.1 in a thread; yields its URL
-    once ready."""
-    import threading
+@dataclass(frozen=True)
+class InThread:
+    """A service served by `served_in_thread`: its URL and its server (`server.state` is the
+    app's state; setting `server.should_exit` starts its stop, as SIGTERM does)."""
 
-    import uvicorn
+    url: str
+    server: DrainingServer
+
+
+@contextmanager
+def served_in_thread(settings: ServiceSettings, delay_s: float = 0.0) -> Iterator[InThread]:
+    """The app on an `InstantEngine`, served on 127.0.0.1 in a thread by the server `medtpe
+    serve` runs (`service.drain`); yields it once ready; stopped on exit."""
+    import threading
 
     port = free_port()
     app = create_app(settings, InstantEngine.factory(delay_s))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = draining_server(app, host="127.0.0.1", port=port, log_level="warning")
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
@@ -342,7 +354,7 @@ def served_in_thread(settings: ServiceSettings, delay_s: float = 0.0) -> Iterato
             time.sleep(0.1)
         else:
             raise TimeoutError("in-thread service not ready")
-        yield url
+        yield InThread(url, server)
     finally:
         server.should_exit = True
-        thread.join(30)
+        thread.join(30 + settings.shutdown_grace_s)
