@@ -1,0 +1,101 @@
+"""Token-level distillation (`training.token_distillation`) on a tiny Llama with the real SmolLM2
+tokenizer: the forward stops at the layer matched, only the new rows train and the held-out
+loss falls, a re-run resumes (teacher cache and checkpoint), the `base` output side keeps the
+base head's rows, and its export unties the head."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from medtpe_core.build import build_tokenizer  # noqa: E402
+from medtpe_core.snippets import cut  # noqa: E402
+from medtpe_core.tokenizer import MedTPETokenizer  # noqa: E402
+from tests.support.model_fixtures import tiny_llama, tiny_llama_model  # noqa: E402
+from training.distill_config import DistillConfig  # noqa: E402
+from training.embedding_init import init_new_rows  # noqa: E402
+from training.export import export_checkpoint, model_fingerprint, save_rows  # noqa: E402
+from training.token_distillation import CHECKPOINT_FILE, TEACHER_FILE, distill, hidden_at  # noqa: E402
+
+LINES = [
+    f"{t} Heart Rate [bpm] {80 + i}; Arterial Blood Pressure systolic [mmHg] {110 + i}; "
+    f"Respiratory Rate [insp/min] {14 + i % 5}; O2 saturation pulseoxymetry [%] {95 + i % 4}"
+    for i, t in enumerate(["08:00", "09:00", "10:00", "11:00", "12:00", "13:00"] * 8)
+]
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_llama(tmp_path_factory.mktemp("tiny-base"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(base_dir: Path) -> MedTPETokenizer:
+    return build_tokenizer(base_dir / "tokenizer.json", LINES, budget=16, progress=False)
+
+
+def _snippets(tok: MedTPETokenizer, lines: list[str]) -> list:
+    return [s for line in lines for s in cut(tok, tok.base_encode(line), 12)]
+
+
+def test_forward_stops_at_the_layer_matched() -> None:
+    model = tiny_llama_model()
+    ids = torch.tensor([[5, 17, 300, 4000, 12]])
+    full = model.model(input_ids=ids, output_hidden_states=True)
+    torch.testing.assert_close(hidden_at(model, 1, input_ids=ids), full.hidden_states[1])
+    torch.testing.assert_close(hidden_at(model, -1, input_ids=ids), full.last_hidden_state)
+    calls = []
+    handle = model.model.layers[1].register_forward_hook(lambda *_: calls.append(1))
+    hidden_at(model, 1, input_ids=ids)
+    handle.remove()
+    assert calls == []  # the second layer never ran
+
+
+@pytest.mark.parametrize("output", ["base", "tied"])
+def test_distillation_trains_only_the_new_rows_and_resumes(
+    base_dir: Path, tokenizer: MedTPETokenizer, tmp_path: Path, output: str
+) -> None:
+    train, val = _snippets(tokenizer, LINES[:36]), _snippets(tokenizer, LINES[36:])
+    assert sum(len(s.pairs) for s in train) > 100
+    config = DistillConfig(lr=3e-2, batch_size=8, epochs=2, eval_every=2, output=output)
+    run = tmp_path / "run"
+    result = distill(base_dir, tokenizer, train, val, run, config, device="cpu")
+    assert result.best_val_loss < result.initial_val_loss
+    assert result.steps == 2 * -(-len(train) // 8)
+    assert (run / f"train-{TEACHER_FILE}").is_file() and (run / CHECKPOINT_FILE).is_file()
+    model = tiny_llama_model()
+    mean = init_new_rows(model, tokenizer.new_tokens)
+    assert not torch.allclose(result.rows.input, mean.input)
+    ids = [t.id for t in tokenizer.new_tokens]
+    if output == "base":  # the reused ids keep the base head's rows
+        torch.testing.assert_close(result.rows.output, model.lm_head.weight[ids].detach())
+    else:
+        assert result.rows.output is None
+    again = distill(base_dir, tokenizer, train, val, run, config, device="cpu")
+    assert again.steps == result.steps and again.seconds["train"] < 1.0  # resumed: nothing left
+    torch.testing.assert_close(again.rows.input, result.rows.input)
+
+
+def test_export_of_base_output_rows_unties_the_head(
+    base_dir: Path, tokenizer: MedTPETokenizer, tmp_path: Path
+) -> None:
+    artefact = tmp_path / "artefact"
+    tokenizer.save(artefact)
+    model = tiny_llama_model()
+    ids = [t.id for t in tokenizer.new_tokens]
+    trained = init_new_rows(model, tokenizer.new_tokens).input * 3
+    base_head = model.lm_head.weight[ids].detach().clone()
+    rows = type(init_new_rows(model, tokenizer.new_tokens))(trained, base_head)
+    save_rows(artefact, rows, model_fingerprint(model))
+    out = export_checkpoint(base_dir, artefact, tmp_path / "export")
+    exported = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert exported.config.tie_word_embeddings is False
+    embed, head = exported.get_input_embeddings().weight, exported.get_output_embeddings().weight
+    torch.testing.assert_close(embed[ids], trained)
+    torch.testing.assert_close(head[ids], base_head)
+    others = [i for i in range(100) if i not in ids]
+    torch.testing.assert_close(head[others], model.lm_head.weight[others])
