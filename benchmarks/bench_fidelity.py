@@ -21,6 +21,13 @@ prompt position:
         --budgets 1024,2048 --rows mean --rows default=artifacts/smollm2-135m-icu \
         --rows distilled=DIR:base --out benchmarks/results/fidelity_diagnosis.json
 
+`general` asks whether compression costs the model its language: on general English text
+(Python's own reference documentation, `pydoc_data`, in chunks), the cross-entropy of the next
+original token at every shared end, read through the original tokens and through MedTPE tokens
+with each set of rows (the reused ids left out of both distributions):
+
+    python -m benchmarks.bench_fidelity general --rows mean --rows default=... --out R.json
+
 `points` writes a MEDS label file (the stay's ICU death as its label: fidelity ignores it);
 `medtpe evaluate` answers the points with the service's engine path (the served dtype, or
 float32: the rows' own error); `pair` reads the runs back, pairs every artefact with the one
@@ -224,6 +231,69 @@ def _diagnosis_summary(
     return summary
 
 
+def general(args: argparse.Namespace) -> None:
+    """Cross-entropy of the next original token at shared ends of general text, original
+    against MedTPE reading with each set of rows."""
+    import pydoc_data.topics
+
+    import torch
+
+    from training.answer_scoring import RowsModel
+
+    tokenizer = MedTPETokenizer.load(args.artefact)
+    model = RowsModel(args.base, threads=args.threads)
+    variants = [_rows(spec, tokenizer, model) for spec in args.rows]
+    new_ids = [t.id for t in tokenizer.new_tokens]
+    keep = torch.ones(tokenizer.base.vocab_size, dtype=torch.bool)
+    keep[new_ids] = False
+    text = "\n\n".join(pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics))
+    base = tokenizer.base_encode(text)
+    chunks = [base[k : k + args.chunk] for k in range(0, args.chunks * args.chunk, args.chunk)]
+    totals: dict[str, list[float]] = {"original": [], **{v[0]: [] for v in variants}}
+    merged = 0
+    for chunk in tqdm(chunks, desc="general text", unit="chunk"):
+        ids = tokenizer.encode_ids(chunk)
+        s_ends, t_ends = tokenizer.shared_ends(ids, chunk)
+        inside = t_ends < len(chunk) - 1
+        s_at, t_at = torch.as_tensor(s_ends[inside]), torch.as_tensor(t_ends[inside])
+        target = torch.tensor(chunk)[t_at + 1]
+        scored = keep[target]
+        merged += len(ids) - len(chunk)
+        model.set_rows(new_ids, None)
+        totals["original"].append(
+            _next_ce(model.next_token_logprobs(chunk)[t_at], target, keep, scored)
+        )
+        for name, rows, output in variants:
+            model.set_rows(new_ids, rows, output)
+            logprobs = model.next_token_logprobs(ids)[s_at]
+            totals[name].append(_next_ce(logprobs, target, keep, scored))
+    results = {
+        "text": "pydoc_data.topics (Python reference documentation), sorted topics",
+        "chunks": len(chunks),
+        "chunk_tokens": args.chunk,
+        "tokens_saved_share": -merged / (len(chunks) * args.chunk),
+        "cross_entropy": {name: float(np.mean(v)) for name, v in totals.items()},
+    }
+    results["change"] = {
+        name: results["cross_entropy"][name] - results["cross_entropy"]["original"]
+        for name in totals
+        if name != "original"
+    }
+    print(json.dumps(results, indent=1))
+    write_results(args.out, " ".join(sys.argv), results)
+
+
+def _next_ce(logprobs: Any, target: Any, keep: Any, scored: Any) -> float:
+    """Mean cross-entropy (nats) of `target` under `logprobs` renormalised over the `keep` ids,
+    over the positions whose target is kept (`scored`)."""
+    import torch
+
+    kept = torch.log_softmax(logprobs[:, keep], dim=-1)
+    index = torch.cumsum(keep.long(), 0) - 1  # column of each kept id in `kept`
+    picked = kept[torch.arange(len(target)), index[target]]
+    return float(-picked[scored].mean())
+
+
 def _pairs(original: list[RecordResult], other: list[RecordResult]) -> list[PairedAnswer]:
     """The records of two runs paired by key (same prompt text: checked by token counts)."""
     by_key = {r.key: r for r in other}
@@ -305,6 +375,15 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--resamples", type=int, default=1000)
     d.add_argument("--out", type=Path)
     d.set_defaults(run=diagnose)
+    g = steps.add_parser("general", help="next-token loss on general text, both readings")
+    g.add_argument("--base", type=Path, default=Path(".cache/models/smollm2-135m-instruct"))
+    g.add_argument("--artefact", type=Path, default=Path("artifacts/smollm2-135m-icu"))
+    g.add_argument("--rows", action="append", required=True, help="as for diagnose")
+    g.add_argument("--chunk", type=int, default=512)
+    g.add_argument("--chunks", type=int, default=24)
+    g.add_argument("--threads", type=int, default=None)
+    g.add_argument("--out", type=Path)
+    g.set_defaults(run=general)
     q = steps.add_parser("pair", help="artefacts paired on the same points")
     q.add_argument("--original", required=True, help="REPORT.json:original")
     q.add_argument("--artefact", action="append", required=True, help="NAME=REPORT.json:medtpe")

@@ -88,6 +88,12 @@ class RowsModel:
                 head[ids] = (rows.input if rows.output is None else rows.output).float()
 
     @torch.inference_mode()
+    def next_token_logprobs(self, ids: Sequence[int]) -> torch.Tensor:
+        """Log-probabilities [len(ids), vocab] of the next id after each prefix of `ids`."""
+        out = self.model(input_ids=torch.tensor([list(ids)], dtype=torch.long))
+        return torch.log_softmax(out.logits[0].float(), dim=-1)
+
+    @torch.inference_mode()
     def score(self, ids: Sequence[int]) -> PromptScore:
         """The last position of `ids` (see `PromptScore`)."""
         out = self.model.model(

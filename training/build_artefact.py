@@ -319,7 +319,8 @@ class ArtefactBuild:
             tokenizer, pools["train"], settings.snippets, settings.min_contexts, config.seed
         )
         val = draw(tokenizer, pools["val"], settings.val_snippets, 0, config.seed + 1)
-        initial = load_rows_file(config.init_from / ROWS_FILE)[0] if config.init_from else None
+        from_artefact = settings.start == "init_from" and config.init_from is not None
+        initial = load_rows_file(config.init_from / ROWS_FILE)[0] if from_artefact else None
         result = distill(
             config.base,
             tokenizer,

@@ -84,8 +84,8 @@ class BuildConfig:
     n_val: int = 40
     distill: DistillConfig | None = None
     """Token-level distillation of the rows (`training.token_distillation`) on snippets of the
-    rendered windows, from `init_from`'s rows or the constituents' mean; SSFT (`losses`), if
-    any, continues from its rows. None: no distillation."""
+    rendered windows, from the constituents' mean or `init_from`'s rows (its `start`); SSFT
+    (`losses`), if any, continues from its rows. None: no distillation."""
     losses: tuple[str, ...] = ("ce",)
     lr: float = 5e-4
     epochs: int = 1

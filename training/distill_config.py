@@ -9,6 +9,9 @@ OUTPUT_SIDES = ("base", "tied")
 """How the reused ids' output (LM head) rows are served: `base` keeps the base model's own rows
 there (the export unties the head), `tied` serves the trained input rows on both sides."""
 FINAL_LAYER = -1
+STARTS = ("mean", "init_from")
+"""Where distillation starts: the constituents' mean (the paper's initialisation) or the rows of
+the build's `init_from` artefact."""
 
 
 @dataclass(frozen=True)
@@ -31,10 +34,13 @@ class DistillConfig:
     warmup_ratio: float = 0.05
     eval_every: int = 25
     output: str = "base"
+    start: str = "mean"
 
     def __post_init__(self) -> None:
         if self.output not in OUTPUT_SIDES:
             raise ValueError(f"output: expected one of {OUTPUT_SIDES}, not {self.output!r}")
+        if self.start not in STARTS:
+            raise ValueError(f"start: expected one of {STARTS}, not {self.start!r}")
         if self.layer == 0 or self.layer < FINAL_LAYER:
             raise ValueError("layer: expected -1 (the last, normed) or a layer number from 1")
         for name in ("snippets", "val_snippets", "snippet_tokens", "batch_size", "epochs"):
