@@ -123,7 +123,10 @@ def _rows(spec: str, tokenizer: MedTPETokenizer, model: RowsModel) -> tuple[str,
     if not where:
         return name, init_new_rows(model.model, tokenizer.new_tokens), "tied"
     path, _, output = where.partition(":")
-    return name, load_rows(Path(path))[0], output or "tied"
+    rows = load_rows(Path(path))[0]
+    if output == "tied":  # the trained input rows on both sides, whatever output rows are stored
+        rows = type(rows)(rows.input)
+    return name, rows, output or "tied"
 
 
 def diagnose(args: argparse.Namespace) -> None:
@@ -369,7 +372,10 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--points", type=Path, required=True)
     d.add_argument("--budgets", default="1024,2048,4096,8192")
     d.add_argument(
-        "--rows", action="append", required=True, help="mean | NAME=ARTEFACT_DIR[:tied|base]"
+        "--rows",
+        action="append",
+        required=True,
+        help="mean | NAME=ARTEFACT_DIR[:tied|base] (tied: the input rows serve the head)",
     )
     d.add_argument("--threads", type=int, default=None)
     d.add_argument("--resamples", type=int, default=1000)

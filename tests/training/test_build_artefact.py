@@ -311,3 +311,25 @@ def test_bad_settings_are_named(
     assert result.exit_code == 2 and "no_such_task" in result.output
     result = CliRunner().invoke(cli, ["build-artefact", "--meds", str(meds_dir)])
     assert result.exit_code == 2 and "'base' is required" in result.output
+
+
+def test_distilled_build_needs_no_pseudo_labels(
+    config_file: Path, base_dir: Path, meds_dir: Path, tmp_path: Path, engine: FixedAnswers
+) -> None:
+    """`distill` instead of SSFT: snippets of the rendered windows, no pseudo-labels, the
+    distilled rows kept with the base head's rows for the reused ids (the export unties)."""
+    settings = config_file.read_text().replace("losses: [ce, kl]", "losses: []")
+    settings += "distill: {snippets: 12, val_snippets: 4, snippet_tokens: 16, batch_size: 4}\n"
+    config_file.write_text(settings)
+    out = tmp_path / "artefact"
+    result = _build(*_args(config_file, base_dir, meds_dir, out))
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "build_report.json").read_text())
+    assert "pseudo_label" not in report["step_seconds"] and report["ssft"] == {}
+    distilled = report["distill"]
+    assert distilled["coverage"]["train"]["snippets"] == 12 and distilled["steps"] == 6
+    assert distilled["best_val_loss"] <= distilled["initial_val_loss"]
+    assert report["pick"]["loss"] == "distill" and engine.calls == []
+    rows, _ = load_rows(out)
+    assert rows.output is not None  # `output: base` (the default): the base head's rows
+    assert (out / "distill-history.jsonl").is_file() and (out / MANIFEST_FILE).is_file()
