@@ -26,8 +26,10 @@ class DistillConfig:
     """Original tokens per snippet (at least; each ends at the next shared end)."""
     min_contexts: int = 8
     """Snippets drawn first so that every new token the prompts hold is seen in this many."""
-    layer: int = FINAL_LAYER
-    """The hidden state matched: -1 the last layer after the final norm, k ≥ 1 layer k's output."""
+    layers: tuple[int, ...] | None = None
+    """The hidden states matched (the mean of their relative errors): -1 the last layer after
+    the final norm, k ≥ 1 layer k's output; None: every fifth of the depth and the last
+    (`matched_layers`: 6, 12, 18, 24 and -1 for a 30-layer model)."""
     lr: float = 5e-3
     batch_size: int = 16
     epochs: int = 2
@@ -41,10 +43,26 @@ class DistillConfig:
             raise ValueError(f"output: expected one of {OUTPUT_SIDES}, not {self.output!r}")
         if self.start not in STARTS:
             raise ValueError(f"start: expected one of {STARTS}, not {self.start!r}")
-        if self.layer == 0 or self.layer < FINAL_LAYER:
-            raise ValueError("layer: expected -1 (the last, normed) or a layer number from 1")
+        if self.layers is not None:
+            object.__setattr__(self, "layers", tuple(self.layers))
+            if not self.layers or any(k == 0 or k < FINAL_LAYER for k in self.layers):
+                raise ValueError("layers: expected -1 (the last, normed) or layer numbers from 1")
         for name in ("snippets", "val_snippets", "snippet_tokens", "batch_size", "epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected at least 1")
         if self.lr <= 0:
             raise ValueError("lr: expected a positive learning rate")
+
+
+def matched_layers(layers: tuple[int, ...] | None, depth: int) -> tuple[int, ...]:
+    """The layers a model of `depth` layers is matched at (`DistillConfig.layers`); ValueError
+    for a layer deeper than the model.
+
+    >>> matched_layers(None, 30)
+    (6, 12, 18, 24, -1)
+    """
+    if layers is None:
+        return (*sorted({depth * k // 5 for k in range(1, 5)} - {0, depth}), FINAL_LAYER)
+    if max(layers) > depth:
+        raise ValueError(f"layers: the model has {depth} layers, not {max(layers)}")
+    return layers

@@ -16,7 +16,7 @@ from medtpe_core.build import build_tokenizer  # noqa: E402
 from medtpe_core.snippets import cut  # noqa: E402
 from medtpe_core.tokenizer import MedTPETokenizer  # noqa: E402
 from tests.support.model_fixtures import tiny_llama, tiny_llama_model  # noqa: E402
-from training.distill_config import DistillConfig  # noqa: E402
+from training.distill_config import DistillConfig, matched_layers  # noqa: E402
 from training.embedding_init import init_new_rows  # noqa: E402
 from training.export import export_checkpoint, model_fingerprint, save_rows  # noqa: E402
 from training.token_distillation import CHECKPOINT_FILE, TEACHER_FILE, distill, hidden_at  # noqa: E402
@@ -42,17 +42,26 @@ def _snippets(tok: MedTPETokenizer, lines: list[str]) -> list:
     return [s for line in lines for s in cut(tok, tok.base_encode(line), 12)]
 
 
+def test_matched_layers() -> None:
+    assert matched_layers(None, 30) == (6, 12, 18, 24, -1)
+    assert matched_layers(None, 2) == (1, -1)
+    assert matched_layers((2, -1), 2) == (2, -1)
+    with pytest.raises(ValueError, match="2 layers"):
+        matched_layers((3,), 2)
+
+
 def test_forward_stops_at_the_layer_matched() -> None:
     model = tiny_llama_model()
     ids = torch.tensor([[5, 17, 300, 4000, 12]])
     full = model.model(input_ids=ids, output_hidden_states=True)
-    torch.testing.assert_close(hidden_at(model, 1, input_ids=ids), full.hidden_states[1])
-    torch.testing.assert_close(hidden_at(model, -1, input_ids=ids), full.last_hidden_state)
+    first, last = hidden_at(model, [1, -1], input_ids=ids)
+    torch.testing.assert_close(first, full.hidden_states[1])
+    torch.testing.assert_close(last, full.last_hidden_state)
     calls = []
     handle = model.model.layers[1].register_forward_hook(lambda *_: calls.append(1))
-    hidden_at(model, 1, input_ids=ids)
+    (only,) = hidden_at(model, [1], input_ids=ids)
     handle.remove()
-    assert calls == []  # the second layer never ran
+    assert calls == [] and torch.equal(only, first)  # the second layer never ran
 
 
 @pytest.mark.parametrize("output", ["base", "tied"])
