@@ -28,6 +28,13 @@ with each set of rows (the reused ids left out of both distributions):
 
     python -m benchmarks.bench_fidelity general --rows mean --rows default=... --out R.json
 
+`layers` reads held-out snippets (`medtpe_core.snippets`, cut from the held-out patients' ICU
+prompts) with the original and each set of rows, and reports the relative error of the hidden
+state of every layer at the aligned positions, split into merged positions (a MedTPE token) and
+plain ones (a shared token after merged ones): where in the network the rows' error sits.
+
+    python -m benchmarks.bench_fidelity layers --rows mean --rows default=... --out R.json
+
 `points` writes a MEDS label file (the stay's ICU death as its label: fidelity ignores it);
 `medtpe evaluate` answers the points with the service's engine path (the served dtype, or
 float32: the rows' own error); `pair` reads the runs back, pairs every artefact with the one
@@ -234,6 +241,91 @@ def _diagnosis_summary(
     return summary
 
 
+def held_out_prompts(args: argparse.Namespace, tokenizer: MedTPETokenizer) -> list[list[int]]:
+    """Base ids of the held-out patients' prompts at 24 h (mortality) and 72 h (phenotyping)
+    after each ICU admission, at `args.budget` tokens."""
+    from medtpe_core.chat_template import ChatTemplate
+    from medtpe_core.meds_readers import MedsDataset
+    from medtpe_core.prompting import build_prompt
+    from medtpe_core.tasks import get_task
+
+    report = json.loads((args.artefact / "build_report.json").read_text())
+    held = set(report["held_out_subjects"])
+    dataset = MedsDataset.load(args.meds)
+    template = ChatTemplate.from_model_dir(args.base)
+    prompts = []
+    for stay in pq.read_table(args.meds / STAYS).to_pylist():
+        for hours, task in ((24, "icu_mortality"), (72, "phenotyping")):
+            time = stay["intime"] + timedelta(hours=hours)
+            if stay["subject_id"] in held and time < stay["outtime"]:
+                prompt = build_prompt(
+                    get_task(task),
+                    dataset.events(stay["subject_id"]),
+                    time,
+                    tokenizer.base,
+                    template,
+                    args.budget,
+                    dataset.descriptions,
+                )
+                prompts.append(prompt.base_ids)
+    return prompts
+
+
+def layers(args: argparse.Namespace) -> None:
+    """Relative error of every layer's hidden state at aligned positions of held-out snippets,
+    merged and plain positions apart, for each set of rows."""
+    import torch
+
+    from medtpe_core.snippets import cut, draw
+    from training.answer_scoring import RowsModel
+
+    tokenizer = MedTPETokenizer.load(args.artefact)
+    model = RowsModel(args.base, threads=args.threads)
+    variants = [_rows(spec, tokenizer, model) for spec in args.rows]
+    new_ids = [t.id for t in tokenizer.new_tokens]
+    pool = [s for ids in held_out_prompts(args, tokenizer) for s in cut(tokenizer, ids, 64)]
+    snippets = draw(tokenizer, pool, args.snippets, 0, SEED)
+    merged = torch.tensor([s.student[i] in set(new_ids) for s in snippets for i, _ in s.pairs])
+
+    def states(side: int) -> list[Any]:
+        rows = [s.teacher if side else s.student for s in snippets]
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+        mask = (torch.arange(width)[None] < torch.tensor([len(r) for r in rows])[:, None]).long()
+        with torch.inference_mode():
+            out = model.model.model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        at = torch.tensor([k * width + p[side] for k, s in enumerate(snippets) for p in s.pairs])
+        return [h.flatten(0, 1)[at] for h in out.hidden_states]
+
+    model.set_rows(new_ids, None)
+    teacher = states(1)
+    results: dict[str, Any] = {
+        "snippets": len(snippets),
+        "positions": len(merged),
+        "merged_share": float(merged.float().mean()),
+        "rows": {},
+    }
+    for name, rows, output in variants:
+        model.set_rows(new_ids, rows, output)
+        student = states(0)
+        results["rows"][name] = {
+            part: [
+                round(
+                    float((s[sel] - t[sel]).pow(2).sum(-1).mean() / t[sel].pow(2).sum(-1).mean()), 4
+                )
+                for s, t in zip(student, teacher, strict=True)
+            ]
+            for part, sel in (
+                ("all", torch.ones_like(merged)),
+                ("merged", merged),
+                ("plain", ~merged),
+            )
+        }
+        for part, errors in results["rows"][name].items():
+            print(name, part, " ".join(f"{e:.3f}" for e in errors))
+    write_results(args.out, " ".join(sys.argv), results)
+
+
 def general(args: argparse.Namespace) -> None:
     """Cross-entropy of the next original token at shared ends of general text, original
     against MedTPE reading with each set of rows."""
@@ -381,6 +473,16 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--resamples", type=int, default=1000)
     d.add_argument("--out", type=Path)
     d.set_defaults(run=diagnose)
+    y = steps.add_parser("layers", help="per-layer error at aligned positions of snippets")
+    y.add_argument("--meds", type=Path, default=Path("../shared/data/mimic-iv-demo-meds"))
+    y.add_argument("--base", type=Path, default=Path(".cache/models/smollm2-135m-instruct"))
+    y.add_argument("--artefact", type=Path, default=Path("artifacts/smollm2-135m-icu"))
+    y.add_argument("--rows", action="append", required=True, help="as for diagnose")
+    y.add_argument("--budget", type=int, default=4096)
+    y.add_argument("--snippets", type=int, default=48)
+    y.add_argument("--threads", type=int, default=None)
+    y.add_argument("--out", type=Path)
+    y.set_defaults(run=layers)
     g = steps.add_parser("general", help="next-token loss on general text, both readings")
     g.add_argument("--base", type=Path, default=Path(".cache/models/smollm2-135m-instruct"))
     g.add_argument("--artefact", type=Path, default=Path("artifacts/smollm2-135m-icu"))
