@@ -70,7 +70,7 @@ class BuildConfig:
     serving_budgets: tuple[int, ...] = (SERVING_BUDGET,)
     """The input budgets the artefact is validated at: the fidelity gate answers its held-out
     windows at each, and the manifest records those it passed."""
-    n_gate: int = 16
+    n_gate: int = 32
     """Held-out windows the fidelity gate answers at each serving budget, in both modes."""
     min_same_answer: float = 0.95
     max_delta_p_mean: float = 0.05
