@@ -266,8 +266,11 @@ class _Mapper:
         return template.format_map(values)
 
     def describe(self, code: str, display: str | None, unit: str | None) -> None:
+        """The code's description: the display, with the unit in brackets (the renderer reads it
+        from there; a UCUM unit's own brackets are dropped: `mm[Hg]` → `mmHg`)."""
         if display and code not in self.descriptions:
-            self.descriptions[code] = f"{display} [{unit}]" if unit else display
+            shown = unit.replace("[", "").replace("]", "") if unit else None
+            self.descriptions[code] = f"{display} [{shown}]" if shown else display
 
     def unmapped(self, values: Mapping[str, str], display: str | None, unit: str | None) -> str:
         code = self.code_of(self.mapping.unmapped, values)
