@@ -1,6 +1,6 @@
 """Synthetic hospital FHIR R4 data from `clinosim` (PyPI, pinned in the dev extra) as one
-searchset Bundle per patient: the FHIR data no one here wrote, for the mapping tests and
-benchmarks.
+searchset Bundle per patient (`medtpe_core.fhir.bulk`): the FHIR data no one here wrote, for
+the mapping tests.
 
 The committed fixture (tests/fixtures/fhir/clinosim/) was made by
 
@@ -18,13 +18,10 @@ import json
 import subprocess
 import sys
 import tempfile
-from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-PATIENT_FIELDS = ("subject", "patient")
-"""The fields by which a clinosim resource names its patient."""
+from medtpe_core.fhir.bulk import patient_bundles
 
 
 def simulate(population: int, seed: int, out: Path) -> Path:
@@ -34,33 +31,6 @@ def simulate(population: int, seed: int, out: Path) -> Path:
     command += ["--seed", str(seed), "--output", str(out), "--format", "fhir-r4"]
     subprocess.run(command, check=True, capture_output=True, timeout=1800)
     return out / "fhir_r4"
-
-
-def patient_bundles(ndjson_dir: Path) -> Iterator[dict[str, Any]]:
-    """One searchset Bundle per Patient of a clinosim NDJSON directory: the Patient and every
-    resource whose `subject` or `patient` references it, in file order."""
-    owned: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    patients: list[dict[str, Any]] = []
-    for path in sorted(ndjson_dir.glob("*.ndjson")):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            resource = json.loads(line)
-            if resource["resourceType"] == "Patient":
-                patients.append(resource)
-                continue
-            for name in PATIENT_FIELDS:
-                reference = (resource.get(name) or {}).get("reference", "")
-                if isinstance(reference, str) and reference.startswith("Patient/"):
-                    owned[reference.removeprefix("Patient/")].append(resource)
-                    break
-    for patient in patients:
-        resources = [patient, *owned[patient["id"]]]
-        yield {
-            "resourceType": "Bundle",
-            "type": "searchset",
-            "entry": [
-                {"fullUrl": f"{r['resourceType']}/{r['id']}", "resource": r} for r in resources
-            ],
-        }
 
 
 def _types(bundle: dict[str, Any]) -> set[str]:
