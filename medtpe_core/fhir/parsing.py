@@ -130,7 +130,7 @@ def parse_entries(
     and whether the input was a Bundle."""
     if isinstance(data, Mapping) and data.get("resourceType") == "Bundle":
         bundle_type = data.get("type")
-        if bundle_type not in BUNDLE_TYPES:
+        if not isinstance(bundle_type, str) or bundle_type not in BUNDLE_TYPES:
             raise FhirInputError(
                 f"a Bundle of type {bundle_type!r} does not hold a record; expected one of "
                 f"{', '.join(sorted(BUNDLE_TYPES))}",
