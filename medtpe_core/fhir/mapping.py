@@ -566,6 +566,7 @@ def meds_from_fhir(
     cannot render or input that is not FHIR R4 raise `FhirInputError` naming the resource and
     field.
 
+    >>> from medtpe_core.fhir import load_site_mapping
     >>> bundle = {"resourceType": "Bundle", "type": "collection", "entry": [{"resource": {
     ...     "resourceType": "Patient", "id": "7", "birthDate": "2100-01-01"}}]}
     >>> [e.code for e in meds_from_fhir(bundle, mapping=load_site_mapping()).events]
