@@ -23,6 +23,7 @@ from inference.engine import EngineDead
 from inference.model import LoadedModel
 from medtpe_core.tasks import Task, UnknownTaskError, get_task
 from service.errors import ApiError, field_error
+from service.fhir_input import bundle_events, fhir_mapping
 from service.json_body import FastJsonRoute
 from service.limits import QueueFull
 from service.responses import predict_response, tokenize_response
@@ -132,7 +133,7 @@ async def predict(body: PredictRequest, state: StateDep, salt: SaltDep) -> Predi
     model = state.loaded(need_engine=True)
     task = _checked(state, body, ["body"])
     async with _served(state, "predict", task.name, 1):
-        return await _predict_record(state, model, task, body, salt)
+        return await _predict_record(state, model, task, body, salt, ["body"])
 
 
 @router.post("/predict/batch", response_model=BatchResponse)
@@ -147,8 +148,8 @@ async def predict_batch(body: BatchRequest, state: StateDep, salt: SaltDep) -> B
     label = names.pop() if len(names) == 1 else "mixed"
     async with _served(state, "predict_batch", label, len(tasks)):
         results = await _all(
-            _predict_record(state, model, task, record, salt)
-            for task, record in zip(tasks, body.records, strict=True)
+            _predict_record(state, model, task, record, salt, ["body", "records", i])
+            for i, (task, record) in enumerate(zip(tasks, body.records, strict=True))
         )
     return BatchResponse(results=results)
 
@@ -178,12 +179,29 @@ async def _predict_record(
     task: Task,
     request: PredictRequest,
     salt: str | None,
+    loc: Sequence[str | int],
 ) -> PredictResponse:
-    """Render and tokenize (worker thread), then generate within a concurrency slot."""
+    """Map a FHIR bundle to events, render and tokenize (worker thread), then generate within a
+    concurrency slot."""
     start = time.perf_counter()
     predictor = model.predictor
+    events, fhir = request.events, None
+    if request.bundle is not None:
+        mapping = state.site_mapping()
+        try:
+            events, fhir = await asyncio.to_thread(
+                bundle_events, mapping, request.bundle, request.prediction_time, loc
+            )
+        except ApiError:
+            state.metrics.rejections.labels("invalid").inc()
+            raise
+    assert events is not None  # the request model requires events or a bundle
     record = await asyncio.to_thread(
-        predictor.prepare, task, request.events, request.prediction_time
+        predictor.prepare,
+        task,
+        events,
+        request.prediction_time,
+        fhir.descriptions if fhir is not None else None,
     )
     temperature = request.options.temperature
     if temperature is None:
@@ -200,7 +218,10 @@ async def _predict_record(
             cache_salt=salt,
         )
     state.metrics.observe_answer(task.name, predictor.mode, record.segmentation, answer)
-    return predict_response(model, record, answer, request.options, time.perf_counter() - start)
+    response = predict_response(model, record, answer, request.options, time.perf_counter() - start)
+    if fhir is not None:
+        response.fhir = fhir_mapping(fhir)
+    return response
 
 
 @asynccontextmanager
