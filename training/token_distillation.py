@@ -263,6 +263,8 @@ def distill(
             model, val, teacher["val"], config, device, pad
         )
         state["best_rows"] = params[0].detach().cpu().clone()
+        with (run_dir / HISTORY_FILE).open("a") as handle:
+            handle.write(json.dumps({"step": 0, "val_loss": state["initial"]}) + "\n")
     order = _order(len(train), config.epochs, seed)
     offsets = _offsets(train)
     model.eval()  # no dropout; the rows still get their gradients
