@@ -1,7 +1,7 @@
 """The authenticated API: `/predict`, `/predict/batch`, `/tokenize`.
 
 Handlers are a few lines: check the request against the service's limits, then hand the record
-to the inference layer (`inference.predictor.Predictor`) inside `_served` (admission, deadline,
+to the inference layer (`service.serving.predict_record`) inside `served` (admission, deadline,
 in-flight gauge, latency histogram, one log line with endpoint, task, status, record count and
 time — never record content). `service.responses` turns answers into response bodies.
 """
@@ -9,23 +9,17 @@ time — never record content). `service.responses` turns answers into response 
 from __future__ import annotations
 
 import asyncio
-import logging
 import secrets
 import time
-import traceback
-from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Coroutine, Iterable, Sequence
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Header, Request
 
-from inference.engine import EngineDead
-from inference.model import LoadedModel
 from medtpe_core.tasks import Task, UnknownTaskError, get_task
 from service.errors import ApiError, field_error
 from service.json_body import FastJsonRoute
-from service.limits import QueueFull
-from service.responses import predict_response, tokenize_response
+from service.responses import tokenize_response
 from service.schemas import (
     ERROR_RESPONSES,
     BatchRequest,
@@ -35,9 +29,9 @@ from service.schemas import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from service.serving import predict_record, served
 from service.state import ServiceState
 
-logger = logging.getLogger("medtpe.service")
 T = TypeVar("T")
 
 
@@ -124,8 +118,10 @@ async def predict(body: PredictRequest, state: StateDep, salt: SaltDep) -> Predi
     """Predict the task for one record."""
     model = state.loaded(need_engine=True)
     task = _checked(state, body, ["body"])
-    async with _served(state, "predict", task.name, 1):
-        return await _predict_record(state, model, task, body, salt)
+    async with served(state, "predict", task.name, 1):
+        return await predict_record(
+            state, model, task, body.events, body.prediction_time, body.options, salt
+        )
 
 
 @router.post("/predict/batch", response_model=BatchResponse)
@@ -138,9 +134,11 @@ async def predict_batch(body: BatchRequest, state: StateDep, salt: SaltDep) -> B
         raise _invalid(state, ["body", "records"], f"at most {limit} records per batch", "too_long")
     names = {task.name for task in tasks}
     label = names.pop() if len(names) == 1 else "mixed"
-    async with _served(state, "predict_batch", label, len(tasks)):
+    async with served(state, "predict_batch", label, len(tasks)):
         results = await _all(
-            _predict_record(state, model, task, record, salt)
+            predict_record(
+                state, model, task, record.events, record.prediction_time, record.options, salt
+            )
             for task, record in zip(tasks, body.records, strict=True)
         )
     return BatchResponse(results=results)
@@ -163,101 +161,6 @@ async def tokenize(body: TokenizeRequest, state: StateDep) -> TokenizeResponse:
         seg, label = prepared.segmentation, task.name
     state.metrics.request_latency.labels("tokenize", label).observe(time.perf_counter() - start)
     return tokenize_response(predictor.tokenizer, seg)
-
-
-async def _predict_record(
-    state: ServiceState,
-    model: LoadedModel,
-    task: Task,
-    request: PredictRequest,
-    salt: str | None,
-) -> PredictResponse:
-    """Render and tokenize (worker thread), then generate within a concurrency slot."""
-    start = time.perf_counter()
-    predictor = model.predictor
-    record = await asyncio.to_thread(
-        predictor.prepare, task, request.events, request.prediction_time
-    )
-    temperature = request.options.temperature
-    if temperature is None:
-        temperature = state.settings.temperature
-    async with state.admission.slot(), _engine_errors(state):
-        answer = await predictor.answer(
-            state.running_engine(),
-            record,
-            n_samples=request.options.n_samples,
-            temperature=temperature,
-            max_new_tokens=state.settings.max_new_tokens,
-            probabilities=request.options.return_probabilities,
-            constrained=request.options.constrained,
-            cache_salt=salt,
-        )
-    state.metrics.observe_answer(task.name, predictor.mode, record.segmentation, answer)
-    return predict_response(model, record, answer, request.options, time.perf_counter() - start)
-
-
-@asynccontextmanager
-async def _engine_errors(state: ServiceState) -> AsyncIterator[None]:
-    """A dead engine is a 503 (and counted), not an internal error."""
-    try:
-        yield
-    except EngineDead as exc:
-        state.metrics.errors.labels("engine").inc()
-        raise ApiError(503, "engine_dead", "the engine died; this instance is not ready") from exc
-
-
-@asynccontextmanager
-async def _served(
-    state: ServiceState, endpoint: str, task: str, n_records: int
-) -> AsyncIterator[None]:
-    """Admission, deadline, in-flight gauge, latency histogram and one log line per request."""
-    metrics = state.metrics
-    start = time.perf_counter()
-    status = 200
-    try:
-        with state.admission.admit(n_records), metrics.inflight.track_inprogress():
-            async with asyncio.timeout(state.settings.request_timeout_s):
-                yield
-    except QueueFull as exc:
-        status = 503
-        metrics.rejections.labels("queue_full").inc()
-        raise ApiError(
-            503,
-            "queue_full",
-            "too many requests in flight; retry later",
-            headers={"Retry-After": str(exc.retry_after_s)},
-        ) from exc
-    except TimeoutError as exc:
-        status = 504
-        metrics.errors.labels("timeout").inc()
-        raise ApiError(
-            504, "timeout", f"no answer within {state.settings.request_timeout_s} s"
-        ) from exc
-    except ApiError as exc:
-        status = exc.status
-        raise
-    except Exception as exc:
-        status = 500
-        metrics.errors.labels("internal").inc()
-        # the exception text may quote record content: log its type and stack only
-        logger.error(
-            "internal error %s on %s\n%s",
-            type(exc).__name__,
-            endpoint,
-            "".join(traceback.format_tb(exc.__traceback__)),
-        )
-        raise ApiError(500, "internal", "internal error") from exc
-    finally:
-        elapsed = time.perf_counter() - start
-        metrics.request_latency.labels(endpoint, task).observe(elapsed)
-        logger.info(
-            "%s task=%s records=%d status=%d ms=%.1f",
-            endpoint,
-            task,
-            n_records,
-            status,
-            elapsed * 1e3,
-        )
 
 
 async def _all(coroutines: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
