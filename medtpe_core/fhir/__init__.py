@@ -1,0 +1,25 @@
+"""FHIR R4 records as MEDS events (pure Python: no torch, no HTTP).
+
+    from medtpe_core.fhir import load_site_mapping, meds_from_fhir
+    record = meds_from_fhir(bundle, mapping=load_site_mapping(), prediction_time=when)
+
+`load_site_mapping` reads the per-site YAML mapping (None: the shipped default),
+`meds_from_fhir` maps a Bundle or a list of resources to a `FhirRecord` (events, descriptions,
+mapping counts), and `FhirInputError` names the resource and field of input it cannot map.
+See docs/integration.md, "FHIR records".
+"""
+
+from medtpe_core.fhir.mapping import FhirRecord, MappingCounts, ResourceCounts, meds_from_fhir
+from medtpe_core.fhir.parsing import FhirInputError
+from medtpe_core.fhir.site_mapping import SiteMapping, SiteMappingError, load_site_mapping
+
+__all__ = [
+    "FhirInputError",
+    "FhirRecord",
+    "MappingCounts",
+    "ResourceCounts",
+    "SiteMapping",
+    "SiteMappingError",
+    "load_site_mapping",
+    "meds_from_fhir",
+]

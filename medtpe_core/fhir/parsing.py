@@ -1,0 +1,153 @@
+"""FHIR R4 input read with `fhir.resources` (R4B models, pydantic v2): a Bundle (searchset,
+collection, transaction or batch) or a sequence of resources, each resource validated on its own
+so that an error names its place.
+
+Cost: pydantic validation of each resource, about 0.3-0.7 ms for an Observation on this machine
+(docs/benchmarks.md, "FHIR mapping").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fhir.resources.R4B import get_fhir_model_class
+from fhir.resources.R4B.resource import Resource
+from pydantic import ValidationError
+
+BUNDLE_TYPES = frozenset({"searchset", "collection", "transaction", "batch"})
+"""Bundle types that carry one patient's record (a search result or a set of resources)."""
+
+
+class FhirInputError(ValueError):
+    """FHIR input we cannot map: not FHIR R4, another patient's resource, an Observation without
+    a code or a time, a value we cannot render. Names the resource and the field.
+
+    `loc` locates the field in the input: `["entry", 3, "resource", "code"]` in a Bundle,
+    `[3, "code"]` in a list of resources."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        index: int | None = None,
+        resource_type: str | None = None,
+        resource_id: str | None = None,
+        field: str | None = None,
+        in_bundle: bool = True,
+    ) -> None:
+        self.index = index
+        self.resource_type = resource_type
+        self.resource_id = resource_id
+        self.field = field
+        where = []
+        if index is not None:
+            where.append(f"entry {index}" if in_bundle else f"resource {index}")
+        if resource_type:
+            where.append(f"{resource_type}/{resource_id}" if resource_id else resource_type)
+        if field:
+            where.append(field)
+        super().__init__(f"{', '.join(where)}: {message}" if where else message)
+        loc: list[str | int] = []
+        if index is not None:
+            loc = ["entry", index, "resource"] if in_bundle else [index]
+        if field:
+            loc.extend(int(p) if p.isdigit() else p for p in field.split("."))
+        self.loc = loc
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One resource of the input: its place, its Bundle `fullUrl` and the parsed model."""
+
+    index: int
+    full_url: str | None
+    resource: Resource
+
+    @property
+    def resource_type(self) -> str:
+        """The resource's type name (`Observation`, ...)."""
+        return self.resource.get_resource_type()
+
+
+def _field(loc: Sequence[str | int]) -> str:
+    return ".".join(str(p) for p in loc)
+
+
+def parse_resource(data: object, index: int | None, in_bundle: bool) -> Resource:
+    """One resource dict as its R4B model; `FhirInputError` naming the field otherwise."""
+    if not isinstance(data, Mapping) or not isinstance(data.get("resourceType"), str):
+        raise FhirInputError(
+            "a FHIR resource is a JSON object with a `resourceType`",
+            index=index,
+            field="resourceType",
+            in_bundle=in_bundle,
+        )
+    resource_type = data["resourceType"]
+    resource_id = data.get("id") if isinstance(data.get("id"), str) else None
+    try:
+        model = get_fhir_model_class(resource_type)
+    except (KeyError, ValueError) as exc:
+        raise FhirInputError(
+            f"{resource_type!r} is not a FHIR R4 resource type",
+            index=index,
+            resource_type=resource_type,
+            resource_id=resource_id,
+            field="resourceType",
+            in_bundle=in_bundle,
+        ) from exc
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            message = "not a FHIR R4 element of this resource"
+        elif error["type"] == "missing":
+            message = "required by FHIR R4"
+        raise FhirInputError(
+            message,
+            index=index,
+            resource_type=resource_type,
+            resource_id=resource_id,
+            field=_field(error["loc"]) or None,
+            in_bundle=in_bundle,
+        ) from exc
+
+
+def parse_entries(
+    data: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+) -> tuple[list[Entry], bool]:
+    """The resources of a Bundle (entries without a resource, e.g. a transaction's DELETE, are
+    left out) or of a sequence of resources, parsed; and whether the input was a Bundle."""
+    if isinstance(data, Mapping) and data.get("resourceType") == "Bundle":
+        bundle_type = data.get("type")
+        if bundle_type not in BUNDLE_TYPES:
+            raise FhirInputError(
+                f"a Bundle of type {bundle_type!r} does not hold a record; expected one of "
+                f"{', '.join(sorted(BUNDLE_TYPES))}",
+                resource_type="Bundle",
+                field="type",
+            )
+        entries = data.get("entry") or []
+        if not isinstance(entries, list):
+            raise FhirInputError("a list of entries is expected", field="entry")
+        out = []
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, Mapping):
+                raise FhirInputError("an entry is a JSON object", field=f"entry.{i}")
+            if entry.get("resource") is None:
+                continue
+            full_url = entry.get("fullUrl")
+            resource = parse_resource(entry["resource"], i, True)
+            out.append(Entry(i, full_url if isinstance(full_url, str) else None, resource))
+        return out, True
+    if isinstance(data, Mapping):
+        raise FhirInputError(
+            "expected a FHIR Bundle or a list of resources",
+            resource_type=str(data.get("resourceType") or "") or None,
+            field="resourceType",
+        )
+    return [Entry(i, None, parse_resource(item, i, False)) for i, item in enumerate(data)], False
