@@ -11,6 +11,7 @@ import asyncio
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import meds
 import numpy as np
 from starlette.requests import Request
 
@@ -148,7 +149,8 @@ def _score(
     """What the card reports of one answer."""
     option = task.positive_option
     probability = answer.probabilities.get(option) if answer.probabilities and option else None
-    times = events.times[~np.isnat(events.times)]
+    clinical = ~np.isnat(events.times) & (np.asarray(events.codes) != meds.birth_code)
+    times = events.times[clinical]
     first, last = (_datetime(times.min()), _datetime(times.max())) if len(times) else (None, None)
     totals = {"resources": record.counts.n_resources}
     for name in ("mapped", "unmapped", "skipped"):
