@@ -37,9 +37,6 @@ def discovery() -> DiscoveryResponse:
                 description=s.description,
                 id=s.id,
                 prefetch=dict(s.prefetch),
-                usageRequirements="The EHR signs each call with a JWT of an issuer this "
-                "deployment allows (MEDTPE_CDS_ISSUERS); the patient's record is prefetched or "
-                "readable with fhirAuthorization.",
             )
             for s in SERVICES
         ]

@@ -11,10 +11,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
+from pydantic import ValidationError
 from starlette.testclient import TestClient
 
 from medtpe_core.cds.services import SERVICES, get_service
+from medtpe_core.tasks import get_task
+from service.cds_hooks.schemas import FeedbackRequest
 from tests.support.cds_support import (
     FHIR_TOKEN,
     ICU_BUNDLE,
@@ -25,6 +29,7 @@ from tests.support.cds_support import (
 )
 from tests.support.ehr import Ehr, serving_ehr
 from tests.support.fhir_server import running_fhir_server
+from tests.support.paths import FIXTURES, ROOT
 from tests.support.service_support import instant_client, instant_settings, metric_value
 
 ICU = get_service("medtpe-icu-mortality-patient-view")
@@ -337,3 +342,80 @@ def test_a_jwt_is_accepted_once_only(client: TestClient, ehr: Ehr) -> None:
     listed = ehr.token(BASE + url, aud=[BASE + url], headers={"jku": ehr.jwks_url})
     answer = client.post(url, json=body, headers={"Authorization": f"Bearer {listed}"})
     assert answer.status_code == 200  # aud as a list, jku naming the issuer's own set
+
+
+# --- the contract: bodies against the CDS Hooks JSON schemas (tests/fixtures/cds_hooks) -----
+
+SCHEMAS = FIXTURES / "cds_hooks" / "schemas"
+SAMPLE_REQUEST = ROOT / "docs" / "examples" / "cds-hook-patient-view.json"
+
+
+def spec_validator(definition: str) -> jsonschema.Draft202012Validator:
+    """A validator of one body of the CDS Hooks 2.0.1 schema (formats checked)."""
+    schema = json.loads((SCHEMAS / "cds-hooks-2.0.1.schema.json").read_text())
+    return jsonschema.Draft202012Validator(
+        schema | {"$ref": f"#/$defs/{definition}"},
+        format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER,
+    )
+
+
+def test_discovery_keeps_the_spec_and_the_cds_validators_schema(
+    client: TestClient, ehr: Ehr
+) -> None:
+    body = client.get("/cds-services", headers=ehr.authorization(BASE + "/cds-services")).json()
+    spec_validator("discoveryResponse").validate(body)
+    legacy = json.loads((SCHEMAS / "cds-validator-discovery-response.json").read_text())
+    jsonschema.Draft3Validator(legacy).validate(body)
+    with pytest.raises(jsonschema.ValidationError):  # the schemas do check
+        spec_validator("discoveryResponse").validate({"services": [{"hook": "patient-view"}]})
+
+
+def test_the_sample_request_and_its_card_keep_the_spec(client: TestClient, ehr: Ehr) -> None:
+    request = json.loads(SAMPLE_REQUEST.read_text())
+    spec_validator("request").validate(request)
+    answer = call(client, ehr, request)
+    assert answer.status_code == 200, answer.text
+    spec_validator("response").validate(answer.json())
+    for broken in (
+        {"cards": [{"summary": "x" * 140, "indicator": "info", "source": {"label": "s"}}]},
+        {"cards": [{"summary": "x", "indicator": "hard-stop", "source": {"label": "s"}}]},
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            spec_validator("response").validate(broken)
+
+
+def test_every_service_answers_with_cards_that_keep_the_spec(client: TestClient, ehr: Ehr) -> None:
+    for service in SERVICES:
+        prefetch = prefetch_of(service, load_bundle(), ICU_PATIENT)
+        request = hook_request(service, ICU_PATIENT, prefetch=prefetch)
+        spec_validator("request").validate(request)
+        answer = call(client, ehr, request, service_id=service.id)
+        assert answer.status_code == 200, answer.text
+        spec_validator("response").validate(answer.json())
+        card = answer.json()["cards"][0]
+        assert card["summary"].startswith(get_task(service.task).title)
+
+
+def test_feedback_bodies_the_service_accepts_keep_the_spec() -> None:
+    accepted = {
+        "card": "4e0a3a1e-3283-4575-ab82-028d55fe2719",
+        "outcome": "accepted",
+        "acceptedSuggestions": [{"id": "e56e1945-20b3-4393-8503-a1a20fd73152"}],
+        "outcomeTimestamp": "2021-12-11T10:05:31Z",
+    }
+    overridden = {
+        "card": "f6b95768-b1c8-40dc-8385-bf3504b82ffb",
+        "outcome": "overridden",
+        "overrideReason": {"reason": {"code": "d7ecf885", "system": "urn:x"}, "userComment": "c"},
+        "outcomeTimestamp": "2020-12-11T00:00:00Z",
+    }
+    validator = spec_validator("feedback")
+    for body in ({"feedback": [accepted]}, {"feedback": [overridden]}):
+        validator.validate(body)
+        FeedbackRequest.model_validate(body)
+    bad = {"feedback": [accepted | {"acceptedSuggestions": None}]}
+    bad["feedback"][0].pop("acceptedSuggestions")
+    with pytest.raises(jsonschema.ValidationError):
+        validator.validate(bad)
+    with pytest.raises(ValidationError):
+        FeedbackRequest.model_validate(bad)
