@@ -10,7 +10,7 @@ import copy
 import json
 import re
 import time
-from collections import Counter
+from collections import ChainMap, Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -180,8 +180,11 @@ class Predictor:
         task: Task,
         events: SubjectEvents | Sequence[MedsEvent],
         prediction_time: datetime | None,
+        descriptions: Mapping[str, str] | None = None,
     ) -> tuple[Prompt, datetime | None]:
-        """The task prompt for `events` within the input budget, and the prediction time used."""
+        """The task prompt for `events` within the input budget, and the prediction time used;
+        `descriptions`: the record's own code descriptions (a FHIR record's display texts), for
+        the codes the loaded codes metadata does not describe."""
         if not isinstance(events, SubjectEvents):
             events = SubjectEvents.from_events(events)
         when = prediction_time if prediction_time is not None else default_prediction_time(events)
@@ -192,7 +195,7 @@ class Predictor:
             self.tokenizer.base,
             self.chat_template,
             self.max_input_tokens,
-            self.descriptions,
+            ChainMap(self.descriptions, descriptions) if descriptions else self.descriptions,
             windowing=self.windowing,
         )
         return prompt, when
@@ -202,10 +205,12 @@ class Predictor:
         task: Task,
         events: SubjectEvents | Sequence[MedsEvent],
         prediction_time: datetime | None,
+        descriptions: Mapping[str, str] | None = None,
     ) -> PreparedRecord:
-        """Render the record into the task prompt and tokenize it (CPU work, no engine)."""
+        """Render the record into the task prompt and tokenize it (CPU work, no engine);
+        `descriptions` as in `build`."""
         start = time.perf_counter()
-        prompt, when = self.build(task, events, prediction_time)
+        prompt, when = self.build(task, events, prediction_time, descriptions)
         rendered = time.perf_counter()
         # the prompt's original ids come from build_prompt (record text as plain text, so event
         # text cannot inject chat turns); MedTPE ids are derived from them

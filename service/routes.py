@@ -16,8 +16,10 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Header, Request
 
+from inference.model import LoadedModel
 from medtpe_core.tasks import Task, UnknownTaskError, get_task
 from service.errors import ApiError, field_error
+from service.fhir_input import bundle_events, fhir_mapping
 from service.json_body import FastJsonRoute
 from service.responses import tokenize_response
 from service.schemas import (
@@ -119,9 +121,7 @@ async def predict(body: PredictRequest, state: StateDep, salt: SaltDep) -> Predi
     model = state.loaded(need_engine=True)
     task = _checked(state, body, ["body"])
     async with served(state, "predict", task.name, 1):
-        return await predict_record(
-            state, model, task, body.events, body.prediction_time, body.options, salt
-        )
+        return await _predict_request(state, model, task, body, salt, ["body"])
 
 
 @router.post("/predict/batch", response_model=BatchResponse)
@@ -136,10 +136,8 @@ async def predict_batch(body: BatchRequest, state: StateDep, salt: SaltDep) -> B
     label = names.pop() if len(names) == 1 else "mixed"
     async with served(state, "predict_batch", label, len(tasks)):
         results = await _all(
-            predict_record(
-                state, model, task, record.events, record.prediction_time, record.options, salt
-            )
-            for task, record in zip(tasks, body.records, strict=True)
+            _predict_request(state, model, task, record, salt, ["body", "records", i])
+            for i, (task, record) in enumerate(zip(tasks, body.records, strict=True))
         )
     return BatchResponse(results=results)
 
@@ -161,6 +159,45 @@ async def tokenize(body: TokenizeRequest, state: StateDep) -> TokenizeResponse:
         seg, label = prepared.segmentation, task.name
     state.metrics.request_latency.labels("tokenize", label).observe(time.perf_counter() - start)
     return tokenize_response(predictor.tokenizer, seg)
+
+
+async def _predict_request(
+    state: ServiceState,
+    model: LoadedModel,
+    task: Task,
+    request: PredictRequest,
+    salt: str | None,
+    loc: Sequence[str | int],
+) -> PredictResponse:
+    """A request's record (its events, or its FHIR bundle mapped in a worker thread) through
+    `predict_record`; a bundle's mapping counts in the response."""
+    start = time.perf_counter()
+    events, fhir = request.events, None
+    if request.bundle is not None:
+        mapping = state.site_mapping()
+        try:
+            events, fhir = await asyncio.to_thread(
+                bundle_events, mapping, request.bundle, request.prediction_time, loc
+            )
+        except ApiError:
+            state.metrics.rejections.labels("invalid").inc()
+            raise
+    assert events is not None  # the request model requires events or a bundle
+    descriptions = fhir.descriptions if fhir is not None else None
+    response = await predict_record(
+        state,
+        model,
+        task,
+        events,
+        request.prediction_time,
+        request.options,
+        salt,
+        descriptions=descriptions,
+        start=start,
+    )
+    if fhir is not None:
+        response.fhir = fhir_mapping(fhir)
+    return response
 
 
 async def _all(coroutines: Iterable[Coroutine[Any, Any, T]]) -> list[T]:

@@ -19,6 +19,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError, core_schema
 
 from inference.model import ModelIdentity
+from medtpe_core.fhir.parsing import BUNDLE_TYPES
 from medtpe_core.meds import MAX_EVENTS_PER_RECORD, IsoTime, JsonInt, MedsEvent, SubjectEvents
 from medtpe_core.tasks import Prediction, list_tasks
 
@@ -87,6 +88,30 @@ Events = Annotated[SubjectEvents, _EventColumns()]
 """A record's events: a JSON array of MEDS events, validated and held as sorted columns."""
 
 
+FHIR_BUNDLE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "One patient's record as a FHIR R4 Bundle (searchset, collection, "
+    "transaction or batch), mapped to MEDS events by the site mapping (docs/integration.md); "
+    "a resource or field that cannot be mapped is a 422 locating it "
+    "(`[..., 'bundle', 'entry', i, 'resource', field...]`).",
+    "required": ["resourceType", "type"],
+    "properties": {
+        "resourceType": {"const": "Bundle"},
+        "type": {"enum": sorted(BUNDLE_TYPES)},
+        "entry": {"type": "array", "items": {"type": "object"}},
+    },
+}
+
+
+def _bundle_schema(schema: dict[str, Any]) -> None:
+    _left_out_not_null(schema)
+    schema.update(FHIR_BUNDLE_SCHEMA)
+
+
+FhirBundle = dict[str, Any]
+"""A FHIR R4 Bundle as JSON (validated by `medtpe_core.fhir`, which names the failing entry)."""
+
+
 class PredictOptions(_Strict):
     """Sampling options of one prediction."""
 
@@ -108,19 +133,48 @@ class PredictOptions(_Strict):
 
 
 class PredictRequest(_Strict):
-    """One record and the task to predict."""
+    """One record, as MEDS `events` or as a FHIR R4 `bundle`, and the task to predict."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["events"], "not": {"required": ["bundle"]}},
+                {"required": ["bundle"], "not": {"required": ["events"]}},
+            ]
+        },
+    )
 
     task: str = Field(description="Task name.", json_schema_extra=_TASK_FIELD)
-    events: Events = Field(
+    events: Events | None = Field(
+        None,
         description="The record's MEDS events, all with the same `subject_id` (422 otherwise, "
-        "located at the first event whose `subject_id` differs)."
+        "located at the first event whose `subject_id` differs).",
+        json_schema_extra=_left_out_not_null,
     )
+    bundle: FhirBundle | None = Field(None, json_schema_extra=_bundle_schema)
     prediction_time: IsoTime | None = Field(
         None,
         description="Events after it are ignored (MEDS: up to and including it is used); "
         "default: just after the last event.",
     )
     options: PredictOptions = Field(default_factory=PredictOptions)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_null(cls, data: object) -> object:
+        """`events` and `bundle` are left out when unused, never null (as documented)."""
+        if isinstance(data, dict):
+            for name in ("events", "bundle"):
+                if name in data and data[name] is None:
+                    raise ValueError(f"`{name}` must be left out, not null")
+        return data
+
+    @model_validator(mode="after")
+    def _events_or_bundle(self) -> PredictRequest:
+        if (self.events is None) == (self.bundle is None):
+            raise ValueError("give either `events` (MEDS) or `bundle` (FHIR R4)")
+        return self
 
 
 class BatchRequest(_Strict):
@@ -136,6 +190,24 @@ class TokenCounts(BaseModel):
     medtpe: int
     compression_rate: float
     generated: int = Field(description="Answer tokens generated (all samples).")
+
+
+class ResourceMapping(BaseModel):
+    """What became of the FHIR resources of one type."""
+
+    mapped: int = Field(description="Mapped to MEDS codes by the site mapping.")
+    unmapped: int = Field(description="Kept with a generic code and their display text.")
+    after_prediction_time: int = Field(description="Dropped: after the prediction time.")
+    skipped: int = Field(
+        description="Not read: a type the mapping does not cover, entered in error, no time."
+    )
+
+
+class FhirMapping(BaseModel):
+    """How a FHIR Bundle became the record's MEDS events."""
+
+    subject_id: int = Field(description="The MEDS subject id the Patient became.")
+    counts: dict[str, ResourceMapping] = Field(description="Per FHIR resource type.")
 
 
 class Latency(BaseModel):
@@ -182,6 +254,9 @@ class PredictResponse(BaseModel):
     tokens: TokenCounts
     latency_ms: Latency
     model: ModelIdentity = Field(description="The model, mode and artefact that answered.")
+    fhir: FhirMapping | None = Field(
+        None, description="With a `bundle`: the mapping's subject id and per-type counts."
+    )
 
 
 class BatchResponse(BaseModel):

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 import traceback
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime
 
@@ -35,11 +35,17 @@ async def predict_record(
     prediction_time: datetime | None,
     options: PredictOptions,
     salt: str | None,
+    *,
+    descriptions: Mapping[str, str] | None = None,
+    start: float | None = None,
 ) -> PredictResponse:
-    """Render and tokenize (worker thread), then generate within a concurrency slot."""
-    start = time.perf_counter()
+    """Render and tokenize (worker thread), then generate within a concurrency slot.
+    `descriptions`: the record's own code descriptions (a FHIR record's display texts);
+    `start`: when the request's work began (`time.perf_counter()`; default now), for its
+    reported total latency."""
+    start = time.perf_counter() if start is None else start
     predictor = model.predictor
-    record = await asyncio.to_thread(predictor.prepare, task, events, prediction_time)
+    record = await asyncio.to_thread(predictor.prepare, task, events, prediction_time, descriptions)
     temperature = options.temperature
     if temperature is None:
         temperature = state.settings.temperature

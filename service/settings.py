@@ -62,6 +62,11 @@ class ServiceSettings(BaseSettings):
     artefact_dir: Path = declared_setting("artefact_dir")
     export_dir: Path = declared_setting("export_dir")
     codes_dir: Path | None = declared_setting("codes_dir")
+    fhir_mapping: Path | None = Field(
+        None,
+        description="The site's FHIR R4 -> MEDS mapping file (YAML, docs/integration.md); unset: "
+        "the shipped default (MIMIC-IV on FHIR + generic LOINC/SNOMED CT/RxNorm/ICD rules).",
+    )
     mode: Mode = declared_setting("mode")
     max_input_tokens: int = declared_setting("max_input_tokens", gt=0)
     allow_unvalidated_budget: bool = Field(

@@ -10,6 +10,7 @@ from inference.engine import Engine, EngineFactory
 from inference.engines import start_vllm
 from inference.model import LoadedModel, load_model
 from inference.predictor import Predictor
+from medtpe_core.fhir import SiteMapping, load_site_mapping
 from medtpe_core.prompting import min_input_tokens
 from service.errors import ApiError
 from service.limits import Admission
@@ -39,6 +40,7 @@ class ServiceState:
         self.warmed_up = False
         self.stopping = False
         self.failure: str | None = None
+        self.fhir_mapping: SiteMapping | None = None
         self.publish_status()
 
     @property
@@ -56,6 +58,7 @@ class ServiceState:
     async def start(self) -> None:
         """Prepare the model files, start the engine, warm it up (runs in the background)."""
         try:
+            self.fhir_mapping = load_site_mapping(self.settings.fhir_mapping)
             self.model = await asyncio.to_thread(load_model, self.settings.model())
             await asyncio.to_thread(require_input_budget, self.settings, self.model.predictor)
             require_validated_budget(self.settings, self.model)
@@ -90,6 +93,12 @@ class ServiceState:
         if status == "engine_dead":
             raise ApiError(503, "engine_dead", "the engine died; this instance is not ready")
         raise ApiError(503, "not_ready", f"the service is {status}", headers={"Retry-After": "10"})
+
+    def site_mapping(self) -> SiteMapping:
+        """The FHIR site mapping (loaded at start-up), else 503."""
+        if self.fhir_mapping is None:
+            raise ApiError(503, "not_ready", f"the service is {self.status}", {"Retry-After": "10"})
+        return self.fhir_mapping
 
     def running_engine(self) -> Engine:
         """The started engine (callers checked readiness with `loaded(need_engine=True)`)."""

@@ -258,6 +258,7 @@ class _Mapper:
         if found is not None and found[1] >= 0:
             system, code, display = codings[found[1]]
         values = {**slots, "code": code or UNKNOWN, "system": _system_name(system)}
+        values["display"] = display or code or UNKNOWN
         values["resource_type"] = resource_type.upper()
         return (found[0] if found else None), values, display
 

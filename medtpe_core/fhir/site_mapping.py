@@ -27,6 +27,7 @@ DEFAULT_MAPPING_PATH = Path(__file__).with_name("default_mapping.yaml")
 PLACEHOLDERS = frozenset(
     {
         "code",
+        "display",
         "unit",
         "location",
         "type",

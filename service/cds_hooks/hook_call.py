@@ -24,7 +24,6 @@ from medtpe_core.fhir import (
     FhirInputError,
     FhirRecord,
     SiteMapping,
-    load_site_mapping,
     meds_from_fhir,
 )
 from medtpe_core.meds import SubjectEvents
@@ -46,10 +45,9 @@ HOOK_OPTIONS = PredictOptions(return_probabilities=True)
 
 @dataclass(frozen=True)
 class CdsHooks:
-    """What the hook routes hold: the JWT check, the site mapping and the score cache."""
+    """What the hook routes hold: the JWT check and the score cache."""
 
     auth: HookAuthenticator
-    mapping: SiteMapping
     scores: ScoreCache[Score]
     base_url: str | None
 
@@ -58,7 +56,6 @@ class CdsHooks:
         """The hooks of one API process."""
         return cls(
             HookAuthenticator(settings.cds_issuers, settings.cds_jwt_max_lifetime_s),
-            load_site_mapping(None),
             ScoreCache(settings.cds_score_cache_size, settings.cds_score_cache_ttl_s),
             str(settings.cds_base_url).rstrip("/") if settings.cds_base_url else None,
         )
@@ -88,7 +85,7 @@ async def answer_hook(
     if gathered.fetch_s:
         state.metrics.cds_fhir_fetch.observe(gathered.fetch_s)
     patient = str(body.context[PATIENT_ID])
-    record = await asyncio.to_thread(_mapped, hooks.mapping, gathered, patient)
+    record = await asyncio.to_thread(_mapped, state.site_mapping(), gathered, patient)
     events = SubjectEvents.from_events(record.events)
     salt = state.salts.of(f"cds-hooks\x1f{caller.issuer}\x1f{caller.tenant or ''}")
     identity = model.identity
@@ -99,7 +96,16 @@ async def answer_hook(
     cached = score is not None
     if score is None:
         async with served(state, "cds_hook", task.name, 1):
-            answer = await predict_record(state, model, task, events, None, HOOK_OPTIONS, salt)
+            answer = await predict_record(
+                state,
+                model,
+                task,
+                events,
+                None,
+                HOOK_OPTIONS,
+                salt,
+                descriptions=record.descriptions,
+            )
         score = _score(task, model, events, record, answer)
         hooks.scores.put(key, score)
     bands = state.settings.cds_risk_bands.get(task.name, DEFAULT_BANDS)
@@ -130,13 +136,17 @@ def _mapped(mapping: SiteMapping, gathered: Gathered, patient: str) -> FhirRecor
     """The record's MEDS events; input it cannot map is a 422 located in the call (the
     prefetch key and entry, or the fetch that brought it)."""
     try:
-        return meds_from_fhir(gathered.resources, mapping=mapping, patient_id=patient)
+        record = meds_from_fhir(gathered.resources, mapping=mapping, patient_id=patient)
     except FhirInputError as exc:
         origin: tuple[str | int, ...] = ("body", "prefetch")
         if exc.index is not None:
             origin = gathered.origins[exc.index]
         loc = [*origin, *exc.loc[1:]] if exc.index is not None else list(origin)
-        raise ApiError(422, "invalid_fhir", field_error(loc, exc.message, "fhir")) from None
+        raise ApiError(422, "invalid_request", field_error(loc, str(exc), "fhir_input")) from None
+    if not record.events:
+        detail = field_error(("body", "prefetch"), f"no event of patient {patient}", "fhir_input")
+        raise ApiError(422, "invalid_request", detail)
+    return record
 
 
 def _score(
