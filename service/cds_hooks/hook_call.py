@@ -144,7 +144,8 @@ def _mapped(mapping: SiteMapping, gathered: Gathered, patient: str) -> FhirRecor
         loc = [*origin, *exc.loc[1:]] if exc.index is not None else list(origin)
         raise ApiError(422, "invalid_request", field_error(loc, str(exc), "fhir_input")) from None
     if not record.events:
-        detail = field_error(("body", "prefetch"), f"no event of patient {patient}", "fhir_input")
+        where = ("body", "prefetch")
+        detail = field_error(where, f"no event of patient {patient}", "fhir_no_events")
         raise ApiError(422, "invalid_request", detail)
     return record
 
