@@ -21,33 +21,17 @@ from medtpe_core.tasks import get_task
 from service.cds_hooks.schemas import FeedbackRequest
 from tests.support.cds_support import (
     FHIR_TOKEN,
-    ICU_BUNDLE,
     ICU_PATIENT,
     hook_request,
     load_bundle,
     prefetch_of,
 )
-from tests.support.ehr import Ehr, serving_ehr
-from tests.support.fhir_server import running_fhir_server
+from tests.support.ehr import Ehr
 from tests.support.paths import FIXTURES, ROOT
 from tests.support.service_support import instant_client, instant_settings, metric_value
 
 ICU = get_service("medtpe-icu-mortality-patient-view")
 BASE = "http://testserver"
-
-
-@pytest.fixture(scope="module")
-def ehr() -> Iterator[Ehr]:
-    with serving_ehr() as ehr:
-        yield ehr
-
-
-@pytest.fixture(scope="module")
-def fhir_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    data = tmp_path_factory.mktemp("fhir-data")
-    (data / "icu.json").write_text(ICU_BUNDLE.read_text())
-    with running_fhir_server(data, FHIR_TOKEN, data / "server.log", delay_s=5) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")
