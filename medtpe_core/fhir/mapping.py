@@ -146,18 +146,26 @@ def _first_code(concept: Any) -> str | None:
     return codings[0][1] if codings else None
 
 
-def _subject_id(patient: Any, mapping: SiteMapping) -> int:
-    for identifier in patient.identifier or []:
+def _subject_id(patient_id: str | None, identifiers: Sequence[Any], mapping: SiteMapping) -> int:
+    """The MEDS subject id of a patient (see the module docstring)."""
+    for identifier in identifiers:
         if mapping.is_subject_identifier(identifier.system) and _is_int(identifier.value):
             return int(identifier.value)
-    if _is_int(patient.id):
-        return int(patient.id)
-    digest = hashlib.sha256((patient.id or "").encode()).digest()
+    if _is_int(patient_id):
+        return int(patient_id or "")
+    digest = hashlib.sha256((patient_id or "").encode()).digest()
     return int.from_bytes(digest[:6], "big")
 
 
 def _is_int(text: str | None) -> bool:
     return bool(text) and text.isdigit() and int(text) <= MAX_SUBJECT_ID
+
+
+class _Slots(dict[str, str]):
+    """Template values; a missing one is `UNK` (a rule may name a slot its type lacks)."""
+
+    def __missing__(self, key: str) -> str:
+        return UNKNOWN
 
 
 class _Mapper:
@@ -263,11 +271,15 @@ class _Mapper:
         return (found[0] if found else None), values, display
 
     def code_of(self, template: str, values: Mapping[str, str]) -> str:
-        return template.format_map(values)
+        """The template filled in; a placeholder this resource has no value for is `UNK`."""
+        return template.format_map(_Slots(values))
 
     def describe(self, code: str, display: str | None, unit: str | None) -> None:
+        """The code's description: the display, with the unit in brackets (the renderer reads it
+        from there; a UCUM unit's own brackets are dropped: `mm[Hg]` → `mmHg`)."""
         if display and code not in self.descriptions:
-            self.descriptions[code] = f"{display} [{unit}]" if unit else display
+            shown = unit.replace("[", "").replace("]", "") if unit else None
+            self.descriptions[code] = f"{display} [{shown}]" if shown else display
 
     def unmapped(self, values: Mapping[str, str], display: str | None, unit: str | None) -> str:
         code = self.code_of(self.mapping.unmapped, values)
@@ -347,7 +359,7 @@ def _observation(mapper: _Mapper, entry: Entry) -> tuple[list[_Event], bool]:
 
 
 def _has_value(obs: Any) -> bool:
-    return any(name.startswith("value") and getattr(obs, name) is not None for name in _VALUES)
+    return any(getattr(obs, name) is not None for name in _VALUES)
 
 
 _VALUES = (
@@ -364,7 +376,6 @@ _VALUES = (
 
 def _timed_events(
     mapper: _Mapper,
-    entry: Entry,
     rule: Rule | None,
     values: dict[str, str],
     display: str | None,
@@ -414,7 +425,7 @@ def _condition(mapper: _Mapper, entry: Entry) -> tuple[list[_Event], bool]:
     rule, values, display = mapper.coded(entry, "Condition", condition.code, "code", {})
     if at is None:
         return [], rule is not None
-    return _timed_events(mapper, entry, rule, values, display, at, None, None)
+    return _timed_events(mapper, rule, values, display, at, None, None)
 
 
 def _procedure(mapper: _Mapper, entry: Entry) -> tuple[list[_Event], bool]:
@@ -422,7 +433,7 @@ def _procedure(mapper: _Mapper, entry: Entry) -> tuple[list[_Event], bool]:
     start, end = _period(procedure.performedPeriod)
     rule, values, display = mapper.coded(entry, "Procedure", procedure.code, "code", {})
     at = _time(procedure.performedDateTime)
-    return _timed_events(mapper, entry, rule, values, display, at, start, end)
+    return _timed_events(mapper, rule, values, display, at, start, end)
 
 
 def _medication_concept(mapper: _Mapper, resource: Any) -> Any:
@@ -460,7 +471,7 @@ def _medication_administration(mapper: _Mapper, entry: Entry) -> tuple[list[_Eve
         else (None, None),
     }
     at = _time(admin.effectiveDateTime)
-    return _timed_events(mapper, entry, rule, values, display, at, start, end, value_of)
+    return _timed_events(mapper, rule, values, display, at, start, end, value_of)
 
 
 def _medication_request(mapper: _Mapper, entry: Entry) -> tuple[list[_Event], bool]:
@@ -472,7 +483,7 @@ def _medication_request(mapper: _Mapper, entry: Entry) -> tuple[list[_Event], bo
         entry, "MedicationRequest", concept, "medicationCodeableConcept", {}
     )
     at = _time(request.authoredOn)
-    return _timed_events(mapper, entry, rule, values, display, start or at, start or at, end)
+    return _timed_events(mapper, rule, values, display, start or at, start or at, end)
 
 
 def _encounter(mapper: _Mapper, entry: Entry) -> tuple[list[_Event], bool]:
@@ -502,7 +513,7 @@ def _encounter(mapper: _Mapper, entry: Entry) -> tuple[list[_Event], bool]:
         values["code"] = encounter.class_fhir.code or UNKNOWN
         values["system"] = _system_name(encounter.class_fhir.system)
         display = encounter.class_fhir.display or display
-    return _timed_events(mapper, entry, rule, values, display, None, start, end)
+    return _timed_events(mapper, rule, values, display, None, start, end)
 
 
 def _patient(mapper: _Mapper, entry: Entry) -> tuple[list[_Event], bool]:
@@ -569,7 +580,7 @@ def meds_from_fhir(
         if owner is not None and patient is not None and owner != patient:
             raise mapper.error(entry, f"belongs to another patient than {patient!r}", where)
         if entry.resource_type == "Patient":
-            subject_id = _subject_id(entry.resource, mapping)
+            subject_id = _subject_id(entry.resource.id, entry.resource.identifier or [], mapping)
         counted = counts.of(entry.resource_type)
         reader = _READERS.get(entry.resource_type)
         if reader is None or _status(entry.resource) in SKIPPED_STATUSES:
@@ -588,8 +599,8 @@ def meds_from_fhir(
         else:
             counted.unmapped += 1
         kept.extend(shown)
-    if subject_id is None:
-        subject_id = _subject_id(_Bare(patient), mapping) if patient is not None else 0
+    if subject_id is None:  # the patient is only referenced
+        subject_id = _subject_id(patient, [], mapping)
     events = [
         MedsEvent(
             subject_id=subject_id,
@@ -601,11 +612,3 @@ def meds_from_fhir(
         for e in kept
     ]
     return FhirRecord(subject_id, patient, events, mapper.descriptions, counts)
-
-
-@dataclass(frozen=True)
-class _Bare:
-    """A patient known only by its id (referenced, not in the input)."""
-
-    id: str
-    identifier: tuple[()] = ()
