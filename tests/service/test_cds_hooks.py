@@ -17,6 +17,9 @@ from pydantic import ValidationError
 from starlette.testclient import TestClient
 
 from medtpe_core.cds.services import SERVICES, get_service
+from medtpe_core.fhir import load_site_mapping, meds_from_fhir
+from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
+from medtpe_core.meds_readers import MedsDataset, read_labels
 from medtpe_core.tasks import get_task
 from service.cds_hooks.schemas import FeedbackRequest
 from tests.support.cds_support import (
@@ -24,14 +27,22 @@ from tests.support.cds_support import (
     ICU_PATIENT,
     hook_request,
     load_bundle,
+    patient_id,
     prefetch_of,
 )
 from tests.support.ehr import Ehr
+from tests.support.mimic_fhir_fixture import FIXTURE
 from tests.support.paths import FIXTURES, ROOT
-from tests.support.service_support import instant_client, instant_settings, metric_value
+from tests.support.service_support import (
+    SERVICE_API_KEY,
+    instant_client,
+    instant_settings,
+    metric_value,
+)
 
 ICU = get_service("medtpe-icu-mortality-patient-view")
 BASE = "http://testserver"
+API_KEY = {"Authorization": f"Bearer {SERVICE_API_KEY}"}
 
 
 @pytest.fixture(scope="module")
@@ -403,3 +414,40 @@ def test_feedback_bodies_the_service_accepts_keep_the_spec() -> None:
         validator.validate(bad)
     with pytest.raises(ValidationError):
         FeedbackRequest.model_validate(bad)
+
+
+# --- the round trip through the hook: MIMIC-IV demo ICU stays (ODbL fixture) -----------------
+
+
+def test_a_mimic_stay_through_the_hook_shows_predicts_events(
+    service_files: tuple[Path, Path], ehr: Ehr
+) -> None:
+    """The stays of tests/fixtures/fhir/mimic-demo-stays as FHIR, prefetched key by key as an EHR
+    would, give the prompt `/predict` gives their MEDS events (the same events: the FHIR round
+    trip, tests/medtpe_core/test_fhir_round_trip.py), line for line, with a budget that holds
+    the whole record. Byte for byte only where no two resource types share a timestamp: FHIR has
+    no order within an instant and a prefetch brings one resource type per key
+    (docs/integration.md, "The round trip through a hook")."""
+    settings = instant_settings(
+        service_files,
+        max_input_tokens=8192,
+        cds_issuers=json.loads(ehr.issuers_setting()),
+    )
+    dataset = MedsDataset.load(FIXTURE)
+    with instant_client(settings) as client:
+        engine = client.app.state.service.engine
+        tokenizer = client.app.state.service.model.predictor.tokenizer
+        for point in read_labels(FIXTURE / "labels" / "icu_mortality.parquet"):
+            events = dataset.events(point.subject_id).before(point.prediction_time)
+            bundle = fhir_bundle_from_meds(events)
+            record = meds_from_fhir(bundle, mapping=load_site_mapping())
+            as_meds = [e.model_dump(mode="json") for e in record.events]
+            body = {"task": "icu_mortality", "events": as_meds}
+            assert client.post("/predict", json=body, headers=API_KEY).status_code == 200
+            from_meds = tokenizer.decode(engine.prompts[-1])
+            patient = patient_id(bundle)
+            request = hook_request(ICU, patient, prefetch=prefetch_of(ICU, bundle, patient))
+            assert call(client, ehr, request).status_code == 200
+            from_hook = tokenizer.decode(engine.prompts[-1])
+            assert sorted(from_hook.splitlines()) == sorted(from_meds.splitlines())
+            assert len(from_hook) == len(from_meds)
