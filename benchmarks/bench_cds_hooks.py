@@ -14,6 +14,10 @@ from the environment) with an EHR allowed to call the hooks (an ES384 key, its J
 4. `hook_cached`: step 3's record again: answered from the score cache, no model — the hook's own
    cost (JWT, body, FHIR → MEDS mapping, digest, card) over HTTP.
 
+Before that, without the engine, on every held-out stay: whether the prompt of the hook's events
+(prefetch key by key) and that of the whole Bundle (`/predict`) are byte-identical to the MEDS
+events' (`prompt_identity`; same lines in another order counted apart).
+
 Reported per budget and step: client latency p50/p95; the hook overhead over `/predict`
 (`hook_cached` p50, and `hook_cold` − `predict` per record); the FHIR → MEDS mapping's
 throughput (resources/s, measured in this process on the same prefetch) and its share of
@@ -55,9 +59,9 @@ SERVICE = get_service("medtpe-icu-mortality-patient-view")
 STEPS = ("predict", "hook_cold", "hook_reasked", "hook_cached")
 
 
-def held_out_stays(meds: Path, n: int) -> list[dict[str, Any]]:
-    """The first `n` held-out ICU stays: MEDS events up to the label's prediction time, and the
-    same as a FHIR Bundle with the patient's prefetch."""
+def held_out_stays(meds: Path, n: int | None) -> list[dict[str, Any]]:
+    """The first `n` held-out ICU stays (None: all): MEDS events up to the label's prediction
+    time, and the same as a FHIR Bundle with the patient's prefetch."""
     dataset = MedsDataset.load(meds)
     rows = read_labels(meds / "labels" / f"{TASK}.parquet")
     split = subject_split(meds, [row.subject_id for row in rows])
@@ -74,6 +78,8 @@ def held_out_stays(meds: Path, n: int) -> list[dict[str, Any]]:
                 "events": to_json_events(events),
                 "patient": patient,
                 "prefetch": prefetch_of(SERVICE, bundle, patient),
+                "subject_events": events,
+                "bundle": bundle,
             }
         )
         if len(stays) == n:
@@ -104,12 +110,7 @@ def mapping_rate(stays: list[dict[str, Any]]) -> dict[str, float]:
     mapping = load_site_mapping(None)
     resources, seconds = 0, 0.0
     for stay in stays:
-        flat = [
-            e.get("resource", e)
-            for v in stay["prefetch"].values()
-            if v is not None
-            for e in (v.get("entry", []) if v["resourceType"] == "Bundle" else [v])
-        ]
+        flat = _resources(stay["prefetch"])
         start = time.perf_counter()
         meds_from_fhir(flat, mapping=mapping, patient_id=stay["patient"])
         seconds += time.perf_counter() - start
@@ -120,6 +121,41 @@ def mapping_rate(stays: list[dict[str, Any]]) -> dict[str, float]:
         "ms_per_stay_mean": seconds / len(stays) * 1e3,
         "resources_per_stay_mean": resources / len(stays),
     }
+
+
+def prompt_identity(meds: Path, stays: list[dict[str, Any]], budget: int) -> dict[str, int]:
+    """Without the engine, per stay: is the prompt of the hook's events (prefetch key by key)
+    byte-identical to that of the MEDS events, and that of the whole Bundle (`/predict`)?"""
+    from inference.model import ModelConfig, load_model
+    from medtpe_core.meds import SubjectEvents
+    from medtpe_core.tasks import get_task
+
+    predictor = load_model(ModelConfig(codes_dir=meds, max_input_tokens=budget)).predictor
+    mapping, task = load_site_mapping(None), get_task(TASK)
+
+    def text(record: Any) -> str:
+        events = SubjectEvents.from_events(record.events)
+        return predictor.build(task, events, None, record.descriptions)[0].text
+
+    same = {"hook": 0, "bundle": 0, "hook_same_lines": 0}
+    for stay in stays:
+        by_meds = predictor.build(task, stay["subject_events"], None)[0].text
+        flat = _resources(stay["prefetch"])
+        by_hook = text(meds_from_fhir(flat, mapping=mapping, patient_id=stay["patient"]))
+        same["hook"] += by_hook == by_meds
+        same["hook_same_lines"] += sorted(by_hook.splitlines()) == sorted(by_meds.splitlines())
+        same["bundle"] += text(meds_from_fhir(stay["bundle"], mapping=mapping)) == by_meds
+    return same | {"n_records": len(stays)}
+
+
+def _resources(prefetch: dict[str, Any]) -> list[dict[str, Any]]:
+    """A prefetch's resources in key order, as the hook reads them."""
+    return [
+        e.get("resource", e)
+        for v in prefetch.values()
+        if v is not None
+        for e in (v.get("entry", []) if v["resourceType"] == "Bundle" else [v])
+    ]
 
 
 def probability(card: dict[str, Any]) -> float | None:
@@ -231,7 +267,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--meds", type=Path, required=True)
     parser.add_argument("--budgets", type=int, nargs="+", default=[4096, 8192])
-    parser.add_argument("--records", type=int, default=8)
+    parser.add_argument("--records", type=int, default=8, help="stays timed (identity: all)")
     parser.add_argument("--logs", type=Path, default=Path(".cache/bench-logs"))
     parser.add_argument("--out", type=Path, required=True)
     return parser.parse_args()
@@ -239,9 +275,12 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    stays = held_out_stays(args.meds, args.records)
+    every_stay = held_out_stays(args.meds, None)
+    stays = every_stay[: args.records]
     mapping = mapping_rate(stays)
-    results: dict[str, Any] = {"mapping": mapping, "budgets": []}
+    identity = {b: prompt_identity(args.meds, every_stay, b) for b in args.budgets}
+    print("prompt identity:", identity)
+    results: dict[str, Any] = {"mapping": mapping, "prompt_identity": identity, "budgets": []}
     with serving_ehr() as ehr:
         for budget in args.budgets:
             summary = run_budget(budget, stays, ehr, args.logs)
