@@ -39,6 +39,8 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,8 @@ from tests.support.ehr import Ehr, serving_ehr
 TASK = "icu_mortality"
 SERVICE = get_service("medtpe-icu-mortality-patient-view")
 STEPS = ("predict", "hook_cold", "hook_reasked", "hook_cached")
+MAX_BODY_BYTES = 64 * 2**20
+"""A long stay's prefetch runs to megabytes (about 0.4 KB per Observation)."""
 
 
 def held_out_stays(meds: Path, n: int | None) -> list[dict[str, Any]]:
@@ -169,57 +173,74 @@ def prompt_tokens(card: dict[str, Any]) -> tuple[int, int]:
     return int(found.group(1).replace(",", "")), int(found.group(2).replace(",", ""))
 
 
-def run_budget(budget: int, stays: list[dict[str, Any]], ehr: Ehr, logs: Path) -> dict[str, Any]:
-    """One service at `budget`: every step on every stay."""
-    port = free_port()
+@contextmanager
+def serving(args: argparse.Namespace, budget: int, ehr: Ehr) -> Iterator[str]:
+    """The service at `budget` on 127.0.0.1, its base URL: `medtpe serve` on vLLM, or with
+    `--engine instant` the app in this process on the instant engine (what the hook costs
+    around the engine)."""
     env = {
         "MEDTPE_MAX_INPUT_TOKENS": str(budget),
+        "MEDTPE_CODES_DIR": str(args.meds.resolve()),
         "MEDTPE_CDS_ISSUERS": ehr.issuers_setting(),
         "MEDTPE_REQUEST_TIMEOUT_S": "3600",
+        "MEDTPE_MAX_REQUEST_BYTES": str(MAX_BODY_BYTES),
     }
-    process = start_service(env, port, logs / f"cds-hooks-{budget}.log")
-    base = f"http://127.0.0.1:{port}"
-    hook_url = f"{base}/cds-services/{SERVICE.id}"
-    records = []
+    if args.engine == "instant":
+        from service.settings import ServiceSettings
+        from tests.support.service_support import served_in_thread
+
+        values = {k.removeprefix("MEDTPE_").lower(): v for k, v in env.items()}
+        with served_in_thread(ServiceSettings(**values)) as url:
+            yield url
+        return
+    port = free_port()
+    process = start_service(env, port, args.logs / f"cds-hooks-{budget}.log")
     try:
-        with httpx.Client(timeout=3600) as client:
-            for stay in stays:
-                row: dict[str, Any] = {"key": stay["key"], "n_resources": stay["n_resources"]}
-                body = {"task": TASK, "events": stay["events"]}
-                body["options"] = {"return_probabilities": True}
-                start = time.perf_counter()
-                predicted = client.post(f"{base}/predict", json=body).json()
-                row["predict_s"] = time.perf_counter() - start
-                row["predict"] = {
-                    "p_yes": (predicted["probabilities"] or {}).get("yes"),
-                    "prediction": predicted["prediction"],
-                    "tokens": [predicted["tokens"]["original"], predicted["tokens"]["medtpe"]],
-                }
-                later = grown(stay["prefetch"])
-                for step, prefetch in (
-                    ("hook_cold", stay["prefetch"]),
-                    ("hook_reasked", later),
-                    ("hook_cached", later),
-                ):
-                    request = hook_request(SERVICE, stay["patient"], prefetch=prefetch)
-                    start = time.perf_counter()
-                    answer = client.post(
-                        hook_url, json=request, headers=ehr.authorization(hook_url)
-                    )
-                    row[f"{step}_s"] = time.perf_counter() - start
-                    answer.raise_for_status()
-                    card = answer.json()["cards"][0]
-                    row[step] = {
-                        "p_yes": probability(card),
-                        "indicator": card["indicator"],
-                        "tokens": list(prompt_tokens(card)),
-                        "cached": "an earlier call's score" in card["detail"],
-                    }
-                records.append(row)
-                print(budget, {k: round(v, 3) for k, v in row.items() if k.endswith("_s")})
+        yield f"http://127.0.0.1:{port}"
     finally:
         process.terminate()
         process.wait(120)
+
+
+def run_budget(
+    args: argparse.Namespace, budget: int, stays: list[dict[str, Any]], ehr: Ehr
+) -> dict[str, Any]:
+    """One service at `budget`: every step on every stay."""
+    records = []
+    with serving(args, budget, ehr) as base, httpx.Client(timeout=3600) as client:
+        hook_url = f"{base}/cds-services/{SERVICE.id}"
+        for stay in stays:
+            row: dict[str, Any] = {"key": stay["key"], "n_resources": stay["n_resources"]}
+            body = {"task": TASK, "events": stay["events"]}
+            body["options"] = {"return_probabilities": True}
+            start = time.perf_counter()
+            predicted = client.post(f"{base}/predict", json=body).json()
+            row["predict_s"] = time.perf_counter() - start
+            row["predict"] = {
+                "p_yes": (predicted["probabilities"] or {}).get("yes"),
+                "prediction": predicted["prediction"],
+                "tokens": [predicted["tokens"]["original"], predicted["tokens"]["medtpe"]],
+            }
+            later = grown(stay["prefetch"])
+            for step, prefetch in (
+                ("hook_cold", stay["prefetch"]),
+                ("hook_reasked", later),
+                ("hook_cached", later),
+            ):
+                request = hook_request(SERVICE, stay["patient"], prefetch=prefetch)
+                start = time.perf_counter()
+                answer = client.post(hook_url, json=request, headers=ehr.authorization(hook_url))
+                row[f"{step}_s"] = time.perf_counter() - start
+                answer.raise_for_status()
+                card = answer.json()["cards"][0]
+                row[step] = {
+                    "p_yes": probability(card),
+                    "indicator": card["indicator"],
+                    "tokens": list(prompt_tokens(card)),
+                    "cached": "an earlier call's score" in card["detail"],
+                }
+            records.append(row)
+            print(budget, {k: round(v, 3) for k, v in row.items() if k.endswith("_s")})
     return summarize(budget, records)
 
 
@@ -269,6 +290,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--budgets", type=int, nargs="+", default=[4096, 8192])
     parser.add_argument("--records", type=int, default=8, help="stays timed (identity: all)")
     parser.add_argument("--logs", type=Path, default=Path(".cache/bench-logs"))
+    parser.add_argument(
+        "--engine",
+        choices=["vllm", "instant"],
+        default="vllm",
+        help="instant: the app in this process on the instant engine (the hook's own cost)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     return parser.parse_args()
 
@@ -283,7 +310,8 @@ def main() -> None:
     results: dict[str, Any] = {"mapping": mapping, "prompt_identity": identity, "budgets": []}
     with serving_ehr() as ehr:
         for budget in args.budgets:
-            summary = run_budget(budget, stays, ehr, args.logs)
+            summary = run_budget(args, budget, stays, ehr)
+            summary["engine"] = args.engine
             cold = summary["latency"]["hook_cold"]["p50_ms"]
             summary["mapping_share_of_hook_cold"] = mapping["ms_per_stay_mean"] / cold
             results["budgets"].append(summary)
