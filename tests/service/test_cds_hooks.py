@@ -51,7 +51,7 @@ def client(service_files: tuple[Path, Path], ehr: Ehr) -> Iterator[TestClient]:
         service_files,
         cds_issuers=json.loads(ehr.issuers_setting()),
         cds_allow_http_fhir=True,
-        cds_fhir_timeout_s=2.0,
+        cds_fhir_timeout_s=8.0,
     )
     with instant_client(settings) as client:
         yield client
