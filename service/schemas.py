@@ -39,6 +39,15 @@ def _optional_task(schema: dict[str, Any]) -> None:
     schema.update(_TASK_FIELD)
 
 
+def _left_out(data: object, names: tuple[str, ...]) -> object:
+    """A request body whose optional fields `names` are left out when unused, never null."""
+    if isinstance(data, dict):
+        for name in names:
+            if name in data and data[name] is None:
+                raise ValueError(f"`{name}` must be left out, not null")
+    return data
+
+
 class _Strict(BaseModel):
     """A request body: unknown fields are refused."""
 
@@ -164,11 +173,7 @@ class PredictRequest(_Strict):
     @classmethod
     def _no_null(cls, data: object) -> object:
         """`events` and `bundle` are left out when unused, never null (as documented)."""
-        if isinstance(data, dict):
-            for name in ("events", "bundle"):
-                if name in data and data[name] is None:
-                    raise ValueError(f"`{name}` must be left out, not null")
-        return data
+        return _left_out(data, ("events", "bundle"))
 
     @model_validator(mode="after")
     def _events_or_bundle(self) -> PredictRequest:
@@ -290,11 +295,7 @@ class TokenizeRequest(_Strict):
     @classmethod
     def _no_null(cls, data: object) -> object:
         """`text`, `task` and `events` are left out when unused, never null (as documented)."""
-        if isinstance(data, dict):
-            for name in ("text", "task", "events"):
-                if name in data and data[name] is None:
-                    raise ValueError(f"`{name}` must be left out, not null")
-        return data
+        return _left_out(data, ("text", "task", "events"))
 
     @model_validator(mode="after")
     def _text_or_record(self) -> TokenizeRequest:

@@ -177,9 +177,8 @@ class _Mapper:
         self.in_bundle = in_bundle
         self.by_reference: dict[str, Entry] = {}
         for entry in entries:
-            resource = entry.resource
-            if resource.id:
-                self.by_reference[f"{entry.resource_type}/{resource.id}"] = entry
+            if entry.resource_id:
+                self.by_reference[f"{entry.resource_type}/{entry.resource_id}"] = entry
             if entry.full_url:
                 self.by_reference[entry.full_url] = entry
         self.descriptions: dict[str, str] = {}
@@ -189,7 +188,7 @@ class _Mapper:
             message,
             index=entry.index,
             resource_type=entry.resource_type,
-            resource_id=entry.resource.id,
+            resource_id=entry.resource_id,
             field=field,
             in_bundle=self.in_bundle,
         )
@@ -213,6 +212,8 @@ class _Mapper:
         """(the patient id a resource belongs to, the field that says so); (None, None) when it
         names no patient."""
         resource = entry.resource
+        if resource is None:  # a type the mapping does not read
+            return None, None
         if entry.resource_type == "Patient":
             return resource.id, "id"
         for name in ("subject", "patient"):
@@ -221,7 +222,7 @@ class _Mapper:
                 continue
             target = self.resolve(reference.reference)
             if target is not None and target.resource_type == "Patient":
-                return target.resource.id, f"{name}.reference"
+                return target.resource_id, f"{name}.reference"
             parts = reference.reference.split("/_history/")[0].rstrip("/").split("/")
             if len(parts) >= 2 and parts[-2] == "Patient":
                 return parts[-1], f"{name}.reference"
@@ -231,7 +232,7 @@ class _Mapper:
         """The record's patient id: `patient_id`, else the one Patient (or referenced one)."""
         if patient_id is not None:
             return patient_id
-        patients = [e.resource.id for e in self.entries if e.resource_type == "Patient"]
+        patients = [e.resource_id for e in self.entries if e.resource_type == "Patient"]
         if len(patients) > 1:
             second = [e for e in self.entries if e.resource_type == "Patient"][1]
             raise self.error(second, "more than one Patient: the input holds one record", "id")
@@ -539,6 +540,8 @@ _READERS = {
     "Encounter": _encounter,
 }
 assert set(_READERS) == {"Patient", *MAPPED_TYPES}
+READ_TYPES = frozenset({*_READERS, "Medication", "Location"})
+"""Resource types parsed (validated as R4): those mapped and those they reference."""
 
 
 def _status(resource: Any) -> str | None:
@@ -563,12 +566,13 @@ def meds_from_fhir(
     cannot render or input that is not FHIR R4 raise `FhirInputError` naming the resource and
     field.
 
+    >>> from medtpe_core.fhir import load_site_mapping
     >>> bundle = {"resourceType": "Bundle", "type": "collection", "entry": [{"resource": {
     ...     "resourceType": "Patient", "id": "7", "birthDate": "2100-01-01"}}]}
     >>> [e.code for e in meds_from_fhir(bundle, mapping=load_site_mapping()).events]
     ['MEDS_BIRTH']
     """
-    entries, in_bundle = parse_entries(resources)
+    entries, in_bundle = parse_entries(resources, READ_TYPES)
     mapper = _Mapper(entries, mapping, in_bundle)
     patient = mapper.the_patient(patient_id)
     cutoff = to_naive_utc(prediction_time) if prediction_time is not None else None
@@ -580,7 +584,8 @@ def meds_from_fhir(
         if owner is not None and patient is not None and owner != patient:
             raise mapper.error(entry, f"belongs to another patient than {patient!r}", where)
         if entry.resource_type == "Patient":
-            subject_id = _subject_id(entry.resource.id, entry.resource.identifier or [], mapping)
+            identifiers = entry.resource.identifier or [] if entry.resource else []
+            subject_id = _subject_id(entry.resource_id, identifiers, mapping)
         counted = counts.of(entry.resource_type)
         reader = _READERS.get(entry.resource_type)
         if reader is None or _status(entry.resource) in SKIPPED_STATUSES:

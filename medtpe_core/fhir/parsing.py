@@ -1,6 +1,8 @@
 """FHIR R4 input read with `fhir.resources` (R4B models, pydantic v2): a Bundle (searchset,
 collection, transaction or batch) or a sequence of resources, each resource validated on its own
-so that an error names its place.
+so that an error names its place. Resources of the types the caller reads are validated whole;
+the others only by their `resourceType` (an R4 type), so a flaw in a resource nothing reads (a
+DiagnosticReport's code) does not refuse the record.
 
 Cost: pydantic validation of each resource, about 0.3-0.7 ms for an Observation on this machine
 (docs/benchmarks.md, "FHIR mapping").
@@ -8,8 +10,8 @@ Cost: pydantic validation of each resource, about 0.3-0.7 ms for an Observation 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fhir.resources.R4B import get_fhir_model_class
@@ -60,24 +62,25 @@ class FhirInputError(ValueError):
 
 @dataclass(frozen=True)
 class Entry:
-    """One resource of the input: its place, its Bundle `fullUrl` and the parsed model."""
+    """One resource of the input: its place, its Bundle `fullUrl`, type and id, and the parsed
+    model (None for a type the caller does not read)."""
 
     index: int
     full_url: str | None
-    resource: Resource
-
-    @property
-    def resource_type(self) -> str:
-        """The resource's type name (`Observation`, ...)."""
-        return self.resource.get_resource_type()
+    resource_type: str
+    resource_id: str | None
+    resource: Resource | None
 
 
 def _field(loc: Sequence[str | int]) -> str:
     return ".".join(str(p) for p in loc)
 
 
-def parse_resource(data: object, index: int | None, in_bundle: bool) -> Resource:
-    """One resource dict as its R4B model; `FhirInputError` naming the field otherwise."""
+def parse_resource(
+    data: object, index: int, in_bundle: bool, read: Collection[str] | None = None
+) -> Entry:
+    """One resource dict as an entry, its R4B model validated when its type is in `read` (None:
+    every type); `FhirInputError` naming the field otherwise."""
     if not isinstance(data, Mapping) or not isinstance(data.get("resourceType"), str):
         raise FhirInputError(
             "a FHIR resource is a JSON object with a `resourceType`",
@@ -98,8 +101,10 @@ def parse_resource(data: object, index: int | None, in_bundle: bool) -> Resource
             field="resourceType",
             in_bundle=in_bundle,
         ) from exc
+    if read is not None and resource_type not in read:
+        return Entry(index, None, resource_type, resource_id, None)
     try:
-        return model.model_validate(data)
+        return Entry(index, None, resource_type, resource_id, model.model_validate(data))
     except ValidationError as exc:
         error = exc.errors()[0]
         message = error["msg"]
@@ -118,13 +123,14 @@ def parse_resource(data: object, index: int | None, in_bundle: bool) -> Resource
 
 
 def parse_entries(
-    data: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+    data: Mapping[str, Any] | Sequence[Mapping[str, Any]], read: Collection[str] | None = None
 ) -> tuple[list[Entry], bool]:
     """The resources of a Bundle (entries without a resource, e.g. a transaction's DELETE, are
-    left out) or of a sequence of resources, parsed; and whether the input was a Bundle."""
+    left out) or of a sequence of resources, those of the types in `read` parsed (None: all);
+    and whether the input was a Bundle."""
     if isinstance(data, Mapping) and data.get("resourceType") == "Bundle":
         bundle_type = data.get("type")
-        if bundle_type not in BUNDLE_TYPES:
+        if not isinstance(bundle_type, str) or bundle_type not in BUNDLE_TYPES:
             raise FhirInputError(
                 f"a Bundle of type {bundle_type!r} does not hold a record; expected one of "
                 f"{', '.join(sorted(BUNDLE_TYPES))}",
@@ -141,8 +147,8 @@ def parse_entries(
             if entry.get("resource") is None:
                 continue
             full_url = entry.get("fullUrl")
-            resource = parse_resource(entry["resource"], i, True)
-            out.append(Entry(i, full_url if isinstance(full_url, str) else None, resource))
+            parsed = parse_resource(entry["resource"], i, True, read)
+            out.append(replace(parsed, full_url=full_url if isinstance(full_url, str) else None))
         return out, True
     if isinstance(data, Mapping):
         raise FhirInputError(
@@ -150,4 +156,4 @@ def parse_entries(
             resource_type=str(data.get("resourceType") or "") or None,
             field="resourceType",
         )
-    return [Entry(i, None, parse_resource(item, i, False)) for i, item in enumerate(data)], False
+    return [parse_resource(item, i, False, read) for i, item in enumerate(data)], False

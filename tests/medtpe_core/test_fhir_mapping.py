@@ -317,6 +317,8 @@ def test_bundle_type_and_a_list_of_resources() -> None:
     with pytest.raises(FhirInputError, match="type 'history'") as caught:
         meds_from_fhir({**bundle(), "type": "history"}, mapping=MAPPING)
     assert caught.value.loc == ["type"]
+    with pytest.raises(FhirInputError, match=r"type \{\}"):  # found by the API contract fuzzer
+        meds_from_fhir({**bundle(), "type": {}}, mapping=MAPPING)
     resources = [e["resource"] for e in bundle(observation())["entry"]]
     record = meds_from_fhir(resources, mapping=MAPPING)
     assert [e.code for e in record.events] == ["MEDS_BIRTH", "LAB//220045//UNK"]
@@ -454,3 +456,44 @@ def test_valid_resources_never_raise_anything_but_fhir_input_error(
     assert first.counts.n_resources == len(data["entry"])
     if prediction_time is not None:
         assert all(e.time is None or e.time <= prediction_time for e in first.events)
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_resource_types = st.sampled_from(
+    ["Patient", "Observation", "Encounter", "Condition", "Practitioner"]
+)
+
+
+@given(
+    st.fixed_dictionaries(
+        {
+            "resourceType": st.just("Bundle"),
+            "type": st.sampled_from(["collection", "searchset"]) | _json,
+        },
+        optional={
+            "entry": st.lists(
+                st.fixed_dictionaries(
+                    {"resource": st.fixed_dictionaries({"resourceType": _resource_types}) | _json},
+                    optional={"fullUrl": _json},
+                )
+                | _json,
+                max_size=4,
+            )
+            | _json
+        },
+    )
+)
+def test_any_json_bundle_raises_nothing_but_fhir_input_error(data: dict) -> None:
+    try:
+        record = meds_from_fhir(data, mapping=MAPPING)
+    except FhirInputError as exc:
+        assert exc.message and isinstance(exc.loc, list)
+        return
+    given_resources = [e for e in data.get("entry") or [] if e.get("resource") is not None]
+    assert record.counts.n_resources == len(given_resources)
