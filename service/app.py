@@ -1,4 +1,5 @@
-"""The FastAPI application: the API routes plus `/healthz`, `/readyz` and `/metrics`.
+"""The FastAPI application: the API routes, the CDS Hooks service (`/cds-services`) and
+`/healthz`, `/readyz`, `/metrics`.
 
 The engine starts in the background when the app starts (the prepared model files checked and
 loaded, engine start, one warm-up generation), so `/healthz` answers at once and `/readyz` turns
@@ -20,6 +21,7 @@ from fastapi.openapi.utils import get_openapi
 from inference.engine import EngineFactory
 from inference.engines import start_vllm
 from service import probes, routes
+from service.cds_hooks.routes import install_cds_hooks
 from service.errors import install_error_handlers
 from service.limits import BodySizeLimit
 from service.settings import ServiceSettings
@@ -60,6 +62,7 @@ def create_app(
     )
     app.include_router(routes.router)
     app.include_router(probes.router)
+    install_cds_hooks(app, state)
     app.openapi = partial(_openapi, app, state.settings)  # type: ignore[method-assign]
     return app
 

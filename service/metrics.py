@@ -139,6 +139,25 @@ class ServiceMetrics:
             "medtpe_rejections", "Requests rejected before generation.", ["reason"], registry=reg
         )
         self.errors = Counter("medtpe_errors", "Failed requests.", ["reason"], registry=reg)
+        self.cds_calls = Counter(
+            "medtpe_cds_hook_calls",
+            "CDS Hooks calls by service and outcome (card, cached, unauthorized, precondition, "
+            "invalid, error).",
+            ["service", "outcome"],
+            registry=reg,
+        )
+        self.cds_feedback = Counter(
+            "medtpe_cds_feedback",
+            "CDS Hooks card feedback by service and outcome (accepted, overridden).",
+            ["service", "outcome"],
+            registry=reg,
+        )
+        self.cds_fhir_fetch = Histogram(
+            "medtpe_cds_fhir_fetch_seconds",
+            "Time of one hook call's fetches from the EHR's FHIR server.",
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
         self.engine_ready = Gauge(
             "medtpe_engine_ready",
             "1 when the engine is loaded, warmed up and alive.",

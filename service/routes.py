@@ -1,7 +1,7 @@
 """The authenticated API: `/predict`, `/predict/batch`, `/tokenize`.
 
 Handlers are a few lines: check the request against the service's limits, then hand the record
-to the inference layer (`inference.predictor.Predictor`) inside `_served` (admission, deadline,
+to the inference layer (`service.serving.predict_record`) inside `served` (admission, deadline,
 in-flight gauge, latency histogram, one log line with endpoint, task, status, record count and
 time — never record content). `service.responses` turns answers into response bodies.
 """
@@ -9,24 +9,19 @@ time — never record content). `service.responses` turns answers into response 
 from __future__ import annotations
 
 import asyncio
-import logging
 import secrets
 import time
-import traceback
-from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Coroutine, Iterable, Sequence
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Header, Request
 
-from inference.engine import EngineDead
 from inference.model import LoadedModel
 from medtpe_core.tasks import Task, UnknownTaskError, get_task
 from service.errors import ApiError, field_error
 from service.fhir_input import bundle_events, fhir_mapping
 from service.json_body import FastJsonRoute
-from service.limits import QueueFull
-from service.responses import predict_response, tokenize_response
+from service.responses import tokenize_response
 from service.schemas import (
     ERROR_RESPONSES,
     BatchRequest,
@@ -36,9 +31,9 @@ from service.schemas import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from service.serving import predict_record, served
 from service.state import ServiceState
 
-logger = logging.getLogger("medtpe.service")
 T = TypeVar("T")
 
 
@@ -132,8 +127,8 @@ async def predict(body: PredictRequest, state: StateDep, salt: SaltDep) -> Predi
     """Predict the task for one record."""
     model = state.loaded(need_engine=True)
     task = _checked(state, body, ["body"])
-    async with _served(state, "predict", task.name, 1):
-        return await _predict_record(state, model, task, body, salt, ["body"])
+    async with served(state, "predict", task.name, 1):
+        return await _predict_request(state, model, task, body, salt, ["body"])
 
 
 @router.post("/predict/batch", response_model=BatchResponse)
@@ -146,9 +141,9 @@ async def predict_batch(body: BatchRequest, state: StateDep, salt: SaltDep) -> B
         raise _invalid(state, ["body", "records"], f"at most {limit} records per batch", "too_long")
     names = {task.name for task in tasks}
     label = names.pop() if len(names) == 1 else "mixed"
-    async with _served(state, "predict_batch", label, len(tasks)):
+    async with served(state, "predict_batch", label, len(tasks)):
         results = await _all(
-            _predict_record(state, model, task, record, salt, ["body", "records", i])
+            _predict_request(state, model, task, record, salt, ["body", "records", i])
             for i, (task, record) in enumerate(zip(tasks, body.records, strict=True))
         )
     return BatchResponse(results=results)
@@ -173,7 +168,7 @@ async def tokenize(body: TokenizeRequest, state: StateDep) -> TokenizeResponse:
     return tokenize_response(predictor.tokenizer, seg)
 
 
-async def _predict_record(
+async def _predict_request(
     state: ServiceState,
     model: LoadedModel,
     task: Task,
@@ -181,10 +176,9 @@ async def _predict_record(
     salt: str | None,
     loc: Sequence[str | int],
 ) -> PredictResponse:
-    """Map a FHIR bundle to events, render and tokenize (worker thread), then generate within a
-    concurrency slot."""
+    """A request's record (its events, or its FHIR bundle mapped in a worker thread) through
+    `predict_record`; a bundle's mapping counts in the response."""
     start = time.perf_counter()
-    predictor = model.predictor
     events, fhir = request.events, None
     if request.bundle is not None:
         mapping = state.site_mapping()
@@ -196,101 +190,21 @@ async def _predict_record(
             state.metrics.rejections.labels("invalid").inc()
             raise
     assert events is not None  # the request model requires events or a bundle
-    record = await asyncio.to_thread(
-        predictor.prepare,
+    descriptions = fhir.descriptions if fhir is not None else None
+    response = await predict_record(
+        state,
+        model,
         task,
         events,
         request.prediction_time,
-        fhir.descriptions if fhir is not None else None,
+        request.options,
+        salt,
+        descriptions=descriptions,
+        start=start,
     )
-    temperature = request.options.temperature
-    if temperature is None:
-        temperature = state.settings.temperature
-    async with state.admission.slot(), _engine_errors(state):
-        answer = await predictor.answer(
-            state.running_engine(),
-            record,
-            n_samples=request.options.n_samples,
-            temperature=temperature,
-            max_new_tokens=state.settings.max_new_tokens,
-            probabilities=request.options.return_probabilities,
-            constrained=request.options.constrained,
-            cache_salt=salt,
-        )
-    state.metrics.observe_answer(task.name, predictor.mode, record.segmentation, answer)
-    response = predict_response(model, record, answer, request.options, time.perf_counter() - start)
     if fhir is not None:
         response.fhir = fhir_mapping(fhir)
     return response
-
-
-@asynccontextmanager
-async def _engine_errors(state: ServiceState) -> AsyncIterator[None]:
-    """A dead engine is a 503 (and counted), not an internal error."""
-    try:
-        yield
-    except EngineDead as exc:
-        state.metrics.errors.labels("engine").inc()
-        raise ApiError(503, "engine_dead", "the engine died; this instance is not ready") from exc
-
-
-@asynccontextmanager
-async def _served(
-    state: ServiceState, endpoint: str, task: str, n_records: int
-) -> AsyncIterator[None]:
-    """Admission, deadline (brought forward by a stop: 503 `shutting_down`), in-flight gauge,
-    latency histogram and one log line per request."""
-    metrics = state.metrics
-    start = time.perf_counter()
-    status = 200
-    try:
-        with state.admission.admit(n_records), metrics.inflight.track_inprogress():
-            async with state.deadline(state.settings.request_timeout_s):
-                yield
-    except QueueFull as exc:
-        status = 503
-        metrics.rejections.labels("queue_full").inc()
-        raise ApiError(
-            503,
-            "queue_full",
-            "too many requests in flight; retry later",
-            headers={"Retry-After": str(exc.retry_after_s)},
-        ) from exc
-    except TimeoutError as exc:
-        if state.drain_expired:  # the stop's grace period ended first
-            status = 503
-            metrics.errors.labels("shutting_down").inc()
-            raise state.shutting_down("the service stopped before the answer") from exc
-        status = 504
-        metrics.errors.labels("timeout").inc()
-        raise ApiError(
-            504, "timeout", f"no answer within {state.settings.request_timeout_s} s"
-        ) from exc
-    except ApiError as exc:
-        status = exc.status
-        raise
-    except Exception as exc:
-        status = 500
-        metrics.errors.labels("internal").inc()
-        # the exception text may quote record content: log its type and stack only
-        logger.error(
-            "internal error %s on %s\n%s",
-            type(exc).__name__,
-            endpoint,
-            "".join(traceback.format_tb(exc.__traceback__)),
-        )
-        raise ApiError(500, "internal", "internal error") from exc
-    finally:
-        elapsed = time.perf_counter() - start
-        metrics.request_latency.labels(endpoint, task).observe(elapsed)
-        logger.info(
-            "%s task=%s records=%d status=%d ms=%.1f",
-            endpoint,
-            task,
-            n_records,
-            status,
-            elapsed * 1e3,
-        )
 
 
 async def _all(coroutines: Iterable[Coroutine[Any, Any, T]]) -> list[T]:

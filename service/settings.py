@@ -13,14 +13,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AnyHttpUrl, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from inference.engine import DistributedBackend, Dtype
 from inference.model import ModelConfig
 from inference.predictor import Mode
-from medtpe_core.tasks import TASKS_DIR_ENV
+from medtpe_core.cds.risk import DEFAULT_TASK_BANDS, RiskBands
+from medtpe_core.tasks import TASKS_DIR_ENV, UnknownTaskError, get_task
 from medtpe_core.windowing import WindowPolicy
+from service.cds_hooks.jwt_auth import CdsIssuer
 
 ENV_PREFIX = "MEDTPE_"
 API_KEYS_ENV = "MEDTPE_API_KEYS"
@@ -122,6 +124,44 @@ class ServiceSettings(BaseSettings):
     shutdown_grace_s: float = Field(
         60.0, gt=0, description="How long shutdown waits for in-flight requests to drain."
     )
+    cds_issuers: dict[str, CdsIssuer] = Field(
+        default_factory=dict,
+        description="CDS Hooks: the EHRs allowed to call `/cds-services`, as JSON `{issuer: "
+        '{"jwks_url": URL, "fhir_servers": [URL, ...]}}`; empty: every hook call gets 401.',
+    )
+    cds_base_url: AnyHttpUrl | None = Field(
+        None,
+        description="CDS Hooks: the public base URL EHRs call (e.g. `https://cds.example.org`), "
+        "of which a JWT's `aud` must be the called endpoint; unset: the URL of the request as "
+        "this process received it.",
+    )
+    cds_jwt_max_lifetime_s: float = Field(
+        600.0, gt=0, description="CDS Hooks: longest accepted JWT lifetime (`exp` - `iat`)."
+    )
+    cds_fhir_timeout_s: float = Field(
+        10.0, gt=0, description="CDS Hooks: deadline of all FHIR server fetches of one call."
+    )
+    cds_allow_http_fhir: bool = Field(
+        False,
+        description="CDS Hooks: accept an `http://` `fhirServer` (tests, a local FHIR server); "
+        "false: https only, as the specification requires for production data.",
+    )
+    cds_risk_bands: dict[str, RiskBands] = Field(
+        default_factory=lambda: dict(DEFAULT_TASK_BANDS),
+        description='CDS Hooks: risk bands per task as JSON `{task: {"warning": p, '
+        '"critical": p}}` (a card\'s indicator: info below `warning`, warning, critical from '
+        "`critical`); tasks not listed use 0.2 and 0.5.",
+    )
+    cds_model_card_url: AnyHttpUrl = Field(
+        AnyHttpUrl("https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct"),
+        description="CDS Hooks: the model card the card's source links to.",
+    )
+    cds_score_cache_size: int = Field(
+        10_000, ge=0, description="CDS Hooks: scores kept per API process (0: no cache)."
+    )
+    cds_score_cache_ttl_s: float = Field(
+        3600.0, gt=0, description="CDS Hooks: how long a kept score is reused."
+    )
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -136,6 +176,18 @@ class ServiceSettings(BaseSettings):
                     "it empty or unset to turn authentication off"
                 )
             return keys
+        return value
+
+    @field_validator("cds_risk_bands")
+    @classmethod
+    def _known_tasks(cls, value: dict[str, RiskBands]) -> dict[str, RiskBands]:
+        """Risk bands only for tasks that exist (a misspelt task would silently keep its
+        defaults)."""
+        for name in value:
+            try:
+                get_task(name)
+            except UnknownTaskError as exc:
+                raise ValueError(f"MEDTPE_CDS_RISK_BANDS: {exc}") from exc
         return value
 
     @model_validator(mode="after")

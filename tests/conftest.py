@@ -17,6 +17,9 @@ from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.meds_readers import MedsDataset
 from medtpe_core.render import render_record
+from tests.support.cds_support import FHIR_TOKEN, ICU_BUNDLE
+from tests.support.ehr import Ehr, serving_ehr
+from tests.support.fhir_server import running_fhir_server
 from tests.support.meds_fixtures import train_tokenizer
 from tests.support.paths import FIXTURES
 from tests.support.service_support import (
@@ -128,16 +131,35 @@ def service_files() -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
+def ehr() -> Iterator[Ehr]:
+    """An EHR calling the CDS hooks: its ES384 key, its JWK Set served over HTTP."""
+    with serving_ehr() as ehr:
+        yield ehr
+
+
+@pytest.fixture(scope="session")
+def fhir_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The test FHIR server (tests/support/fhir_server.py) holding the CDS Hooks test patient;
+    `slow-` patients answer after 20 s (past the hooks' FHIR deadline in the tests)."""
+    data = tmp_path_factory.mktemp("fhir-data")
+    (data / "icu.json").write_text(ICU_BUNDLE.read_text())
+    with running_fhir_server(data, FHIR_TOKEN, data / "server.log", delay_s=20) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
 def service_server(
-    service_files: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+    service_files: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory, ehr: Ehr
 ) -> Iterator[ServiceProcess]:
-    """The service with API keys, a 256 KiB body limit and a short grace period (stopped by the
-    shutdown test)."""
+    """The service with API keys, a 256 KiB body limit, a short grace period and `ehr` allowed
+    to call the CDS hooks (fetching from an http FHIR server) (stopped by the shutdown test)."""
     env = service_env(
         service_files,
         MEDTPE_API_KEYS=f"{SERVICE_API_KEY},test-key-2",
         MEDTPE_MAX_REQUEST_BYTES=str(256 * 1024),
         MEDTPE_SHUTDOWN_GRACE_S=str(SHUTDOWN_GRACE_S),
+        MEDTPE_CDS_ISSUERS=ehr.issuers_setting(),
+        MEDTPE_CDS_ALLOW_HTTP_FHIR="true",
     )
     with running_service(env, tmp_path_factory.mktemp("service") / "service.log") as server:
         yield server

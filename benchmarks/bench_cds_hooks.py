@@ -1,0 +1,324 @@
+"""CDS hook latency beside `/predict` on the same held-out MIMIC-IV demo ICU stays, converted to
+FHIR R4 (`medtpe_core.fhir.from_meds`, the MIMIC-IV-on-FHIR code systems), at each input budget.
+
+Per budget one `medtpe serve` (real vLLM engine, the default model and artefact; other settings
+from the environment) with an EHR allowed to call the hooks (an ES384 key, its JWK Set served on
+127.0.0.1: tests/support/ehr.py). Per record, one after the other:
+
+1. `predict`: `POST /predict` with the stay's MEDS events (no API key: the unsalted cache);
+2. `hook_cold`: `patient-view` with every prefetch key answered from the stay's Bundle as an EHR's
+   FHIR server would (one searchset per type), a JWT per call (the hooks' own cache salt, so
+   nothing of step 1 is reused);
+3. `hook_reasked`: the same hook after one new Observation arrived (the newest one repeated a
+   minute later): the score cache misses, vLLM's prefix cache serves the unchanged prompt start;
+4. `hook_cached`: step 3's record again: answered from the score cache, no model — the hook's own
+   cost (JWT, body, FHIR → MEDS mapping, digest, card) over HTTP.
+
+Before that, without the engine, on every held-out stay: whether the prompt of the hook's events
+(prefetch key by key) and that of the whole Bundle (`/predict`) are byte-identical to the MEDS
+events' (`prompt_identity`; same lines in another order counted apart).
+
+Reported per budget and step: client latency p50/p95; the hook overhead over `/predict`
+(`hook_cached` p50, and `hook_cold` − `predict` per record); the FHIR → MEDS mapping's
+throughput (resources/s, measured in this process on the same prefetch) and its share of
+`hook_cold`; and on every record both sides' answers (p(yes), prediction) and prompt lengths.
+The cold hook's prompt orders events of different resource types that share a timestamp by
+prefetch key (FHIR carries no order within an instant): `checks` counts the records whose
+prompt length differs from `/predict`'s.
+
+    .venv/bin/python -m benchmarks.bench_cds_hooks --meds ../shared/data/mimic-iv-demo-meds \\
+        --budgets 4096 8192 --records 8 --out benchmarks/results/bench_cds_hooks.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import re
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.bench_service import free_port, start_service, to_json_events
+from medtpe_core.cds.services import get_service
+from medtpe_core.fhir import load_site_mapping, meds_from_fhir
+from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
+from medtpe_core.meds_readers import MedsDataset, read_labels
+from medtpe_core.results_file import write_results
+from medtpe_core.subject_split import HELD_OUT, subject_split
+from tests.support.cds_support import hook_request, patient_id, prefetch_of
+from tests.support.ehr import Ehr, serving_ehr
+
+TASK = "icu_mortality"
+SERVICE = get_service("medtpe-icu-mortality-patient-view")
+STEPS = ("predict", "hook_cold", "hook_reasked", "hook_cached")
+MAX_BODY_BYTES = 64 * 2**20
+"""A long stay's prefetch runs to megabytes (about 0.4 KB per Observation)."""
+
+
+def held_out_stays(meds: Path, n: int | None) -> list[dict[str, Any]]:
+    """The first `n` held-out ICU stays (None: all): MEDS events up to the label's prediction
+    time, and the same as a FHIR Bundle with the patient's prefetch."""
+    dataset = MedsDataset.load(meds)
+    rows = read_labels(meds / "labels" / f"{TASK}.parquet")
+    split = subject_split(meds, [row.subject_id for row in rows])
+    stays = []
+    for row in rows:
+        if split.splits.get(row.subject_id) != HELD_OUT:
+            continue
+        events = dataset.events(row.subject_id).before(row.prediction_time)
+        bundle = fhir_bundle_from_meds(events)
+        patient = patient_id(bundle)
+        stays.append(
+            {
+                "key": f"{row.subject_id}@{row.prediction_time.isoformat()}",
+                "events": to_json_events(events),
+                "patient": patient,
+                "prefetch": prefetch_of(SERVICE, bundle, patient),
+                "subject_events": events,
+                "bundle": bundle,
+            }
+        )
+        if len(stays) == n:
+            break
+    return stays
+
+
+def grown(prefetch: dict[str, Any]) -> dict[str, Any]:
+    """The prefetch with one new Observation: the newest one again, a minute later."""
+    out = copy.deepcopy(prefetch)
+    entries = out["observations"]["entry"]
+    newest = copy.deepcopy(max(entries, key=lambda e: e["resource"]["effectiveDateTime"]))
+    when = newest["resource"]["effectiveDateTime"].replace("Z", "")
+    later = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(_epoch(when) + 60))
+    newest["resource"] |= {"id": "bench-new-observation", "effectiveDateTime": later}
+    entries.append(newest)
+    return out
+
+
+def _epoch(iso: str) -> float:
+    from datetime import UTC, datetime
+
+    return datetime.fromisoformat(iso).replace(tzinfo=UTC).timestamp()
+
+
+def mapping_rate(stays: list[dict[str, Any]]) -> dict[str, float]:
+    """FHIR → MEDS mapping of each stay's prefetch, in this process: resources/s and ms/stay."""
+    mapping = load_site_mapping(None)
+    resources, seconds = 0, 0.0
+    for stay in stays:
+        flat = _resources(stay["prefetch"])
+        start = time.perf_counter()
+        meds_from_fhir(flat, mapping=mapping, patient_id=stay["patient"])
+        seconds += time.perf_counter() - start
+        resources += len(flat)
+        stay["n_resources"] = len(flat)
+    return {
+        "resources_per_s": resources / seconds,
+        "ms_per_stay_mean": seconds / len(stays) * 1e3,
+        "resources_per_stay_mean": resources / len(stays),
+    }
+
+
+def prompt_identity(meds: Path, stays: list[dict[str, Any]], budget: int) -> dict[str, int]:
+    """Without the engine, per stay: is the prompt of the hook's events (prefetch key by key)
+    byte-identical to that of the MEDS events, and that of the whole Bundle (`/predict`)?"""
+    from inference.model import ModelConfig, load_model
+    from medtpe_core.meds import SubjectEvents
+    from medtpe_core.tasks import get_task
+
+    predictor = load_model(ModelConfig(codes_dir=meds, max_input_tokens=budget)).predictor
+    mapping, task = load_site_mapping(None), get_task(TASK)
+
+    def text(record: Any) -> str:
+        events = SubjectEvents.from_events(record.events)
+        return predictor.build(task, events, None, record.descriptions)[0].text
+
+    same = {"hook": 0, "bundle": 0, "hook_same_lines": 0}
+    for stay in stays:
+        by_meds = predictor.build(task, stay["subject_events"], None)[0].text
+        flat = _resources(stay["prefetch"])
+        by_hook = text(meds_from_fhir(flat, mapping=mapping, patient_id=stay["patient"]))
+        same["hook"] += by_hook == by_meds
+        same["hook_same_lines"] += sorted(by_hook.splitlines()) == sorted(by_meds.splitlines())
+        same["bundle"] += text(meds_from_fhir(stay["bundle"], mapping=mapping)) == by_meds
+    return same | {"n_records": len(stays)}
+
+
+def _resources(prefetch: dict[str, Any]) -> list[dict[str, Any]]:
+    """A prefetch's resources in key order, as the hook reads them."""
+    return [
+        e.get("resource", e)
+        for v in prefetch.values()
+        if v is not None
+        for e in (v.get("entry", []) if v["resourceType"] == "Bundle" else [v])
+    ]
+
+
+def probability(card: dict[str, Any]) -> float | None:
+    found = re.search(r"\*\*Probability:\*\* ([0-9.]+)", card["detail"])
+    return float(found.group(1)) if found else None
+
+
+def prompt_tokens(card: dict[str, Any]) -> tuple[int, int]:
+    found = re.search(r"([0-9,]+) → ([0-9,]+) prompt tokens", card["detail"])
+    assert found, card["detail"]
+    return int(found.group(1).replace(",", "")), int(found.group(2).replace(",", ""))
+
+
+@contextmanager
+def serving(args: argparse.Namespace, budget: int, ehr: Ehr) -> Iterator[str]:
+    """The service at `budget` on 127.0.0.1, its base URL: `medtpe serve` on vLLM, or with
+    `--engine instant` the app in this process on the instant engine (what the hook costs
+    around the engine)."""
+    env = {
+        "MEDTPE_MAX_INPUT_TOKENS": str(budget),
+        "MEDTPE_CODES_DIR": str(args.meds.resolve()),
+        "MEDTPE_CDS_ISSUERS": ehr.issuers_setting(),
+        "MEDTPE_REQUEST_TIMEOUT_S": "3600",
+        "MEDTPE_MAX_REQUEST_BYTES": str(MAX_BODY_BYTES),
+    }
+    if args.engine == "instant":
+        from service.settings import ServiceSettings
+        from tests.support.service_support import served_in_thread
+
+        values = {k.removeprefix("MEDTPE_").lower(): v for k, v in env.items()}
+        with served_in_thread(ServiceSettings(**values)) as url:
+            yield url
+        return
+    port = free_port()
+    process = start_service(env, port, args.logs / f"cds-hooks-{budget}.log")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(120)
+
+
+def run_budget(
+    args: argparse.Namespace, budget: int, stays: list[dict[str, Any]], ehr: Ehr
+) -> dict[str, Any]:
+    """One service at `budget`: every step on every stay."""
+    records = []
+    with serving(args, budget, ehr) as base, httpx.Client(timeout=3600) as client:
+        hook_url = f"{base}/cds-services/{SERVICE.id}"
+        for stay in stays:
+            row: dict[str, Any] = {"key": stay["key"], "n_resources": stay["n_resources"]}
+            body = {"task": TASK, "events": stay["events"]}
+            body["options"] = {"return_probabilities": True}
+            start = time.perf_counter()
+            predicted = client.post(f"{base}/predict", json=body).json()
+            row["predict_s"] = time.perf_counter() - start
+            row["predict"] = {
+                "p_yes": (predicted["probabilities"] or {}).get("yes"),
+                "prediction": predicted["prediction"],
+                "tokens": [predicted["tokens"]["original"], predicted["tokens"]["medtpe"]],
+            }
+            later = grown(stay["prefetch"])
+            for step, prefetch in (
+                ("hook_cold", stay["prefetch"]),
+                ("hook_reasked", later),
+                ("hook_cached", later),
+            ):
+                request = hook_request(SERVICE, stay["patient"], prefetch=prefetch)
+                start = time.perf_counter()
+                answer = client.post(hook_url, json=request, headers=ehr.authorization(hook_url))
+                row[f"{step}_s"] = time.perf_counter() - start
+                answer.raise_for_status()
+                card = answer.json()["cards"][0]
+                row[step] = {
+                    "p_yes": probability(card),
+                    "indicator": card["indicator"],
+                    "tokens": list(prompt_tokens(card)),
+                    "cached": "an earlier call's score" in card["detail"],
+                }
+            records.append(row)
+            print(budget, {k: round(v, 3) for k, v in row.items() if k.endswith("_s")})
+    return summarize(budget, records)
+
+
+def _p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summarize(budget: int, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Latency percentiles per step, the hook's overhead and the answers compared."""
+    latency = {
+        step: {
+            "p50_ms": _p([r[f"{step}_s"] for r in records], 0.5) * 1e3,
+            "p95_ms": _p([r[f"{step}_s"] for r in records], 0.95) * 1e3,
+        }
+        for step in STEPS
+    }
+    differences = [r["hook_cold_s"] - r["predict_s"] for r in records]
+    same_tokens = sum(r["hook_cold"]["tokens"] == r["predict"]["tokens"] for r in records)
+    dp = [
+        abs(r["hook_cold"]["p_yes"] - r["predict"]["p_yes"])
+        for r in records
+        if r["hook_cold"]["p_yes"] is not None and r["predict"]["p_yes"] is not None
+    ]
+    return {
+        "budget": budget,
+        "n_records": len(records),
+        "latency": latency,
+        "hook_overhead_ms": {
+            "cached_p50": latency["hook_cached"]["p50_ms"],
+            "cold_minus_predict_p50": statistics.median(differences) * 1e3,
+        },
+        "checks": {
+            "same_prompt_tokens_as_predict": same_tokens,
+            "p_yes_abs_diff_max": max(dp) if dp else None,
+            "p_yes_abs_diff_mean": statistics.mean(dp) if dp else None,
+            "cached_steps_from_cache": sum(r["hook_cached"]["cached"] for r in records),
+            "reasked_steps_from_cache": sum(r["hook_reasked"]["cached"] for r in records),
+        },
+        "records": records,
+    }
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--meds", type=Path, required=True)
+    parser.add_argument("--budgets", type=int, nargs="+", default=[4096, 8192])
+    parser.add_argument("--records", type=int, default=8, help="stays timed (identity: all)")
+    parser.add_argument("--logs", type=Path, default=Path(".cache/bench-logs"))
+    parser.add_argument(
+        "--engine",
+        choices=["vllm", "instant"],
+        default="vllm",
+        help="instant: the app in this process on the instant engine (the hook's own cost)",
+    )
+    parser.add_argument("--out", type=Path, required=True)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    every_stay = held_out_stays(args.meds, None)
+    stays = every_stay[: args.records]
+    mapping = mapping_rate(stays)
+    identity = {b: prompt_identity(args.meds, every_stay, b) for b in args.budgets}
+    print("prompt identity:", identity)
+    results: dict[str, Any] = {"mapping": mapping, "prompt_identity": identity, "budgets": []}
+    with serving_ehr() as ehr:
+        for budget in args.budgets:
+            summary = run_budget(args, budget, stays, ehr)
+            summary["engine"] = args.engine
+            cold = summary["latency"]["hook_cold"]["p50_ms"]
+            summary["mapping_share_of_hook_cold"] = mapping["ms_per_stay_mean"] / cold
+            results["budgets"].append(summary)
+            print(json.dumps({k: v for k, v in summary.items() if k != "records"}, indent=1))
+    command = "python -m benchmarks.bench_cds_hooks " + " ".join(sys.argv[1:])
+    write_results(args.out, command, results)
+
+
+if __name__ == "__main__":
+    main()

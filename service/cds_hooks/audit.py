@@ -1,0 +1,82 @@
+"""One audit line per CDS Hooks call (logger `medtpe.audit`, a JSON object): hookInstance,
+issuer, tenant, jti, service id, model and artefact id, latency, card uuid, outcome.
+
+Never the JWT, the FHIR access token or record content: only identifiers of the call and what
+came of it. Unauthenticated calls are audited too (outcome `unauthorized` and the reason, with
+the token's unverified `jti` if it had one).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+from service.errors import ApiError
+from service.metrics import ServiceMetrics
+
+audit_logger = logging.getLogger("medtpe.audit")
+MAX_FIELD = 128
+"""Longest value written (identifiers a client chose are cut, never trusted to be short)."""
+
+
+@dataclass
+class AuditEntry:
+    """What one call's audit line says; the route fills it in as the call goes."""
+
+    service: str
+    event: str = "hook"
+    hookInstance: str | None = None
+    issuer: str | None = None
+    tenant: str | None = None
+    jti: str | None = None
+    model: str | None = None
+    artefact: str | None = None
+    card: str | None = None
+    outcome: str = "error"
+    reason: str | None = None
+    latency_ms: float = field(default=0.0)
+
+    def line(self) -> str:
+        """The JSON line (fields without a value left out)."""
+        values = {
+            k: (v[:MAX_FIELD] if isinstance(v, str) else v)
+            for k, v in asdict(self).items()
+            if v is not None
+        }
+        return json.dumps(values, sort_keys=True)
+
+
+def write(entry: AuditEntry, metrics: ServiceMetrics) -> None:
+    """Log the line and count the call by service and outcome."""
+    audit_logger.info(entry.line())
+    if entry.event == "hook":
+        metrics.cds_calls.labels(entry.service, entry.outcome).inc()
+
+
+@contextmanager
+def audited(entry: AuditEntry, metrics: ServiceMetrics) -> Iterator[AuditEntry]:
+    """Write `entry` when the block ends, with its latency; an `ApiError` sets the outcome
+    from its status (412 `precondition`, 4xx `invalid`, else `error`) and its code as reason."""
+    start = time.perf_counter()
+    try:
+        yield entry
+    except ApiError as exc:
+        entry.outcome = _outcome(exc.status)
+        entry.reason = exc.error
+        raise
+    except Exception as exc:
+        entry.outcome, entry.reason = "error", type(exc).__name__
+        raise
+    finally:
+        entry.latency_ms = round((time.perf_counter() - start) * 1e3, 2)
+        write(entry, metrics)
+
+
+def _outcome(status: int) -> str:
+    if status == 412:
+        return "precondition"
+    return "invalid" if status < 500 else "error"

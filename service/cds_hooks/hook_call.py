@@ -1,0 +1,191 @@
+"""One hook call from request to card: check the call against its service, gather the FHIR
+resources (`service.cds_hooks.prefetch`), map them to MEDS events (`medtpe_core.fhir`, in a
+worker thread), then the score: from the score cache when the same caller asked about the very
+same record before, else from the model through `/predict`'s own path
+(`service.serving.predict_record`, on the async engine: the event loop never waits on it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import meds
+import numpy as np
+from starlette.requests import Request
+
+from inference.model import LoadedModel
+from medtpe_core.cds.cards import Score, card_text
+from medtpe_core.cds.risk import DEFAULT_BANDS
+from medtpe_core.cds.score_cache import ScoreCache, record_digest
+from medtpe_core.cds.services import HOOK_CONTEXT, PATIENT_ID, CdsService
+from medtpe_core.fhir import (
+    FhirInputError,
+    FhirRecord,
+    SiteMapping,
+    meds_from_fhir,
+)
+from medtpe_core.meds import SubjectEvents
+from medtpe_core.tasks import Task, get_task
+from service.cds_hooks.audit import AuditEntry
+from service.cds_hooks.jwt_auth import Caller, HookAuthenticator
+from service.cds_hooks.prefetch import Gathered, gather_resources
+from service.cds_hooks.responses import risk_card
+from service.cds_hooks.schemas import CdsResponse, HookRequest
+from service.errors import ApiError, field_error
+from service.schemas import PredictOptions, PredictResponse
+from service.serving import predict_record, served
+from service.settings import ServiceSettings
+from service.state import ServiceState
+
+HOOK_OPTIONS = PredictOptions(return_probabilities=True)
+"""How a hook asks the model: `/predict`'s defaults, with the answer options' probabilities."""
+
+
+@dataclass(frozen=True)
+class CdsHooks:
+    """What the hook routes hold: the JWT check and the score cache."""
+
+    auth: HookAuthenticator
+    scores: ScoreCache[Score]
+    base_url: str | None
+
+    @classmethod
+    def from_settings(cls, settings: ServiceSettings) -> CdsHooks:
+        """The hooks of one API process."""
+        return cls(
+            HookAuthenticator(settings.cds_issuers, settings.cds_jwt_max_lifetime_s),
+            ScoreCache(settings.cds_score_cache_size, settings.cds_score_cache_ttl_s),
+            str(settings.cds_base_url).rstrip("/") if settings.cds_base_url else None,
+        )
+
+    def audience(self, request: Request) -> str:
+        """The URL called, as a JWT's `aud` must name it: the configured public base URL and
+        the path, else the URL as received (no query)."""
+        if self.base_url is not None:
+            return self.base_url + request.url.path
+        return str(request.url.replace(query="", fragment=""))
+
+
+async def answer_hook(
+    state: ServiceState,
+    hooks: CdsHooks,
+    service: CdsService,
+    body: HookRequest,
+    caller: Caller,
+    audit: AuditEntry,
+) -> CdsResponse:
+    """The call's card (`audit` gets the model, the card and the outcome)."""
+    _check_call(service, body)
+    model = state.loaded(need_engine=True)
+    audit.model, audit.artefact = model.identity.name, model.identity.artefact_id
+    task = get_task(service.task)
+    gathered = await gather_resources(service, body, caller, state.settings)
+    if gathered.fetch_s:
+        state.metrics.cds_fhir_fetch.observe(gathered.fetch_s)
+    patient = str(body.context[PATIENT_ID])
+    record = await asyncio.to_thread(_mapped, state.site_mapping(), gathered, patient)
+    events = SubjectEvents.from_events(record.events)
+    salt = state.salts.of(f"cds-hooks\x1f{caller.issuer}\x1f{caller.tenant or ''}")
+    identity = model.identity
+    budget = str(model.predictor.max_input_tokens)
+    digest = record_digest(events, None, task.name, identity.artefact_id, identity.mode, budget)
+    key = (salt, task.name, patient, digest)
+    score = hooks.scores.get(key)
+    cached = score is not None
+    if score is None:
+        async with served(state, "cds_hook", task.name, 1):
+            answer = await predict_record(
+                state,
+                model,
+                task,
+                events,
+                None,
+                HOOK_OPTIONS,
+                salt,
+                descriptions=record.descriptions,
+            )
+        score = _score(task, model, events, record, answer)
+        hooks.scores.put(key, score)
+    bands = state.settings.cds_risk_bands.get(task.name, DEFAULT_BANDS)
+    card = risk_card(card_text(score, bands, cached=cached), identity, state.settings)
+    audit.card, audit.outcome = card.uuid, "cached" if cached else "card"
+    return CdsResponse(cards=[card])
+
+
+def _check_call(service: CdsService, body: HookRequest) -> None:
+    """The hook is the service's and the context has the hook's fields (422 otherwise)."""
+    if body.hook != service.hook:
+        raise ApiError(
+            422,
+            "invalid_request",
+            field_error(("body", "hook"), f"service {service.id} answers {service.hook}", "hook"),
+        )
+    for name in HOOK_CONTEXT[service.hook]:
+        value = body.context.get(name)
+        if not isinstance(value, str) or not value:
+            raise ApiError(
+                422,
+                "invalid_request",
+                field_error(("body", "context", name), f"{service.hook} needs {name}", "missing"),
+            )
+
+
+def _mapped(mapping: SiteMapping, gathered: Gathered, patient: str) -> FhirRecord:
+    """The record's MEDS events; input it cannot map is a 422 located in the call (the
+    prefetch key and entry, or the fetch that brought it)."""
+    try:
+        record = meds_from_fhir(gathered.resources, mapping=mapping, patient_id=patient)
+    except FhirInputError as exc:
+        origin: tuple[str | int, ...] = ("body", "prefetch")
+        if exc.index is not None:
+            origin = gathered.origins[exc.index]
+        loc = [*origin, *exc.loc[1:]] if exc.index is not None else list(origin)
+        raise ApiError(422, "invalid_request", field_error(loc, str(exc), "fhir_input")) from None
+    if not record.events:
+        where = ("body", "prefetch")
+        detail = field_error(where, f"no event of patient {patient}", "fhir_no_events")
+        raise ApiError(422, "invalid_request", detail)
+    return record
+
+
+def _score(
+    task: Task,
+    model: LoadedModel,
+    events: SubjectEvents,
+    record: FhirRecord,
+    answer: PredictResponse,
+) -> Score:
+    """What the card reports of one answer."""
+    option = task.positive_option
+    probability = answer.probabilities.get(option) if answer.probabilities and option else None
+    clinical = ~np.isnat(events.times) & (np.asarray(events.codes) != meds.birth_code)
+    times = events.times[clinical]
+    first, last = (_datetime(times.min()), _datetime(times.max())) if len(times) else (None, None)
+    totals = {"resources": record.counts.n_resources}
+    for name in ("mapped", "unmapped", "skipped"):
+        totals[name] = sum(getattr(c, name) for c in record.counts.by_type.values())
+    return Score(
+        task_title=task.title,
+        question=task.question,
+        probability=probability,
+        prediction_time=answer.prediction_time,
+        events_total=answer.events["total"],
+        events_kept=answer.events["kept"],
+        first_event=first,
+        last_event=last,
+        input_budget=model.predictor.max_input_tokens,
+        tokens_original=answer.tokens.original,
+        tokens_medtpe=answer.tokens.medtpe,
+        compression_rate=answer.tokens.compression_rate,
+        model=answer.model.name,
+        mode=answer.model.mode,
+        artefact_id=answer.model.artefact_id,
+        computed_at=datetime.now(UTC),
+        mapping=totals,
+    )
+
+
+def _datetime(value: np.datetime64) -> datetime:
+    return value.astype("datetime64[us]").item()

@@ -1,0 +1,108 @@
+"""`/cds-services`: discovery, hook calls and feedback (CDS Hooks 2.0.1).
+
+Every call, discovery included, carries the EHR's JWT (`service.cds_hooks.jwt_auth`), checked
+before anything else; a failed check is a bare 401. The API keys of `/predict` play no part here.
+These routes are left out of the OpenAPI document: their contract is the CDS Hooks
+specification (tests/fixtures/cds_hooks holds its JSON schemas).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, FastAPI, Header, Request
+from fastapi.responses import Response
+
+from medtpe_core.cds.services import SERVICES, CdsService, UnknownServiceError, get_service
+from service.cds_hooks.audit import AuditEntry, audited, write
+from service.cds_hooks.hook_call import CdsHooks, answer_hook
+from service.cds_hooks.jwt_auth import Caller, HookUnauthorized
+from service.cds_hooks.responses import discovery
+from service.cds_hooks.schemas import CdsResponse, DiscoveryResponse, FeedbackRequest, HookRequest
+from service.errors import ApiError
+from service.state import ServiceState
+
+logger = logging.getLogger("medtpe.service")
+
+
+def _state(request: Request) -> ServiceState:
+    return request.app.state.service
+
+
+def _hooks(request: Request) -> CdsHooks:
+    return request.app.state.cds_hooks
+
+
+StateDep = Annotated[ServiceState, Depends(_state)]
+HooksDep = Annotated[CdsHooks, Depends(_hooks)]
+
+
+async def _caller(
+    request: Request, hooks: HooksDep, authorization: Annotated[str | None, Header()] = None
+) -> Caller:
+    """The EHR that signed the call, else `HookUnauthorized` (a bare 401)."""
+    return await hooks.auth.verify(authorization, hooks.audience(request))
+
+
+CallerDep = Annotated[Caller, Depends(_caller)]
+
+router = APIRouter(prefix="/cds-services", include_in_schema=False)
+
+
+def _service(service_id: str) -> CdsService:
+    try:
+        return get_service(service_id)
+    except UnknownServiceError as exc:
+        raise ApiError(404, "not_found", str(exc)) from None
+
+
+@router.get("", response_model=DiscoveryResponse, response_model_exclude_none=True)
+async def discover(caller: CallerDep) -> DiscoveryResponse:
+    """The services: one per task and hook, with their prefetch templates."""
+    return discovery()
+
+
+@router.post("/{service_id}", response_model=CdsResponse, response_model_exclude_none=True)
+async def call(
+    service_id: str, body: HookRequest, state: StateDep, hooks: HooksDep, caller: CallerDep
+) -> CdsResponse:
+    """A hook call: one risk card for the patient in context."""
+    entry = AuditEntry(service_id, hookInstance=body.hookInstance, issuer=caller.issuer)
+    entry.tenant, entry.jti = caller.tenant, caller.jti
+    with audited(entry, state.metrics):
+        return await answer_hook(state, hooks, _service(service_id), body, caller, entry)
+
+
+@router.post("/{service_id}/feedback")
+async def feedback(
+    service_id: str, body: FeedbackRequest, state: StateDep, caller: CallerDep
+) -> Response:
+    """Record what the user did with cards (counted per outcome in `/metrics`)."""
+    service = _service(service_id)
+    for item in body.feedback:
+        entry = AuditEntry(service.id, event="feedback", issuer=caller.issuer, card=item.card)
+        entry.tenant, entry.jti, entry.outcome = caller.tenant, caller.jti, item.outcome.value
+        write(entry, state.metrics)
+        state.metrics.cds_feedback.labels(service.id, item.outcome.value).inc()
+    return Response(status_code=200)
+
+
+def install_cds_hooks(app: FastAPI, state: ServiceState) -> None:
+    """Mount `/cds-services` and its 401 handler on the app."""
+    app.state.cds_hooks = CdsHooks.from_settings(state.settings)
+    if not state.settings.cds_issuers:
+        logger.warning("CDS Hooks: no issuer allowed (MEDTPE_CDS_ISSUERS): every call gets 401")
+
+    @app.exception_handler(HookUnauthorized)
+    async def _unauthorized(request: Request, exc: HookUnauthorized) -> Response:
+        named = request.url.path.removeprefix("/cds-services").strip("/").split("/")[0]
+        known = {s.id for s in SERVICES}
+        service = named if named in known else ("discovery" if not named else "unknown")
+        entry = AuditEntry(service, jti=exc.jti, outcome="unauthorized")
+        entry.reason = exc.reason
+        write(entry, state.metrics)
+        state.metrics.rejections.labels("unauthorized").inc()
+        return Response(status_code=401, headers={"WWW-Authenticate": "Bearer"})
+
+    app.include_router(router)

@@ -1,0 +1,133 @@
+"""What every route that predicts shares: `served` (admission, deadline, in-flight gauge, latency
+histogram and one log line per request — never record content) and `predict_record` (one
+record through the inference layer: render and tokenize in a worker thread, generate in a
+concurrency slot on the async engine). `/predict`, `/predict/batch` and the CDS hooks all answer
+through them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import traceback
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from datetime import datetime
+
+from inference.engine import EngineDead
+from inference.model import LoadedModel
+from medtpe_core.meds import SubjectEvents
+from medtpe_core.tasks import Task
+from service.errors import ApiError
+from service.limits import QueueFull
+from service.responses import predict_response
+from service.schemas import PredictOptions, PredictResponse
+from service.state import ServiceState
+
+logger = logging.getLogger("medtpe.service")
+
+
+async def predict_record(
+    state: ServiceState,
+    model: LoadedModel,
+    task: Task,
+    events: SubjectEvents,
+    prediction_time: datetime | None,
+    options: PredictOptions,
+    salt: str | None,
+    *,
+    descriptions: Mapping[str, str] | None = None,
+    start: float | None = None,
+) -> PredictResponse:
+    """Render and tokenize (worker thread), then generate within a concurrency slot.
+    `descriptions`: the record's own code descriptions (a FHIR record's display texts);
+    `start`: when the request's work began (`time.perf_counter()`; default now), for its
+    reported total latency."""
+    start = time.perf_counter() if start is None else start
+    predictor = model.predictor
+    record = await asyncio.to_thread(predictor.prepare, task, events, prediction_time, descriptions)
+    temperature = options.temperature
+    if temperature is None:
+        temperature = state.settings.temperature
+    async with state.admission.slot(), _engine_errors(state):
+        answer = await predictor.answer(
+            state.running_engine(),
+            record,
+            n_samples=options.n_samples,
+            temperature=temperature,
+            max_new_tokens=state.settings.max_new_tokens,
+            probabilities=options.return_probabilities,
+            constrained=options.constrained,
+            cache_salt=salt,
+        )
+    state.metrics.observe_answer(task.name, predictor.mode, record.segmentation, answer)
+    return predict_response(model, record, answer, options, time.perf_counter() - start)
+
+
+@asynccontextmanager
+async def _engine_errors(state: ServiceState) -> AsyncIterator[None]:
+    """A dead engine is a 503 (and counted), not an internal error."""
+    try:
+        yield
+    except EngineDead as exc:
+        state.metrics.errors.labels("engine").inc()
+        raise ApiError(503, "engine_dead", "the engine died; this instance is not ready") from exc
+
+
+@asynccontextmanager
+async def served(
+    state: ServiceState, endpoint: str, task: str, n_records: int
+) -> AsyncIterator[None]:
+    """Admission, deadline (brought forward by a stop: 503 `shutting_down`), in-flight gauge,
+    latency histogram and one log line per request."""
+    metrics = state.metrics
+    start = time.perf_counter()
+    status = 200
+    try:
+        with state.admission.admit(n_records), metrics.inflight.track_inprogress():
+            async with state.deadline(state.settings.request_timeout_s):
+                yield
+    except QueueFull as exc:
+        status = 503
+        metrics.rejections.labels("queue_full").inc()
+        raise ApiError(
+            503,
+            "queue_full",
+            "too many requests in flight; retry later",
+            headers={"Retry-After": str(exc.retry_after_s)},
+        ) from exc
+    except TimeoutError as exc:
+        if state.drain_expired:  # the stop's grace period ended first
+            status = 503
+            metrics.errors.labels("shutting_down").inc()
+            raise state.shutting_down("the service stopped before the answer") from exc
+        status = 504
+        metrics.errors.labels("timeout").inc()
+        raise ApiError(
+            504, "timeout", f"no answer within {state.settings.request_timeout_s} s"
+        ) from exc
+    except ApiError as exc:
+        status = exc.status
+        raise
+    except Exception as exc:
+        status = 500
+        metrics.errors.labels("internal").inc()
+        # the exception text may quote record content: log its type and stack only
+        logger.error(
+            "internal error %s on %s\n%s",
+            type(exc).__name__,
+            endpoint,
+            "".join(traceback.format_tb(exc.__traceback__)),
+        )
+        raise ApiError(500, "internal", "internal error") from exc
+    finally:
+        elapsed = time.perf_counter() - start
+        metrics.request_latency.labels(endpoint, task).observe(elapsed)
+        logger.info(
+            "%s task=%s records=%d status=%d ms=%.1f",
+            endpoint,
+            task,
+            n_records,
+            status,
+            elapsed * 1e3,
+        )

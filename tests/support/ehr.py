@@ -1,0 +1,94 @@
+"""The EHR side of CDS Hooks for tests: an issuer with an ES384 key pair, its JWK Set served over
+HTTP on 127.0.0.1 (a thread), and the JWTs it signs for each call (PyJWT)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import jwt
+from cryptography.hazmat.primitives.asymmetric import ec
+from jwt.algorithms import ECAlgorithm
+
+ISSUER = "https://ehr.test.invalid"
+TENANT = "tenant-a"
+
+
+@dataclass
+class Ehr:
+    """An EHR: its issuer URI, signing key and key id, and where its JWK Set is served."""
+
+    jwks_url: str
+    issuer: str = ISSUER
+    kid: str = "ehr-key-1"
+    key: ec.EllipticCurvePrivateKey = field(
+        default_factory=lambda: ec.generate_private_key(ec.SECP384R1())
+    )
+
+    def jwks(self) -> dict[str, Any]:
+        """The public JWK Set."""
+        public = json.loads(ECAlgorithm.to_jwk(self.key.public_key()))
+        return {"keys": [public | {"kid": self.kid, "use": "sig", "alg": "ES384"}]}
+
+    def token(self, audience: str, *, headers: dict[str, Any] | None = None, **claims: Any) -> str:
+        """A JWT for a call to `audience`: iss, aud, exp (+5 min), iat, jti, tenant, then
+        `claims` (None removes one) and extra `headers`."""
+        now = int(time.time())
+        payload: dict[str, Any] = {
+            "iss": self.issuer,
+            "aud": audience,
+            "exp": now + 300,
+            "iat": now,
+            "jti": str(uuid.uuid4()),
+            "tenant": TENANT,
+        }
+        payload.update(claims)
+        payload = {k: v for k, v in payload.items() if v is not None}
+        header = {"kid": self.kid, "typ": "JWT"} | (headers or {})
+        return jwt.encode(payload, self.key, algorithm="ES384", headers=header)
+
+    def authorization(self, audience: str, **claims: Any) -> dict[str, str]:
+        """The `Authorization` header of a call to `audience`."""
+        return {"Authorization": f"Bearer {self.token(audience, **claims)}"}
+
+    def issuers_setting(self, fhir_servers: list[str] | None = None) -> str:
+        """`MEDTPE_CDS_ISSUERS` naming this EHR."""
+        return json.dumps(
+            {self.issuer: {"jwks_url": self.jwks_url, "fhir_servers": fhir_servers or []}}
+        )
+
+
+@contextmanager
+def serving_ehr() -> Iterator[Ehr]:
+    """An EHR whose JWK Set is served at `/jwks` on 127.0.0.1 while the block runs."""
+    document: dict[str, bytes] = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = document["jwks"] if self.path == "/jwks" else b""
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    ehr = Ehr(jwks_url=f"http://127.0.0.1:{server.server_address[1]}/jwks")
+    document["jwks"] = json.dumps(ehr.jwks()).encode()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield ehr
+    finally:
+        server.shutdown()
+        server.server_close()
