@@ -302,18 +302,15 @@ class ArtefactBuild:
         from training.export import base_model_fingerprint, load_rows_file, save_rows
 
         config, settings = self.config, self.config.distill
+        length = settings.snippet_tokens
         tokenizer = MedTPETokenizer.load(self.work / TOKENIZER_DIR)
-        pools = {
-            split: [
-                snippet
-                for prompt in self._prompts(split)
-                for snippet in cut(
-                    tokenizer,
-                    tokenizer.base_encode(prompt, special_tokens=True),
-                    settings.snippet_tokens,
-                )
-            ]
+        encoded = {
+            split: [tokenizer.base_encode(p, special_tokens=True) for p in self._prompts(split)]
             for split in ("train", "val")
+        }
+        pools = {  # each snippet led by its prompt's first token (the chat template's opening)
+            split: [s for ids in prompts for s in cut(tokenizer, ids, length, ids[:1])]
+            for split, prompts in encoded.items()
         }
         train = draw(
             tokenizer, pools["train"], settings.snippets, settings.min_contexts, config.seed

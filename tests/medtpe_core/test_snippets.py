@@ -67,3 +67,16 @@ def test_draw_covers_rare_tokens_first(tok: MedTPETokenizer) -> None:
 def test_snippet_json_round_trip(tok: MedTPETokenizer) -> None:
     snippet = cut(tok, tok.base_encode(icu_records(1)[0]), 16)[0]
     assert Snippet.from_json(snippet.to_json()) == snippet
+
+
+def test_a_prefix_leads_both_sides(tok: MedTPETokenizer) -> None:
+    """Every snippet can open on the prompt's first token (the model's attention sink) on both
+    sides; the aligned positions move with it and the prefix itself is never one."""
+    base = tok.base_encode(icu_records(1)[0])
+    plain, led = cut(tok, base, 32), cut(tok, base, 32, prefix=[1])
+    assert len(plain) == len(led)
+    for a, b in zip(plain, led, strict=True):
+        assert b.teacher == [1, *a.teacher] and b.student == [1, *a.student]
+        assert min(s for s, _ in b.pairs) >= 1
+        shifted = {(s + 1, t + 1) for s, t in a.pairs}
+        assert shifted <= set(b.pairs)  # plus the first token's end when it is shared
