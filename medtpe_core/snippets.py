@@ -16,6 +16,7 @@ the places left are filled with the other snippets in the same order (natural fr
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -53,36 +54,47 @@ def cut(
     base_ids: Sequence[int],
     length: int,
     prefix: Sequence[int] = (),
+    *,
+    tail: bool = False,
 ) -> list[Snippet]:
     """Consecutive snippets of about `length` base ids (at least `length`, ended at the next
-    shared end; the tail shorter than `length` is dropped) covering `base_ids`, each led on both
-    sides by the ids `prefix` (e.g. the prompt's first token, the chat template's opening: the
-    model makes its first position an attention sink with massive activations, and a snippet
-    that opened on a MedTPE token let the student grow that sink at a later position instead, a
-    relative error of 10^4 there)."""
+    shared end) covering `base_ids`, each led on both sides by the ids `prefix` (e.g. the
+    prompt's first token, the chat template's opening: the model makes its first position an
+    attention sink with massive activations, and a snippet that opened on a MedTPE token let
+    the student grow that sink at a later position instead, a relative error of 10^4 there).
+    The rest shorter than `length` is dropped, unless `tail`: then one more snippet ends at the
+    last id (overlapping the one before), so a prompt's answer position is read too."""
     ids = tokenizer.encode_ids(base_ids)
     s_ends, t_ends = tokenizer.shared_ends(ids, base_ids)
-    snippets = []
-    s_start = t_start = 0
-    first = 0  # index into the shared ends of the snippet's first end
+    starts = [(0, 0, 0)]  # (student start, teacher start, index of the first shared end)
     for k in range(len(t_ends)):
-        if t_ends[k] + 1 - t_start < length:
-            continue
-        lead = len(prefix)
-        pairs = tuple(
-            (int(s - s_start) + lead, int(t - t_start) + lead)
-            for s, t in zip(s_ends[first : k + 1], t_ends[first : k + 1], strict=True)
-            if s > s_start or lead
-        )
-        snippets.append(
-            Snippet(
-                [*prefix, *base_ids[t_start : t_ends[k] + 1]],
-                [*prefix, *ids[s_start : s_ends[k] + 1]],
-                pairs,
-            )
-        )
-        s_start, t_start, first = int(s_ends[k]) + 1, int(t_ends[k]) + 1, k + 1
-    return snippets
+        if t_ends[k] + 1 - starts[-1][1] >= length:
+            starts.append((int(s_ends[k]) + 1, int(t_ends[k]) + 1, k + 1))
+    bounds = list(itertools.pairwise(starts))
+    if tail and starts[-1][1] < len(base_ids):
+        fits = [b for b in starts if len(base_ids) - b[1] >= length] or starts[:1]
+        bounds.append((fits[-1], (len(ids), len(base_ids), len(t_ends))))
+    return [_snippet(ids, base_ids, s_ends, t_ends, a, b, prefix) for a, b in bounds]
+
+
+def _snippet(
+    ids: Sequence[int],
+    base_ids: Sequence[int],
+    s_ends: np.ndarray,
+    t_ends: np.ndarray,
+    start: tuple[int, int, int],
+    stop: tuple[int, int, int],
+    prefix: Sequence[int],
+) -> Snippet:
+    """The snippet from shared position `start` to `stop` ((student, teacher, end index))."""
+    (s0, t0, first), (s1, t1, last) = start, stop
+    lead = len(prefix)
+    pairs = tuple(
+        (int(s - s0) + lead, int(t - t0) + lead)
+        for s, t in zip(s_ends[first:last], t_ends[first:last], strict=True)
+        if s > s0 or lead
+    )
+    return Snippet([*prefix, *base_ids[t0:t1]], [*prefix, *ids[s0:s1]], pairs)
 
 
 def new_ids_in(tokenizer: MedTPETokenizer, ids: Iterable[int]) -> list[int]:

@@ -308,8 +308,9 @@ class ArtefactBuild:
             split: [tokenizer.base_encode(p, special_tokens=True) for p in self._prompts(split)]
             for split in ("train", "val")
         }
-        pools = {  # each snippet led by its prompt's first token (the chat template's opening)
-            split: [s for ids in prompts for s in cut(tokenizer, ids, length, ids[:1])]
+        pools = {  # led by the prompt's first token (the chat template's opening); the last
+            # snippet of a prompt ends at its answer position
+            split: [s for ids in prompts for s in cut(tokenizer, ids, length, ids[:1], tail=True)]
             for split, prompts in encoded.items()
         }
         train = draw(

@@ -80,3 +80,18 @@ def test_a_prefix_leads_both_sides(tok: MedTPETokenizer) -> None:
         assert min(s for s, _ in b.pairs) >= 1
         shifted = {(s + 1, t + 1) for s, t in a.pairs}
         assert shifted <= set(b.pairs)  # plus the first token's end when it is shared
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=MIXED_TEXT)
+def test_a_tail_snippet_reads_the_last_position(tok: MedTPETokenizer, text: str) -> None:
+    base = tok.base_encode(text)
+    snippets = cut(tok, base, 8, prefix=[1], tail=True)
+    if not base:
+        assert snippets == []
+        return
+    last = snippets[-1]
+    assert last.teacher[1:] == base[len(base) - len(last.teacher) + 1 :]  # ends at the end
+    assert last.student == [1, *tok.encode_ids(last.teacher[1:])]
+    assert last.pairs[-1] == (len(last.student) - 1, len(last.teacher) - 1)
+    assert len(last.teacher) - 1 >= 8 or len(last.teacher) - 1 == len(base)
