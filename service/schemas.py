@@ -13,9 +13,12 @@ from pydantic import (
     PlainSerializer,
     StrictBool,
     ValidationError,
+    ValidationInfo,
     ValidatorFunctionWrapHandler,
+    field_validator,
     model_validator,
 )
+from pydantic.json_schema import WithJsonSchema
 from pydantic_core import InitErrorDetails, PydanticCustomError, core_schema
 
 from inference.model import ModelIdentity
@@ -23,6 +26,8 @@ from medtpe_core.meds import MAX_EVENTS_PER_RECORD, IsoTime, JsonInt, MedsEvent,
 from medtpe_core.tasks import Prediction, list_tasks
 
 TASK_NAMES = list_tasks()
+BUDGET = "max_input_tokens"
+"""The name of the per-request input budget field (`PredictOptions`, `TokenizeRequest`)."""
 _TASK_FIELD = {"enum": TASK_NAMES}
 
 
@@ -87,6 +92,16 @@ Events = Annotated[SubjectEvents, _EventColumns()]
 """A record's events: a JSON array of MEDS events, validated and held as sorted columns."""
 
 
+Budget = Annotated[JsonInt, Field(ge=1), WithJsonSchema({"type": "integer", "minimum": 1})]
+"""A per-request input budget (the instance's range is checked by the route and stated in the
+document by `service.app`)."""
+BUDGET_HELP = (
+    "Input budget of this record's prompt in original-tokenizer tokens (the newest events that "
+    "fit are kept); default and largest: the instance's (`max_input_tokens` of `/readyz`), "
+    "smallest: what every task's prompt needs; the document states both."
+)
+
+
 class PredictOptions(_Strict):
     """Sampling options of one prediction."""
 
@@ -105,6 +120,7 @@ class PredictOptions(_Strict):
         description="Constrain decoding to a well-formed answer (vLLM structured outputs): "
         "every answer parses; option probabilities come from the masked distribution.",
     )
+    max_input_tokens: Budget | None = Field(None, description=BUDGET_HELP)
 
 
 class PredictRequest(_Strict):
@@ -197,7 +213,10 @@ class TokenizeRequest(_Strict):
         extra="forbid",
         json_schema_extra={
             "oneOf": [
-                {"required": ["text"], "not": {"required": ["events"]}},
+                {
+                    "required": ["text"],
+                    "not": {"anyOf": [{"required": ["events"]}, {"required": [BUDGET]}]},
+                },
                 {"required": ["events", "task"], "not": {"required": ["text"]}},
             ]
         },
@@ -210,13 +229,19 @@ class TokenizeRequest(_Strict):
     )
     events: Events | None = Field(None, json_schema_extra=_left_out_not_null)
     prediction_time: IsoTime | None = None
+    max_input_tokens: Budget | None = Field(
+        None,
+        description=f"Only with `events`. {BUDGET_HELP}",
+        json_schema_extra=_left_out_not_null,
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _no_null(cls, data: object) -> object:
-        """`text`, `task` and `events` are left out when unused, never null (as documented)."""
+        """`text`, `task`, `events` and `max_input_tokens` are left out when unused, never null
+        (as documented)."""
         if isinstance(data, dict):
-            for name in ("text", "task", "events"):
+            for name in ("text", "task", "events", "max_input_tokens"):
                 if name in data and data[name] is None:
                     raise ValueError(f"`{name}` must be left out, not null")
         return data
@@ -229,6 +254,14 @@ class TokenizeRequest(_Strict):
             raise ValueError("`events` need a `task`")
         return self
 
+    @field_validator(BUDGET)
+    @classmethod
+    def _budget_of_a_record(cls, value: int | None, info: ValidationInfo) -> int | None:
+        """A budget applies to a record's prompt: refused beside `text` (located at itself)."""
+        if value is not None and info.data.get("text") is not None:
+            raise ValueError("applies to `events`, not to `text`")
+        return value
+
 
 class TokenList(BaseModel):
     """One tokenizer's view of the text."""
@@ -238,12 +271,39 @@ class TokenList(BaseModel):
     count: int
 
 
+class MergedToken(BaseModel):
+    """A MedTPE token: the pair of tokens it stands for, and the base token whose id it reuses."""
+
+    id: int
+    pair: tuple[int, int] = Field(
+        description="The ids it merges, left and right: base tokens or earlier MedTPE tokens."
+    )
+    pair_tokens: tuple[str, str] = Field(description="The text of each of `pair`.")
+    base_ids: list[int] = Field(description="The original-tokenizer ids it spells.")
+    reuses: str | None = Field(
+        description="The text of the rare base token evicted for its id; null for a fresh id "
+        "(an artefact without replacement)."
+    )
+
+
 class TokenizeResponse(BaseModel):
     """Both segmentations of the same text."""
 
     original: TokenList
     medtpe: TokenList
     compression_rate: float
+    merged: list[MergedToken] = Field(
+        default_factory=list,
+        description="Each MedTPE token of `medtpe.ids` once, in order of first appearance.",
+    )
+    events: dict[str, int] | None = Field(
+        None,
+        description="For a record: `total` and `kept` within the input budget (the prompt "
+        "says how many older events it leaves out); null for a text.",
+    )
+    max_input_tokens: int | None = Field(
+        None, description="For a record: the input budget its prompt was built within."
+    )
 
 
 class ErrorItem(BaseModel):

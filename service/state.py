@@ -35,6 +35,8 @@ class ServiceState:
         self.metrics = ServiceMetrics()
         self.admission = Admission(*settings.process_limits)
         self.model: LoadedModel | None = None
+        self.min_input_tokens: int | None = None
+        """The smallest input budget every task's prompt fits in (known before `model`)."""
         self.engine: Engine | None = None
         self.warmed_up = False
         self.stopping = False
@@ -56,8 +58,11 @@ class ServiceState:
     async def start(self) -> None:
         """Prepare the model files, start the engine, warm it up (runs in the background)."""
         try:
-            self.model = await asyncio.to_thread(load_model, self.settings.model())
-            await asyncio.to_thread(require_input_budget, self.settings, self.model.predictor)
+            model = await asyncio.to_thread(load_model, self.settings.model())
+            self.min_input_tokens = await asyncio.to_thread(
+                require_input_budget, self.settings, model.predictor
+            )
+            self.model = model
             require_validated_budget(self.settings, self.model)
             self.engine = await asyncio.to_thread(self.engine_factory, self.model.engine_config)
             predictor = self.model.predictor
@@ -91,6 +96,14 @@ class ServiceState:
             raise ApiError(503, "engine_dead", "the engine died; this instance is not ready")
         raise ApiError(503, "not_ready", f"the service is {status}", headers={"Retry-After": "10"})
 
+    @property
+    def budget_range(self) -> tuple[int, int] | None:
+        """(smallest, largest) input budget a request may ask for: every task's prompt fits the
+        smallest, the largest is the served one; None until the model is loaded."""
+        if self.model is None or self.min_input_tokens is None:
+            return None
+        return self.min_input_tokens, self.model.predictor.max_input_tokens
+
     def running_engine(self) -> Engine:
         """The started engine (callers checked readiness with `loaded(need_engine=True)`)."""
         if self.engine is None:
@@ -115,13 +128,14 @@ def require_validated_budget(settings: ServiceSettings, model: LoadedModel) -> N
     )
 
 
-def require_input_budget(settings: ServiceSettings, predictor: Predictor) -> None:
-    """A ValueError naming `MEDTPE_MAX_INPUT_TOKENS` and its minimum when the input budget
-    cannot hold every task's prompt with any record (its requests would all fail)."""
+def require_input_budget(settings: ServiceSettings, predictor: Predictor) -> int:
+    """The smallest input budget that holds every task's prompt with any record; a ValueError
+    naming `MEDTPE_MAX_INPUT_TOKENS` and that minimum when the served budget is below it (its
+    requests would all fail)."""
     minimum = min_input_tokens(predictor.tokenizer.base, predictor.chat_template)
     budget = predictor.max_input_tokens
     if budget >= minimum:
-        return
+        return minimum
     given = f"MEDTPE_MAX_INPUT_TOKENS={settings.max_input_tokens}"
     if budget < settings.max_input_tokens:
         given += (
