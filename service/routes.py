@@ -121,6 +121,14 @@ def _checked(
             f"at most {limit} samples per record",
             "less_than_equal",
         )
+    if options.both_modes and state.other_model is None:
+        raise _invalid(
+            state,
+            [*loc, "options", "both_modes"],
+            f"this instance answers in {state.settings.mode} mode only (start it with "
+            "MEDTPE_COMPARE_MODES=true to answer in both)",
+            "not_offered",
+        )
     budget_loc = [*loc, "options", BUDGET]
     return task, _at_budget(state, model, options.max_input_tokens, budget_loc)
 
@@ -200,7 +208,28 @@ async def _predict_record(
     request: PredictRequest,
     salt: str | None,
 ) -> PredictResponse:
-    """Render and tokenize (worker thread), then generate within a concurrency slot."""
+    """The record's answer, and with `options.both_modes` the other mode's in `other_mode`."""
+    answer = await _answer(state, model, predictor, task, request, salt, other_mode=False)
+    if not request.options.both_modes:
+        return answer
+    other = state.other_model
+    assert other is not None  # `_checked` refused both_modes without it
+    at_budget = other.predictor.at_budget(predictor.max_input_tokens)
+    compared = await _answer(state, other, at_budget, task, request, salt, other_mode=True)
+    return answer.model_copy(update={"other_mode": compared})
+
+
+async def _answer(
+    state: ServiceState,
+    model: LoadedModel,
+    predictor: Predictor,
+    task: Task,
+    request: PredictRequest,
+    salt: str | None,
+    other_mode: bool,
+) -> PredictResponse:
+    """Render and tokenize (worker thread), then generate within a concurrency slot on the
+    served mode's engine or, with `other_mode`, the other's."""
     start = time.perf_counter()
     record = await asyncio.to_thread(
         predictor.prepare, task, request.events, request.prediction_time
@@ -210,7 +239,7 @@ async def _predict_record(
         temperature = state.settings.temperature
     async with state.admission.slot(), _engine_errors(state):
         answer = await predictor.answer(
-            state.running_engine(),
+            state.running_engine(other_mode),
             record,
             n_samples=request.options.n_samples,
             temperature=temperature,

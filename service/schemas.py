@@ -121,6 +121,12 @@ class PredictOptions(_Strict):
         "every answer parses; option probabilities come from the masked distribution.",
     )
     max_input_tokens: Budget | None = Field(None, description=BUDGET_HELP)
+    both_modes: StrictBool = Field(
+        False,
+        description="Also answer in the other mode (`original` beside `medtpe`) on the same "
+        "prompt, in `other_mode`; only on an instance started with `MEDTPE_COMPARE_MODES=true` "
+        "(`modes` of `/readyz` lists two), 422 otherwise.",
+    )
 
 
 class PredictRequest(_Strict):
@@ -198,6 +204,11 @@ class PredictResponse(BaseModel):
     tokens: TokenCounts
     latency_ms: Latency
     model: ModelIdentity = Field(description="The model, mode and artefact that answered.")
+    other_mode: PredictResponse | None = Field(
+        None,
+        description="With `options.both_modes`: the same record answered in the other mode "
+        "(its own token counts, latency and model); null otherwise.",
+    )
 
 
 class BatchResponse(BaseModel):
@@ -361,6 +372,17 @@ class HealthStatus(BaseModel):
     )
     detail: str | None = Field(None, description="Why the start-up failed.")
     model: ModelIdentity | None = None
+    validated_budgets: list[int] | None = Field(
+        None, description="Readiness, model loaded: the input budgets its artefact passed at."
+    )
+    max_input_tokens: int | None = Field(
+        None, description="Readiness, model loaded: the input budget served."
+    )
+    modes: list[str] | None = Field(
+        None,
+        description="Readiness, model loaded: the modes `/predict` answers in (the second with "
+        "`options.both_modes`).",
+    )
 
 
 HEALTH_RESPONSES: dict[int | str, dict[str, Any]] = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 
 from inference.engine import Engine, EngineFactory
 from inference.engines import start_vllm
@@ -35,6 +36,9 @@ class ServiceState:
         self.metrics = ServiceMetrics()
         self.admission = Admission(*settings.process_limits)
         self.model: LoadedModel | None = None
+        self.other_model: LoadedModel | None = None
+        """With `compare_modes`: the other mode's model, on `other_engine`."""
+        self.other_engine: Engine | None = None
         self.min_input_tokens: int | None = None
         """The smallest input budget every task's prompt fits in (known before `model`)."""
         self.engine: Engine | None = None
@@ -51,7 +55,7 @@ class ServiceState:
             return "failed"
         if self.stopping:
             return "stopping"
-        if self.engine is not None and self.engine.dead:
+        if any(engine.dead for engine in self._engines()):
             return "engine_dead"
         return "ready" if self.warmed_up else "starting"
 
@@ -64,9 +68,11 @@ class ServiceState:
             )
             self.model = model
             require_validated_budget(self.settings, self.model)
-            self.engine = await asyncio.to_thread(self.engine_factory, self.model.engine_config)
-            predictor = self.model.predictor
-            await self.engine.warm_up(predictor.engine_ids(predictor.segment("Hello")))
+            self.engine = await self._started(self.model)
+            if self.settings.compare_modes:
+                other = replace(self.settings.model(), mode=self.settings.modes[1])
+                self.other_model = await asyncio.to_thread(load_model, other)
+                self.other_engine = await self._started(self.other_model)
             self.warmed_up = True
             logger.info("ready: %s", self.model.engine_config.model_dir)
         except Exception as exc:
@@ -75,12 +81,22 @@ class ServiceState:
         finally:
             self.publish_status()
 
+    async def _started(self, model: LoadedModel) -> Engine:
+        """An engine for `model`, started and warmed up."""
+        engine = await asyncio.to_thread(self.engine_factory, model.engine_config)
+        predictor = model.predictor
+        await engine.warm_up(predictor.engine_ids(predictor.segment("Hello")))
+        return engine
+
+    def _engines(self) -> list[Engine]:
+        return [e for e in (self.engine, self.other_engine) if e is not None]
+
     def stop(self) -> None:
-        """Stop the engine process."""
+        """Stop the engine processes."""
         self.stopping = True
         self.publish_status()
-        if self.engine is not None:
-            self.engine.shutdown()
+        for engine in self._engines():
+            engine.shutdown()
 
     def publish_status(self) -> None:
         """Set the `medtpe_engine_ready` gauge from `status` (at each change of state and before
@@ -104,11 +120,13 @@ class ServiceState:
             return None
         return self.min_input_tokens, self.model.predictor.max_input_tokens
 
-    def running_engine(self) -> Engine:
-        """The started engine (callers checked readiness with `loaded(need_engine=True)`)."""
-        if self.engine is None:
+    def running_engine(self, other_mode: bool = False) -> Engine:
+        """The started engine, or the other mode's (callers checked readiness with
+        `loaded(need_engine=True)`)."""
+        engine = self.other_engine if other_mode else self.engine
+        if engine is None:
             raise ApiError(503, "not_ready", "the engine has not started", {"Retry-After": "10"})
-        return self.engine
+        return engine
 
 
 def require_validated_budget(settings: ServiceSettings, model: LoadedModel) -> None:

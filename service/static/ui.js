@@ -79,6 +79,7 @@ async function loadServiceInfo() {
     `${model.name} · ${model.mode} mode · artefact ${model.artefact_id} · ` +
     `input budget ${ready.max_input_tokens} tokens · ${ready.status}`;
   fillBudgets(ready);
+  $("both-modes-choice").hidden = !(ready.modes && ready.modes.length > 1);
 }
 
 /** The budgets this instance offers: its own, and the validated ones below it. */
@@ -157,8 +158,10 @@ async function predict() {
   const record = readRecord();
   const options = { ...(record.options || {}), return_probabilities: true };
   if (budget() !== undefined) options.max_input_tokens = budget();
+  if ($("both-modes").checked && !$("both-modes-choice").hidden) options.both_modes = true;
   const out = await callApi("predict", { ...record, task: $("task").value, options });
-  renderPrediction([out]);
+  const answers = out.other_mode ? [out, out.other_mode] : [out];
+  renderPrediction(answers.sort((a, b) => (a.model.mode === "original" ? -1 : 1)));
 }
 
 /** Run one action with the buttons disabled; any error is shown, never a blank page. */
