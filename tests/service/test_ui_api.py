@@ -1,7 +1,8 @@
 """What the compression page needs from the service: its files at `/ui/` (no key, no outside
 source), and the public API's details it shows — each MedTPE token's pair, the record's events
-and budget, a per-request budget, both modes side by side. The API tests run on the instant
-engine and on the real service (`api` fixture)."""
+and budget, a per-request budget, both modes side by side (through the API and in the page, on
+an instance serving both modes with instant engines). The API tests run on the instant engine
+and on the real service (`api` fixture)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from selenium.webdriver.common.by import By
 from starlette.testclient import TestClient
 
 from service.settings import ServiceSettings
@@ -19,23 +21,18 @@ from service.ui import STATIC_DIR
 from tests.support.service_support import (
     SERVICE_API_KEY,
     Api,
-    instant_client,
     instant_settings,
-    synthetic_events,
+    post,
+    record,
+    served_in_thread,
 )
+from tests.support.ui_page import UiPage, browser_missing, chromium
 
 pytestmark = [pytest.mark.timeout(900)]
 
-AUTH = {"Authorization": f"Bearer {SERVICE_API_KEY}"}
 EXAMPLES = json.loads((STATIC_DIR / "examples" / "examples.json").read_text())
-
-
-def post(api: Api, path: str, body: object) -> httpx.Response:
-    return api.post(path, json=body, headers=AUTH)
-
-
-def record(subject_id: int, n_events: int = 200, **extra: object) -> dict:
-    return {"task": "icu_mortality", "events": synthetic_events(subject_id, n_events), **extra}
+LONG = 200
+"""Events of a synthetic record that does not fit the test service's 1,024-token budget."""
 
 
 def test_the_page_is_served_without_a_key_and_loads_nothing_from_elsewhere(
@@ -73,7 +70,7 @@ def test_the_bundled_examples_are_valid_records_with_their_attribution(
 
 
 def test_tokenize_names_each_merged_token_and_the_records_window(api: Api) -> None:
-    out = post(api, "/tokenize", record(41)).json()
+    out = post(api, "/tokenize", record(41, LONG)).json()
     ids, tokens = out["medtpe"]["ids"], out["medtpe"]["tokens"]
     merged = {m["id"]: m for m in out["merged"]}
     assert merged and list(merged) == [i for i in dict.fromkeys(ids) if i in merged]
@@ -90,20 +87,20 @@ def test_tokenize_names_each_merged_token_and_the_records_window(api: Api) -> No
 
 def test_a_request_budget_cuts_the_prompt_and_is_checked(api: Api) -> None:
     budget = 600
-    tokenized = post(api, "/tokenize", record(42, max_input_tokens=budget)).json()
+    tokenized = post(api, "/tokenize", record(42, LONG, max_input_tokens=budget)).json()
     assert tokenized["max_input_tokens"] == budget
     assert tokenized["original"]["count"] <= budget
     options = {"max_input_tokens": budget, "return_probabilities": True}
-    predicted = post(api, "/predict", record(42, options=options)).json()
+    predicted = post(api, "/predict", record(42, LONG, options=options)).json()
     assert predicted["tokens"]["original"] == tokenized["original"]["count"]
     assert predicted["events"] == tokenized["events"]
     assert predicted["other_mode"] is None
 
-    too_large = post(api, "/tokenize", record(42, max_input_tokens=1025))
+    too_large = post(api, "/tokenize", record(42, LONG, max_input_tokens=1025))
     assert too_large.status_code == 422
     (error,) = too_large.json()["detail"]
     assert error["loc"] == ["body", "max_input_tokens"] and "and 1024 tokens" in error["msg"]
-    too_small = post(api, "/predict", record(42, options={"max_input_tokens": 10}))
+    too_small = post(api, "/predict", record(42, LONG, options={"max_input_tokens": 10}))
     assert too_small.json()["detail"][0]["loc"] == ["body", "options", "max_input_tokens"]
     with_text = post(api, "/tokenize", {"text": "x", "max_input_tokens": budget})
     assert with_text.json()["detail"][0]["loc"] == ["body", "max_input_tokens"]
@@ -132,22 +129,42 @@ def test_both_modes_need_an_instance_that_serves_them(api: Api) -> None:
 
 
 @pytest.fixture(scope="module")
-def comparing_api(service_files: tuple[Path, Path]) -> Iterator[TestClient]:
-    """An instance that serves both modes (two instant engines)."""
-    with instant_client(instant_settings(service_files, compare_modes=True)) as client:
-        yield client
+def comparing_url(service_files: tuple[Path, Path]) -> Iterator[str]:
+    """An instance serving both modes, with the test service's keys (two instant engines),
+    served on 127.0.0.1 for a browser too."""
+    with served_in_thread(instant_settings(service_files, compare_modes=True)) as url:
+        yield url
 
 
-def test_both_modes_side_by_side(comparing_api: TestClient) -> None:
-    assert comparing_api.get("/readyz").json()["modes"] == ["medtpe", "original"]
-    options = {"both_modes": True, "max_input_tokens": 800}
-    out = post(comparing_api, "/predict", record(44, options=options)).json()
+def test_both_modes_side_by_side(comparing_url: str) -> None:
+    with httpx.Client(base_url=comparing_url, timeout=300) as api:
+        assert api.get("/readyz").json()["modes"] == ["medtpe", "original"]
+        options = {"both_modes": True, "max_input_tokens": 800}
+        out = post(api, "/predict", record(44, LONG, options=options)).json()
+        single = post(api, "/predict", record(44, LONG)).json()
     other = out["other_mode"]
     assert (out["model"]["mode"], other["model"]["mode"]) == ("medtpe", "original")
     assert other["tokens"] == out["tokens"] | {"generated": other["tokens"]["generated"]}
     assert other["events"] == out["events"] and other["other_mode"] is None
-    single = post(comparing_api, "/predict", record(44)).json()
     assert single["other_mode"] is None
+
+
+@pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
+def test_the_page_shows_both_modes_and_a_missing_key(comparing_url: str) -> None:
+    with chromium() as driver:
+        page = UiPage(driver, comparing_url)
+        page.open("/ui")
+        page.pick_example(2)
+        page.predict()
+        assert page.error_shown() and "401" in page.element("error").text  # no key typed yet
+
+        page.enter_key(SERVICE_API_KEY)
+        page.element("both-modes").click()
+        page.predict()
+        assert not page.error_shown(), page.element("error").text
+        first_row = driver.find_elements(By.CSS_SELECTOR, "#prediction-table tr")[0]
+        modes = [cell.text for cell in first_row.find_elements(By.CSS_SELECTOR, "td")]
+    assert modes == ["original", "medtpe"]
 
 
 def test_comparing_modes_needs_one_api_process() -> None:

@@ -1,26 +1,23 @@
 """The compression page in a real browser (headless Chromium, Selenium, Debian's chromium-driver)
 against the session's service on the real vLLM engine: it loads, tokenizes a bundled record with
 as many coloured tokens as the API counts, shows a prediction and the API's own error for a bad
-record, and leaves nothing of the record in the browser's storage or the service's log. The
-side-by-side view of both modes runs on an instance serving both (instant engines: the page is
-what is tested there)."""
+record, and leaves nothing of the record in the browser's storage or the service's log (the
+side-by-side view of both modes: tests/service/test_ui_api.py)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-from selenium import webdriver
+from selenium.webdriver.common.by import By
 
 from service.ui import STATIC_DIR
 from tests.support.service_support import (
+    AUTH,
     SERVICE_API_KEY,
     ServiceProcess,
-    instant_settings,
-    served_in_thread,
 )
 from tests.support.ui_page import UiPage, browser_missing, chromium
 
@@ -30,13 +27,6 @@ pytestmark = [
 ]
 
 EXAMPLE = json.loads((STATIC_DIR / "examples" / "examples.json").read_text())["examples"][0]
-AUTH = {"Authorization": f"Bearer {SERVICE_API_KEY}"}
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[webdriver.Chrome]:
-    with chromium() as driver:
-        yield driver
 
 
 def example_body() -> dict:
@@ -48,13 +38,17 @@ def example_body() -> dict:
     }
 
 
+@pytest.fixture
+def page(service_server: ServiceProcess) -> Iterator[UiPage]:
+    """The page of the session's service in a fresh headless Chromium."""
+    with chromium() as driver:
+        yield UiPage(driver, service_server.url)
+
+
 @pytest.mark.slow
-def test_the_page_on_the_real_service(
-    browser: webdriver.Chrome, service_server: ServiceProcess
-) -> None:
-    page = UiPage(browser, service_server.url)
+def test_the_page_on_the_real_service(page: UiPage, service_server: ServiceProcess) -> None:
     page.open("/")
-    assert browser.current_url == service_server.url + "/ui/"
+    assert page.driver.current_url == service_server.url + "/ui/"
     assert "medtpe mode" in page.element("service-status").text
     page.enter_key(SERVICE_API_KEY)
     page.pick_example(0)
@@ -77,12 +71,9 @@ def test_the_page_on_the_real_service(
 
     page.predict()
     assert not page.error_shown(), page.element("error").text
-    assert page.element("prediction").find_element("css selector", ".answer").text in (
-        "yes",
-        "no",
-        "no answer",
-    )
-    p_yes = float(page.element("prediction").find_element("css selector", ".p-yes").text)
+    answer = page.element("prediction").find_element(By.CSS_SELECTOR, ".answer").text
+    assert answer in ("yes", "no", "no answer")
+    p_yes = float(page.element("prediction").find_element(By.CSS_SELECTOR, ".p-yes").text)
     assert 0.0 <= p_yes <= 1.0
 
     bad = [dict(EXAMPLE["events"][0]), {"subject_id": 1, "time": None}]
@@ -106,32 +97,3 @@ def test_the_page_on_the_real_service(
     for secret in (str(EXAMPLE["events"][0]["subject_id"]), EXAMPLE["prediction_time"]):
         assert secret not in log
     assert SERVICE_API_KEY not in log
-
-
-@pytest.fixture(scope="module")
-def comparing_url(service_files: tuple[Path, Path]) -> Iterator[str]:
-    """An instance serving both modes, with the test service's keys (two instant engines)."""
-    with served_in_thread(instant_settings(service_files, compare_modes=True)) as url:
-        yield url
-
-
-def test_both_modes_side_by_side_and_a_missing_key(
-    browser: webdriver.Chrome, comparing_url: str
-) -> None:
-    page = UiPage(browser, comparing_url)
-    page.open("/ui")
-    page.pick_example(2)
-    page.predict()
-    assert page.error_shown() and "401" in page.element("error").text  # no key typed yet
-
-    page.enter_key(SERVICE_API_KEY)
-    page.element("both-modes").click()
-    page.predict()
-    assert not page.error_shown(), page.element("error").text
-    modes = [
-        c.text
-        for c in browser.find_elements("css selector", "#prediction-table tr")[0].find_elements(
-            "css selector", "td"
-        )
-    ]
-    assert modes == ["original", "medtpe"]

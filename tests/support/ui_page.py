@@ -17,7 +17,10 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 CHROMIUM = "chromium"
 CHROMEDRIVER = "chromedriver"
 WAIT_S = 60.0
-"""Longest wait for the page or an answer (a prediction on the CPU engine takes seconds)."""
+"""Longest wait for the page to load or show something."""
+ANSWER_WAIT_S = 300.0
+"""Longest wait for an answer: the service's request deadline (`MEDTPE_REQUEST_TIMEOUT_S`); a
+prediction on the CPU engine takes seconds, minutes on a machine loaded many times over."""
 
 STORAGE_SCRIPT = """
 const done = arguments[arguments.length - 1];
@@ -118,7 +121,9 @@ class UiPage:
             result,
         )
         self.element(button).click()
-        self.wait(lambda _: self.element(result).is_displayed() or self.error_shown())
+        self.wait(
+            lambda _: self.element(result).is_displayed() or self.error_shown(), ANSWER_WAIT_S
+        )
 
     def error_shown(self) -> bool:
         """Whether the error box is shown."""
