@@ -70,8 +70,9 @@ def create_app(
 
 def _openapi(app: FastAPI, state: ServiceState) -> dict[str, Any]:
     """The OpenAPI document with this instance's limits (samples per record, records per batch,
-    once the model is loaded the range of input budgets) written into the request schemas, so a
-    client generated from it sends what is accepted; kept once it states them all."""
+    whether it answers in both modes, once the model is loaded the range of input budgets)
+    written into the request schemas, so a client generated from it sends what is accepted; kept
+    once it states them all."""
     if app.openapi_schema is not None:
         return app.openapi_schema
     document = get_openapi(
@@ -81,6 +82,8 @@ def _openapi(app: FastAPI, state: ServiceState) -> dict[str, Any]:
     settings = state.settings
     schemas["PredictOptions"]["properties"]["n_samples"]["maximum"] = settings.max_n_samples
     schemas["BatchRequest"]["properties"]["records"]["maxItems"] = settings.capacity
+    if not settings.compare_modes:
+        schemas["PredictOptions"]["properties"]["both_modes"]["enum"] = [False]
     budgets = state.budget_range
     if budgets is None:
         return document

@@ -117,6 +117,7 @@ def test_the_document_states_the_budget_range(instant_api: TestClient) -> None:
     assert tokenize["maximum"] == number["maximum"] == 1024
     assert 0 < tokenize["minimum"] == number["minimum"] < 1024
     assert "MergedToken" in schemas and "other_mode" in schemas["PredictResponse"]["properties"]
+    assert schemas["PredictOptions"]["properties"]["both_modes"]["enum"] == [False]
 
 
 def test_both_modes_need_an_instance_that_serves_them(api: Api) -> None:
