@@ -39,12 +39,15 @@ serve: model
 	$(BIN)/medtpe export
 	$(BIN)/medtpe serve --host $(HOST) --port $(PORT)
 
-# Prometheus and promtool for the deployment tests (Debian package), only when missing.
+# Prometheus and promtool for the deployment tests, headless Chromium and its WebDriver for the
+# compression page's browser test (Debian packages), each only when missing.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT_INSTALL := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends
 deps-system:
 	command -v prometheus >/dev/null && command -v promtool >/dev/null || \
-	  { $(SUDO) apt-get update -q && \
-	    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }
+	  { $(SUDO) apt-get update -q && $(APT_INSTALL) prometheus; }
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { $(SUDO) apt-get update -q && $(APT_INSTALL) chromium chromium-driver; }
 
 # Validators of the deployment files (hadolint, kubernetes-validate, docker compose).
 DEPLOY_STAMP := $(VENV)/.deploy-tools

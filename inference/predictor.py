@@ -70,6 +70,8 @@ class PreparedRecord:
     """The ids the engine gets: MedTPE ids in `medtpe` mode, base ids in `original` mode."""
     render_s: float
     tokenize_s: float
+    max_input_tokens: int
+    """The input budget the prompt was built within (original-tokenizer tokens)."""
 
 
 @dataclass(frozen=True)
@@ -224,6 +226,7 @@ class Predictor:
             engine_ids=self.engine_ids(segmentation),
             render_s=rendered - start,
             tokenize_s=tokenized - rendered,
+            max_input_tokens=self.max_input_tokens,
         )
 
     @cached_property

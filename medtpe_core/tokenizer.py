@@ -83,6 +83,7 @@ class MedTPETokenizer:
         self._decompose = IdExpansion(self.evicted, size)
         self._merge = PairMerger(self.merges, size)
         self._to_base = IdExpansion(parts, size)
+        self._pairs = {new: (left, right) for left, right, new in self.merges}
 
     @property
     def fingerprint(self) -> str:
@@ -150,6 +151,15 @@ class MedTPETokenizer:
         yields byte-fallback ids."""
         arr = np.array(base_ids, dtype=np.int64)
         return self._merge(self._decompose(arr)).tolist()
+
+    def pair_of(self, token_id: int) -> tuple[int, int] | None:
+        """The (left, right) ids a TPE token merges, each a base or an earlier TPE token; None
+        for any other id.
+
+        >>> tok.pair_of(tok.new_tokens[0].id)  # doctest: +SKIP
+        (1023, 17)
+        """
+        return self._pairs.get(token_id)
 
     def to_base_ids(self, ids: Sequence[int], drop_fallback: bool = False) -> list[int]:
         """Base ids of MedTPE ids (new tokens replaced by their constituents). A byte-fallback id

@@ -1,5 +1,5 @@
-"""The FastAPI application: the API routes, the CDS Hooks service (`/cds-services`) and
-`/healthz`, `/readyz`, `/metrics`.
+"""The FastAPI application: the API routes, the CDS Hooks service (`/cds-services`),
+`/healthz`, `/readyz`, `/metrics` and the compression page (`/ui/`, service/ui.py).
 
 The engine starts in the background when the app starts (the prepared model files checked and
 loaded, engine start, one warm-up generation), so `/healthz` answers at once and `/readyz` turns
@@ -24,8 +24,10 @@ from service import probes, routes
 from service.cds_hooks.routes import install_cds_hooks
 from service.errors import install_error_handlers
 from service.limits import BodySizeLimit
+from service.schemas import BUDGET
 from service.settings import ServiceSettings
 from service.state import ServiceState
+from service.ui import install_ui
 
 
 def create_app(
@@ -63,19 +65,33 @@ def create_app(
     app.include_router(routes.router)
     app.include_router(probes.router)
     install_cds_hooks(app, state)
-    app.openapi = partial(_openapi, app, state.settings)  # type: ignore[method-assign]
+    install_ui(app)
+    app.openapi = partial(_openapi, app, state)  # type: ignore[method-assign]
     return app
 
 
-def _openapi(app: FastAPI, settings: ServiceSettings) -> dict[str, Any]:
-    """The OpenAPI document with this instance's limits (samples per record, records per batch)
-    written into the request schemas, so a client generated from it sends what is accepted."""
-    if app.openapi_schema is None:
-        document = get_openapi(
-            title=app.title, version=app.version, summary=app.summary, routes=app.routes
-        )
-        schemas = document["components"]["schemas"]
-        schemas["PredictOptions"]["properties"]["n_samples"]["maximum"] = settings.max_n_samples
-        schemas["BatchRequest"]["properties"]["records"]["maxItems"] = settings.capacity
-        app.openapi_schema = document
-    return app.openapi_schema
+def _openapi(app: FastAPI, state: ServiceState) -> dict[str, Any]:
+    """The OpenAPI document with this instance's limits (samples per record, records per batch,
+    whether it answers in both modes, once the model is loaded the range of input budgets)
+    written into the request schemas, so a client generated from it sends what is accepted; kept
+    once it states them all."""
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    document = get_openapi(
+        title=app.title, version=app.version, summary=app.summary, routes=app.routes
+    )
+    schemas = document["components"]["schemas"]
+    settings = state.settings
+    schemas["PredictOptions"]["properties"]["n_samples"]["maximum"] = settings.max_n_samples
+    schemas["BatchRequest"]["properties"]["records"]["maxItems"] = settings.capacity
+    if not settings.compare_modes:
+        schemas["PredictOptions"]["properties"]["both_modes"]["enum"] = [False]
+    budgets = state.budget_range
+    if budgets is None:
+        return document
+    for owner in ("PredictOptions", "TokenizeRequest"):
+        field = schemas[owner]["properties"][BUDGET]
+        number = next(s for s in field.get("anyOf", [field]) if s.get("type") == "integer")
+        number["minimum"], number["maximum"] = budgets
+    app.openapi_schema = document
+    return document

@@ -33,8 +33,8 @@ async def healthz(request: Request) -> JSONResponse:
 @router.get("/readyz", responses=READY_RESPONSES)
 async def readyz(request: Request) -> JSONResponse:
     """200 once the engine is loaded and warmed up; 503 while starting, stopping, failed or dead.
-    With the model loaded: its identity, the input budgets its artefact was validated at and the
-    budget served."""
+    With the model loaded: its identity, the input budgets its artefact was validated at, the
+    budget served and the modes it answers in (two with `MEDTPE_COMPARE_MODES=true`)."""
     state = _state(request)
     status = state.status
     body: dict[str, object] = {"status": status}
@@ -44,6 +44,7 @@ async def readyz(request: Request) -> JSONResponse:
         body["model"] = asdict(state.model.identity)
         body["validated_budgets"] = list(state.model.bundle.validated_budgets)
         body["max_input_tokens"] = state.model.predictor.max_input_tokens
+        body["modes"] = list(state.settings.modes)
     return JSONResponse(body, 200 if status == "ready" else 503)
 
 

@@ -7,6 +7,7 @@ from inference.predictor import Answer, PreparedRecord, Segmentation
 from medtpe_core.tokenizer import MedTPETokenizer
 from service.schemas import (
     Latency,
+    MergedToken,
     PredictOptions,
     PredictResponse,
     TokenCounts,
@@ -40,7 +41,7 @@ def predict_response(
         ],
         probabilities=answer.probabilities,
         prediction_time=record.prediction_time,
-        events={"total": record.prompt.n_events_total, "kept": record.prompt.n_events_kept},
+        events=_event_counts(record),
         tokens=TokenCounts(
             original=len(seg.original_ids),
             medtpe=len(seg.medtpe_ids),
@@ -57,8 +58,15 @@ def predict_response(
     )
 
 
-def tokenize_response(tokenizer: MedTPETokenizer, seg: Segmentation) -> TokenizeResponse:
-    """Both segmentations, ids with their readable token strings."""
+def _event_counts(record: PreparedRecord) -> dict[str, int]:
+    return {"total": record.prompt.n_events_total, "kept": record.prompt.n_events_kept}
+
+
+def tokenize_response(
+    tokenizer: MedTPETokenizer, seg: Segmentation, record: PreparedRecord | None = None
+) -> TokenizeResponse:
+    """Both segmentations, ids with their readable token strings, each MedTPE token's pair;
+    for a `record`, its event counts and input budget."""
     base = tokenizer.base
     return TokenizeResponse(
         original=TokenList(
@@ -72,4 +80,28 @@ def tokenize_response(tokenizer: MedTPETokenizer, seg: Segmentation) -> Tokenize
             count=len(seg.medtpe_ids),
         ),
         compression_rate=seg.compression_rate,
+        merged=merged_tokens(tokenizer, seg.medtpe_ids),
+        events=_event_counts(record) if record is not None else None,
+        max_input_tokens=record.max_input_tokens if record is not None else None,
     )
+
+
+def merged_tokens(tokenizer: MedTPETokenizer, ids: list[int]) -> list[MergedToken]:
+    """Each TPE token among `ids` once (first appearance first), with the pair it merges, the
+    base ids it spells and the evicted base token whose id it took."""
+    merged = []
+    for token_id in dict.fromkeys(ids):
+        pair = tokenizer.pair_of(token_id)
+        if pair is None:
+            continue
+        evicted = token_id < tokenizer.base.vocab_size
+        merged.append(
+            MergedToken(
+                id=token_id,
+                pair=pair,
+                pair_tokens=tuple(tokenizer.tokens(pair)),
+                base_ids=tokenizer.to_base_ids([token_id]),
+                reuses=tokenizer.base.tokens([token_id])[0] if evicted else None,
+            )
+        )
+    return merged

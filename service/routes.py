@@ -12,17 +12,22 @@ import asyncio
 import secrets
 import time
 from collections.abc import Coroutine, Iterable, Sequence
+from functools import partial
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Header, Request
 
 from inference.model import LoadedModel
+from inference.predictor import Predictor
+from medtpe_core.fhir import FhirRecord
+from medtpe_core.meds import SubjectEvents
 from medtpe_core.tasks import Task, UnknownTaskError, get_task
 from service.errors import ApiError, field_error
 from service.fhir_input import bundle_events, fhir_mapping
 from service.json_body import FastJsonRoute
 from service.responses import tokenize_response
 from service.schemas import (
+    BUDGET,
     ERROR_RESPONSES,
     BatchRequest,
     BatchResponse,
@@ -108,103 +113,151 @@ def _invalid(state: ServiceState, loc: Sequence[str | int], msg: str, type_: str
     return ApiError(422, "invalid_request", field_error(loc, msg, type_))
 
 
-def _checked(state: ServiceState, request: PredictRequest, loc: Sequence[str | int]) -> Task:
-    """The request's task, once its options are within the service's limits."""
+def _checked(
+    state: ServiceState, model: LoadedModel, request: PredictRequest, loc: Sequence[str | int]
+) -> tuple[Task, Predictor]:
+    """The request's task and predictor, once its options are within the service's limits."""
     task = _task(state, request.task, [*loc, "task"])
+    options = request.options
     limit = state.settings.max_n_samples
-    if request.options.n_samples > limit:
+    if options.n_samples > limit:
         raise _invalid(
             state,
             [*loc, "options", "n_samples"],
             f"at most {limit} samples per record",
             "less_than_equal",
         )
-    return task
+    if options.both_modes and state.other_model is None:
+        raise _invalid(
+            state,
+            [*loc, "options", "both_modes"],
+            f"this instance answers in {state.settings.mode} mode only (start it with "
+            "MEDTPE_COMPARE_MODES=true to answer in both)",
+            "not_offered",
+        )
+    budget_loc = [*loc, "options", BUDGET]
+    return task, _at_budget(state, model, options.max_input_tokens, budget_loc)
+
+
+def _at_budget(
+    state: ServiceState, model: LoadedModel, budget: int | None, loc: Sequence[str | int]
+) -> Predictor:
+    """The model's predictor at the request's input budget (None: the served one), once within
+    `ServiceState.budget_range`."""
+    if budget is None:
+        return model.predictor
+    budgets = state.budget_range
+    assert budgets is not None  # set before the model that `loaded` returned
+    low, high = budgets
+    if not low <= budget <= high:
+        msg = f"the input budget must be between {low} and {high} tokens on this instance"
+        raise _invalid(state, loc, msg, "out_of_range")
+    return model.predictor.at_budget(budget)
 
 
 @router.post("/predict", response_model=PredictResponse)
 async def predict(body: PredictRequest, state: StateDep, salt: SaltDep) -> PredictResponse:
     """Predict the task for one record."""
     model = state.loaded(need_engine=True)
-    task = _checked(state, body, ["body"])
+    task, predictor = _checked(state, model, body, ["body"])
     async with served(state, "predict", task.name, 1):
-        return await _predict_request(state, model, task, body, salt, ["body"])
+        return await _predict_request(state, model, predictor, task, body, salt, ["body"])
 
 
 @router.post("/predict/batch", response_model=BatchResponse)
 async def predict_batch(body: BatchRequest, state: StateDep, salt: SaltDep) -> BatchResponse:
     """Predict several records, generated concurrently; answers in request order."""
     model = state.loaded(need_engine=True)
-    tasks = [_checked(state, r, ["body", "records", i]) for i, r in enumerate(body.records)]
+    checked = [
+        _checked(state, model, r, ["body", "records", i]) for i, r in enumerate(body.records)
+    ]
     if len(body.records) > state.admission.capacity:
         limit = state.admission.capacity
         raise _invalid(state, ["body", "records"], f"at most {limit} records per batch", "too_long")
-    names = {task.name for task in tasks}
+    names = {task.name for task, _ in checked}
     label = names.pop() if len(names) == 1 else "mixed"
-    async with served(state, "predict_batch", label, len(tasks)):
+    async with served(state, "predict_batch", label, len(checked)):
         results = await _all(
-            _predict_request(state, model, task, record, salt, ["body", "records", i])
-            for i, (task, record) in enumerate(zip(tasks, body.records, strict=True))
+            _predict_request(state, model, predictor, task, record, salt, ["body", "records", i])
+            for i, ((task, predictor), record) in enumerate(zip(checked, body.records, strict=True))
         )
     return BatchResponse(results=results)
 
 
 @router.post("/tokenize", response_model=TokenizeResponse)
 async def tokenize(body: TokenizeRequest, state: StateDep) -> TokenizeResponse:
-    """Both segmentations of a text, or of the full prompt of a record and task."""
-    predictor = state.loaded(need_engine=False).predictor
+    """Both segmentations of a text, or of the full prompt of a record and task (with its event
+    counts and input budget); each MedTPE token with the pair it merges."""
+    model = state.loaded(need_engine=False)
     task = _task(state, body.task, ["body", "task"]) if body.task is not None else None
     start = time.perf_counter()
+    record = None
     if body.text is not None:
-        seg = await asyncio.to_thread(predictor.segment, body.text)
+        seg = await asyncio.to_thread(model.predictor.segment, body.text)
         label = "text"
     else:
         assert task is not None  # the request model requires a task with events
-        prepared = await asyncio.to_thread(
+        predictor = _at_budget(state, model, body.max_input_tokens, ["body", BUDGET])
+        record = await asyncio.to_thread(
             predictor.prepare, task, body.events or [], body.prediction_time
         )
-        seg, label = prepared.segmentation, task.name
+        seg, label = record.segmentation, task.name
     state.metrics.request_latency.labels("tokenize", label).observe(time.perf_counter() - start)
-    return tokenize_response(predictor.tokenizer, seg)
+    return tokenize_response(model.predictor.tokenizer, seg, record)
 
 
 async def _predict_request(
     state: ServiceState,
     model: LoadedModel,
+    predictor: Predictor,
     task: Task,
     request: PredictRequest,
     salt: str | None,
     loc: Sequence[str | int],
 ) -> PredictResponse:
     """A request's record (its events, or its FHIR bundle mapped in a worker thread) through
-    `predict_record`; a bundle's mapping counts in the response."""
+    `predict_record` at the request's budget (`predictor`); a bundle's mapping counts in the
+    response; with `options.both_modes` the other mode's answer, at the same budget, in
+    `other_mode`."""
     start = time.perf_counter()
-    events, fhir = request.events, None
-    if request.bundle is not None:
-        mapping = state.site_mapping()
-        try:
-            events, fhir = await asyncio.to_thread(
-                bundle_events, mapping, request.bundle, request.prediction_time, loc
-            )
-        except ApiError:
-            state.metrics.rejections.labels("invalid").inc()
-            raise
-    assert events is not None  # the request model requires events or a bundle
-    descriptions = fhir.descriptions if fhir is not None else None
-    response = await predict_record(
+    events, fhir = await _events(state, request, loc)
+    answer = partial(
+        predict_record,
         state,
-        model,
-        task,
-        events,
-        request.prediction_time,
-        request.options,
-        salt,
-        descriptions=descriptions,
-        start=start,
+        task=task,
+        events=events,
+        prediction_time=request.prediction_time,
+        options=request.options,
+        salt=salt,
+        descriptions=fhir.descriptions if fhir is not None else None,
     )
+    response = await answer(model=model, predictor=predictor, start=start)
     if fhir is not None:
         response.fhir = fhir_mapping(fhir)
+    if request.options.both_modes:
+        other = state.other_model
+        assert other is not None  # `_checked` refused both_modes without it
+        at_budget = other.predictor.at_budget(predictor.max_input_tokens)
+        response.other_mode = await answer(model=other, predictor=at_budget)
     return response
+
+
+async def _events(
+    state: ServiceState, request: PredictRequest, loc: Sequence[str | int]
+) -> tuple[SubjectEvents, FhirRecord | None]:
+    """The request's events, or its FHIR bundle's (mapped in a worker thread) with the mapping's
+    record."""
+    if request.bundle is None:
+        assert request.events is not None  # the request model requires events or a bundle
+        return request.events, None
+    mapping = state.site_mapping()
+    try:
+        return await asyncio.to_thread(
+            bundle_events, mapping, request.bundle, request.prediction_time, loc
+        )
+    except ApiError:
+        state.metrics.rejections.labels("invalid").inc()
+        raise
 
 
 async def _all(coroutines: Iterable[Coroutine[Any, Any, T]]) -> list[T]:

@@ -13,9 +13,12 @@ from pydantic import (
     PlainSerializer,
     StrictBool,
     ValidationError,
+    ValidationInfo,
     ValidatorFunctionWrapHandler,
+    field_validator,
     model_validator,
 )
+from pydantic.json_schema import WithJsonSchema
 from pydantic_core import InitErrorDetails, PydanticCustomError, core_schema
 
 from inference.model import ModelIdentity
@@ -24,6 +27,8 @@ from medtpe_core.meds import MAX_EVENTS_PER_RECORD, IsoTime, JsonInt, MedsEvent,
 from medtpe_core.tasks import Prediction, list_tasks
 
 TASK_NAMES = list_tasks()
+BUDGET = "max_input_tokens"
+"""The name of the per-request input budget field (`PredictOptions`, `TokenizeRequest`)."""
 _TASK_FIELD = {"enum": TASK_NAMES}
 
 
@@ -121,6 +126,16 @@ FhirBundle = dict[str, Any]
 """A FHIR R4 Bundle as JSON (validated by `medtpe_core.fhir`, which names the failing entry)."""
 
 
+Budget = Annotated[JsonInt, Field(ge=1), WithJsonSchema({"type": "integer", "minimum": 1})]
+"""A per-request input budget (the instance's range is checked by the route and stated in the
+document by `service.app`)."""
+BUDGET_HELP = (
+    "Input budget of this record's prompt in original-tokenizer tokens (the newest events that "
+    "fit are kept); default and largest: the instance's (`max_input_tokens` of `/readyz`), "
+    "smallest: what every task's prompt needs; the document states both."
+)
+
+
 class PredictOptions(_Strict):
     """Sampling options of one prediction."""
 
@@ -138,6 +153,13 @@ class PredictOptions(_Strict):
         False,
         description="Constrain decoding to a well-formed answer (vLLM structured outputs): "
         "every answer parses; option probabilities come from the masked distribution.",
+    )
+    max_input_tokens: Budget | None = Field(None, description=BUDGET_HELP)
+    both_modes: StrictBool = Field(
+        False,
+        description="Also answer in the other mode (`original` beside `medtpe`) on the same "
+        "prompt, in `other_mode`; only on an instance started with `MEDTPE_COMPARE_MODES=true` "
+        "(`modes` of `/readyz` lists two), 422 otherwise.",
     )
 
 
@@ -262,6 +284,11 @@ class PredictResponse(BaseModel):
     fhir: FhirMapping | None = Field(
         None, description="With a `bundle`: the mapping's subject id and per-type counts."
     )
+    other_mode: PredictResponse | None = Field(
+        None,
+        description="With `options.both_modes`: the same record answered in the other mode "
+        "(its own token counts, latency and model); null otherwise.",
+    )
 
 
 class BatchResponse(BaseModel):
@@ -277,7 +304,10 @@ class TokenizeRequest(_Strict):
         extra="forbid",
         json_schema_extra={
             "oneOf": [
-                {"required": ["text"], "not": {"required": ["events"]}},
+                {
+                    "required": ["text"],
+                    "not": {"anyOf": [{"required": ["events"]}, {"required": [BUDGET]}]},
+                },
                 {"required": ["events", "task"], "not": {"required": ["text"]}},
             ]
         },
@@ -290,12 +320,18 @@ class TokenizeRequest(_Strict):
     )
     events: Events | None = Field(None, json_schema_extra=_left_out_not_null)
     prediction_time: IsoTime | None = None
+    max_input_tokens: Budget | None = Field(
+        None,
+        description=f"Only with `events`. {BUDGET_HELP}",
+        json_schema_extra=_left_out_not_null,
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _no_null(cls, data: object) -> object:
-        """`text`, `task` and `events` are left out when unused, never null (as documented)."""
-        return _left_out(data, ("text", "task", "events"))
+        """`text`, `task`, `events` and `max_input_tokens` are left out when unused, never null
+        (as documented)."""
+        return _left_out(data, ("text", "task", "events", BUDGET))
 
     @model_validator(mode="after")
     def _text_or_record(self) -> TokenizeRequest:
@@ -304,6 +340,14 @@ class TokenizeRequest(_Strict):
         if self.events is not None and self.task is None:
             raise ValueError("`events` need a `task`")
         return self
+
+    @field_validator(BUDGET)
+    @classmethod
+    def _budget_of_a_record(cls, value: int | None, info: ValidationInfo) -> int | None:
+        """A budget applies to a record's prompt: refused beside `text` (located at itself)."""
+        if value is not None and info.data.get("text") is not None:
+            raise ValueError("applies to `events`, not to `text`")
+        return value
 
 
 class TokenList(BaseModel):
@@ -314,12 +358,39 @@ class TokenList(BaseModel):
     count: int
 
 
+class MergedToken(BaseModel):
+    """A MedTPE token: the pair of tokens it stands for, and the base token whose id it reuses."""
+
+    id: int
+    pair: tuple[int, int] = Field(
+        description="The ids it merges, left and right: base tokens or earlier MedTPE tokens."
+    )
+    pair_tokens: tuple[str, str] = Field(description="The text of each of `pair`.")
+    base_ids: list[int] = Field(description="The original-tokenizer ids it spells.")
+    reuses: str | None = Field(
+        description="The text of the rare base token evicted for its id; null for a fresh id "
+        "(an artefact without replacement)."
+    )
+
+
 class TokenizeResponse(BaseModel):
     """Both segmentations of the same text."""
 
     original: TokenList
     medtpe: TokenList
     compression_rate: float
+    merged: list[MergedToken] = Field(
+        default_factory=list,
+        description="Each MedTPE token of `medtpe.ids` once, in order of first appearance.",
+    )
+    events: dict[str, int] | None = Field(
+        None,
+        description="For a record: `total` and `kept` within the input budget (the prompt "
+        "says how many older events it leaves out); null for a text.",
+    )
+    max_input_tokens: int | None = Field(
+        None, description="For a record: the input budget its prompt was built within."
+    )
 
 
 class ErrorItem(BaseModel):
@@ -377,6 +448,17 @@ class HealthStatus(BaseModel):
     )
     detail: str | None = Field(None, description="Why the start-up failed.")
     model: ModelIdentity | None = None
+    validated_budgets: list[int] | None = Field(
+        None, description="Readiness, model loaded: the input budgets its artefact passed at."
+    )
+    max_input_tokens: int | None = Field(
+        None, description="Readiness, model loaded: the input budget served."
+    )
+    modes: list[str] | None = Field(
+        None,
+        description="Readiness, model loaded: the modes `/predict` answers in (the second with "
+        "`options.both_modes`).",
+    )
 
 
 HEALTH_RESPONSES: dict[int | str, dict[str, Any]] = {

@@ -16,6 +16,7 @@ from datetime import datetime
 
 from inference.engine import EngineDead
 from inference.model import LoadedModel
+from inference.predictor import Predictor
 from medtpe_core.meds import SubjectEvents
 from medtpe_core.tasks import Task
 from service.errors import ApiError
@@ -36,22 +37,25 @@ async def predict_record(
     options: PredictOptions,
     salt: str | None,
     *,
+    predictor: Predictor | None = None,
     descriptions: Mapping[str, str] | None = None,
     start: float | None = None,
 ) -> PredictResponse:
-    """Render and tokenize (worker thread), then generate within a concurrency slot.
-    `descriptions`: the record's own code descriptions (a FHIR record's display texts);
-    `start`: when the request's work began (`time.perf_counter()`; default now), for its
-    reported total latency."""
+    """Render and tokenize (worker thread), then generate within a concurrency slot on the
+    engine of `model` (the served mode's, or with `MEDTPE_COMPARE_MODES` the other mode's
+    `state.other_model`). `predictor`: `model`'s at the request's input budget (default: its
+    served one); `descriptions`: the record's own code descriptions (a FHIR record's display
+    texts); `start`: when the request's work began (`time.perf_counter()`; default now), for
+    its reported total latency."""
     start = time.perf_counter() if start is None else start
-    predictor = model.predictor
+    predictor = model.predictor if predictor is None else predictor
     record = await asyncio.to_thread(predictor.prepare, task, events, prediction_time, descriptions)
     temperature = options.temperature
     if temperature is None:
         temperature = state.settings.temperature
     async with state.admission.slot(), _engine_errors(state):
         answer = await predictor.answer(
-            state.running_engine(),
+            state.running_engine(other_mode=model is state.other_model),
             record,
             n_samples=options.n_samples,
             temperature=temperature,

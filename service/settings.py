@@ -121,6 +121,13 @@ class ServiceSettings(BaseSettings):
         "and tokenizes requests on its own core, all feed the same engine core; the concurrency "
         "and queue limits are shared out between them (service/api_processes.py).",
     )
+    compare_modes: bool = Field(
+        False,
+        description="Also serve the other mode (`original` beside `medtpe`, or the reverse) on a "
+        "second engine, so `/predict` answers a record in both with `options.both_modes` (the "
+        "compression page's side-by-side view): twice the engine memory and start time; one API "
+        "process only.",
+    )
     shutdown_grace_s: float = Field(
         60.0, gt=0, description="How long shutdown waits for in-flight requests to drain."
     )
@@ -191,6 +198,16 @@ class ServiceSettings(BaseSettings):
         return value
 
     @model_validator(mode="after")
+    def _one_process_to_compare(self) -> ServiceSettings:
+        """`compare_modes` starts its second engine in the one API process."""
+        if self.compare_modes and self.api_workers > 1:
+            raise ValueError(
+                "MEDTPE_COMPARE_MODES=true needs MEDTPE_API_WORKERS=1 (the second mode's engine "
+                "runs inside the API process)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _no_unknown_variables(self) -> ServiceSettings:
         """Refuse `MEDTPE_*` environment variables that are no setting, naming the closest."""
         known = known_variables()
@@ -211,6 +228,13 @@ class ServiceSettings(BaseSettings):
         option (`ModelConfig.from_options`), and `max_concurrency` as the engine's batch."""
         values = self.model_dump(include=set(ModelConfig.option_names()))
         return ModelConfig.from_options(**values, max_num_seqs=self.max_concurrency)
+
+    @property
+    def modes(self) -> tuple[Mode, ...]:
+        """The modes this instance answers in: its `mode`, then with `compare_modes` the other."""
+        if not self.compare_modes:
+            return (self.mode,)
+        return (self.mode, "original" if self.mode == "medtpe" else "medtpe")
 
     @property
     def process_limits(self) -> tuple[int, int]:

@@ -7,6 +7,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 from inference.engine import Engine, EngineFactory
 from inference.engines import start_vllm
@@ -42,6 +43,11 @@ class ServiceState:
         self.metrics = ServiceMetrics()
         self.admission = Admission(*settings.process_limits)
         self.model: LoadedModel | None = None
+        self.other_model: LoadedModel | None = None
+        """With `compare_modes`: the other mode's model, on `other_engine`."""
+        self.other_engine: Engine | None = None
+        self.min_input_tokens: int | None = None
+        """The smallest input budget every task's prompt fits in (known before `model`)."""
         self.engine: Engine | None = None
         self.warmed_up = False
         self.stopping = False
@@ -62,7 +68,7 @@ class ServiceState:
             return "failed"
         if self.stopping or self.draining:
             return "stopping"
-        if self.engine is not None and self.engine.dead:
+        if any(engine.dead for engine in self._engines()):
             return "engine_dead"
         return "ready" if self.warmed_up else "starting"
 
@@ -70,12 +76,17 @@ class ServiceState:
         """Prepare the model files, start the engine, warm it up (runs in the background)."""
         try:
             self.fhir_mapping = load_site_mapping(self.settings.fhir_mapping)
-            self.model = await asyncio.to_thread(load_model, self.settings.model())
-            await asyncio.to_thread(require_input_budget, self.settings, self.model.predictor)
+            model = await asyncio.to_thread(load_model, self.settings.model())
+            self.min_input_tokens = await asyncio.to_thread(
+                require_input_budget, self.settings, model.predictor
+            )
+            self.model = model
             require_validated_budget(self.settings, self.model)
-            self.engine = await asyncio.to_thread(self.engine_factory, self.model.engine_config)
-            predictor = self.model.predictor
-            await self.engine.warm_up(predictor.engine_ids(predictor.segment("Hello")))
+            self.engine = await self._started(self.model)
+            if self.settings.compare_modes:
+                other = replace(self.settings.model(), mode=self.settings.modes[1])
+                self.other_model = await asyncio.to_thread(load_model, other)
+                self.other_engine = await self._started(self.other_model)
             self.warmed_up = True
             logger.info("ready: %s", self.model.engine_config.model_dir)
         except Exception as exc:
@@ -84,12 +95,22 @@ class ServiceState:
         finally:
             self.publish_status()
 
+    async def _started(self, model: LoadedModel) -> Engine:
+        """An engine for `model`, started and warmed up."""
+        engine = await asyncio.to_thread(self.engine_factory, model.engine_config)
+        predictor = model.predictor
+        await engine.warm_up(predictor.engine_ids(predictor.segment("Hello")))
+        return engine
+
+    def _engines(self) -> list[Engine]:
+        return [e for e in (self.engine, self.other_engine) if e is not None]
+
     def stop(self) -> None:
-        """Stop the engine process."""
+        """Stop the engine processes."""
         self.stopping = True
         self.publish_status()
-        if self.engine is not None:
-            self.engine.shutdown()
+        for engine in self._engines():
+            engine.shutdown()
 
     @property
     def in_flight(self) -> int:
@@ -152,11 +173,21 @@ class ServiceState:
             raise ApiError(503, "not_ready", f"the service is {self.status}", {"Retry-After": "10"})
         return self.fhir_mapping
 
-    def running_engine(self) -> Engine:
-        """The started engine (callers checked readiness with `loaded(need_engine=True)`)."""
-        if self.engine is None:
+    @property
+    def budget_range(self) -> tuple[int, int] | None:
+        """(smallest, largest) input budget a request may ask for: every task's prompt fits the
+        smallest, the largest is the served one; None until the model is loaded."""
+        if self.model is None or self.min_input_tokens is None:
+            return None
+        return self.min_input_tokens, self.model.predictor.max_input_tokens
+
+    def running_engine(self, other_mode: bool = False) -> Engine:
+        """The started engine, or the other mode's (callers checked readiness with
+        `loaded(need_engine=True)`)."""
+        engine = self.other_engine if other_mode else self.engine
+        if engine is None:
             raise ApiError(503, "not_ready", "the engine has not started", {"Retry-After": "10"})
-        return self.engine
+        return engine
 
 
 def require_validated_budget(settings: ServiceSettings, model: LoadedModel) -> None:
@@ -176,13 +207,14 @@ def require_validated_budget(settings: ServiceSettings, model: LoadedModel) -> N
     )
 
 
-def require_input_budget(settings: ServiceSettings, predictor: Predictor) -> None:
-    """A ValueError naming `MEDTPE_MAX_INPUT_TOKENS` and its minimum when the input budget
-    cannot hold every task's prompt with any record (its requests would all fail)."""
+def require_input_budget(settings: ServiceSettings, predictor: Predictor) -> int:
+    """The smallest input budget that holds every task's prompt with any record; a ValueError
+    naming `MEDTPE_MAX_INPUT_TOKENS` and that minimum when the served budget is below it (its
+    requests would all fail)."""
     minimum = min_input_tokens(predictor.tokenizer.base, predictor.chat_template)
     budget = predictor.max_input_tokens
     if budget >= minimum:
-        return
+        return minimum
     given = f"MEDTPE_MAX_INPUT_TOKENS={settings.max_input_tokens}"
     if budget < settings.max_input_tokens:
         given += (

@@ -8,31 +8,19 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
 
 from tests.support.service_support import (
-    SERVICE_API_KEY,
+    AUTH,
     Api,
     ServedApi,
     metric_value,
+    post,
+    record,
     synthetic_events,
 )
 
 pytestmark = [pytest.mark.timeout(900)]
-
-AUTH = {"Authorization": f"Bearer {SERVICE_API_KEY}"}
-
-
-def post(api: Api, path: str, body: object, **kwargs) -> httpx.Response:
-    """POST JSON with the API key."""
-    headers = {**AUTH, **kwargs.pop("headers", {})}
-    return api.post(path, json=body, headers=headers, **kwargs)
-
-
-def record(subject_id: int, n_events: int = 30, **extra) -> dict:
-    """A predict request for a synthetic record."""
-    return {"task": "icu_mortality", "events": synthetic_events(subject_id, n_events), **extra}
 
 
 def test_health_and_readiness(api: Api) -> None:

@@ -286,6 +286,21 @@ class Api(Protocol):
     def post(self, url: str, **kwargs: Any) -> httpx.Response: ...
 
 
+AUTH = {"Authorization": f"Bearer {SERVICE_API_KEY}"}
+"""The header of an authenticated request to a test service."""
+
+
+def post(api: Api, path: str, body: object, **kwargs: Any) -> httpx.Response:
+    """POST JSON with the API key."""
+    headers = {**AUTH, **kwargs.pop("headers", {})}
+    return api.post(path, json=body, headers=headers, **kwargs)
+
+
+def record(subject_id: int, n_events: int = 30, **extra: Any) -> dict:
+    """A predict request for a synthetic ICU record."""
+    return {"task": "icu_mortality", "events": synthetic_events(subject_id, n_events), **extra}
+
+
 class ServedApi(httpx.Client):
     """An `httpx.Client` on a `ServiceProcess` (its log stays reachable)."""
 
