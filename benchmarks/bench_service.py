@@ -37,6 +37,14 @@ the compression rate; `checks` tells whether vllm-serve got the same prompt leng
 every pair of systems' answers record by record (the parsed prediction under the answer contract,
 and the text) with the text written after the answer per system.
 
+`--cpu-reserved-cores 1 none` runs each system once per value of `MEDTPE_CPU_RESERVED_CORES`
+(the engine's cores, inference/cpu_cores.py; `1` on 2 cores is vLLM's own binding, one core;
+`none` the default), one after the other per system (interleaved: medtpe 1, medtpe none,
+original 1, original none), each on the same records; `vs_reserved` gives per system and level
+the first value's latency over each other's, and `checks` compares every pair's answers. Each
+level records the machine's load average and the other processes busy on the CPU at its start
+and end (the machine may be shared).
+
     .venv/bin/python -m benchmarks.bench_service --meds ../shared/data/mimic-iv-demo-meds \\
         --systems medtpe original vllm-serve --levels 1 16 --per-level 8 32 \\
         --out benchmarks/results/bench_vs_vllm_serve.json
@@ -46,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import math
@@ -62,6 +71,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import psutil
 
 from medtpe_core.meds import SubjectEvents
 from medtpe_core.meds_readers import MedsDataset, read_labels
@@ -76,6 +86,24 @@ GIB = 1024**3
 ENGINE_HISTOGRAMS = ("queue", "prefill", "decode", "inference")
 """`vllm:request_<name>_time_seconds` histograms averaged per request."""
 ENGINE_COUNTERS = ("prefix_cache_queries_total", "prefix_cache_hits_total", "prompt_tokens_total")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One system under one engine-cores setting (None: the environment's)."""
+
+    system: str
+    reserved: str | None = None
+    """`MEDTPE_CPU_RESERVED_CORES` of this run (a number or `none`)."""
+
+    @property
+    def label(self) -> str:
+        """The system's name, with its setting when one is given."""
+        return self.system if self.reserved is None else f"{self.system}@reserved={self.reserved}"
+
+    def env(self) -> dict[str, str]:
+        """The environment this run adds."""
+        return {} if self.reserved is None else {"MEDTPE_CPU_RESERVED_CORES": self.reserved}
 
 
 @dataclass(frozen=True)
@@ -264,13 +292,13 @@ def vllm_serve_args(prompts: OriginalPrompts, settings: Any) -> list[str]:
 
 
 def start_vllm_serve(
-    prompts: OriginalPrompts, settings: Any, port: int, log: Path
+    prompts: OriginalPrompts, settings: Any, port: int, log: Path, env: dict[str, str]
 ) -> subprocess.Popen:
     """`vllm serve` on 127.0.0.1:port; waits for `/health`, then warms it up as the service
     warms its engine (two tokens after "Hello")."""
     command = [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry"]
     command += [*vllm_serve_args(prompts, settings), "--host", "127.0.0.1", "--port", str(port)]
-    process = launch(command, {}, log)
+    process = launch(command, env, log)
     wait_until_up(process, f"http://127.0.0.1:{port}/health", log)
     body = {
         "model": str(prompts.model_dir),
@@ -313,6 +341,27 @@ def engine_breakdown(before: dict[str, float], after: dict[str, float]) -> dict[
     )
     out["engine_prompt_tokens"] = delta["vllm:prompt_tokens_total"]
     return out
+
+
+def machine_load(own: int, busy_percent: float = 20.0) -> dict[str, Any]:
+    """The 1/5/15-minute load averages and the processes outside this benchmark's tree (`own`'s)
+    using more than `busy_percent` of a core over one second: what ran beside a measurement."""
+    mine = {own, *(p.pid for p in psutil.Process(own).children(recursive=True))}
+    others = [p for p in psutil.process_iter(["pid", "cmdline"]) if p.pid not in mine]
+    for process in others:
+        with contextlib.suppress(psutil.Error):
+            process.cpu_percent(None)
+    time.sleep(1.0)
+    busy = []
+    for process in others:
+        try:
+            percent = process.cpu_percent(None)
+        except psutil.Error:
+            continue
+        if percent > busy_percent:
+            command = " ".join(process.info["cmdline"] or [])[:120]
+            busy.append({"pid": process.pid, "cpu_percent": percent, "command": command})
+    return {"load_avg": list(os.getloadavg()), "busy_processes": busy}
 
 
 def predict_sender(bodies: list[dict[str, Any]]) -> Send:
@@ -413,23 +462,24 @@ def level_ranges(per_level: list[int]) -> list[range]:
 
 
 def start_system(
-    system: str, args: argparse.Namespace, prompts: OriginalPrompts | None, port: int
+    run: Run, args: argparse.Namespace, prompts: OriginalPrompts | None, port: int
 ) -> subprocess.Popen:
     """Start one system on 127.0.0.1:port, ready to answer."""
-    log = args.log_dir / f"bench_service_{system}.log"
-    if system == VLLM_SERVE:
+    log = args.log_dir / f"bench_service_{run.label}.log"
+    if run.system == VLLM_SERVE:
         assert prompts is not None
-        return start_vllm_serve(prompts, service_settings(args, "original"), port, log)
-    return start_service(service_env(args, system), port, log)
+        return start_vllm_serve(prompts, service_settings(args, "original"), port, log, run.env())
+    return start_service({**service_env(args, run.system), **run.env()}, port, log)
 
 
 def run_system(
-    system: str,
+    run: Run,
     args: argparse.Namespace,
     bodies: list[dict[str, Any]],
     prompts: OriginalPrompts | None,
 ) -> tuple[list[dict[str, Any]], list[Reply]]:
     """Start one system, run every level on its own records, stop it (SIGTERM)."""
+    system = run.system
     if system == VLLM_SERVE:
         assert prompts is not None
         send = completion_sender(prompts, service_settings(args, "original").max_new_tokens)
@@ -437,16 +487,18 @@ def run_system(
         send = predict_sender(bodies)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    process = start_system(system, args, prompts, port)
+    process = start_system(run, args, prompts, port)
     results, replies = [], []
     try:
         for level, records in zip(args.levels, level_ranges(args.per_level), strict=True):
+            load_before = machine_load(os.getpid())
             before = engine_metrics(url)
             start = time.perf_counter()
             level_replies = asyncio.run(run_level(url, send, records, level))
             wall = time.perf_counter() - start
-            result = {"system": system, "concurrency": level, **summarize(level_replies, wall)}
+            result = {"system": run.label, "concurrency": level, **summarize(level_replies, wall)}
             result.update(engine_breakdown(before, engine_metrics(url)))
+            result["load"] = {"before": load_before, "after": machine_load(os.getpid())}
             print(json.dumps(result), flush=True)
             results.append(result)
             replies += level_replies
@@ -518,6 +570,33 @@ def comparison(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def reserved_comparison(runs: list[Run], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per system and level: the first `--cpu-reserved-cores` value's p50/p95 latency over each
+    other value's (above 1: the other is faster) and their throughputs' ratio."""
+    by = {(r["system"], r["concurrency"]): r for r in results}
+    rows = []
+    for system in dict.fromkeys(run.system for run in runs):
+        variants = [run for run in runs if run.system == system]
+        for level in sorted({level for _, level in by}):
+            first = by[(variants[0].label, level)]
+            for other in variants[1:]:
+                mine = by[(other.label, level)]
+                rows.append(
+                    {
+                        "system": system,
+                        "concurrency": level,
+                        "before": variants[0].label,
+                        "after": other.label,
+                        "p50_before_over_after": round(first["p50_s"] / mine["p50_s"], 3),
+                        "p95_before_over_after": round(first["p95_s"] / mine["p95_s"], 3),
+                        "throughput_after_over_before": round(
+                            mine["throughput_rps"] / first["throughput_rps"], 3
+                        ),
+                    }
+                )
+    return rows
+
+
 def print_table(results: list[dict[str, Any]]) -> None:
     """The results as a Markdown table."""
     columns = (
@@ -571,6 +650,13 @@ def parse_args() -> argparse.Namespace:
         metavar="RECORDS",
         help="records per level, each level its own (default: two full waves, at least 4)",
     )
+    parser.add_argument(
+        "--cpu-reserved-cores",
+        nargs="+",
+        metavar="N|none",
+        help="run each system once per MEDTPE_CPU_RESERVED_CORES value, in this order "
+        "(default: the environment's)",
+    )
     parser.add_argument("--max-input-tokens", type=int, help="default: MEDTPE_MAX_INPUT_TOKENS")
     parser.add_argument("--max-new-tokens", type=int, help="default: MEDTPE_MAX_NEW_TOKENS")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_service.json"))
@@ -592,10 +678,15 @@ def main() -> None:
     for mode in ("original", "medtpe"):
         prepare_model_files(service_settings(args, mode).model())
     prompts = original_prompts(args, bodies) if VLLM_SERVE in args.systems else None
+    runs = [
+        Run(system, reserved)
+        for system in args.systems
+        for reserved in (args.cpu_reserved_cores or [None])
+    ]
     results, replies = [], {}
-    for system in args.systems:
-        system_results, replies[system] = run_system(system, args, bodies, prompts)
-        results += system_results
+    for run in runs:
+        run_results, replies[run.label] = run_system(run, args, bodies, prompts)
+        results += run_results
     settings = service_settings(args, "original")
     write_results(
         args.out,
@@ -609,6 +700,7 @@ def main() -> None:
             "results": results,
             "checks": checks(replies),
             "vs_vllm_serve": comparison(results),
+            "vs_reserved": reserved_comparison(runs, results) if args.cpu_reserved_cores else None,
         },
     )
     print_table(results)

@@ -75,19 +75,19 @@ def bind_engine_cores(
 ) -> dict[str, str]:
     """Put `cpu_binding` for this process's allowed cores into `environ` (vLLM's engine
     processes, spawned later, read it there), unless the operator set those variables; with
-    `replace` False (the plugin, loaded in every vLLM process) only where none is set yet, so an
-    engine wrapper's choice made earlier in the process stands. Returns what it wrote."""
+    `replace` False (the plugin, loaded in every vLLM process, the engine's own pinned worker
+    included) only when neither is set yet, so an engine wrapper's choice made earlier in the
+    process, or its parent's, stands. Returns what it wrote."""
+    names = (BIND_ENV, RESERVED_ENV)
+    if any(n in environ and (not replace or environ[n] != _written.get(n)) for n in names):
+        return {}  # the operator's binding (or, for the plugin, any earlier one): keep it whole
     chosen = cpu_binding(os.sched_getaffinity(0), reserved, workers)
-    mine = {
-        name: value
-        for name, value in chosen.items()
-        if name not in environ or (replace and environ[name] == _written.get(name))
-    }
-    if len(mine) < len(chosen):  # the operator's (or an earlier) binding: keep it whole
-        return {}
-    environ.update(mine)
-    _written.update(mine)
-    return mine
+    for name in names:  # an earlier engine's binding of this module, not chosen now
+        if name not in chosen and name in environ:
+            del environ[name]
+    environ.update(chosen)
+    _written.update(chosen)
+    return chosen
 
 
 def reserved_from_env(environ: MutableMapping[str, str] = os.environ) -> int | None:

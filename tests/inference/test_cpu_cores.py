@@ -75,3 +75,14 @@ def test_the_setting_is_read_and_checked(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("MEDTPE_CPU_RESERVED_CORES", "two")
     with pytest.raises(ValueError, match="not a whole number"):
         reserved_from_env()
+
+
+def test_the_plugin_in_the_engine_s_own_pinned_worker_keeps_the_binding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the worker is pinned to one core and inherits its parent's binding: nothing to compute
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: {0})
+    inherited = {BIND_ENV: "0", RESERVED_ENV: "1", "MEDTPE_CPU_RESERVED_CORES": "1"}
+    environ = dict(inherited)
+    assert bind_engine_cores(reserved_from_env(environ), replace=False, environ=environ) == {}
+    assert environ == inherited

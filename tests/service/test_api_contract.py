@@ -29,8 +29,8 @@ ERROR_CODES = {"400", "401", "413", "422", "500", "503", "504"}
 @pytest.fixture(scope="module")
 def contract_url(service_files: tuple[Path, Path]) -> Iterator[str]:
     """The app without API keys on 127.0.0.1 (authentication is tested in test_service.py)."""
-    with served_in_thread(instant_settings(service_files, api_keys=[])) as served:
-        yield served.url
+    with served_in_thread(instant_settings(service_files, api_keys=[])) as url:
+        yield url
 
 
 def test_the_api_keeps_its_published_contract(contract_url: str, tmp_path: Path) -> None:

@@ -36,14 +36,15 @@ LONG_BATCH = {
     "records": [
         {
             "task": "icu_mortality",
-            "events": synthetic_events(500 + i, 300),
+            "events": synthetic_events(500 + i, 100),
             "options": {"n_samples": 9, "temperature": 1.0},
         }
         for i in range(16)
     ]
 }
-"""16 distinct records at the service's 1,024-token budget, 9 samples each: minutes of
-generation on 2 CPU cores, far beyond the grace period."""
+"""16 distinct records filling the service's 1,024-token budget, 9 samples each: minutes of
+generation on 2 CPU cores, far beyond the grace period (about 150 KB: within the session
+service's 256 KiB body limit)."""
 
 
 def assert_shutting_down(response: httpx.Response) -> None:
@@ -66,6 +67,7 @@ def test_a_stop_answers_requests_beyond_the_grace_503(service_server: ServicePro
     thread.start()
     deadline = time.monotonic() + 60
     while metric_value(httpx.get(url + "/metrics").text, "medtpe_inflight_requests") < 1:
+        assert "batch" not in result, result["batch"].text
         assert time.monotonic() < deadline, "the batch never went in flight"
         time.sleep(0.02)
     stopped_at = time.monotonic()

@@ -339,7 +339,7 @@ def instant_client(settings: ServiceSettings, delay_s: float = 0.0) -> Iterator[
 
 @dataclass(frozen=True)
 class InThread:
-    """A service served by `served_in_thread`: its URL and its server (`server.state` is the
+    """A service served by `serving_in_thread`: its URL and its server (`server.state` is the
     app's state; setting `server.should_exit` starts its stop, as SIGTERM does)."""
 
     url: str
@@ -347,9 +347,18 @@ class InThread:
 
 
 @contextmanager
-def served_in_thread(settings: ServiceSettings, delay_s: float = 0.0) -> Iterator[InThread]:
-    """The app on an `InstantEngine`, served on 127.0.0.1 in a thread by the server `medtpe
-    serve` runs (`service.drain`); yields it once ready; stopped on exit."""
+def served_in_thread(settings: ServiceSettings, delay_s: float = 0.0) -> Iterator[str]:
+    """The app on an `InstantEngine`, served by uvicorn on 127.0.0.1 in a thread; yields its URL
+    once ready."""
+    with serving_in_thread(settings, delay_s) as served:
+        yield served.url
+
+
+@contextmanager
+def serving_in_thread(settings: ServiceSettings, delay_s: float = 0.0) -> Iterator[InThread]:
+    """`served_in_thread`, yielding the server too: the app on an `InstantEngine`, served on
+    127.0.0.1 in a thread by the server `medtpe serve` runs (`service.drain`); stopped on
+    exit."""
     import threading
 
     port = free_port()
