@@ -19,7 +19,7 @@ prompt position:
 
     python -m benchmarks.bench_fidelity diagnose --points .cache/fidelity/points_24.parquet \
         --budgets 1024,2048 --rows mean --rows default=artifacts/smollm2-135m-icu \
-        --rows distilled=DIR:base --out benchmarks/results/fidelity_diagnosis.json
+        --rows distilled=DIR:base --out benchmarks/results/fidelity_points/diagnosis.json
 
 `general` asks whether compression costs the model its language: on general English text
 (Python's own reference documentation, `pydoc_data`, in chunks), the cross-entropy of the next
