@@ -224,12 +224,14 @@ class Thresholds:
     max_delta_p_mean: float = 0.05
 
     def check(self, report: Mapping[str, Any]) -> list[str]:
-        """Why `report` (of `fidelity`) fails the gate; empty when it passes."""
+        """Why `report` (of `fidelity`) fails the gate; empty when it passes. With no record
+        answered by either model the same-answer rate is undefined: a failure, unless
+        `min_same_answer` is 0 (nothing asked of the answers)."""
         failures = []
         same = report["same_answer"]["value"]
-        if same is None:
+        if same is None and self.min_same_answer > 0:
             failures.append("same answer: no record answered by either model")
-        elif same < self.min_same_answer:
+        elif same is not None and same < self.min_same_answer:
             failures.append(f"same answer {same:.3f} < {self.min_same_answer}")
         delta = report["delta_p_mean"]["value"]
         if delta is not None and delta > self.max_delta_p_mean:

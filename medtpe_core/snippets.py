@@ -10,7 +10,8 @@ Drawing is frequency-aware: in a seeded random order, a snippet is taken first w
 MedTPE token seen in fewer than `min_per_token` snippets so far (rare tokens are not starved);
 the places left are filled with the other snippets in the same order (natural frequencies).
 
->>> snippets = cut(tok, tok.base_encode(prompt, special_tokens=True), 64)  # doctest: +SKIP
+>>> ids = tok.base_encode(prompt, special_tokens=True)  # doctest: +SKIP
+>>> snippets = cut(tok, ids, 64, opening(tok, ids))  # doctest: +SKIP
 >>> draw(tok, snippets, n=1000, min_per_token=8, seed=1)  # doctest: +SKIP
 """
 
@@ -95,6 +96,27 @@ def _snippet(
         if s > s0 or lead
     )
     return Snippet([*prefix, *base_ids[t0:t1]], [*prefix, *ids[s0:s1]], pairs)
+
+
+OPENING_LIMIT = 24
+"""Most ids of a prompt's opening that lead each of its snippets."""
+
+
+def opening(
+    tokenizer: MedTPETokenizer, base_ids: Sequence[int], limit: int = OPENING_LIMIT
+) -> list[int]:
+    """The prompt's first ids up to its first MedTPE token (at most `limit`): the chat
+    template's opening, which both models read the same way. Leading every snippet with it puts
+    the attention sink where the model makes it, at the first position, and the first MedTPE
+    token behind a stretch of ordinary text as in every real prompt: a snippet led by the first
+    id alone put a MedTPE token at position 1, where the mean-initialised rows made a second
+    sink (hidden-state norm ~24,000 at layers 12-24 against the original's 140-350; relative
+    error 10^4 at one position, loss spikes of 12-33 in training)."""
+    ids = tokenizer.encode_ids(base_ids[:limit])
+    same = next(
+        (k for k, (a, b) in enumerate(zip(ids, base_ids, strict=False)) if a != b), len(ids)
+    )
+    return list(base_ids[:same])
 
 
 def new_ids_in(tokenizer: MedTPETokenizer, ids: Iterable[int]) -> list[int]:

@@ -298,7 +298,7 @@ class ArtefactBuild:
         """Token-level distillation of the rows on snippets of the rendered windows (training
         split: training snippets; validation split: held-out ones), in its own copy of the
         tokenizer artefact (resumes from its run directory)."""
-        from medtpe_core.snippets import coverage, cut, draw
+        from medtpe_core.snippets import coverage, cut, draw, opening
         from training.export import base_model_fingerprint, load_rows_file, save_rows
 
         config, settings = self.config, self.config.distill
@@ -308,9 +308,13 @@ class ArtefactBuild:
             split: [tokenizer.base_encode(p, special_tokens=True) for p in self._prompts(split)]
             for split in ("train", "val")
         }
-        pools = {  # led by the prompt's first token (the chat template's opening); the last
-            # snippet of a prompt ends at its answer position
-            split: [s for ids in prompts for s in cut(tokenizer, ids, length, ids[:1], tail=True)]
+        pools = {  # led by the chat template's opening; a prompt's last snippet ends at its
+            # answer position
+            split: [
+                s
+                for ids in prompts
+                for s in cut(tokenizer, ids, length, opening(tokenizer, ids), tail=True)
+            ]
             for split, prompts in encoded.items()
         }
         train = draw(

@@ -6,11 +6,11 @@ Short snippets (`medtpe_core.snippets`: ~64 original tokens, cut at shared ends,
 new token is seen in enough contexts) instead of whole 8k-token prompts: one snippet holds
 dozens of MedTPE tokens, and each is trained in many contexts for the price of a few long
 windows. The teacher (base model, original ids) runs once per snippet and its hidden states at
-the aligned positions are cached (`teacher.pt`); the student trains only the new rows (the
-embedding split) with the relative squared error of the hidden states at `layers` (the mean
-over them; -1 is the last layer after the final norm, what the LM head reads; without it the
-forward stops at the deepest layer matched). The last layer alone leaves the middle of the
-network free: there the rows learn to drive the residual stream of their positions far from
+the aligned positions are cached (`{split}-teacher-{digest}.pt`); the student trains only the
+new rows (the embedding split) with the relative squared error of the hidden states at `layers`
+(the mean over them; -1 is the last layer after the final norm, what the LM head reads; without
+it the forward stops at the deepest layer matched). The last layer alone leaves the middle of
+the network free: there the rows learn to drive the residual stream of their positions far from
 the original's (50x its error at layers 12-28 in a run on ICU text) and the answer drifts more
 than before, so the default matches the middle layers too. With tied embeddings the loss trains
 the input side only: `output="base"` serves the base model's own head rows for the reused ids
@@ -23,6 +23,7 @@ directory; a re-run continues. Cost per step ≈ one forward and one backward of
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -206,7 +207,12 @@ def _cached_teacher(
     device: torch.device,
     pad: int,
 ) -> torch.Tensor:
-    """The teacher states of `snippets`, read from `path` when a run already computed them."""
+    """The teacher states of `snippets`, read from `path` when a run already computed them for
+    the same snippets and layers (a digest of both names the file)."""
+    key = hashlib.sha256(
+        json.dumps([config.layers, [s.to_json() for s in snippets]]).encode()
+    ).hexdigest()[:12]
+    path = path.with_name(f"{path.stem}-{key}{path.suffix}")
     if path.is_file():
         return torch.load(path)
     states = teacher_states(model, snippets, config.layers, config.batch_size, device, pad)

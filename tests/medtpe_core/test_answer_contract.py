@@ -122,5 +122,6 @@ def test_gate_thresholds():
     assert Thresholds().check(fidelity(unanswered, n_resamples=20)) == [
         "same answer: no record answered by either model"
     ]
+    assert Thresholds(min_same_answer=0).check(fidelity(unanswered, n_resamples=20)) == []
     with pytest.raises(ValueError, match="at least one record"):
         fidelity([])

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from medtpe_core.snippets import Snippet, coverage, cut, draw, new_ids_in
+from medtpe_core.snippets import OPENING_LIMIT, Snippet, coverage, cut, draw, new_ids_in, opening
 from medtpe_core.tokenizer import MedTPETokenizer
 from tests.support.tokenizer_support import MIXED_TEXT, icu_records, smollm2_medtpe
 
@@ -80,6 +80,30 @@ def test_a_prefix_leads_both_sides(tok: MedTPETokenizer) -> None:
         assert min(s for s, _ in b.pairs) >= 1
         shifted = {(s + 1, t + 1) for s, t in a.pairs}
         assert shifted <= set(b.pairs)  # plus the first token's end when it is shared
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=MIXED_TEXT)
+def test_the_opening_is_read_the_same_by_both_models(tok: MedTPETokenizer, text: str) -> None:
+    base = tok.base_encode(text)
+    lead = opening(tok, base)
+    assert lead == base[: len(lead)] and len(lead) <= OPENING_LIMIT
+    assert tok.encode_ids(lead) == lead  # no MedTPE token in it
+
+
+def test_an_icu_prompt_opens_on_its_chat_template(tok: MedTPETokenizer) -> None:
+    """The opening of a chat prompt is its template's system turn; every snippet's first
+    MedTPE token sits behind it."""
+    base = tok.base_encode(
+        "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\n"
+        + icu_records(1)[0],
+        special_tokens=True,
+    )
+    lead = opening(tok, base)
+    assert tok.base.decode(lead).startswith("<|im_start|>system\nYou are a helpful assistant")
+    for snippet in cut(tok, base, 64, lead):
+        first_new = next(k for k, i in enumerate(snippet.student) if i != snippet.teacher[k])
+        assert first_new >= len(lead)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -19,7 +19,7 @@ from tests.support.model_fixtures import tiny_llama, tiny_llama_model  # noqa: E
 from training.distill_config import DistillConfig, matched_layers  # noqa: E402
 from training.embedding_init import init_new_rows  # noqa: E402
 from training.export import export_checkpoint, model_fingerprint, save_rows  # noqa: E402
-from training.token_distillation import CHECKPOINT_FILE, TEACHER_FILE, distill, hidden_at  # noqa: E402
+from training.token_distillation import CHECKPOINT_FILE, distill, hidden_at  # noqa: E402
 
 LINES = [
     f"{t} Heart Rate [bpm] {80 + i}; Arterial Blood Pressure systolic [mmHg] {110 + i}; "
@@ -75,7 +75,7 @@ def test_distillation_trains_only_the_new_rows_and_resumes(
     result = distill(base_dir, tokenizer, train, val, run, config, device="cpu")
     assert result.best_val_loss < result.initial_val_loss
     assert result.steps == 2 * -(-len(train) // 8)
-    assert (run / f"train-{TEACHER_FILE}").is_file() and (run / CHECKPOINT_FILE).is_file()
+    assert len(list(run.glob("train-teacher-*.pt"))) == 1 and (run / CHECKPOINT_FILE).is_file()
     model = tiny_llama_model()
     mean = init_new_rows(model, tokenizer.new_tokens)
     assert not torch.allclose(result.rows.input, mean.input)
