@@ -48,10 +48,11 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         )
     for budget, result in report["gate"].items():
         figures = result["fidelity"]
-        delta = figures["delta_p_mean"]["value"]
+        delta, same = figures["delta_p_mean"]["value"], figures["same_answer"]["value"]
         lines.append(
             f"  fidelity gate at {budget} tokens ({figures['n_records']} held-out windows): "
-            f"same answer {figures['same_answer']['value']:.1%}, mean |Δp| "
+            + ("no answer from either model" if same is None else f"same answer {same:.1%}")
+            + ", mean |Δp| "
             + ("-" if delta is None else f"{delta:.4f}")
             + f", same stop {figures['same_stop']:.1%}: "
             + ("; ".join(result["failures"]) or "passed")
