@@ -62,7 +62,7 @@ from tqdm.auto import tqdm
 
 from evaluation.results import RecordResult
 from evaluation.stored_report import mode_results
-from medtpe_core.fidelity import PairedAnswer, fidelity, paired_difference
+from medtpe_core.fidelity import PairedAnswer, fidelity, logit_shift, paired_difference
 from medtpe_core.results_file import write_results
 from medtpe_core.tokenizer import MedTPETokenizer
 
@@ -425,6 +425,7 @@ def pair(args: argparse.Namespace) -> None:
         "original": args.original,
         "artefacts": dict(map(_named, args.artefact)),
         "fidelity": {name: fidelity(p, args.resamples) for name, p in paired.items()},
+        "shift": {name: logit_shift(p, args.option, args.resamples) for name, p in paired.items()},
     }
     names = list(paired)
     results["differences"] = {
@@ -441,6 +442,15 @@ def pair(args: argparse.Namespace) -> None:
             f"{name}: n={figures['delta_p_n']} mean |dp| {dp['value']:.4f} "
             f"[{dp['low']:.4f}, {dp['high']:.4f}] p95 {figures['delta_p_p95']['value']:.4f}"
         )
+    for name, shape in results["shift"].items():
+        if shape["n"]:
+            shift = shape["shift_mean"]
+            print(
+                f"{name}: p({args.option}) {shape['signed_mean']:+.4f} signed, lower on "
+                f"{shape['n_lower']}/{shape['n']}; logit shift {shift['value']:+.3f} "
+                f"[{shift['low']:+.3f}, {shift['high']:+.3f}] sd {shape['shift_sd']:.3f}; "
+                f"left after the mean shift {shape['residual_mean']:.4f}"
+            )
     for name, diff in results["differences"].items():
         print(f"{name}: {diff['value']:+.4f} [{diff['low']:+.4f}, {diff['high']:+.4f}]")
     write_results(args.out, " ".join(sys.argv), results)
@@ -497,6 +507,7 @@ def main(argv: list[str] | None = None) -> None:
     q.add_argument("--artefact", action="append", required=True, help="NAME=REPORT.json:medtpe")
     q.add_argument("--floor", nargs=2, metavar="REPORT.json:MODE", help="served, then float32")
     q.add_argument("--resamples", type=int, default=1000)
+    q.add_argument("--option", default="yes", help="the answer option whose logit shift is told")
     q.add_argument("--out", type=Path)
     q.set_defaults(run=pair)
     args = parser.parse_args(argv)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from medtpe_core.fidelity import PairedAnswer, Thresholds, fidelity
+from medtpe_core.fidelity import PairedAnswer, Thresholds, fidelity, logit_shift
 from medtpe_core.tasks import get_task
 from medtpe_core.tasks.answers import (
     ANSWER_END,
@@ -125,3 +126,25 @@ def test_gate_thresholds():
     assert Thresholds(min_same_answer=0).check(fidelity(unanswered, n_resamples=20)) == []
     with pytest.raises(ValueError, match="at least one record"):
         fidelity([])
+
+
+def test_logit_shift_tells_a_shared_shift_from_noise():
+    rng = np.random.default_rng(3)
+    original = rng.uniform(0.3, 0.95, 40)
+    logit = np.log(original / (1 - original))
+    shifted = 1 / (1 + np.exp(-(logit - 0.5 + rng.normal(0, 0.05, 40))))  # one shared shift
+    noisy = 1 / (1 + np.exp(-(logit + rng.choice([-0.5, 0.5], 40))))  # as large, no direction
+    both = [
+        [
+            pair(k // 2, True, True, o, m)
+            for k, (o, m) in enumerate(zip(original, side, strict=True))
+        ]
+        for side in (shifted, noisy)
+    ]
+    shift, noise = (logit_shift(pairs, "yes", n_resamples=200) for pairs in both)
+    assert shift["n"] == noise["n"] == 40 and shift["n_lower"] == 40
+    assert 0.45 < shift["shift_mean"]["low"] < shift["shift_mean"]["value"] < 0.55
+    assert shift["shift_sd"] < 0.1 and shift["residual_mean"] < 0.01 < shift["signed_mean"] * -1
+    assert noise["shift_mean"]["low"] < 0 < noise["shift_mean"]["high"]
+    assert noise["shift_sd"] > 0.4 and noise["residual_mean"] > 0.05
+    assert logit_shift([pair(1, None, None)], "yes") == {"n": 0}
