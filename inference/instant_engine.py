@@ -102,8 +102,13 @@ class InstantEngine:
         return [Completion(ids, logprobs, finish) for _ in range(n)]
 
     async def warm_up(self, prompt_ids: Sequence[int]) -> None:
-        """Nothing to warm up."""
-        await self.generate(prompt_ids, max_new_tokens=2)
+        """One generation like any other, recorded, but never held by `delay_s`: an engine
+        that holds its requests is ready at once."""
+        delay, self.delay_s = self.delay_s, 0.0
+        try:
+            await self.generate(prompt_ids, max_new_tokens=2)
+        finally:
+            self.delay_s = delay
 
     def shutdown(self) -> None:
         """Nothing to stop."""

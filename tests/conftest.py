@@ -57,6 +57,20 @@ settings.register_profile("dev", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """In a run of several pytest-xdist workers, each worker (and every engine, service and
+    process it starts) keeps to its own equal share of the allowed cores: the engine wrapper
+    gives an engine all the cores its process may use (`inference.cpu_cores`), and two engines'
+    OpenMP threads on the same two cores wait on each other's time slices at every barrier."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    cores = sorted(os.sched_getaffinity(0))
+    if worker.startswith("gw") and 1 < count <= len(cores):
+        share = len(cores) // count
+        index = int(worker[2:]) % count
+        os.sched_setaffinity(0, cores[index * share : (index + 1) * share])
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The test that stops the session's service runs after every other test (whatever the

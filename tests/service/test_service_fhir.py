@@ -61,8 +61,11 @@ def test_a_bundle_gives_the_answer_of_its_meds_events(api: Api) -> None:
     assert a["fhir"] is None
     assert b["fhir"]["subject_id"] == meds_request["events"][0]["subject_id"]
     assert sum(c["unmapped"] for c in b["fhir"]["counts"].values()) == 0
-    for key in ("prediction", "probabilities", "prediction_time", "events", "tokens", "votes"):
+    for key in ("prediction", "prediction_time", "events", "tokens", "votes"):
         assert b[key] == a[key], key
+    # the same prompt ids; the second prefill reads the first's blocks from vLLM's prefix cache,
+    # whose bfloat16 sums on CPU differ in the fifth decimal (0.93976 against 0.93974 seen)
+    assert b["probabilities"] == pytest.approx(a["probabilities"], abs=1e-3)
 
 
 def test_the_sample_bundle(instant_api: Api) -> None:
