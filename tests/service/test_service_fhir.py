@@ -54,18 +54,20 @@ def stay_requests() -> tuple[dict[str, Any], dict[str, Any]]:
 def test_a_bundle_gives_the_answer_of_its_meds_events(api: Api) -> None:
     meds_request, fhir_request = stay_requests()
     by_meds = post(api, "/predict", meds_request)
+    # vLLM's prefill of a prompt whose blocks the prefix cache holds sums in another order than
+    # the first, cold one (bfloat16 on CPU: p("yes") 0.924 cold against 0.940 cached seen), so
+    # the Bundle is compared with the MEDS request asked again: both read the same cached blocks
+    by_meds_again = post(api, "/predict", meds_request)
     by_fhir = post(api, "/predict", fhir_request)
-    assert by_meds.status_code == 200, by_meds.text
-    assert by_fhir.status_code == 200, by_fhir.text
-    a, b = by_meds.json(), by_fhir.json()
+    for response in (by_meds, by_meds_again, by_fhir):
+        assert response.status_code == 200, response.text
+    a, again, b = by_meds.json(), by_meds_again.json(), by_fhir.json()
     assert a["fhir"] is None
     assert b["fhir"]["subject_id"] == meds_request["events"][0]["subject_id"]
     assert sum(c["unmapped"] for c in b["fhir"]["counts"].values()) == 0
     for key in ("prediction", "prediction_time", "events", "tokens", "votes"):
         assert b[key] == a[key], key
-    # the same prompt ids; the second prefill reads the first's blocks from vLLM's prefix cache,
-    # whose bfloat16 sums on CPU differ in the fifth decimal (0.93976 against 0.93974 seen)
-    assert b["probabilities"] == pytest.approx(a["probabilities"], abs=1e-3)
+    assert b["probabilities"] == again["probabilities"]
 
 
 def test_the_sample_bundle(instant_api: Api) -> None:
