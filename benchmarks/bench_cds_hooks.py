@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import re
 import statistics
 import sys
@@ -189,8 +190,8 @@ def serving(args: argparse.Namespace, budget: int, ehr: Ehr) -> Iterator[str]:
         from service.settings import ServiceSettings
         from tests.support.service_support import served_in_thread
 
-        values = {k.removeprefix("MEDTPE_").lower(): v for k, v in env.items()}
-        with served_in_thread(ServiceSettings(**values)) as url:
+        os.environ.update(env)  # read as the service reads them (JSON settings parsed)
+        with served_in_thread(ServiceSettings()) as url:
             yield url
         return
     port = free_port()
