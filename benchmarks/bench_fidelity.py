@@ -122,13 +122,15 @@ def points(args: argparse.Namespace) -> None:
 
 
 def _rows(spec: str, tokenizer: MedTPETokenizer, model: RowsModel) -> tuple[str, Any, str]:
-    """`NAME=ARTEFACT_DIR[:OUTPUT]` (or `mean`: the constituents' mean) → (name, rows, output)."""
+    """`NAME=ARTEFACT_DIR[:OUTPUT]`, or an initialisation by name (`mean`: the constituents'
+    mean, tied; `last`: the last constituent's row, base head) → (name, rows, output)."""
     from training.embedding_init import init_new_rows
     from training.export import load_rows
 
     name, _, where = spec.partition("=")
     if not where:
-        return name, init_new_rows(model.model, tokenizer.new_tokens), "tied"
+        rows = init_new_rows(model.model, tokenizer.new_tokens, method=name)
+        return name, rows, "tied" if rows.output is None else "base"
     path, _, output = where.partition(":")
     rows = load_rows(Path(path))[0]
     if output == "tied":  # the trained input rows on both sides, whatever output rows are stored
@@ -203,8 +205,8 @@ def diagnose(args: argparse.Namespace) -> None:
 def _diagnosis_summary(
     rows: list[dict[str, Any]], names: list[str], resamples: int
 ) -> dict[str, Any]:
-    """Per set of rows: fidelity of p(yes), mean new-id mass, mean layer-error profile; and
-    every two sets' paired difference."""
+    """Per set of rows: fidelity of p(yes), its logit shift (`logit_shift`), mean new-id mass,
+    mean layer-error profile; and every two sets' paired difference."""
     paired = {
         name: [
             PairedAnswer(r["subject_id"], None, None, r["p_original"], r["variants"][name]["p"])
@@ -228,6 +230,7 @@ def _diagnosis_summary(
                     ]
                 )
             ),
+            "shift": logit_shift(paired[name], "yes", resamples),
             "new_id_mass_mean": float(np.mean([r["variants"][name]["new_id_mass"] for r in rows])),
             "new_id_mass_max": float(np.max([r["variants"][name]["new_id_mass"] for r in rows])),
             "top_is_new": sum(r["variants"][name]["top_is_new"] for r in rows),

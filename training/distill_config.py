@@ -9,9 +9,9 @@ OUTPUT_SIDES = ("base", "tied")
 """How the reused ids' output (LM head) rows are served: `base` keeps the base model's own rows
 there (the export unties the head), `tied` serves the trained input rows on both sides."""
 FINAL_LAYER = -1
-STARTS = ("mean", "init_from")
-"""Where distillation starts: the constituents' mean (the paper's initialisation) or the rows of
-the build's `init_from` artefact."""
+STARTS = ("mean", "last", "init_from")
+"""Where distillation starts: the constituents' mean (the paper's initialisation), the last
+constituent's row (`training.embedding_init`), or the rows of the build's `init_from` artefact."""
 
 
 @dataclass(frozen=True)

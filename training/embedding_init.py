@@ -1,9 +1,15 @@
-"""Initial embedding rows for MedTPE's new tokens (paper, method step 4).
+"""Initial embedding rows for MedTPE's new tokens.
 
-A new token's row is the mean of its constituents' base rows, rescaled to the norm α·μ, where μ
-is the mean row norm of the base matrix (α = 0.5). With tied embeddings one set of rows serves
-input and output; untied models get an input set from the input matrix and an output set from
-the output head, each rescaled with its own matrix's μ.
+`mean` (the paper, method step 4): a new token's row is the mean of its constituents' base rows,
+rescaled to the norm α·μ, where μ is the mean row norm of the base matrix (α = 0.5). With tied
+embeddings one set of rows serves input and output; untied models get an input set from the
+input matrix and an output set from the output head, each rescaled with its own matrix's μ.
+
+`last`: a new token's input row is its last constituent's base row, and the output side keeps
+the base head's own rows of the reused ids (the export unties a tied head). A decoder reads a
+pair's meaning at its last token's position, and a mean of two embeddings is no embedding the
+model has seen (half their norm at α = 0.5): on held-out ICU prompts the mean rows lower
+p("yes") on every record, the last constituent's rows do not (docs/benchmarks.md, Fidelity).
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ if TYPE_CHECKING:
     from medtpe_core.tokenizer import NewToken
 
 DEFAULT_ALPHA = 0.5
+INIT_METHODS = ("mean", "last")
+"""How new rows start (module docstring)."""
 
 
 @dataclass
@@ -57,12 +65,29 @@ def has_tied_embeddings(model: PreTrainedModel) -> bool:
 
 
 def init_new_rows(
-    model: PreTrainedModel, new_tokens: Sequence[NewToken], alpha: float = DEFAULT_ALPHA
+    model: PreTrainedModel,
+    new_tokens: Sequence[NewToken],
+    alpha: float = DEFAULT_ALPHA,
+    method: str = "mean",
 ) -> NewRows:
-    """Initial rows for `new_tokens` from `model`'s (unmodified) embedding matrices. Only the
-    constituents (base ids) are read, so an extension artefact's tokens (fresh ids) get the same
-    rows as their replacement twins'."""
+    """Initial rows for `new_tokens` from `model`'s (unmodified) embedding matrices, by `method`
+    (`INIT_METHODS`, module docstring). `mean` reads only the constituents (base ids), so an
+    extension artefact's tokens (fresh ids) get the same rows as their replacement twins'."""
+    if method not in INIT_METHODS:
+        raise ValueError(f"init method: expected one of {INIT_METHODS}, not {method!r}")
     constituents = [token.constituents for token in new_tokens]
+    if method == "last":
+        last = [ids[-1] for ids in constituents]
+        head = model.get_output_embeddings().weight.detach().float()
+        if any(token.id >= head.shape[0] for token in new_tokens):
+            raise ValueError(
+                "init method 'last' keeps the base head rows of reused ids: "
+                "an extension artefact's fresh ids have none"
+            )
+        return NewRows(
+            model.get_input_embeddings().weight.detach().float()[last].clone(),
+            head[[token.id for token in new_tokens]].clone(),
+        )
     rows = init_rows(model.get_input_embeddings().weight, constituents, alpha)
     if has_tied_embeddings(model):
         return NewRows(rows)

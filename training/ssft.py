@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm.auto import tqdm
 
-from training.embedding_init import NewRows, init_new_rows
+from training.embedding_init import NewRows, has_tied_embeddings, init_new_rows
 from training.embedding_split import apply_split, split_rows
 from training.examples import IGNORE_INDEX, Example, collate
 from training.export import load_rows_file
@@ -110,13 +110,17 @@ def load_split_model(
     tokenizer: MedTPETokenizer,
     device: torch.device,
     initial: NewRows | None = None,
+    init: str = "mean",
 ) -> tuple[PreTrainedModel, list[torch.nn.Parameter]]:
     """The base model (in `weights_dtype`) with embedding-split modules holding float32 new
-    rows: `initial`, else freshly initialised from the float32 weights."""
+    rows: `initial`, else freshly initialised from the float32 weights by `init`
+    (`training.embedding_init.INIT_METHODS`)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    rows = init_new_rows(model, tokenizer.new_tokens)
+    rows = init_new_rows(model, tokenizer.new_tokens, method=init)
+    if has_tied_embeddings(model):  # one tied set of rows is trained (`last` keeps a head side)
+        rows = NewRows(rows.input)
     if initial is not None:
         if initial.input.shape != rows.input.shape:
             raise ValueError(

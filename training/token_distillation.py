@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 
 from medtpe_core.snippets import Snippet
 from training.distill_config import FINAL_LAYER, DistillConfig, matched_layers
-from training.embedding_init import NewRows
+from training.embedding_init import INIT_METHODS, NewRows
 from training.embedding_split import SplitEmbedding
 from training.ssft import _schedule, load_split_model, pick_device
 
@@ -235,13 +235,15 @@ def distill(
     device: str | None = None,
 ) -> DistillResult:
     """Train the new rows by token-level distillation (module docstring) from `initial` (None:
-    the constituents' mean); resumes from `run_dir`. Returns the rows best on `val`, with the
-    output side `config.output` asks for (`base`: the base head's rows of the reused ids)."""
+    the rows `config.start` names: the constituents' mean or their last's); resumes from
+    `run_dir`. Returns the rows best on `val`, with the output side `config.output` asks for
+    (`base`: the base head's rows of the reused ids)."""
     device = pick_device(device)
     torch.manual_seed(seed)
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    model, params = load_split_model(base_dir, tokenizer, device, _input_only(initial))
+    init = config.start if config.start in INIT_METHODS else "mean"
+    model, params = load_split_model(base_dir, tokenizer, device, _input_only(initial), init)
     config = replace(config, layers=matched_layers(config.layers, model.config.num_hidden_layers))
     pad = 0  # any id: padded positions are masked and never read
     teacher = {

@@ -98,6 +98,28 @@ def test_untied_model_gets_input_and_output_rows(tokenizer: MedTPETokenizer) -> 
 
 
 @pytest.mark.parametrize("tie", [True, False])
+def test_last_init_reads_the_last_constituent_and_keeps_the_base_head(
+    tokenizer: MedTPETokenizer, tie: bool
+) -> None:
+    model = tiny_llama_model(tie=tie)
+    rows = init_new_rows(model, tokenizer.new_tokens, method="last")
+    weight = model.get_input_embeddings().weight.detach()
+    head = model.get_output_embeddings().weight.detach()
+    ids = [t.id for t in tokenizer.new_tokens]
+    torch.testing.assert_close(
+        rows.input, weight[[t.constituents[-1] for t in tokenizer.new_tokens]]
+    )
+    assert rows.output is not None  # a tied model's export unties the head for these ids
+    torch.testing.assert_close(rows.output, head[ids])
+    before = weight.clone(), head.clone()
+    rows.input.add_(1.0)  # the rows are copies: the model's own matrices stay as they were
+    rows.output.add_(1.0)
+    torch.testing.assert_close((weight, head), before)
+    with pytest.raises(ValueError, match="init method"):
+        init_new_rows(model, tokenizer.new_tokens, method="median")
+
+
+@pytest.mark.parametrize("tie", [True, False])
 def test_split_model_equals_model_with_rows_written(tokenizer: MedTPETokenizer, tie: bool) -> None:
     ids = [t.id for t in tokenizer.new_tokens]
     split = tiny_llama_model(tie)
