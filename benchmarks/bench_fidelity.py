@@ -177,14 +177,21 @@ def diagnose(args: argparse.Namespace) -> None:
                 "p_original": p_orig,
                 "variants": {},
             }
-            for name, variant_rows, output in variants:
+            positions: dict[str, list[int] | None] = {"": None}
+            if args.original_positions:  # is the drift made of the shorter prompt's positions?
+                positions["@original-positions"] = tokenizer.original_positions(
+                    seg.medtpe_ids, seg.original_ids
+                ).tolist()
+            for (name, variant_rows, output), (suffix, at) in itertools.product(
+                variants, positions.items()
+            ):
                 model.set_rows(new_ids, variant_rows, output)
-                scored = model.score(seg.medtpe_ids)
+                scored = model.score(seg.medtpe_ids, at)
                 p = predictors["medtpe"].option_probabilities(task, scored.top_logprobs)
                 error = ((scored.hidden - reference.hidden) ** 2).sum(-1) / (
                     reference.hidden**2
                 ).sum(-1)
-                row["variants"][name] = {
+                row["variants"][name + suffix] = {
                     "p": p,
                     "new_id_mass": scored.new_id_mass,
                     "layer_error": [round(float(e), 5) for e in error],
@@ -193,7 +200,7 @@ def diagnose(args: argparse.Namespace) -> None:
             rows.append(row)
         results["budgets"][str(budget)] = {
             "records": rows,
-            "summary": _diagnosis_summary(rows, [v[0] for v in variants], args.resamples),
+            "summary": _diagnosis_summary(rows, list(rows[0]["variants"]), args.resamples),
         }
         for name, figures in results["budgets"][str(budget)]["summary"].items():
             print(
@@ -483,6 +490,12 @@ def main(argv: list[str] | None = None) -> None:
         help="mean | NAME=ARTEFACT_DIR[:tied|base] (tied: the input rows serve the head)",
     )
     d.add_argument("--threads", type=int, default=None)
+    d.add_argument(
+        "--original-positions",
+        action="store_true",
+        help="also read each set of rows with every MedTPE token at its last constituent's "
+        "original position (RoPE): what the prompt's fewer positions contribute",
+    )
     d.add_argument("--resamples", type=int, default=1000)
     d.add_argument("--out", type=Path)
     d.set_defaults(run=diagnose)

@@ -189,6 +189,20 @@ class MedTPETokenizer:
         _, i, j = np.intersect1d(ends, base_ends, assume_unique=True, return_indices=True)
         return i, j
 
+    def original_positions(self, ids: Sequence[int], base_ids: Sequence[int]) -> np.ndarray:
+        """For each MedTPE id, the position in `base_ids` of the base token its text ends in
+        (a merged token takes its last constituent's place; the parts of an evicted token share
+        the evicted token's). `ids` must be `encode_ids(base_ids)`. O(n log n).
+
+        >>> tok.original_positions(tok.encode_ids(base), base)[-1]  # doctest: +SKIP
+        np.int64(41)
+        """
+        ends = np.cumsum(self._to_base.lengths(np.asarray(ids, dtype=np.int64)))
+        base_ends = np.cumsum(self._decompose.lengths(np.asarray(base_ids, dtype=np.int64)))
+        if ends[-1:].tolist() != base_ends[-1:].tolist():
+            raise ValueError("ids are not the MedTPE encoding of base_ids")
+        return np.searchsorted(base_ends, ends)
+
     def decode(self, ids: Sequence[int]) -> str:
         """Text of MedTPE ids (byte-fallback ids included)."""
         arr = np.array(ids, dtype=np.int64)

@@ -94,10 +94,14 @@ class RowsModel:
         return torch.log_softmax(out.logits[0].float(), dim=-1)
 
     @torch.inference_mode()
-    def score(self, ids: Sequence[int]) -> PromptScore:
-        """The last position of `ids` (see `PromptScore`)."""
+    def score(self, ids: Sequence[int], positions: Sequence[int] | None = None) -> PromptScore:
+        """The last position of `ids` (see `PromptScore`), read at `positions` (RoPE position
+        ids; None: 0, 1, 2, ...)."""
+        position_ids = None if positions is None else torch.tensor([list(positions)])
         out = self.model.model(
-            input_ids=torch.tensor([list(ids)], dtype=torch.long), output_hidden_states=True
+            input_ids=torch.tensor([list(ids)], dtype=torch.long),
+            position_ids=position_ids,
+            output_hidden_states=True,
         )
         last = out.last_hidden_state[0, -1]
         logprobs = torch.log_softmax(self.model.lm_head(last).float(), dim=-1)

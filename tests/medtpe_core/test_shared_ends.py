@@ -59,3 +59,21 @@ def test_ids_of_other_base_ids_are_refused(tok: MedTPETokenizer) -> None:
     base = tok.base_encode("Heart rate 80 bpm, SpO2 97 %")
     with pytest.raises(ValueError, match="not the MedTPE encoding"):
         tok.shared_ends(tok.encode_ids(base), base[:-1])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_original_positions(tok: MedTPETokenizer, data: st.DataObject) -> None:
+    """Each MedTPE token sits where the base token its text ends in sits: at a shared end that
+    is the shared base token itself, never going back, the last at the last base token; without
+    evicted ids (whose parts share one position) every token has a position of its own."""
+    evicted = sorted(i for i in tok.evicted if i < tok.base.vocab_size)
+    any_id = st.integers(0, tok.base.vocab_size - 1)
+    base = data.draw(st.lists(st.one_of(any_id, st.sampled_from(evicted)), min_size=1))
+    ids = tok.encode_ids(base)
+    positions = tok.original_positions(ids, base)
+    i, j = tok.shared_ends(ids, base)
+    assert positions[i].tolist() == j.tolist()
+    assert np.all(np.diff(positions) >= 0) and positions[-1] == len(base) - 1
+    if not set(base) & tok.evicted.keys():
+        assert np.all(np.diff(positions) > 0)
