@@ -206,7 +206,7 @@ def diagnose(args: argparse.Namespace) -> None:
             print(
                 budget, name, json.dumps({k: v for k, v in figures.items() if k != "layer_error"})
             )
-    write_results(args.out, " ".join(sys.argv), results)
+        write_results(args.out, " ".join(sys.argv), results)  # each budget kept as it ends
 
 
 def _diagnosis_summary(
