@@ -222,6 +222,7 @@ class _Read:
     resource: Resource | None
     references: tuple[tuple[str, str], ...]  # (field, reference) that may name its patient
     skipped: bool
+    key: str | None  # `Type/id`, how references name it
     events: tuple[FhirEvent, ...] | None = None
     mapped: bool = False
     described: tuple[tuple[str, str], ...] = ()
@@ -238,7 +239,8 @@ class _Read:
                 and getattr(ref, "reference", None)
             )
         skipped = entry.resource_type not in _READERS or _status(resource) in SKIPPED_STATUSES
-        return cls(entry.resource_type, entry.resource_id, resource, references, skipped)
+        key = f"{entry.resource_type}/{entry.resource_id}" if entry.resource_id else None
+        return cls(entry.resource_type, entry.resource_id, resource, references, skipped, key)
 
     def learned(
         self,
@@ -302,12 +304,15 @@ class _Mapper:
     def by_reference(self) -> dict[str, _Read]:
         """The resources by `Type/id` and by `fullUrl` (built on first use)."""
         if self._by_reference is None:
-            index: dict[str, _Read] = {}
-            for read, (_, full_url, _) in zip(self.reads, self.items, strict=True):
-                if read.resource_id:
-                    index[f"{read.resource_type}/{read.resource_id}"] = read
-                if full_url:
-                    index[full_url] = read
+            if any(full_url for _, full_url, _ in self.items):
+                index: dict[str, _Read] = {}
+                for read, (_, full_url, _) in zip(self.reads, self.items, strict=True):
+                    if read.key:
+                        index[read.key] = read
+                    if full_url:
+                        index[full_url] = read
+            else:  # a list of resources (a hook's prefetch): one pass in C
+                index = {read.key: read for read in self.reads if read.key}
             self._by_reference = index
         return self._by_reference
 

@@ -179,7 +179,7 @@ def _mapped(
     except FhirInputError as exc:
         origin: tuple[str | int, ...] = ("body", "prefetch")
         if exc.index is not None:
-            origin = gathered.origins[exc.index]
+            origin = gathered.origin(exc.index)
         loc = [*origin, *exc.loc[1:]] if exc.index is not None else list(origin)
         raise ApiError(422, "invalid_request", field_error(loc, str(exc), "fhir_input")) from None
     if not record.rows:

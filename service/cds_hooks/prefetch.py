@@ -14,6 +14,7 @@ the client sent without decoding them (msgspec), fetched ones are encoded once.
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, field
 
@@ -36,19 +37,26 @@ Loc = tuple[str | int, ...]
 
 @dataclass
 class Gathered:
-    """The call's resources in order, each as its JSON text, where each came from (its location
-    for error messages), and the time spent fetching."""
+    """The call's resources in order, each as its JSON text, where they came from (for error
+    messages: `origin`), and the time spent fetching."""
 
     resources: list[bytes] = field(default_factory=list)
-    origins: list[Loc] = field(default_factory=list)
+    places: list[tuple[int, Loc, list[int] | None]] = field(default_factory=list)
+    """(index of the first resource, where, each resource's Bundle entry or None) per source."""
     fetch_s: float = 0.0
 
     def add(self, resources: list[tuple[int, bytes]], where: Loc, in_bundle: bool) -> None:
         """Append `resources` ((entry index, JSON text)), located under `where` (as Bundle
         entries when `in_bundle`)."""
-        for i, resource in resources:
-            self.resources.append(resource)
-            self.origins.append((*where, "entry", i, "resource") if in_bundle else where)
+        entries = [i for i, _ in resources] if in_bundle else None
+        self.places.append((len(self.resources), where, entries))
+        self.resources.extend(text for _, text in resources)
+
+    def origin(self, index: int) -> Loc:
+        """Where the `index`-th resource is in the call."""
+        place = bisect.bisect_right([first for first, _, _ in self.places], index) - 1
+        first, where, entries = self.places[place]
+        return where if entries is None else (*where, "entry", entries[index - first], "resource")
 
 
 class _Entry(msgspec.Struct):
