@@ -5,7 +5,7 @@ the others only by their `resourceType` (an R4 type), so a flaw in a resource no
 DiagnosticReport's code) does not refuse the record.
 
 A resource may come as a JSON object or as its undecoded JSON text (`bytes`, a CDS hook's
-prefetch read without decoding it: `medtpe_core.fhir.cache` keys on that text).
+prefetch read without decoding it: `ResourceCache` keys on that text).
 
 Cost: pydantic validation of each resource, about 0.3-0.7 ms for an Observation on this machine
 (docs/benchmarks.md, "FHIR mapping").
