@@ -2,10 +2,13 @@
 
     .venv/bin/python -m benchmarks.bench_render \
         --meds ../shared/data/mimic-iv-demo-meds --base .cache/models/smollm2-135m-instruct \
-        [--base ../shared/tokenizers/qwen2.5/tokenizer.json ...]
+        [--base ../shared/tokenizers/qwen2.5/tokenizer.json ...] \
+        [--medtpe artifacts/smollm2-135m-icu]
 
 Prints a markdown table per tokenizer. The "one line per event" row renders the same events
-naively (full timestamp on every line, no grouping, no duplicate counts) for comparison.
+naively (full timestamp on every line, no grouping, no duplicate counts) for comparison. With
+`--medtpe` (an artefact of the first `--base`), the same whole records and budgeted prompts are
+also encoded with that MedTPE tokenizer: its compression rate of the rendered text.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.meds import SubjectEvents
 from medtpe_core.meds_readers import MedsDataset, read_labels
+from medtpe_core.metrics import compression_rate
 from medtpe_core.paths import default_model_dir
-from medtpe_core.prompting import build_prompt
-from medtpe_core.render import _event_line, describe_code, render_record
+from medtpe_core.prompting import Prompt, build_prompt
+from medtpe_core.render import RenderedRecord, _event_line, describe_code, render_record
 from medtpe_core.results_file import write_results
+from medtpe_core.tokenizer import MedTPETokenizer
 
 
 def naive_text(events: SubjectEvents, descriptions: dict[str, str]) -> str:
@@ -65,6 +70,7 @@ def main() -> None:
     parser.add_argument("--base", type=Path, action="append", required=True)
     parser.add_argument("--task", default="icu_mortality")
     parser.add_argument("--max-input-tokens", type=int, default=8192)
+    parser.add_argument("--medtpe", type=Path, help="a MedTPE artefact of the first --base")
     parser.add_argument("--out", type=Path, default=None, help="results JSON file")
     args = parser.parse_args()
     results: dict[str, object] = {}
@@ -138,7 +144,31 @@ def main() -> None:
             "render_ms_per_record": round(render_s / len(rows) * 1000, 1),
             "build_prompt_ms_per_record": round(prompt_s / len(rows) * 1000, 1),
         }
+        if args.medtpe is not None and base == args.base[0]:
+            results[str(base)]["medtpe"] = medtpe_rates(args.medtpe, base, records, prompts)
     write_results(args.out, " ".join(sys.argv), results)
+
+
+def medtpe_rates(
+    artefact: Path, base: Path, records: list[RenderedRecord], prompts: list[Prompt]
+) -> dict[str, object]:
+    """Original and MedTPE token totals, and the compression rate, of the whole records and of
+    the budgeted prompts' record text."""
+    medtpe = MedTPETokenizer.load(artefact, base=base)
+    out: dict[str, object] = {"artefact": str(artefact)}
+    for name, texts in (
+        ("whole_record", [r.text for r in records]),
+        ("prompt", [p.record_text for p in prompts]),
+    ):
+        original = sum(map(len, medtpe.base.encode_batch(texts)))
+        new = sum(map(len, medtpe.encode_batch(texts)))
+        out[name] = {
+            "original_tokens": original,
+            "medtpe_tokens": new,
+            "compression_rate": round(compression_rate(original, new), 5),
+        }
+        print(f"MedTPE {name}: {original:,} -> {new:,} tokens, CR {out[name]['compression_rate']}")
+    return out
 
 
 if __name__ == "__main__":

@@ -14,6 +14,9 @@ Format (deterministic):
 
 - chronological, one line per event, events grouped under their timestamp; the date is written
   when it changes (and on the first group shown), otherwise only the time;
+- within one timestamp (and among static events) lines are ordered by code, then by line, so the
+  text does not depend on the input order of events that share a time (a MEDS ETL's order, or
+  none at all for FHIR resources of different types);
 - a code is shown by its description from the codes metadata, else by a readable form of the
   code itself (`LAB//220045//bpm` -> `Lab 220045`); a unit comes from the description's trailing
   `[unit]` or from `LAB//<id>//<unit>` codes and is written after the value;
@@ -42,7 +45,7 @@ import math
 import re
 import threading
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -252,17 +255,28 @@ def _timed_lines(events: SubjectEvents, lo: int, hi: int, maker: _LineMaker) -> 
         natural_headers.append(full_headers[-1] if date != previous_date else f"[{clock}]")
         previous_date = date
     lines = maker.event_lines(events, lo, hi)
+    codes = events.codes[lo:hi]
     timed: list[tuple[str, int]] = []
     line_group: list[int] = []
     for g in range(len(bounds) - 1):
-        group = Counter(lines[bounds[g] : bounds[g + 1]])  # insertion-ordered
+        group = _instant_lines(codes[bounds[g] : bounds[g + 1]], lines[bounds[g] : bounds[g + 1]])
         timed.extend(group.items())
         line_group.extend([g] * len(group))
     return _Lines([], timed, np.array(line_group, dtype=np.int64), full_headers, natural_headers)
 
 
+def _instant_lines(codes: Sequence[str], lines: list[str]) -> Counter[str]:
+    """The distinct lines of the events of one instant with their counts, ordered by code, then
+    line: the input order of events that share a time never shows (FHIR carries none)."""
+    if len(lines) > 1:
+        lines = [line for _, line in sorted(zip(codes, lines, strict=True))]
+    return Counter(lines)  # insertion-ordered
+
+
 def _static_lines(events: SubjectEvents, maker: _LineMaker) -> list[tuple[str, int]]:
-    return list(Counter(maker.event_lines(events, 0, events.n_static)).items())
+    n_static = events.n_static
+    lines = maker.event_lines(events, 0, n_static)
+    return list(_instant_lines(events.codes[:n_static], lines).items())
 
 
 def _window(

@@ -26,12 +26,12 @@ def bundle_events(
     except FhirInputError as exc:
         detail = field_error([*where, *exc.loc], str(exc), "fhir_input")
         raise ApiError(422, "invalid_request", detail) from exc
-    if not record.events:
+    if not record.rows:
         detail = field_error(
             [*where, "entry"], "the Bundle holds no event of the patient", "fhir_no_events"
         )
         raise ApiError(422, "invalid_request", detail)
-    return SubjectEvents.from_events(record.events), record
+    return record.subject_events(), record
 
 
 def fhir_mapping(record: FhirRecord) -> FhirMapping:

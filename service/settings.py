@@ -169,6 +169,13 @@ class ServiceSettings(BaseSettings):
     cds_score_cache_ttl_s: float = Field(
         3600.0, gt=0, description="CDS Hooks: how long a kept score is reused."
     )
+    cds_resource_cache_size: int = Field(
+        100_000,
+        ge=0,
+        description="CDS Hooks: FHIR resources whose validation and mapping are kept per API "
+        "process, so a record asked about again only reads its new resources (about 2 KB each; "
+        "0: none).",
+    )
 
     @field_validator("api_keys", mode="before")
     @classmethod

@@ -4,6 +4,9 @@ so that an error names its place. Resources of the types the caller reads are va
 the others only by their `resourceType` (an R4 type), so a flaw in a resource nothing reads (a
 DiagnosticReport's code) does not refuse the record.
 
+A resource may come as a JSON object or as its undecoded JSON text (`bytes`, a CDS hook's
+prefetch read without decoding it: `ResourceCache` keys on that text).
+
 Cost: pydantic validation of each resource, about 0.3-0.7 ms for an Observation on this machine
 (docs/benchmarks.md, "FHIR mapping").
 """
@@ -14,6 +17,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import msgspec
 from fhir.resources.R4B import get_fhir_model_class
 from fhir.resources.R4B.resource import Resource
 from pydantic import ValidationError
@@ -72,24 +76,53 @@ class Entry:
     resource: Resource | None
 
 
+Item = tuple[int, str | None, object]
+"""One resource of the input before parsing: its place, its Bundle `fullUrl`, and its data (a
+JSON object, or the object's JSON text as `bytes`)."""
+
+
+class _Head(msgspec.Struct):
+    """What is read of a resource's JSON text before its model: its type and id."""
+
+    resourceType: object = None
+    id: object = None
+
+
+_HEAD = msgspec.json.Decoder(_Head)
+
+
 def _field(loc: Sequence[str | int]) -> str:
     return ".".join(str(p) for p in loc)
+
+
+def _head(data: object) -> tuple[object, object] | None:
+    """(resourceType, id) of a resource's JSON object or text; None when it is no JSON object."""
+    if isinstance(data, bytes):
+        try:
+            head = _HEAD.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None
+        return head.resourceType, head.id
+    if isinstance(data, Mapping):
+        return data.get("resourceType"), data.get("id")
+    return None
 
 
 def parse_resource(
     data: object, index: int, in_bundle: bool, read: Collection[str] | None = None
 ) -> Entry:
-    """One resource dict as an entry, its R4B model validated when its type is in `read` (None:
-    every type); `FhirInputError` naming the field otherwise."""
-    if not isinstance(data, Mapping) or not isinstance(data.get("resourceType"), str):
+    """One resource (a JSON object, or its JSON text) as an entry, its R4B model validated when
+    its type is in `read` (None: every type); `FhirInputError` naming the field otherwise."""
+    head = _head(data)
+    if head is None or not isinstance(head[0], str):
         raise FhirInputError(
             "a FHIR resource is a JSON object with a `resourceType`",
             index=index,
             field="resourceType",
             in_bundle=in_bundle,
         )
-    resource_type = data["resourceType"]
-    resource_id = data.get("id") if isinstance(data.get("id"), str) else None
+    resource_type = head[0]
+    resource_id = head[1] if isinstance(head[1], str) else None
     try:
         model = get_fhir_model_class(resource_type)
     except (KeyError, ValueError) as exc:
@@ -104,6 +137,8 @@ def parse_resource(
     if read is not None and resource_type not in read:
         return Entry(index, None, resource_type, resource_id, None)
     try:
+        if isinstance(data, bytes):
+            return Entry(index, None, resource_type, resource_id, model.model_validate_json(data))
         return Entry(index, None, resource_type, resource_id, model.model_validate(data))
     except ValidationError as exc:
         error = exc.errors()[0]
@@ -122,11 +157,11 @@ def parse_resource(
         ) from exc
 
 
-def parse_entries(
-    data: Mapping[str, Any] | Sequence[Mapping[str, Any]], read: Collection[str] | None = None
-) -> tuple[list[Entry], bool]:
+def resource_items(
+    data: Mapping[str, Any] | Sequence[object],
+) -> tuple[list[Item], bool]:
     """The resources of a Bundle (entries without a resource, e.g. a transaction's DELETE, are
-    left out) or of a sequence of resources, those of the types in `read` parsed (None: all);
+    left out) or of a sequence of resources (JSON objects or their JSON text), not yet parsed;
     and whether the input was a Bundle."""
     if isinstance(data, Mapping) and data.get("resourceType") == "Bundle":
         bundle_type = data.get("type")
@@ -140,15 +175,14 @@ def parse_entries(
         entries = data.get("entry") or []
         if not isinstance(entries, list):
             raise FhirInputError("a list of entries is expected", field="entry")
-        out = []
+        out: list[Item] = []
         for i, entry in enumerate(entries):
             if not isinstance(entry, Mapping):
                 raise FhirInputError("an entry is a JSON object", field=f"entry.{i}")
             if entry.get("resource") is None:
                 continue
             full_url = entry.get("fullUrl")
-            parsed = parse_resource(entry["resource"], i, True, read)
-            out.append(replace(parsed, full_url=full_url if isinstance(full_url, str) else None))
+            out.append((i, full_url if isinstance(full_url, str) else None, entry["resource"]))
         return out, True
     if isinstance(data, Mapping):
         raise FhirInputError(
@@ -156,4 +190,17 @@ def parse_entries(
             resource_type=str(data.get("resourceType") or "") or None,
             field="resourceType",
         )
-    return [parse_resource(item, i, False, read) for i, item in enumerate(data)], False
+    return [(i, None, item) for i, item in enumerate(data)], False
+
+
+def parse_entries(
+    data: Mapping[str, Any] | Sequence[object], read: Collection[str] | None = None
+) -> tuple[list[Entry], bool]:
+    """The resources of `resource_items`, those of the types in `read` parsed (None: all); and
+    whether the input was a Bundle."""
+    items, in_bundle = resource_items(data)
+    entries = [
+        replace(parse_resource(resource, i, in_bundle, read), full_url=full_url)
+        for i, full_url, resource in items
+    ]
+    return entries, in_bundle

@@ -1,14 +1,20 @@
 """One hook call from request to card: check the call against its service, gather the FHIR
-resources (`service.cds_hooks.prefetch`), map them to MEDS events (`medtpe_core.fhir`, in a
-worker thread), then the score: from the score cache when the same caller asked about the very
-same record before, else from the model through `/predict`'s own path
-(`service.serving.predict_record`, on the async engine: the event loop never waits on it).
+resources as JSON text (`service.cds_hooks.prefetch`), then the score:
+
+- from the score cache when the same caller sent the very same resources before (a digest of
+  their text: nothing is decoded or mapped);
+- else map them to MEDS events (`medtpe_core.fhir`, in a worker thread; the process's
+  `ResourceCache` holds what each resource seen before gave, so a record that grew by a few
+  observations validates and reads only those), and from the score cache when the same caller
+  asked about the same events before;
+- else from the model through `/predict`'s own path (`service.serving.predict_record`, on the
+  async engine: the event loop never waits on it).
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import meds
@@ -18,11 +24,12 @@ from starlette.requests import Request
 from inference.model import LoadedModel
 from medtpe_core.cds.cards import Score, card_text
 from medtpe_core.cds.risk import DEFAULT_BANDS
-from medtpe_core.cds.score_cache import ScoreCache, record_digest
+from medtpe_core.cds.score_cache import ScoreCache, record_digest, texts_digest
 from medtpe_core.cds.services import HOOK_CONTEXT, PATIENT_ID, CdsService
 from medtpe_core.fhir import (
     FhirInputError,
     FhirRecord,
+    ResourceCache,
     SiteMapping,
     meds_from_fhir,
 )
@@ -45,11 +52,13 @@ HOOK_OPTIONS = PredictOptions(return_probabilities=True)
 
 @dataclass(frozen=True)
 class CdsHooks:
-    """What the hook routes hold: the JWT check and the score cache."""
+    """What the hook routes hold: the JWT check, the score cache and the resource cache."""
 
     auth: HookAuthenticator
     scores: ScoreCache[Score]
     base_url: str | None
+    max_resources: int
+    _resources: dict[int, ResourceCache] = field(default_factory=dict)
 
     @classmethod
     def from_settings(cls, settings: ServiceSettings) -> CdsHooks:
@@ -58,7 +67,16 @@ class CdsHooks:
             HookAuthenticator(settings.cds_issuers, settings.cds_jwt_max_lifetime_s),
             ScoreCache(settings.cds_score_cache_size, settings.cds_score_cache_ttl_s),
             str(settings.cds_base_url).rstrip("/") if settings.cds_base_url else None,
+            settings.cds_resource_cache_size,
         )
+
+    def resource_cache(self, mapping: SiteMapping) -> ResourceCache:
+        """The process's resource cache of the site mapping (loaded at start-up)."""
+        cache = self._resources.get(id(mapping))
+        if cache is None or cache.mapping is not mapping:
+            self._resources.clear()
+            cache = self._resources[id(mapping)] = ResourceCache(mapping, self.max_resources)
+        return cache
 
     def audience(self, request: Request) -> str:
         """The URL called, as a JWT's `aud` must name it: the configured public base URL and
@@ -85,33 +103,50 @@ async def answer_hook(
     if gathered.fetch_s:
         state.metrics.cds_fhir_fetch.observe(gathered.fetch_s)
     patient = str(body.context[PATIENT_ID])
-    record = await asyncio.to_thread(_mapped, state.site_mapping(), gathered, patient)
-    events = SubjectEvents.from_events(record.events)
     salt = state.salts.of(f"cds-hooks\x1f{caller.issuer}\x1f{caller.tenant or ''}")
     identity = model.identity
-    budget = str(model.predictor.max_input_tokens)
-    digest = record_digest(events, None, task.name, identity.artefact_id, identity.mode, budget)
-    key = (salt, task.name, patient, digest)
-    score = hooks.scores.get(key)
+    parts = (task.name, identity.artefact_id, identity.mode, str(model.predictor.max_input_tokens))
+    sent = await asyncio.to_thread(texts_digest, gathered.resources, patient, *parts)
+    score = hooks.scores.get((salt, patient, sent))
     cached = score is not None
     if score is None:
-        async with served(state, "cds_hook", task.name, 1):
-            answer = await predict_record(
-                state,
-                model,
-                task,
-                events,
-                None,
-                HOOK_OPTIONS,
-                salt,
-                descriptions=record.descriptions,
-            )
-        score = _score(task, model, events, record, answer)
-        hooks.scores.put(key, score)
+        mapping = state.site_mapping()
+        cache = hooks.resource_cache(mapping)
+        record, events = await asyncio.to_thread(_mapped, mapping, cache, gathered, patient)
+        key = (salt, task.name, patient, record_digest(events, None, *parts))
+        score = hooks.scores.get(key)
+        cached = score is not None
+        if score is None:
+            score = await _scored(state, model, task, events, record, salt)
+            hooks.scores.put(key, score)
+        hooks.scores.put((salt, patient, sent), score)
     bands = state.settings.cds_risk_bands.get(task.name, DEFAULT_BANDS)
     card = risk_card(card_text(score, bands, cached=cached), identity, state.settings)
     audit.card, audit.outcome = card.uuid, "cached" if cached else "card"
     return CdsResponse(cards=[card])
+
+
+async def _scored(
+    state: ServiceState,
+    model: LoadedModel,
+    task: Task,
+    events: SubjectEvents,
+    record: FhirRecord,
+    salt: str,
+) -> Score:
+    """The model's score of the record, through `/predict`'s own path."""
+    async with served(state, "cds_hook", task.name, 1):
+        answer = await predict_record(
+            state,
+            model,
+            task,
+            events,
+            None,
+            HOOK_OPTIONS,
+            salt,
+            descriptions=record.descriptions,
+        )
+    return _score(task, model, events, record, answer)
 
 
 def _check_call(service: CdsService, body: HookRequest) -> None:
@@ -132,22 +167,26 @@ def _check_call(service: CdsService, body: HookRequest) -> None:
             )
 
 
-def _mapped(mapping: SiteMapping, gathered: Gathered, patient: str) -> FhirRecord:
-    """The record's MEDS events; input it cannot map is a 422 located in the call (the
+def _mapped(
+    mapping: SiteMapping, cache: ResourceCache, gathered: Gathered, patient: str
+) -> tuple[FhirRecord, SubjectEvents]:
+    """The record and its MEDS events; input it cannot map is a 422 located in the call (the
     prefetch key and entry, or the fetch that brought it)."""
     try:
-        record = meds_from_fhir(gathered.resources, mapping=mapping, patient_id=patient)
+        record = meds_from_fhir(
+            gathered.resources, mapping=mapping, patient_id=patient, cache=cache
+        )
     except FhirInputError as exc:
         origin: tuple[str | int, ...] = ("body", "prefetch")
         if exc.index is not None:
-            origin = gathered.origins[exc.index]
+            origin = gathered.origin(exc.index)
         loc = [*origin, *exc.loc[1:]] if exc.index is not None else list(origin)
         raise ApiError(422, "invalid_request", field_error(loc, str(exc), "fhir_input")) from None
-    if not record.events:
+    if not record.rows:
         where = ("body", "prefetch")
         detail = field_error(where, f"no event of patient {patient}", "fhir_no_events")
         raise ApiError(422, "invalid_request", detail)
-    return record
+    return record, record.subject_events()
 
 
 def _score(

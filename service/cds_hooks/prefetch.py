@@ -7,13 +7,18 @@ OperationOutcome in its place (the client's fetch failed), is fetched with the c
 `fhirServer` and `fhirAuthorization`. Without those, or when the server cannot answer, the call
 is refused with 412 Precondition Failed, as the specification requires; a prefetched value that
 is no FHIR resource is a 422 naming its key.
+
+The resources are gathered as JSON text: a prefetched Bundle's entries are cut out of the text
+the client sent without decoding them (msgspec), fetched ones are encoded once.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, field
-from typing import Any
+
+import msgspec
 
 from medtpe_core.cds.services import CdsService, TemplateError, render_template
 from service.cds_hooks.fhir_fetch import FhirFetchError, FhirSource, fetch_all, next_pages
@@ -32,18 +37,48 @@ Loc = tuple[str | int, ...]
 
 @dataclass
 class Gathered:
-    """The call's resources in order, where each came from (its location for error messages),
-    and the time spent fetching."""
+    """The call's resources in order, each as its JSON text, where they came from (for error
+    messages: `origin`), and the time spent fetching."""
 
-    resources: list[dict[str, Any]] = field(default_factory=list)
-    origins: list[Loc] = field(default_factory=list)
+    resources: list[bytes] = field(default_factory=list)
+    places: list[tuple[int, Loc, list[int] | None]] = field(default_factory=list)
+    """(index of the first resource, where, each resource's Bundle entry or None) per source."""
     fetch_s: float = 0.0
 
-    def add(self, resources: list[dict[str, Any]], where: Loc, in_bundle: bool) -> None:
-        """Append `resources`, located under `where` (as Bundle entries when `in_bundle`)."""
-        for i, resource in enumerate(resources):
-            self.resources.append(resource)
-            self.origins.append((*where, "entry", i, "resource") if in_bundle else where)
+    def add(self, resources: list[tuple[int, bytes]], where: Loc, in_bundle: bool) -> None:
+        """Append `resources` ((entry index, JSON text)), located under `where` (as Bundle
+        entries when `in_bundle`)."""
+        entries = [i for i, _ in resources] if in_bundle else None
+        self.places.append((len(self.resources), where, entries))
+        self.resources.extend(text for _, text in resources)
+
+    def origin(self, index: int) -> Loc:
+        """Where the `index`-th resource is in the call."""
+        place = bisect.bisect_right([first for first, _, _ in self.places], index) - 1
+        first, where, entries = self.places[place]
+        return where if entries is None else (*where, "entry", entries[index - first], "resource")
+
+
+class _Entry(msgspec.Struct):
+    resource: msgspec.Raw = msgspec.Raw(b"null")
+
+
+class _Link(msgspec.Struct):
+    relation: object = None
+    url: object = None
+
+
+class _Value(msgspec.Struct):
+    """What is read of a prefetch value: its type, and a Bundle's entries and links."""
+
+    resourceType: object = None
+    entry: list[_Entry] | None = None
+    link: list[_Link] | None = None
+
+
+_VALUE = msgspec.json.Decoder(_Value)
+_MISSING = _Value(resourceType="OperationOutcome")
+"""A key the client did not send: fetched, as when its fetch failed."""
 
 
 async def gather_resources(
@@ -55,30 +90,48 @@ async def gather_resources(
     missing: dict[str, str] = {}
     pages: dict[str, str] = {}
     for key, template in service.prefetch.items():
-        value = prefetch.get(key, _MISSING)
-        if value is None:
-            continue
+        text = prefetch.get(key)
         where: Loc = ("body", "prefetch", key)
-        if value is _MISSING or _is_outcome(value):
+        value = _read(text, where) if text is not None else _MISSING
+        if value is None:  # null: the client has no such data
+            continue
+        if text is None or value.resourceType == "OperationOutcome":
             missing[key] = _query(template, body, key)
             continue
-        if not isinstance(value, dict) or not isinstance(value.get("resourceType"), str):
-            raise ApiError(
-                422,
-                "invalid_request",
-                field_error(where, "a prefetch value is a FHIR resource or null", "not_fhir"),
-            )
-        if value["resourceType"] == "Bundle":
-            entries = value.get("entry") or []
-            gathered.add([e["resource"] for e in entries if isinstance(e, dict)], where, True)
-            next_url = _next_link(value)
+        if value.resourceType == "Bundle":
+            texts = ((i, bytes(e.resource)) for i, e in enumerate(value.entry or []))
+            entries = [(i, text) for i, text in texts if text != b"null"]  # no resource
+            gathered.add(entries, where, True)
+            next_url = _next_link(value.link or [])
             if next_url:
                 pages[key] = next_url
         else:
-            gathered.add([value], where, False)
+            gathered.add([(0, text)], where, False)
     if missing or pages:
         await _fetch(gathered, missing, pages, body, caller, settings)
     return gathered
+
+
+def _read(text: bytes, where: Loc) -> _Value | None:
+    """A prefetch value's type and entries (None: `null`); 422 when it is no FHIR resource."""
+    try:
+        value = _VALUE.decode(text)
+    except msgspec.ValidationError:
+        data = msgspec.json.decode(text)
+        if data is None:
+            return None
+        if isinstance(data, dict) and isinstance(data.get("resourceType"), str):
+            message = "a Bundle's `entry` and `link` are lists of JSON objects"
+            detail = field_error(where, message, "not_fhir")
+            raise ApiError(422, "invalid_request", detail) from None
+        value = _Value()
+    if not isinstance(value.resourceType, str):
+        raise ApiError(
+            422,
+            "invalid_request",
+            field_error(where, "a prefetch value is a FHIR resource or null", "not_fhir"),
+        )
+    return value
 
 
 async def _fetch(
@@ -113,7 +166,8 @@ async def _fetch(
     finally:
         gathered.fetch_s = time.perf_counter() - start
     for key, resources in found.items():
-        gathered.add(resources, ("fhirServer", key), True)
+        texts = [(i, msgspec.json.encode(resource)) for i, resource in enumerate(resources)]
+        gathered.add(texts, ("fhirServer", key), True)
 
 
 def _source(
@@ -157,20 +211,8 @@ def _query(template: str, body: HookRequest, key: str) -> str:
         ) from None
 
 
-class _Missing:
-    """A prefetch key the client did not send."""
-
-
-_MISSING = _Missing()
-
-
-def _is_outcome(value: object) -> bool:
-    """An OperationOutcome where a prefetch value should be: the client's fetch failed."""
-    return isinstance(value, dict) and value.get("resourceType") == "OperationOutcome"
-
-
-def _next_link(bundle: dict[str, Any]) -> str | None:
-    for link in bundle.get("link") or []:
-        if isinstance(link, dict) and link.get("relation") == "next" and link.get("url"):
-            return str(link["url"])
+def _next_link(links: list[_Link]) -> str | None:
+    for link in links:
+        if link.relation == "next" and isinstance(link.url, str) and link.url:
+            return link.url
     return None

@@ -19,7 +19,12 @@ from service.cds_hooks.audit import AuditEntry, audited, write
 from service.cds_hooks.hook_call import CdsHooks, answer_hook
 from service.cds_hooks.jwt_auth import Caller, HookUnauthorized
 from service.cds_hooks.responses import discovery
-from service.cds_hooks.schemas import CdsResponse, DiscoveryResponse, FeedbackRequest, HookRequest
+from service.cds_hooks.schemas import (
+    CdsResponse,
+    DiscoveryResponse,
+    FeedbackRequest,
+    read_hook_request,
+)
 from service.errors import ApiError
 from service.state import ServiceState
 
@@ -65,9 +70,11 @@ async def discover(caller: CallerDep) -> DiscoveryResponse:
 
 @router.post("/{service_id}", response_model=CdsResponse, response_model_exclude_none=True)
 async def call(
-    service_id: str, body: HookRequest, state: StateDep, hooks: HooksDep, caller: CallerDep
+    service_id: str, request: Request, state: StateDep, hooks: HooksDep, caller: CallerDep
 ) -> CdsResponse:
-    """A hook call: one risk card for the patient in context."""
+    """A hook call: one risk card for the patient in context (the body is read after the JWT
+    check, its prefetch kept as JSON text: `read_hook_request`)."""
+    body = read_hook_request(await request.body())
     entry = AuditEntry(service_id, hookInstance=body.hookInstance, issuer=caller.issuer)
     entry.tenant, entry.jti = caller.tenant, caller.jti
     with audited(entry, state.metrics):

@@ -12,7 +12,17 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+import msgspec
+from fastapi.exceptions import RequestValidationError
+from pydantic import (
+    AnyHttpUrl,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 
 from medtpe_core.cds.cards import SUMMARY_LIMIT
 from medtpe_core.cds.risk import Indicator
@@ -78,7 +88,8 @@ class HookRequest(_Request):
     fhirServer: AnyHttpUrl | None = None
     fhirAuthorization: FhirAuthorization | None = None
     context: dict[str, Any]
-    prefetch: dict[str, Any] | None = None
+    prefetch: dict[str, bytes] | None = None
+    """Each prefetch key's value as the JSON text the client sent (`read_hook_request`)."""
 
     @model_validator(mode="after")
     def _server_with_token(self) -> HookRequest:
@@ -86,6 +97,43 @@ class HookRequest(_Request):
         if self.fhirAuthorization is not None and self.fhirServer is None:
             raise ValueError("`fhirServer` is required with `fhirAuthorization`")
         return self
+
+
+_MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_PREFETCH = msgspec.json.Decoder(dict[str, msgspec.Raw] | None)
+
+
+def read_hook_request(body: bytes) -> HookRequest:
+    """The hook request in a request body, each prefetch value kept as the JSON text sent: a
+    long record's prefetch is megabytes, and decoding it into Python objects costs more than
+    the rest of a cached call (`medtpe_core.fhir` reads each resource from its text, once). A
+    `RequestValidationError` locating the field (`["body", ...]`) otherwise."""
+    try:
+        members = _MEMBERS.decode(body)
+    except msgspec.ValidationError:  # JSON, but not an object: pydantic says what it is
+        return _validated(msgspec.json.decode(body))
+    except msgspec.DecodeError as exc:
+        error = {"type": "json_invalid", "loc": ("body",), "msg": f"JSON decode error: {exc}"}
+        raise RequestValidationError([error]) from None
+    fields = {name: msgspec.json.decode(v) for name, v in members.items() if name != "prefetch"}
+    if "prefetch" in members:
+        try:
+            prefetch = _PREFETCH.decode(members["prefetch"])
+        except msgspec.ValidationError:  # not an object: pydantic names it
+            fields["prefetch"] = msgspec.json.decode(members["prefetch"])
+        else:
+            fields["prefetch"] = (
+                None if prefetch is None else {key: bytes(v) for key, v in prefetch.items()}
+            )
+    return _validated(fields)
+
+
+def _validated(data: object) -> HookRequest:
+    try:
+        return HookRequest.model_validate(data)
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
+        raise RequestValidationError(errors) from None
 
 
 class Source(_Response):

@@ -162,7 +162,8 @@ def test_generic_loinc_carries_display_and_unit_as_description() -> None:
         "LOINC//72166-2//UNK": "Smoking",
     }
     text_out = render_record(SubjectEvents.from_events(record.events), record.descriptions).text
-    assert "Heart rate: 80 /min\nSystolic: 120 mmHg\nSmoking: Ex-smoker" in text_out
+    # one instant: the lines in code order (LOINC//72166-2 < LOINC//8480-6 < LOINC//8867-4)
+    assert "Smoking: Ex-smoker\nSystolic: 120 mmHg\nHeart rate: 80 /min" in text_out
 
 
 def test_unmapped_coding_is_kept_with_a_generic_code_and_counted() -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import random
 from datetime import datetime, timedelta
 
+import numpy as np
 import pytest
 
 from medtpe_core.meds import MedsEvent, SubjectEvents
@@ -70,6 +72,60 @@ def test_exact_duplicates_are_shown_once_with_a_count():
     record = render_record(events, DESCRIPTIONS)
     assert record.text.splitlines()[1:] == ["Heart Rate: 80 bpm (x2)", "Heart Rate: 81 bpm"]
     assert record.n_events_total == record.n_events_kept == 3
+
+
+def test_lines_of_one_instant_are_ordered_by_code_then_line():
+    t = datetime(2150, 1, 1, 8)
+    events = events_of(
+        (None, "RACE//WHITE", None, None),
+        (None, "GENDER//F", None, None),
+        (t, "LAB//50912//mg/dL", 1.25, None),
+        (t, "LAB//220045//bpm", 90.0, None),
+        (t, "DIAGNOSIS//ICD//9//4019", None, None),
+        (t, "LAB//220045//bpm", 100.0, None),
+    )
+    assert render_record(events, DESCRIPTIONS).text.splitlines() == [
+        "[static]",
+        "Gender: F",
+        "Race: WHITE",
+        "[2150-01-01 08:00]",
+        "Diagnosis: Unspecified essential hypertension",
+        "Heart Rate: 100 bpm",
+        "Heart Rate: 90 bpm",
+        "Creatinine (Blood): 1.25 mg/dL",
+    ]
+
+
+@pytest.mark.parametrize("budget", [None, 64, 512])
+def test_the_input_order_of_same_time_events_never_shows(dataset, encoder, budget):
+    """The text is a function of the events, not of their order within an instant (a MEDS
+    ETL's, or none: FHIR resources of different types)."""
+    shuffle = random.Random(7).shuffle
+    for subject in dataset:
+        rows = list(
+            zip(
+                subject.times,
+                subject.codes,
+                subject.numeric_values,
+                subject.text_values,
+                strict=True,
+            )
+        )
+        groups: dict[object, list[tuple]] = {}
+        for row in rows:
+            groups.setdefault(row[0], []).append(row)
+        for group in groups.values():
+            shuffle(group)
+        shuffled = [
+            (None if np.isnat(t) else t.astype(datetime), c, None if np.isnan(v) else v, x)
+            for group in groups.values()
+            for t, c, v, x in group
+        ]
+        reference = render_record(subject, dataset.descriptions, PREDICTION_TIME, encoder, budget)
+        other = render_record(
+            events_of(*shuffled), dataset.descriptions, PREDICTION_TIME, encoder, budget
+        )
+        assert other == reference
 
 
 @pytest.mark.parametrize(

@@ -40,7 +40,8 @@ def test_prompt_fits_budget_and_keeps_newest(dataset, tokenizer, template):
         assert prompt.response_prefix == '{"answer": "'
         assert "Prediction time: 2150-03-02 08:00" in prompt.text
         assert prompt.n_events_kept < prompt.n_events_total
-        assert prompt.record_text.endswith("Heart Rate: 93 bpm")
+        # the newest instant, its lines in code order (LAB//220045 before LAB//220210)
+        assert prompt.record_text.endswith("Heart Rate: 93 bpm\nRespiratory Rate: 18 insp/min")
 
 
 def test_whole_record_when_it_fits(dataset, tokenizer, template):

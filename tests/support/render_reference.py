@@ -2,7 +2,9 @@
 ONLY as the reference that tests/medtpe_core/test_render_reference.py holds the columnar
 renderer to on generated records (the pins in tests/fixtures/render_pins*.json do the same on
 fixed records).
-Do not edit it to follow the production code: that would defeat its purpose."""
+Do not edit it to follow the production code: that would defeat its purpose. One deliberate
+format change since: the lines of one instant (and the static lines) are ordered by code, then
+line (issue 32: the text no longer depends on the input order of same-time events)."""
 
 from __future__ import annotations
 
@@ -51,18 +53,25 @@ class _Lines:
 def _collect_lines(events: SubjectEvents, descriptions: Mapping[str, str]) -> _Lines:
     cache: dict[str, tuple[str, str | None]] = {}
     static = np.isnat(events.times)
-    statics: dict[str, int] = {}
+    statics: list[tuple[str, str]] = []
     timed: list[tuple[str, int]] = []
     line_group: list[int] = []
     full_headers: list[str] = []
     natural_headers: list[str] = []
-    group: dict[str, int] = {}
+    group: list[tuple[str, str]] = []  # (code, line) of the current instant
     previous_time = None
     previous_date = None
 
+    def counted(items: list[tuple[str, str]]) -> dict[str, int]:
+        lines: dict[str, int] = {}
+        for _, line in sorted(items):
+            lines[line] = lines.get(line, 0) + 1
+        return lines
+
     def flush() -> None:
-        timed.extend(group.items())
-        line_group.extend([len(full_headers) - 1] * len(group))
+        lines = counted(group)
+        timed.extend(lines.items())
+        line_group.extend([len(full_headers) - 1] * len(lines))
         group.clear()
 
     for i, code in enumerate(events.codes):
@@ -71,7 +80,7 @@ def _collect_lines(events: SubjectEvents, descriptions: Mapping[str, str]) -> _L
         label, unit = cache[code]
         line = _event_line(label, unit, events.numeric_values[i], events.text_values[i])
         if static[i]:
-            statics[line] = statics.get(line, 0) + 1
+            statics.append((code, line))
             continue
         time = events.times[i]
         if time != previous_time:
@@ -81,10 +90,10 @@ def _collect_lines(events: SubjectEvents, descriptions: Mapping[str, str]) -> _L
             full_headers.append(f"[{date} {clock}]")
             natural_headers.append(full_headers[-1] if date != previous_date else f"[{clock}]")
             previous_time, previous_date = time, date
-        group[line] = group.get(line, 0) + 1
+        group.append((code, line))
     flush()
     return _Lines(
-        statics=list(statics.items()),
+        statics=list(counted(statics).items()),
         timed=timed,
         line_group=np.array(line_group, dtype=np.int64),
         full_headers=full_headers,
