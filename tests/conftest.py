@@ -82,9 +82,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     says its kind, `engine:` when one of its tests carries the `engine` marker, else `light:`,
     which is how `tests.support.xdist_schedule` spreads the engine groups over the workers."""
     items.sort(key=_run_order)
-    on_service = {
-        _file(item) for item in items if "service_server" in getattr(item, "fixturenames", ())
-    }
+    on_service = {_file(item) for item in items if _uses_service(item)}
     names = {item: _group(item, on_service) for item in items}
     engine = {names[item] for item in items if item.get_closest_marker("engine")}
     for item, name in names.items():
@@ -116,6 +114,17 @@ def _run_order(item: pytest.Item) -> tuple[bool, bool, float]:
     timeout = item.get_closest_marker("timeout")
     allowed = float(timeout.args[0]) if timeout and timeout.args else 0.0
     return item.get_closest_marker("stops_service") is not None, not slow, -allowed
+
+
+def _uses_service(item: pytest.Item) -> bool:
+    """Whether the test runs on the session's service: it names `service_server`, or it is the
+    served half of the `api` fixture (which asks for `service_server` only when it runs, so
+    the fixture closure does not show it: those files each started a service of their own on
+    whichever worker ran them, and could run after the test that stops the service)."""
+    if "service_server" in getattr(item, "fixturenames", ()):
+        return True
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and callspec.params.get("api") == "vllm"
 
 
 def _group(item: pytest.Item, on_service: set[str]) -> str:
