@@ -12,7 +12,7 @@ import pytest
 
 from medtpe_cli.command_line import medtpe_command
 from tests.support.meds_fixtures import write_meds_dataset
-from tests.support.service_support import ENGINE_DTYPE, service_env
+from tests.support.service_support import service_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
@@ -33,7 +33,6 @@ def test_evaluate_both_modes(service_files: tuple[Path, Path], tmp_path: Path) -
         max_new_tokens=16,
         kv_cache_gib=1,
         enforce_eager=True,  # no torch.compile: the engine is ready minutes sooner on CPU
-        dtype=ENGINE_DTYPE,
         window_policy="stable",
         window_grid_hours=6,
         artefact=artefact,

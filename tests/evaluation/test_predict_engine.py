@@ -15,7 +15,7 @@ from meds_evaluation.schema import PredictionSchema
 from evaluation.batch import NO_EVENTS
 from medtpe_cli.command_line import medtpe_command
 from tests.support.meds_fixtures import PREDICTION_TIME, write_meds_dataset
-from tests.support.service_support import ENGINE_DTYPE, service_env
+from tests.support.service_support import service_env
 
 # one local Ray cluster at a time (the Ray mining tests share the group)
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.xdist_group("ray")]
@@ -35,7 +35,6 @@ def _predict(
         max_new_tokens=16,
         kv_cache_gib=1,
         enforce_eager=True,
-        dtype=ENGINE_DTYPE,
         # one record in the engine at a time: batches of several records give p(yes) that
         # differ in the 5th decimal with the batch's make-up, which differs between the runs
         concurrency=1,
