@@ -67,8 +67,9 @@ test: install deps-system deps-deploy
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_XDIST)
 
-# The contributor's loop: every test that starts no real vLLM engine (markers `engine`, `slow`;
-# minutes instead of ten). `make test` still runs them all.
+# The contributor's loop: every test that starts no real vLLM engine (marker `engine`) and is not
+# marked `slow` (builds, Ray clusters, processes that must refuse to start). `make test` still
+# runs them all.
 test-fast: install deps-system deps-deploy
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q --durations=10 $(PYTEST_XDIST) -m "not engine and not slow"

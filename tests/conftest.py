@@ -81,10 +81,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     one its file names (the Ray tests share one: one local cluster at a time); the group's name
     says its kind, `engine:` when one of its tests carries the `engine` marker, else `light:`,
     which is how `tests.support.xdist_schedule` spreads the engine groups over the workers."""
-    items.sort(key=_run_order)
-    on_service = {
-        _file(item) for item in items if "service_server" in getattr(item, "fixturenames", ())
-    }
+    on_service = {_file(item) for item in items if _uses_service(item)}
+    items.sort(key=lambda item: _run_order(item, on_service))
     names = {item: _group(item, on_service) for item in items}
     engine = {names[item] for item in items if item.get_closest_marker("engine")}
     for item, name in names.items():
@@ -107,15 +105,28 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
         pytest.exit("pytest-xdist did not group the tests: see pyproject's pytest pin", 4)
 
 
-def _run_order(item: pytest.Item) -> tuple[bool, bool, float]:
+def _run_order(item: pytest.Item, on_service: set[str]) -> tuple[bool, bool, bool, float]:
     """Sort key: the test that stops the session's service last; before every other test, the
-    real-engine ones (minutes each), those allowed the longest (`timeout` marker) first:
-    the groups are handed out in this order, so the long ones start first and the short ones
-    fill in beside them."""
+    real-engine ones (minutes each), those on the session's service first (the longest group:
+    its one service serves every test of its files), then those allowed the longest (`timeout`
+    marker): the groups are handed out in this order, so the long ones start first and the
+    short ones fill in beside them."""
     slow = any(item.get_closest_marker(name) for name in ("slow", "engine"))
     timeout = item.get_closest_marker("timeout")
     allowed = float(timeout.args[0]) if timeout and timeout.args else 0.0
-    return item.get_closest_marker("stops_service") is not None, not slow, -allowed
+    last = item.get_closest_marker("stops_service") is not None
+    return last, not slow, _file(item) not in on_service, -allowed
+
+
+def _uses_service(item: pytest.Item) -> bool:
+    """Whether the test runs on the session's service: it names `service_server`, or it is the
+    served half of the `api` fixture (which asks for `service_server` only when it runs, so
+    the fixture closure does not show it: those files each started a service of their own on
+    whichever worker ran them, and could run after the test that stops the service)."""
+    if "service_server" in getattr(item, "fixturenames", ()):
+        return True
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and callspec.params.get("api") == "vllm"
 
 
 def _group(item: pytest.Item, on_service: set[str]) -> str:

@@ -59,6 +59,7 @@ def loaded_after(modules: list[str]) -> set[str]:
     return set(json.loads(out.stdout.splitlines()[-1]))
 
 
+@pytest.mark.slow
 def test_importing_inference_and_service_leaves_training_out() -> None:
     pytest.importorskip("vllm")
     loaded = loaded_after(

@@ -29,7 +29,7 @@ from medtpe_core.tasks import Task, get_task
 from tests.support.meds_fixtures import write_meds_dataset
 from tests.support.service_support import engine_test_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
 
 MORTALITY = get_task("icu_mortality")
 SAMPLING = Sampling(n_samples=2, temperature=0.7, max_new_tokens=32, constrained=True)

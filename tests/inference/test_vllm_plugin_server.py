@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 
 from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.tokenizer import MedTPETokenizer
-from tests.support.service_support import free_port
+from tests.support.service_support import ENGINE_DTYPE, free_port
 
 openai = pytest.importorskip("openai")
 
@@ -48,6 +48,7 @@ class VllmServer:
         command = [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry"]
         command += ["--model", str(model_dir), "--served-model-name", MODEL]
         command += ["--max-model-len", "2048", "--enforce-eager", "--seed", "0"]
+        command += ["--dtype", ENGINE_DTYPE]
         command += ["--host", "127.0.0.1", "--port", str(self.port)]
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
         self.process = subprocess.Popen(

@@ -22,7 +22,7 @@ from medtpe_core.sharded_mining import MiningJob, count_meds_corpus  # noqa: E40
 from medtpe_core.tokenizer import MedTPETokenizer  # noqa: E402
 from tests.support.meds_fixtures import corpus_tokenizer_file, write_sharded_data  # noqa: E402
 
-pytestmark = pytest.mark.xdist_group("ray")  # one local Ray cluster at a time
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # one local Ray cluster at a time
 
 SHARDS = ((1, 2), (3, 4), (5,), (6, 7), (8, 9, 10))
 

@@ -37,6 +37,7 @@ def test_fixture_records_render_as_pinned():
 @pytest.mark.skipif(
     not SHARED_MEDS.is_dir(), reason=f"the shared MEDS data ({SHARED_MEDS}) is not on this machine"
 )
+@pytest.mark.slow
 def test_every_shared_icu_record_renders_as_pinned():
     expected = json.loads(SHARED_PINS_FILE.read_text())
     actual = compute_shared_pins(SHARED_MEDS)

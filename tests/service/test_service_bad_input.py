@@ -88,6 +88,7 @@ def test_a_budget_below_the_prompt_fails_the_start(
     assert f"at least {minimum}" in readiness
 
 
+@pytest.mark.slow
 def test_the_api_processes_supervisor_stops_on_a_budget_below_the_prompt(
     service_files: tuple[Path, Path], minimum: int
 ) -> None:

@@ -1,5 +1,5 @@
 """Per-caller cache salts and the window policy setting, on the instant engine (the real
-engine's cache behaviour: tests/service/test_service_prefix_cache.py); vLLM's metrics on
+engine's cache behaviour: tests/service/test_service_api_workers.py); vLLM's metrics on
 /metrics."""
 
 from __future__ import annotations

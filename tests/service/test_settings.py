@@ -109,6 +109,7 @@ def test_every_medtpe_variable_the_repository_names_is_known() -> None:
     assert not unknown
 
 
+@pytest.mark.slow
 def test_medtpe_serve_stops_on_a_misspelt_setting(clean_environment: pytest.MonkeyPatch) -> None:
     env = {n: v for n, v in os.environ.items() if not n.upper().startswith("MEDTPE_")}
     medtpe = Path(sys.executable).with_name("medtpe")

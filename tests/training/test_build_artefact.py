@@ -109,6 +109,7 @@ def _args(config_file: Path, base_dir: Path, meds_dir: Path, out: Path) -> list[
     return [part for option, path in paths.items() for part in (option, str(path))]
 
 
+@pytest.mark.slow
 def test_build_writes_a_trained_artefact_and_its_report(
     config_file: Path, base_dir: Path, meds_dir: Path, tmp_path: Path, engine: FixedAnswers
 ) -> None:
@@ -150,6 +151,7 @@ def test_build_writes_a_trained_artefact_and_its_report(
     assert "fidelity gate at 700 tokens (3 held-out windows): same answer 100.0%" in result.output
 
 
+@pytest.mark.slow
 def test_interrupted_build_resumes_from_its_last_step(
     config_file: Path,
     base_dir: Path,
@@ -186,6 +188,7 @@ def test_interrupted_build_resumes_from_its_last_step(
     assert set(report["ssft"]) == {"ce", "kl"}
 
 
+@pytest.mark.slow
 def test_a_rebuild_into_an_artefact_replaces_its_manifest(
     config_file: Path, base_dir: Path, meds_dir: Path, tmp_path: Path, engine: FixedAnswers
 ) -> None:
@@ -204,6 +207,7 @@ def test_a_rebuild_into_an_artefact_replaces_its_manifest(
     assert bundle.validated_budgets == (600, 700)
 
 
+@pytest.mark.slow
 def test_a_second_stage_continues_from_an_artefact(
     config_file: Path, base_dir: Path, meds_dir: Path, tmp_path: Path, engine: FixedAnswers
 ) -> None:
@@ -230,6 +234,7 @@ def test_a_second_stage_continues_from_an_artefact(
     assert report["ssft"]["ce"]["initial_val_loss"] != pytest.approx(kept["initial_val_loss"])
 
 
+@pytest.mark.slow
 def test_a_build_that_fails_its_fidelity_gate_writes_nothing(
     config_file: Path,
     base_dir: Path,
@@ -313,6 +318,7 @@ def test_bad_settings_are_named(
     assert result.exit_code == 2 and "'base' is required" in result.output
 
 
+@pytest.mark.slow
 def test_distilled_build_needs_no_pseudo_labels(
     config_file: Path, base_dir: Path, meds_dir: Path, tmp_path: Path, engine: FixedAnswers
 ) -> None:

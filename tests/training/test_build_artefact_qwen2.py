@@ -20,7 +20,7 @@ from medtpe_cli.main import cli
 from medtpe_core.tokenizer import MedTPETokenizer
 from tests.support.meds_fixtures import write_meds_dataset
 from tests.support.model_fixtures import QWEN25_VOCAB_SIZE, tiny_qwen2
-from tests.support.service_support import ServiceProcess, synthetic_events
+from tests.support.service_support import ENGINE_DTYPE, ServiceProcess, synthetic_events
 from training.export import load_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(1800)]
@@ -31,12 +31,12 @@ budget: 64
 n_train: 4
 n_val: 2
 held_out: 0.25
-max_input_tokens: 1024
-serving_budgets: [1024]
+max_input_tokens: 512
+serving_budgets: [512]
 n_gate: 2
 min_same_answer: 0  # a random model's answers are noise: the gate's path is what is tested
 max_delta_p_mean: 1
-mining_max_tokens: 1500
+mining_max_tokens: 800
 losses: [ce]
 epochs: 2
 max_steps: 2
@@ -62,7 +62,7 @@ def test_qwen2_build_export_serve_predict(tmp_path: Path) -> None:
     assert report["base"]["vocab_size"] == QWEN25_VOCAB_SIZE
     assert report["base"]["eos_ids"] == [151645]  # <|im_end|>, from the generation config
     assert report["pseudo_label"]["train"]["n"] == 4 and report["ssft"]["ce"]["steps"] == 2
-    gate = report["gate"]["1024"]["fidelity"]  # both models answered in vLLM at 1,024 tokens
+    gate = report["gate"]["512"]["fidelity"]  # both models answered in vLLM at 512 tokens
     assert gate["n_records"] == 2 and gate["generated_tokens_mean"]["medtpe"] > 0
     assert report["measure"]["compression"]["record_compression_rate"] > 0
     tokenizer = MedTPETokenizer.load(out)
@@ -79,10 +79,11 @@ def test_qwen2_build_export_serve_predict(tmp_path: Path) -> None:
         "MEDTPE_MODEL_DIR": str(base),
         "MEDTPE_ARTEFACT_DIR": str(out),
         "MEDTPE_EXPORT_DIR": str(export),
-        "MEDTPE_MAX_INPUT_TOKENS": "1024",
+        "MEDTPE_MAX_INPUT_TOKENS": "512",
         "MEDTPE_MAX_NEW_TOKENS": "8",
         "MEDTPE_KV_CACHE_GIB": "1",
         "MEDTPE_ENFORCE_EAGER": "1",
+        "MEDTPE_DTYPE": ENGINE_DTYPE,
         "VLLM_CPU_KVCACHE_SPACE": "1",
     }
     server = ServiceProcess(env, tmp_path / "service.log")
@@ -96,6 +97,6 @@ def test_qwen2_build_export_serve_predict(tmp_path: Path) -> None:
     answer = response.json()
     assert answer["model"]["artefact_id"] == report["artefact_id"]
     assert answer["model"]["mode"] == "medtpe"
-    assert 0 < answer["tokens"]["medtpe"] < answer["tokens"]["original"] <= 1024
+    assert 0 < answer["tokens"]["medtpe"] < answer["tokens"]["original"] <= 512
     assert 1 <= answer["tokens"]["generated"] <= 8
     assert answer["prediction"] in (True, False, None)
