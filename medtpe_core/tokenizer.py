@@ -182,10 +182,7 @@ class MedTPETokenizer:
 
         >>> i, j = tok.shared_ends(tok.encode_ids(base), base)  # doctest: +SKIP
         """
-        ends = np.cumsum(self._to_base.lengths(np.asarray(ids, dtype=np.int64)))
-        base_ends = np.cumsum(self._decompose.lengths(np.asarray(base_ids, dtype=np.int64)))
-        if ends[-1:].tolist() != base_ends[-1:].tolist():
-            raise ValueError("ids are not the MedTPE encoding of base_ids")
+        ends, base_ends = self._text_ends(ids, base_ids)
         _, i, j = np.intersect1d(ends, base_ends, assume_unique=True, return_indices=True)
         return i, j
 
@@ -197,11 +194,19 @@ class MedTPETokenizer:
         >>> tok.original_positions(tok.encode_ids(base), base)[-1]  # doctest: +SKIP
         np.int64(41)
         """
+        ends, base_ends = self._text_ends(ids, base_ids)
+        return np.searchsorted(base_ends, ends)
+
+    def _text_ends(
+        self, ids: Sequence[int], base_ids: Sequence[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Where each MedTPE id and each base id ends, in the finest tokens both spell;
+        `ValueError` when the two spell different lengths."""
         ends = np.cumsum(self._to_base.lengths(np.asarray(ids, dtype=np.int64)))
         base_ends = np.cumsum(self._decompose.lengths(np.asarray(base_ids, dtype=np.int64)))
         if ends[-1:].tolist() != base_ends[-1:].tolist():
             raise ValueError("ids are not the MedTPE encoding of base_ids")
-        return np.searchsorted(base_ends, ends)
+        return ends, base_ends
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of MedTPE ids (byte-fallback ids included)."""
