@@ -41,9 +41,11 @@ class EngineOptions:
     dtype: Dtype = field(
         default="auto",
         metadata=described(
-            "Weights and activations (vLLM `dtype`); auto: vLLM's choice for the device "
-            "(bfloat16 on CPU for a float32 checkpoint, which moves an answer's probability in "
-            "steps of about 0.03 near p = 0.8: docs/benchmarks.md, Fidelity)."
+            "Weights and activations (vLLM `dtype`); auto: float32 on a CPU without native "
+            "bfloat16 (AVX-512 BF16 or AMX), where bfloat16 is emulated and about 8x slower "
+            "(inference.cpu_dtype), else vLLM's choice for the device (bfloat16 on a GPU or a "
+            "bfloat16 CPU, which moves an answer's probability in steps of about 0.03 near "
+            "p = 0.8: docs/benchmarks.md, Fidelity)."
         ),
     )
     enforce_eager: bool = field(

@@ -23,6 +23,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
 from inference.cpu_cores import bind_engine_cores, reserved_from_env
+from inference.cpu_dtype import engine_dtype
 from inference.engine import (
     AnswerConstraint,
     Completion,
@@ -88,7 +89,7 @@ def engine_args(config: EngineConfig) -> AsyncEngineArgs:
         max_num_seqs=options.max_num_seqs,
         kv_cache_memory_bytes=kv_bytes,
         seed=options.seed,
-        dtype=options.dtype,
+        dtype=engine_dtype(options.dtype),
         disable_log_stats=not options.log_stats,
         enforce_eager=options.enforce_eager,
         enable_prefix_caching=options.enable_prefix_caching,

@@ -1,0 +1,43 @@
+"""The CPU engine's dtype: float32 where the CPU computes bfloat16 without native instructions.
+
+vLLM's CPU backend runs a model in bfloat16 under `dtype=auto`, even a float32 checkpoint. On a
+CPU without AVX-512 BF16 or AMX (e.g. AVX2-only AMD EPYC machines) bfloat16 is emulated: one
+576x1536 matmul takes 279 ms in bfloat16 against 35 ms in float32, and an engine start with a
+first 300-token request 47.2 s against 10.2 s (docs/benchmarks.md, "Float32 on CPUs without
+bfloat16"); bfloat16 also moves an answer's probability in steps of about 0.03 near p = 0.8.
+So `auto` here means float32 on such a CPU, vLLM's choice anywhere else (a GPU, a CPU with
+native bfloat16); an explicit dtype is always kept.
+
+Example: `resolved_dtype("auto", on_cpu=True, native_bfloat16=False)` -> `"float32"`.
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.platforms import current_platform
+
+from inference.engine import Dtype
+
+FLOAT32: Dtype = "float32"
+
+
+def resolved_dtype(requested: Dtype, *, on_cpu: bool, native_bfloat16: bool) -> Dtype:
+    """The dtype an engine runs in: `requested`, except `auto` on a CPU without native
+    bfloat16, which is float32 (module docstring)."""
+    if requested == "auto" and on_cpu and not native_bfloat16:
+        return FLOAT32
+    return requested
+
+
+def engine_dtype(requested: Dtype) -> Dtype:
+    """`resolved_dtype` for this machine's platform and CPU."""
+    return resolved_dtype(
+        requested,
+        on_cpu=current_platform.is_cpu(),
+        native_bfloat16=cpu_has_native_bfloat16(),
+    )
+
+
+def cpu_has_native_bfloat16() -> bool:
+    """Whether this CPU computes bfloat16 natively (AVX-512 BF16 or AMX tiles)."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())

@@ -1,0 +1,38 @@
+"""`inference.cpu_dtype`: `auto` is float32 on a CPU without native bfloat16, vLLM's choice
+elsewhere, an explicit dtype always kept; every engine's arguments go through it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from inference.cpu_dtype import cpu_has_native_bfloat16, engine_dtype, resolved_dtype
+from inference.engine import EngineConfig, EngineOptions
+from inference.vllm_engine import engine_args
+
+
+@pytest.mark.parametrize(
+    ("requested", "on_cpu", "native", "expected"),
+    [
+        ("auto", True, False, "float32"),
+        ("auto", True, True, "auto"),
+        ("auto", False, False, "auto"),
+        ("bfloat16", True, False, "bfloat16"),
+        ("float16", False, True, "float16"),
+        ("float32", False, True, "float32"),
+    ],
+)
+def test_resolved_dtype(requested: str, on_cpu: bool, native: bool, expected: str) -> None:
+    assert resolved_dtype(requested, on_cpu=on_cpu, native_bfloat16=native) == expected
+
+
+def test_every_engine_runs_in_the_resolved_dtype(tmp_path: Path) -> None:
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    assert cpu_has_native_bfloat16() == ("avx512_bf16" in flags or "amx_tile" in flags)
+    config = EngineConfig(model_dir=tmp_path, max_model_len=512, options=EngineOptions())
+    assert engine_args(config).dtype == engine_dtype("auto")
+    explicit = EngineConfig(tmp_path, 512, EngineOptions(dtype="bfloat16"))
+    assert engine_args(explicit).dtype == "bfloat16"
