@@ -57,11 +57,13 @@ from training.build_data import (
     write_label_file,
 )
 from training.build_report import REPORT_FILE, compression
+from training.distill_config import DistillConfig, long_stage
+from training.embedding_init import NewRows
 from training.pipeline import SUMMARY_FILE, cached_examples, examples_path, read_records
 from training.pseudo_labels import BUILD_KV_CACHE_GIB
 from training.ssft import HISTORY_FILE, SSFTConfig
 from training.token_distillation import HISTORY_FILE as DISTILL_HISTORY
-from training.token_distillation import distill, summary
+from training.token_distillation import DistillResult, distill, summary
 
 STATE_FILE = "state.json"
 TOKENIZER_DIR = "tokenizer"
@@ -296,20 +298,51 @@ class ArtefactBuild:
 
     def distill_rows(self) -> dict[str, Any]:
         """Token-level distillation of the rows on snippets of the rendered windows (training
-        split: training snippets; validation split: held-out ones), in its own copy of the
-        tokenizer artefact (resumes from its run directory)."""
-        from medtpe_core.snippets import coverage, cut, draw, opening
+        split: training snippets; validation split: held-out ones), then, if asked
+        (`DistillConfig.long_tokens`), on long windows of them from the snippets' best rows; in
+        its own copy of the tokenizer artefact (each stage resumes from its run directory)."""
         from training.export import base_model_fingerprint, load_rows_file, save_rows
 
         config, settings = self.config, self.config.distill
-        length = settings.snippet_tokens
         tokenizer = MedTPETokenizer.load(self.work / TOKENIZER_DIR)
         encoded = {
             split: [tokenizer.base_encode(p, special_tokens=True) for p in self._prompts(split)]
             for split in ("train", "val")
         }
-        pools = {  # led by the chat template's opening; a prompt's last snippet ends at its
-            # answer position
+        from_artefact = settings.start == "init_from" and config.init_from is not None
+        initial = load_rows_file(config.init_from / ROWS_FILE)[0] if from_artefact else None
+        result, record = self._distill_stage(tokenizer, encoded, settings, initial, "distill")
+        long = long_stage(settings)
+        if long is not None:
+            longer = {
+                split: [ids for ids in prompts if len(ids) >= long.snippet_tokens]
+                for split, prompts in encoded.items()
+            }
+            result, record["long"] = self._distill_stage(
+                tokenizer, longer, long, result.rows, "distill-long"
+            )
+            record["long"]["settings"] = asdict(long)
+        artefact = self.work / "artefact-distill"
+        if not artefact.is_dir():
+            shutil.copytree(self.work / TOKENIZER_DIR, artefact)
+        save_rows(artefact, result.rows, base_model_fingerprint(config.base))
+        return record
+
+    def _distill_stage(
+        self,
+        tokenizer: MedTPETokenizer,
+        encoded: dict[str, list[list[int]]],
+        settings: DistillConfig,
+        initial: NewRows | None,
+        run: str,
+    ) -> tuple[DistillResult, dict[str, Any]]:
+        """One distillation over snippets of `settings.snippet_tokens` cut from the `encoded`
+        prompts (led by the chat template's opening; a prompt's last snippet ends at its
+        answer position), resumed from `runs/<run>`; its result and record."""
+        from medtpe_core.snippets import coverage, cut, draw, opening
+
+        length, seed = settings.snippet_tokens, self.config.seed
+        pools = {
             split: [
                 s
                 for ids in prompts
@@ -317,28 +350,20 @@ class ArtefactBuild:
             ]
             for split, prompts in encoded.items()
         }
-        train = draw(
-            tokenizer, pools["train"], settings.snippets, settings.min_contexts, config.seed
-        )
-        val = draw(tokenizer, pools["val"], settings.val_snippets, 0, config.seed + 1)
-        from_artefact = settings.start == "init_from" and config.init_from is not None
-        initial = load_rows_file(config.init_from / ROWS_FILE)[0] if from_artefact else None
+        train = draw(tokenizer, pools["train"], settings.snippets, settings.min_contexts, seed)
+        val = draw(tokenizer, pools["val"], settings.val_snippets, 0, seed + 1)
         result = distill(
-            config.base,
+            self.config.base,
             tokenizer,
             train,
             val,
-            self.work / "runs" / "distill",
+            self.work / "runs" / run,
             settings,
             initial,
-            seed=config.seed,
-            device=config.device,
+            seed=seed,
+            device=self.config.device,
         )
-        artefact = self.work / "artefact-distill"
-        if not artefact.is_dir():
-            shutil.copytree(self.work / TOKENIZER_DIR, artefact)
-        save_rows(artefact, result.rows, base_model_fingerprint(config.base))
-        return summary(result, settings) | {
+        return result, summary(result, settings) | {
             "coverage": {"train": coverage(tokenizer, train), "val": coverage(tokenizer, val)},
             "pool": {split: len(pool) for split, pool in pools.items()},
         }

@@ -3,7 +3,7 @@ build settings (`training.build_config`) and the CLI read them without loading i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 OUTPUT_SIDES = ("base", "tied")
 """How the reused ids' output (LM head) rows are served: `base` keeps the base model's own rows
@@ -37,6 +37,16 @@ class DistillConfig:
     eval_every: int = 25
     output: str = "base"
     start: str = "mean"
+    long_tokens: int | None = None
+    """A second stage over long windows of this many original tokens (None: none), started
+    from the short snippets' best rows: short snippets never read a long record through the
+    new rows, and the answer's drift grows with the length read (docs/benchmarks.md,
+    Fidelity). The same loss over every aligned position of windows cut from the prompts at
+    least this long, a prompt's last window ending at its answer position; one per step."""
+    long_snippets: int = 32
+    """Long windows of the second stage (training split), drawn like the snippets."""
+    long_val_snippets: int = 8
+    """Held-out long windows (validation split) that pick the second stage's best rows."""
 
     def __post_init__(self) -> None:
         if self.output not in OUTPUT_SIDES:
@@ -47,11 +57,35 @@ class DistillConfig:
             object.__setattr__(self, "layers", tuple(self.layers))
             if not self.layers or any(k == 0 or k < FINAL_LAYER for k in self.layers):
                 raise ValueError("layers: expected -1 (the last, normed) or layer numbers from 1")
-        for name in ("snippets", "val_snippets", "snippet_tokens", "batch_size", "epochs"):
+        if self.long_tokens is not None and self.long_tokens <= self.snippet_tokens:
+            raise ValueError("long_tokens: expected more tokens than snippet_tokens")
+        names = ("snippets", "val_snippets", "snippet_tokens", "batch_size", "epochs")
+        for name in (*names, "long_snippets", "long_val_snippets"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected at least 1")
         if self.lr <= 0:
             raise ValueError("lr: expected a positive learning rate")
+
+
+def long_stage(config: DistillConfig) -> DistillConfig | None:
+    """The settings of the second stage (`DistillConfig.long_tokens`): its windows in place of
+    the snippets, one per step, a validation every quarter of the run; None without one.
+
+    >>> long_stage(DistillConfig(long_tokens=3072, long_snippets=40)).batch_size
+    1
+    """
+    if config.long_tokens is None:
+        return None
+    return replace(
+        config,
+        snippet_tokens=config.long_tokens,
+        snippets=config.long_snippets,
+        val_snippets=config.long_val_snippets,
+        batch_size=1,
+        epochs=1,
+        eval_every=max(1, config.long_snippets // 4),
+        long_tokens=None,
+    )
 
 
 def matched_layers(layers: tuple[int, ...] | None, depth: int) -> tuple[int, ...]:

@@ -322,10 +322,14 @@ def test_bad_settings_are_named(
 def test_distilled_build_needs_no_pseudo_labels(
     config_file: Path, base_dir: Path, meds_dir: Path, tmp_path: Path, engine: FixedAnswers
 ) -> None:
-    """`distill` instead of SSFT: snippets of the rendered windows, no pseudo-labels, the
-    distilled rows kept with the base head's rows for the reused ids (the export unties)."""
+    """`distill` instead of SSFT: snippets of the rendered windows, then long windows from the
+    snippets' best rows, no pseudo-labels, the distilled rows kept with the base head's rows
+    for the reused ids (the export unties)."""
     settings = config_file.read_text().replace("losses: [ce, kl]", "losses: []")
-    settings += "distill: {snippets: 12, val_snippets: 4, snippet_tokens: 16, batch_size: 4}\n"
+    settings += (
+        "distill: {snippets: 12, val_snippets: 4, snippet_tokens: 16, batch_size: 4,"
+        " long_tokens: 96, long_snippets: 3, long_val_snippets: 2}\n"
+    )
     config_file.write_text(settings)
     out = tmp_path / "artefact"
     result = _build(*_args(config_file, base_dir, meds_dir, out))
@@ -335,6 +339,9 @@ def test_distilled_build_needs_no_pseudo_labels(
     distilled = report["distill"]
     assert distilled["coverage"]["train"]["snippets"] == 12 and distilled["steps"] == 6
     assert distilled["best_val_loss"] <= distilled["initial_val_loss"]
+    long = distilled["long"]  # one window a step, from the snippets' best rows
+    assert long["steps"] == 3 and long["settings"]["batch_size"] == 1
+    assert long["coverage"]["train"]["teacher_tokens"] >= 3 * 96
     assert report["pick"]["loss"] == "distill" and engine.calls == []
     rows, _ = load_rows(out)
     assert rows.output is not None  # `output: base` (the default): the base head's rows

@@ -16,7 +16,7 @@ from medtpe_core.build import build_tokenizer  # noqa: E402
 from medtpe_core.snippets import cut  # noqa: E402
 from medtpe_core.tokenizer import MedTPETokenizer  # noqa: E402
 from tests.support.model_fixtures import tiny_llama, tiny_llama_model  # noqa: E402
-from training.distill_config import DistillConfig, matched_layers  # noqa: E402
+from training.distill_config import DistillConfig, long_stage, matched_layers  # noqa: E402
 from training.embedding_init import init_new_rows  # noqa: E402
 from training.export import export_checkpoint, model_fingerprint, save_rows  # noqa: E402
 from training.token_distillation import CHECKPOINT_FILE, distill, hidden_at  # noqa: E402
@@ -48,6 +48,15 @@ def test_matched_layers() -> None:
     assert matched_layers((2, -1), 2) == (2, -1)
     with pytest.raises(ValueError, match="2 layers"):
         matched_layers((3,), 2)
+
+
+def test_long_stage_settings() -> None:
+    assert long_stage(DistillConfig()) is None
+    long = long_stage(DistillConfig(long_tokens=3072, long_snippets=40, long_val_snippets=6))
+    assert (long.snippet_tokens, long.snippets, long.val_snippets) == (3072, 40, 6)
+    assert (long.batch_size, long.epochs, long.eval_every, long.long_tokens) == (1, 1, 10, None)
+    with pytest.raises(ValueError, match="long_tokens"):
+        DistillConfig(snippet_tokens=64, long_tokens=64)
 
 
 def test_forward_stops_at_the_layer_matched() -> None:
