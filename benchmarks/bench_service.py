@@ -40,8 +40,9 @@ and the text) with the text written after the answer per system.
 `--cpu-reserved-cores 1 none` runs each system once per value of `MEDTPE_CPU_RESERVED_CORES`
 (the engine's cores, inference/cpu_cores.py; `1` on 2 cores is vLLM's own binding, one core;
 `none` the default), one after the other per system (interleaved: medtpe 1, medtpe none,
-original 1, original none), each on the same records; `vs_reserved` gives per system and level
-the first value's latency over each other's, and `checks` compares every pair's answers. Each
+original 1, original none), each on the same records; `vs_setting` gives per system and level
+the first value's latency over each other's, and `checks` compares every pair's answers.
+`--dtype bfloat16 float32` does the same with `MEDTPE_DTYPE` (the service systems only). Each
 level records the machine's load average and the other processes busy on the CPU at its start
 and end (the machine may be shared).
 
@@ -88,22 +89,32 @@ ENGINE_HISTOGRAMS = ("queue", "prefill", "decode", "inference")
 ENGINE_COUNTERS = ("prefix_cache_queries_total", "prefix_cache_hits_total", "prompt_tokens_total")
 
 
+VARIED = {
+    "cpu_reserved_cores": ("reserved", "MEDTPE_CPU_RESERVED_CORES"),
+    "dtype": ("dtype", "MEDTPE_DTYPE"),
+}
+"""The settings a run can vary (`--cpu-reserved-cores`, `--dtype`): label and variable."""
+
+
 @dataclass(frozen=True)
 class Run:
-    """One system under one engine-cores setting (None: the environment's)."""
+    """One system under one value of a varied setting (None: the environment's)."""
 
     system: str
-    reserved: str | None = None
-    """`MEDTPE_CPU_RESERVED_CORES` of this run (a number or `none`)."""
+    setting: str | None = None
+    """A key of `VARIED`."""
+    value: str | None = None
 
     @property
     def label(self) -> str:
         """The system's name, with its setting when one is given."""
-        return self.system if self.reserved is None else f"{self.system}@reserved={self.reserved}"
+        if self.setting is None:
+            return self.system
+        return f"{self.system}@{VARIED[self.setting][0]}={self.value}"
 
     def env(self) -> dict[str, str]:
         """The environment this run adds."""
-        return {} if self.reserved is None else {"MEDTPE_CPU_RESERVED_CORES": self.reserved}
+        return {} if self.setting is None else {VARIED[self.setting][1]: str(self.value)}
 
 
 @dataclass(frozen=True)
@@ -570,9 +581,9 @@ def comparison(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def reserved_comparison(runs: list[Run], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per system and level: the first `--cpu-reserved-cores` value's p50/p95 latency over each
-    other value's (above 1: the other is faster) and their throughputs' ratio."""
+def variant_comparison(runs: list[Run], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per system and level: the varied setting's first value's p50/p95 latency over each other
+    value's (above 1: the other is faster) and their throughputs' ratio."""
     by = {(r["system"], r["concurrency"]): r for r in results}
     rows = []
     for system in dict.fromkeys(run.system for run in runs):
@@ -657,11 +668,22 @@ def parse_args() -> argparse.Namespace:
         help="run each system once per MEDTPE_CPU_RESERVED_CORES value, in this order "
         "(default: the environment's)",
     )
+    parser.add_argument(
+        "--dtype",
+        nargs="+",
+        metavar="DTYPE",
+        help="run each service system once per MEDTPE_DTYPE value, in this order (default: the "
+        "environment's; not with vllm-serve)",
+    )
     parser.add_argument("--max-input-tokens", type=int, help="default: MEDTPE_MAX_INPUT_TOKENS")
     parser.add_argument("--max-new-tokens", type=int, help="default: MEDTPE_MAX_NEW_TOKENS")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_service.json"))
     parser.add_argument("--log-dir", type=Path, default=Path("runs"), help="servers' logs")
     args = parser.parse_args()
+    if args.cpu_reserved_cores and args.dtype:
+        parser.error("vary one setting per run: --cpu-reserved-cores or --dtype")
+    if args.dtype and VLLM_SERVE in args.systems:
+        parser.error("--dtype varies the service's engine: not with vllm-serve")
     if args.per_level is None:
         args.per_level = [max(4, 2 * level) for level in args.levels]
     if len(args.levels) != len(args.per_level):
@@ -678,11 +700,9 @@ def main() -> None:
     for mode in ("original", "medtpe"):
         prepare_model_files(service_settings(args, mode).model())
     prompts = original_prompts(args, bodies) if VLLM_SERVE in args.systems else None
-    runs = [
-        Run(system, reserved)
-        for system in args.systems
-        for reserved in (args.cpu_reserved_cores or [None])
-    ]
+    setting = "dtype" if args.dtype else "cpu_reserved_cores" if args.cpu_reserved_cores else None
+    values = getattr(args, setting) if setting else [None]
+    runs = [Run(system, setting, value) for system in args.systems for value in values]
     results, replies = [], {}
     for run in runs:
         run_results, replies[run.label] = run_system(run, args, bodies, prompts)
@@ -700,7 +720,7 @@ def main() -> None:
             "results": results,
             "checks": checks(replies),
             "vs_vllm_serve": comparison(results),
-            "vs_reserved": reserved_comparison(runs, results) if args.cpu_reserved_cores else None,
+            "vs_setting": variant_comparison(runs, results) if setting else None,
         },
     )
     print_table(results)
