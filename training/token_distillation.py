@@ -16,6 +16,11 @@ than before, so the default matches the middle layers too. With tied embeddings 
 the input side only: `output="base"` serves the base model's own head rows for the reused ids
 (the export unties the head), `"tied"` the trained rows on both sides.
 
+A second stage (`DistillConfig.long_tokens`; the build runs it with `distill()` again on long
+windows of the prompts, `training.distill_config.long_stage`) reads long records through the
+rows: the answer's drift grows with the number of merged positions read, which 64-token
+snippets never show.
+
 Resumable: the teacher cache and a checkpoint after every validation live in the run
 directory; a re-run continues. Cost per step ≈ one forward and one backward of the student over
 `batch_size` snippets (~35 MedTPE tokens each) up to the deepest layer matched.
