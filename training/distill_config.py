@@ -37,6 +37,13 @@ class DistillConfig:
     eval_every: int = 25
     output: str = "base"
     start: str = "mean"
+    last_kl_weight: float = 0.0
+    """Weight of the KL divergence of the next-token distributions (original || MedTPE, read
+    through the LM head from the last layer) at each snippet's last aligned position, added to
+    the hidden states' error: for a prompt's last snippet that position is the answer's. The
+    hidden states' error weighs every direction alike, while the answer reads one: matching
+    them alone narrowed the answer's spread and left its shared shift (docs/benchmarks.md,
+    Fidelity). Needs the last layer among `layers`."""
     long_tokens: int | None = None
     """A second stage over long windows of this many original tokens (None: none), started
     from the short snippets' best rows: short snippets never read a long record through the
@@ -57,6 +64,10 @@ class DistillConfig:
             object.__setattr__(self, "layers", tuple(self.layers))
             if not self.layers or any(k == 0 or k < FINAL_LAYER for k in self.layers):
                 raise ValueError("layers: expected -1 (the last, normed) or layer numbers from 1")
+        if self.last_kl_weight < 0:
+            raise ValueError("last_kl_weight: expected 0 or more")
+        if self.last_kl_weight and self.layers is not None and FINAL_LAYER not in self.layers:
+            raise ValueError("last_kl_weight: needs the last layer (-1) among layers")
         if self.long_tokens is not None and self.long_tokens <= self.snippet_tokens:
             raise ValueError("long_tokens: expected more tokens than snippet_tokens")
         names = ("snippets", "val_snippets", "snippet_tokens", "batch_size", "epochs")

@@ -36,7 +36,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -55,6 +55,8 @@ if TYPE_CHECKING:
 TEACHER_FILE = "teacher.pt"
 CHECKPOINT_FILE = "distill-checkpoint.pt"
 HISTORY_FILE = "distill-history.jsonl"
+TEACHER_FORMAT = 2
+"""Version of the teacher cache's contents (2: `TeacherStates`), part of its file's digest."""
 MAX_GRAD_NORM = 1.0
 """Gradient norm clip of a step (a batch holding an outlier position must not throw the rows)."""
 
@@ -128,6 +130,19 @@ def _flat_positions(snippets: Sequence[Snippet], width: int, side: int) -> torch
     )
 
 
+class TeacherStates(NamedTuple):
+    """What the original model produced reading the snippets."""
+
+    states: torch.Tensor
+    """Hidden states at the matched layers at every aligned position ([sum of pairs,
+    len(layers), hidden] bfloat16, snippet by snippet: half the memory, far below the rows'
+    error)."""
+    last: torch.Tensor | None
+    """The last layer's (normed) state at each snippet's last aligned position ([snippets,
+    hidden] float32: the next-token distribution there is read from it, and bfloat16 would put
+    the answer's logits on steps of ~0.1); None when the last layer is not matched."""
+
+
 @torch.no_grad()
 def teacher_states(
     model: PreTrainedModel,
@@ -136,12 +151,11 @@ def teacher_states(
     batch_size: int,
     device: torch.device,
     pad: int,
-) -> torch.Tensor:
-    """The original model's hidden states at `layers` at every snippet's aligned positions
-    ([sum of pairs, len(layers), hidden] bfloat16, snippet by snippet: half the memory, far
-    below the rows' error), new rows ignored."""
+) -> TeacherStates:
+    """The original model's hidden states at `layers` at every snippet's aligned positions,
+    new rows ignored (`TeacherStates`)."""
     embedding: SplitEmbedding = model.get_input_embeddings()
-    out = []
+    out, last = [], []
     for start in tqdm(range(0, len(snippets), batch_size), desc="teacher", unit="batch"):
         batch = snippets[start : start + batch_size]
         ids, mask = _pad([s.teacher for s in batch], pad)
@@ -149,7 +163,11 @@ def teacher_states(
         hidden = hidden_at(model, layers, attention_mask=mask.to(device), inputs_embeds=embeds)
         at = _flat_positions(batch, ids.shape[1], 1).to(device)
         out.append(torch.stack([h.flatten(0, 1)[at] for h in hidden], 1).bfloat16().cpu())
-    return torch.cat(out)
+        if FINAL_LAYER in layers:
+            final = hidden[list(layers).index(FINAL_LAYER)]
+            ends = torch.tensor([s.pairs[-1][1] for s in batch], device=device)
+            last.append(final[torch.arange(len(batch), device=device), ends].float().cpu())
+    return TeacherStates(torch.cat(out), torch.cat(last) if last else None)
 
 
 def _offsets(snippets: Sequence[Snippet]) -> list[int]:
@@ -173,22 +191,36 @@ def _batch_loss(
     model: PreTrainedModel,
     batch: Sequence[Snippet],
     target: torch.Tensor,
-    layers: Sequence[int],
+    last: torch.Tensor | None,
+    config: DistillConfig,
     device: torch.device,
     pad: int,
 ) -> torch.Tensor:
+    """The relative error of the hidden states, plus `config.last_kl_weight` times the KL of
+    the next-token distributions at each snippet's last aligned position (`last`: the
+    teacher's states there)."""
     ids, mask = _pad([s.student for s in batch], pad)
+    layers = config.layers
     hidden = hidden_at(model, layers, input_ids=ids.to(device), attention_mask=mask.to(device))
     at = _flat_positions(batch, ids.shape[1], 0).to(device)
     student = torch.stack([h.flatten(0, 1)[at] for h in hidden], 1).float()
-    return relative_error(student, target.to(device).float())
+    loss = relative_error(student, target.to(device).float())
+    if not config.last_kl_weight:
+        return loss
+    final = hidden[list(layers).index(FINAL_LAYER)]
+    ends = torch.tensor([s.pairs[-1][0] for s in batch], device=device)
+    head = model.get_output_embeddings()
+    mine = torch.log_softmax(head(final[torch.arange(len(batch), device=device), ends]).float(), -1)
+    theirs = torch.log_softmax(head(last.to(device).to(final.dtype)).float(), -1)
+    kl = torch.nn.functional.kl_div(mine, theirs, log_target=True, reduction="batchmean")
+    return loss + config.last_kl_weight * kl
 
 
 @torch.no_grad()
 def _validate(
     model: PreTrainedModel,
     snippets: Sequence[Snippet],
-    teacher: torch.Tensor,
+    teacher: TeacherStates,
     config: DistillConfig,
     device: torch.device,
     pad: int,
@@ -197,8 +229,9 @@ def _validate(
     total, count = 0.0, 0
     for start in range(0, len(snippets), config.batch_size):
         batch = snippets[start : start + config.batch_size]
-        target = teacher[offsets[start] : offsets[start + len(batch)]]
-        loss = _batch_loss(model, batch, target, config.layers, device, pad)
+        target = teacher.states[offsets[start] : offsets[start + len(batch)]]
+        last = _last(teacher, list(range(start, start + len(batch))))
+        loss = _batch_loss(model, batch, target, last, config, device, pad)
         total += loss.item() * len(batch)
         count += len(batch)
     return total / max(count, 1)
@@ -211,20 +244,25 @@ def _cached_teacher(
     config: DistillConfig,
     device: torch.device,
     pad: int,
-) -> torch.Tensor:
+) -> TeacherStates:
     """The teacher states of `snippets`, read from `path` when a run already computed them for
     the same snippets and layers (a digest of both names the file)."""
     key = hashlib.sha256(
-        json.dumps([config.layers, [s.to_json() for s in snippets]]).encode()
+        json.dumps([TEACHER_FORMAT, config.layers, [s.to_json() for s in snippets]]).encode()
     ).hexdigest()[:12]
     path = path.with_name(f"{path.stem}-{key}{path.suffix}")
     if path.is_file():
-        return torch.load(path)
+        return TeacherStates(**torch.load(path))
     states = teacher_states(model, snippets, config.layers, config.batch_size, device, pad)
     tmp = path.with_suffix(".tmp")
-    torch.save(states, tmp)
+    torch.save(states._asdict(), tmp)
     os.replace(tmp, path)
     return states
+
+
+def _last(teacher: TeacherStates, picked: Sequence[int]) -> torch.Tensor | None:
+    """The teacher's last-position states of the `picked` snippets (None: not kept)."""
+    return None if teacher.last is None else teacher.last[list(picked)]
 
 
 def distill(
@@ -288,8 +326,9 @@ def distill(
         step = state["step"]
         picked = order[step * config.batch_size : (step + 1) * config.batch_size]
         batch = [train[k] for k in picked]
-        target = torch.cat([teacher["train"][offsets[k] : offsets[k + 1]] for k in picked])
-        loss = _batch_loss(model, batch, target, config.layers, device, pad)
+        target = torch.cat([teacher["train"].states[offsets[k] : offsets[k + 1]] for k in picked])
+        last = _last(teacher["train"], picked)
+        loss = _batch_loss(model, batch, target, last, config, device, pad)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM)
         optimizer.step()
