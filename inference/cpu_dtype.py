@@ -1,10 +1,10 @@
 """The CPU engine's dtype: float32 where the CPU computes bfloat16 without native instructions.
 
 vLLM's CPU backend runs a model in bfloat16 under `dtype=auto`, even a float32 checkpoint. On a
-CPU without AVX-512 BF16 or AMX (e.g. AVX2-only AMD EPYC machines) bfloat16 is emulated: one
-576x1536 matmul takes 279 ms in bfloat16 against 35 ms in float32, and an engine start with a
-first 300-token request 47.2 s against 10.2 s (docs/benchmarks.md, "Float32 on CPUs without
-bfloat16"); bfloat16 also moves an answer's probability in steps of about 0.03 near p = 0.8.
+CPU without AVX-512 BF16 or AMX (e.g. AVX2-only AMD EPYC machines) bfloat16 is emulated: the
+service's `/predict` at 8,192 tokens took 3.0x (MedTPE) and 2.4x (original) as long in bfloat16
+as in float32, same answers (docs/benchmarks.md, "Float32 on CPUs without bfloat16"); bfloat16
+also moves an answer's probability in steps of about 0.03 near p = 0.8.
 So `auto` here means float32 on such a CPU, vLLM's choice anywhere else (a GPU, a CPU with
 native bfloat16); an explicit dtype is always kept.
 
