@@ -35,6 +35,11 @@ def is_medtpe_dir(path: str | Path) -> bool:
     return (Path(path) / MEDTPE_FILE).is_file()
 
 
+_CONSTRUCTION_TABLES = frozenset({"_vocab", "_merges"})
+"""Attributes of a Hugging Face tokenizer class (e.g. Qwen2's) that only built its Rust
+tokenizer: read-only afterwards, so copies share them."""
+
+
 class _Shared:
     """Holds the MedTPE tokenizer; deep copies (vLLM's tokenizer pool) share it (stateless)."""
 
@@ -181,11 +186,24 @@ class MedTPEEncoding:
             offset += length
         return spans
 
+    def __copy__(self) -> MedTPEEncoding:
+        # vLLM's renderer copies the tokenizer twice at every engine start: without this,
+        # copy.copy goes through __reduce__, a reload from disk (9 s for Qwen2.5's vocabulary)
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        return clone
+
     def __deepcopy__(self, memo: dict[int, Any]) -> MedTPEEncoding:
-        # not copy.copy(self): that goes through __reduce__, a reload from disk (seconds)
+        # each copy of vLLM's tokenizer pool gets its own Rust tokenizer; the construction
+        # tables are shared (deep-copying Qwen2.5's took 7 s a copy)
         clone = object.__new__(type(self))
         memo[id(self)] = clone
-        clone.__dict__.update({k: copy.deepcopy(v, memo) for k, v in self.__dict__.items()})
+        clone.__dict__.update(
+            {
+                k: v if k in _CONSTRUCTION_TABLES else copy.deepcopy(v, memo)
+                for k, v in self.__dict__.items()
+            }
+        )
         return clone
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
