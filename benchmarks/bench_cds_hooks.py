@@ -138,9 +138,13 @@ def mapping_rate(stays: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def prompt_identity(meds: Path, stays: list[dict[str, Any]], budget: int) -> dict[str, int]:
-    """Without the engine, per stay: is the prompt of the hook's events (prefetch key by key)
-    byte-identical to that of the MEDS events, and that of the whole Bundle (`/predict`)?"""
+    """Without the engine, per stay: is the prompt of the hook's resources (prefetch key by key,
+    as JSON text, read as far as the prompt reaches: `inference.fhir_prompt`) byte-identical to
+    that of the MEDS events, and that of the whole Bundle, every resource read (`bundle`) and
+    read as `/predict` reads it (`bundle_window`)?"""
+    from inference.fhir_prompt import prepare_fhir
     from inference.model import ModelConfig, load_model
+    from medtpe_core.fhir.window import FhirWindow
     from medtpe_core.meds import SubjectEvents
     from medtpe_core.tasks import get_task
 
@@ -151,14 +155,21 @@ def prompt_identity(meds: Path, stays: list[dict[str, Any]], budget: int) -> dic
         events = SubjectEvents.from_events(record.events)
         return predictor.build(task, events, None, record.descriptions)[0].text
 
-    same = {"hook": 0, "bundle": 0, "hook_same_lines": 0}
+    def windowed(resources: Any, patient: str | None) -> str:
+        window = FhirWindow(resources, mapping=mapping, patient_id=patient)
+        prepared, _ = prepare_fhir(predictor, task, window, None)
+        assert prepared is not None
+        return prepared.prompt.text
+
+    same = {"hook": 0, "bundle": 0, "hook_same_lines": 0, "bundle_window": 0}
     for stay in stays:
         by_meds = predictor.build(task, stay["subject_events"], None)[0].text
-        flat = _resources(stay["prefetch"])
-        by_hook = text(meds_from_fhir(flat, mapping=mapping, patient_id=stay["patient"]))
+        flat = [json.dumps(r).encode() for r in _resources(stay["prefetch"])]
+        by_hook = windowed(flat, stay["patient"])  # as the hook reads it: JSON text, the window
         same["hook"] += by_hook == by_meds
         same["hook_same_lines"] += sorted(by_hook.splitlines()) == sorted(by_meds.splitlines())
         same["bundle"] += text(meds_from_fhir(stay["bundle"], mapping=mapping)) == by_meds
+        same["bundle_window"] += windowed(stay["bundle"], None) == by_meds
     return same | {"n_records": len(stays)}
 
 
