@@ -64,7 +64,7 @@ def prompt_text(
         windowing=windowing,
         horizon=record.horizon,
     )
-    return prompt.head + prompt.record + prompt.tail
+    return prompt.text
 
 
 def observations_oldest_first(bundle: dict[str, Any]) -> list[dict[str, Any]]:
@@ -138,7 +138,7 @@ def test_the_first_pass_checks_every_resource(
 @pytest.mark.parametrize(
     "change",
     [
-        _set("status", "not-a-status"),
+        _set("issued", "not-a-time"),
         _set("bogusElement", 1),
         _set("valueQuantity", {"value": "x"}),
     ],
