@@ -21,21 +21,15 @@ from medtpe_core.meds_readers import MedsDataset, read_labels
 from medtpe_core.prompting import IncompleteWindowError, build_prompt
 from medtpe_core.tasks import get_task
 from medtpe_core.windowing import Windowing, WindowPolicy
+from tests.support import render_pins
 from tests.support.mimic_fhir_fixture import FIXTURE
-from tests.support.tokenizer_support import smollm2_dir
 
 MAPPING = load_site_mapping()
 TASK = get_task("icu_mortality")
 
 
-@pytest.fixture(scope="module")
-def base() -> BaseTokenizer:
-    return BaseTokenizer.load(smollm2_dir())
-
-
-@pytest.fixture(scope="module")
-def template() -> ChatTemplate:
-    return ChatTemplate.from_model_dir(smollm2_dir())
+base = pytest.fixture(scope="module", name="base")(render_pins.base_tokenizer)
+template = pytest.fixture(scope="module", name="template")(render_pins.template)
 
 
 @pytest.fixture(scope="module")
