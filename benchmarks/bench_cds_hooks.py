@@ -6,13 +6,16 @@ from the environment) with an EHR allowed to call the hooks (an ES384 key, its J
 127.0.0.1: tests/support/ehr.py). Per record, one after the other:
 
 1. `predict`: `POST /predict` with the stay's MEDS events (no API key: the unsalted cache);
-2. `hook_cold`: `patient-view` with every prefetch key answered from the stay's Bundle as an EHR's
+2. `predict_bundle`: `POST /predict` with the same stay as one FHIR Bundle (the same resources as
+   the hook's prefetch): what the hook adds to `/predict` on the same FHIR input is its own layer
+   (JWT, prefetch, card, audit);
+3. `hook_cold`: `patient-view` with every prefetch key answered from the stay's Bundle as an EHR's
    FHIR server would (one searchset per type), a JWT per call (the hooks' own cache salt, so
    nothing of step 1 is reused);
-3. `hook_reasked`: the same hook after one new Observation arrived (the newest one repeated a
+4. `hook_reasked`: the same hook after one new Observation arrived (the newest one repeated a
    minute later): the score cache misses, the resource cache reads only the new Observation,
    vLLM's prefix cache serves the unchanged prompt start;
-4. `hook_cached`: step 3's record again: answered from the score cache by the digest of the
+5. `hook_cached`: step 3's record again: answered from the score cache by the digest of the
    resources' text, no mapping, no model — the hook's own cost (JWT, body, digest, card) over
    HTTP.
 
@@ -22,10 +25,12 @@ events' (`prompt_identity`; same lines in another order counted apart).
 
 Reported per budget and step: client latency p50/p95 (each body encoded before the clock
 starts: the client's JSON encoding is not the service's cost); the hook overhead over `/predict`
-(each hook step − `predict` on the same record, p50 and p95); the FHIR → MEDS mapping's
-throughput (resources/s, measured in this process on the same prefetch, no cache) and its share
-of `hook_cold`; and on every record both sides' answers (p(yes), prediction) and prompt lengths
-(`checks`: the records whose prompt length is `/predict`'s).
+on the same record, p50 and p95 of the per-record differences, against `/predict` with the MEDS
+events (`hook_overhead_ms`) and against `/predict` with the same FHIR Bundle
+(`hook_overhead_vs_bundle_ms`); the FHIR → MEDS mapping's throughput (resources/s, measured in
+this process on the same prefetch, no cache) and its share of `hook_cold` (per record, p50); and
+on every record both sides' answers (p(yes), prediction) and prompt lengths (`checks`: the
+records whose prompt length is `/predict`'s).
 
     .venv/bin/python -m benchmarks.bench_cds_hooks --meds ../shared/data/mimic-iv-demo-meds \\
         --budgets 4096 8192 --records 8 --out benchmarks/results/bench_cds_hooks.json
@@ -60,7 +65,8 @@ from tests.support.ehr import Ehr, serving_ehr
 
 TASK = "icu_mortality"
 SERVICE = get_service("medtpe-icu-mortality-patient-view")
-STEPS = ("predict", "hook_cold", "hook_reasked", "hook_cached")
+STEPS = ("predict", "predict_bundle", "hook_cold", "hook_reasked", "hook_cached")
+HOOK_STEPS = STEPS[2:]
 JSON = {"content-type": "application/json"}
 MAX_BODY_BYTES = 64 * 2**20
 """A long stay's prefetch runs to megabytes (about 0.4 KB per Observation)."""
@@ -120,7 +126,8 @@ def mapping_rate(stays: list[dict[str, Any]]) -> dict[str, float]:
         flat = _resources(stay["prefetch"])
         start = time.perf_counter()
         meds_from_fhir(flat, mapping=mapping, patient_id=stay["patient"])
-        seconds += time.perf_counter() - start
+        stay["mapping_s"] = time.perf_counter() - start
+        seconds += stay["mapping_s"]
         resources += len(flat)
         stay["n_resources"] = len(flat)
     return {
@@ -131,9 +138,13 @@ def mapping_rate(stays: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def prompt_identity(meds: Path, stays: list[dict[str, Any]], budget: int) -> dict[str, int]:
-    """Without the engine, per stay: is the prompt of the hook's events (prefetch key by key)
-    byte-identical to that of the MEDS events, and that of the whole Bundle (`/predict`)?"""
+    """Without the engine, per stay: is the prompt of the hook's resources (prefetch key by key,
+    as JSON text, read as far as the prompt reaches: `inference.fhir_prompt`) byte-identical to
+    that of the MEDS events, and that of the whole Bundle, every resource read (`bundle`) and
+    read as `/predict` reads it (`bundle_window`)?"""
+    from inference.fhir_prompt import prepare_fhir
     from inference.model import ModelConfig, load_model
+    from medtpe_core.fhir.window import FhirWindow
     from medtpe_core.meds import SubjectEvents
     from medtpe_core.tasks import get_task
 
@@ -144,14 +155,21 @@ def prompt_identity(meds: Path, stays: list[dict[str, Any]], budget: int) -> dic
         events = SubjectEvents.from_events(record.events)
         return predictor.build(task, events, None, record.descriptions)[0].text
 
-    same = {"hook": 0, "bundle": 0, "hook_same_lines": 0}
+    def windowed(resources: Any, patient: str | None) -> str:
+        window = FhirWindow(resources, mapping=mapping, patient_id=patient)
+        prepared, _ = prepare_fhir(predictor, task, window, None)
+        assert prepared is not None
+        return prepared.prompt.text
+
+    same = {"hook": 0, "bundle": 0, "hook_same_lines": 0, "bundle_window": 0}
     for stay in stays:
         by_meds = predictor.build(task, stay["subject_events"], None)[0].text
-        flat = _resources(stay["prefetch"])
-        by_hook = text(meds_from_fhir(flat, mapping=mapping, patient_id=stay["patient"]))
+        flat = [json.dumps(r).encode() for r in _resources(stay["prefetch"])]
+        by_hook = windowed(flat, stay["patient"])  # as the hook reads it: JSON text, the window
         same["hook"] += by_hook == by_meds
         same["hook_same_lines"] += sorted(by_hook.splitlines()) == sorted(by_meds.splitlines())
         same["bundle"] += text(meds_from_fhir(stay["bundle"], mapping=mapping)) == by_meds
+        same["bundle_window"] += windowed(stay["bundle"], None) == by_meds
     return same | {"n_records": len(stays)}
 
 
@@ -214,17 +232,24 @@ def run_budget(
         hook_url = f"{base}/cds-services/{SERVICE.id}"
         for stay in stays:
             row: dict[str, Any] = {"key": stay["key"], "n_resources": stay["n_resources"]}
-            body = {"task": TASK, "events": stay["events"]}
-            body["options"] = {"return_probabilities": True}
-            content = json.dumps(body).encode()  # encoded before the clock starts, as below
-            start = time.perf_counter()
-            predicted = client.post(f"{base}/predict", content=content, headers=JSON).json()
-            row["predict_s"] = time.perf_counter() - start
-            row["predict"] = {
-                "p_yes": (predicted["probabilities"] or {}).get("yes"),
-                "prediction": predicted["prediction"],
-                "tokens": [predicted["tokens"]["original"], predicted["tokens"]["medtpe"]],
-            }
+            row["mapping_s"] = stay["mapping_s"]
+            for step, record in (("predict", "events"), ("predict_bundle", "bundle")):
+                body = {
+                    "task": TASK,
+                    record: stay[record],
+                    "options": {"return_probabilities": True},
+                }
+                content = json.dumps(body).encode()  # encoded before the clock starts, as below
+                start = time.perf_counter()
+                answer = client.post(f"{base}/predict", content=content, headers=JSON)
+                row[f"{step}_s"] = time.perf_counter() - start
+                answer.raise_for_status()
+                predicted = answer.json()
+                row[step] = {
+                    "p_yes": (predicted["probabilities"] or {}).get("yes"),
+                    "prediction": predicted["prediction"],
+                    "tokens": [predicted["tokens"]["original"], predicted["tokens"]["medtpe"]],
+                }
             later = grown(stay["prefetch"])
             for step, prefetch in (
                 ("hook_cold", stay["prefetch"]),
@@ -264,8 +289,18 @@ def summarize(budget: int, records: list[dict[str, Any]]) -> dict[str, Any]:
         }
         for step in STEPS
     }
-    overhead = {step: [r[f"{step}_s"] - r["predict_s"] for r in records] for step in STEPS[1:]}
+
+    def over(base: str) -> dict[str, dict[str, float]]:
+        return {
+            step: {
+                "p50_ms": _p([r[f"{step}_s"] - r[f"{base}_s"] for r in records], 0.5) * 1e3,
+                "p95_ms": _p([r[f"{step}_s"] - r[f"{base}_s"] for r in records], 0.95) * 1e3,
+            }
+            for step in HOOK_STEPS
+        }
+
     same_tokens = sum(r["hook_cold"]["tokens"] == r["predict"]["tokens"] for r in records)
+    same_bundle = sum(r["predict_bundle"]["tokens"] == r["predict"]["tokens"] for r in records)
     dp = [
         abs(r["hook_cold"]["p_yes"] - r["predict"]["p_yes"])
         for r in records
@@ -275,12 +310,12 @@ def summarize(budget: int, records: list[dict[str, Any]]) -> dict[str, Any]:
         "budget": budget,
         "n_records": len(records),
         "latency": latency,
-        "hook_overhead_ms": {
-            step: {"p50_ms": _p(values, 0.5) * 1e3, "p95_ms": _p(values, 0.95) * 1e3}
-            for step, values in overhead.items()
-        },
+        "hook_overhead_ms": over("predict"),
+        "hook_overhead_vs_bundle_ms": over("predict_bundle"),
+        "mapping_share_of_hook_cold": _p([r["mapping_s"] / r["hook_cold_s"] for r in records], 0.5),
         "checks": {
             "same_prompt_tokens_as_predict": same_tokens,
+            "bundle_same_prompt_tokens_as_predict": same_bundle,
             "p_yes_abs_diff_max": max(dp) if dp else None,
             "p_yes_abs_diff_mean": statistics.mean(dp) if dp else None,
             "cached_steps_from_cache": sum(r["hook_cached"]["cached"] for r in records),
@@ -316,10 +351,13 @@ def main() -> None:
     results: dict[str, Any] = {"mapping": mapping, "prompt_identity": identity, "budgets": []}
     with serving_ehr() as ehr:
         for budget in args.budgets:
+            load_before = [round(x, 2) for x in os.getloadavg()]
             summary = run_budget(args, budget, stays, ehr)
             summary["engine"] = args.engine
-            cold = summary["latency"]["hook_cold"]["p50_ms"]
-            summary["mapping_share_of_hook_cold"] = mapping["ms_per_stay_mean"] / cold
+            summary["load_avg"] = {
+                "before": load_before,
+                "after": [round(x, 2) for x in os.getloadavg()],
+            }
             results["budgets"].append(summary)
             print(json.dumps({k: v for k, v in summary.items() if k != "records"}, indent=1))
     command = "python -m benchmarks.bench_cds_hooks " + " ".join(sys.argv[1:])

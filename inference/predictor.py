@@ -183,10 +183,12 @@ class Predictor:
         events: SubjectEvents | Sequence[MedsEvent],
         prediction_time: datetime | None,
         descriptions: Mapping[str, str] | None = None,
+        horizon: datetime | None = None,
     ) -> tuple[Prompt, datetime | None]:
         """The task prompt for `events` within the input budget, and the prediction time used;
         `descriptions`: the record's own code descriptions (a FHIR record's display texts), for
-        the codes the loaded codes metadata does not describe."""
+        the codes the loaded codes metadata does not describe; `horizon`: the events at or
+        before it may be stand-ins (`build_prompt`)."""
         if not isinstance(events, SubjectEvents):
             events = SubjectEvents.from_events(events)
         when = prediction_time if prediction_time is not None else default_prediction_time(events)
@@ -199,6 +201,7 @@ class Predictor:
             self.max_input_tokens,
             ChainMap(self.descriptions, descriptions) if descriptions else self.descriptions,
             windowing=self.windowing,
+            horizon=horizon,
         )
         return prompt, when
 
@@ -208,11 +211,12 @@ class Predictor:
         events: SubjectEvents | Sequence[MedsEvent],
         prediction_time: datetime | None,
         descriptions: Mapping[str, str] | None = None,
+        horizon: datetime | None = None,
     ) -> PreparedRecord:
         """Render the record into the task prompt and tokenize it (CPU work, no engine);
-        `descriptions` as in `build`."""
+        `descriptions` and `horizon` as in `build`."""
         start = time.perf_counter()
-        prompt, when = self.build(task, events, prediction_time, descriptions)
+        prompt, when = self.build(task, events, prediction_time, descriptions, horizon)
         rendered = time.perf_counter()
         # the prompt's original ids come from build_prompt (record text as plain text, so event
         # text cannot inject chat turns); MedTPE ids are derived from them

@@ -78,6 +78,24 @@ class Prompt:
         )
 
 
+class IncompleteWindowError(ValueError):
+    """The prompt could show, or depend on, events at or before the `horizon` up to which the
+    record holds stand-ins (`medtpe_core.fhir.window`): read more of the record."""
+
+
+def _check_horizon(
+    events: SubjectEvents, prediction_time: datetime | None, n_kept: int, horizon: datetime
+) -> None:
+    """`IncompleteWindowError` unless the newest event the newest-first fit left out is after
+    `horizon`: then every event it keeps or weighs is, and none at or before it changes the
+    text (the omission line counts them all, stand-ins included)."""
+    shown = events.before(prediction_time) if prediction_time is not None else events
+    times = shown.times[shown.n_static :]
+    n_left_out = len(times) - max(0, n_kept - shown.n_static)
+    if n_left_out <= 0 or times[n_left_out - 1] <= np.datetime64(horizon, "us"):
+        raise IncompleteWindowError(f"the prompt reaches back to the horizon {horizon}")
+
+
 def format_time(time: datetime) -> str:
     """`YYYY-MM-DD HH:MM` (seconds only when present), as in the rendered record."""
     return time.strftime(
@@ -95,11 +113,13 @@ def build_prompt(
     descriptions: Mapping[str, str] | None = None,
     *,
     windowing: Windowing = SLIDING_WINDOW,
+    horizon: datetime | None = None,
 ) -> Prompt:
     """Prompt whose whole text is at most `max_input_tokens` original tokens; which events are
     kept is the `windowing` policy's choice (default: the newest that fit, see
     `medtpe_core.windowing`). `prediction_time=None` uses every event (and states no prediction
-    time)."""
+    time). `horizon`: the events at or before it may be stand-ins (`FhirRecord.horizon`);
+    `IncompleteWindowError` when the prompt could show or depend on one."""
     task = get_task(task) if isinstance(task, str) else task
     if not isinstance(events, SubjectEvents):
         events = SubjectEvents.from_events(list(events))
@@ -147,9 +167,13 @@ def build_prompt(
         raise too_small
 
     record, record_ids = fit(None)
+    if horizon is not None:
+        _check_horizon(events, prediction_time, record.n_events_kept, horizon)
     if windowing.policy is WindowPolicy.STABLE:
         shown = events.before(prediction_time) if prediction_time is not None else events
         for start in stable_starts(shown, record.n_events_kept, windowing.grid_hours):
+            if horizon is not None and start <= horizon:
+                raise IncompleteWindowError(f"a window start at the horizon {horizon}")
             record, record_ids = fit(start)
             in_window = len(window_events(shown, start))
             if record.n_events_kept == in_window:

@@ -18,12 +18,12 @@ from typing import Annotated, Any, TypeVar
 from fastapi import APIRouter, Depends, Header, Request
 
 from inference.model import LoadedModel
-from inference.predictor import Predictor
+from inference.predictor import Predictor, PreparedRecord
 from medtpe_core.fhir import FhirRecord
 from medtpe_core.meds import SubjectEvents
 from medtpe_core.tasks import Task, UnknownTaskError, get_task
 from service.errors import ApiError, field_error
-from service.fhir_input import bundle_events, fhir_mapping
+from service.fhir_input import bundle_record, fhir_mapping
 from service.json_body import FastJsonRoute
 from service.responses import tokenize_response
 from service.schemas import (
@@ -215,12 +215,12 @@ async def _predict_request(
     salt: str | None,
     loc: Sequence[str | int],
 ) -> PredictResponse:
-    """A request's record (its events, or its FHIR bundle mapped in a worker thread) through
-    `predict_record` at the request's budget (`predictor`); a bundle's mapping counts in the
-    response; with `options.both_modes` the other mode's answer, at the same budget, in
+    """A request's record (its events, or its FHIR bundle mapped and prepared in a worker thread)
+    through `predict_record` at the request's budget (`predictor`); a bundle's mapping counts in
+    the response; with `options.both_modes` the other mode's answer, at the same budget, in
     `other_mode`."""
     start = time.perf_counter()
-    events, fhir = await _events(state, request, loc)
+    events, fhir, prepared = await _events(state, predictor, task, request, loc)
     answer = partial(
         predict_record,
         state,
@@ -230,8 +230,9 @@ async def _predict_request(
         options=request.options,
         salt=salt,
         descriptions=fhir.descriptions if fhir is not None else None,
+        horizon=fhir.horizon if fhir is not None else None,
     )
-    response = await answer(model=model, predictor=predictor, start=start)
+    response = await answer(model=model, predictor=predictor, prepared=prepared, start=start)
     if fhir is not None:
         response.fhir = fhir_mapping(fhir)
     if request.options.both_modes:
@@ -243,17 +244,21 @@ async def _predict_request(
 
 
 async def _events(
-    state: ServiceState, request: PredictRequest, loc: Sequence[str | int]
-) -> tuple[SubjectEvents, FhirRecord | None]:
-    """The request's events, or its FHIR bundle's (mapped in a worker thread) with the mapping's
-    record."""
+    state: ServiceState,
+    predictor: Predictor,
+    task: Task,
+    request: PredictRequest,
+    loc: Sequence[str | int],
+) -> tuple[SubjectEvents, FhirRecord | None, PreparedRecord | None]:
+    """The request's events, or its FHIR bundle's (mapped and prepared by `predictor` in a worker
+    thread) with the mapping's record and the prepared prompt."""
     if request.bundle is None:
         assert request.events is not None  # the request model requires events or a bundle
-        return request.events, None
+        return request.events, None, None
     mapping = state.site_mapping()
     try:
         return await asyncio.to_thread(
-            bundle_events, mapping, request.bundle, request.prediction_time, loc
+            bundle_record, mapping, predictor, task, request.bundle, request.prediction_time, loc
         )
     except ApiError:
         state.metrics.rejections.labels("invalid").inc()

@@ -228,6 +228,12 @@ class ResourceMapping(BaseModel):
     skipped: int = Field(
         description="Not read: a type the mapping does not cover, entered in error, no time."
     )
+    outside_window: int = Field(
+        0,
+        description="Of the above, those older than anything the prompt can show: counted by "
+        "a first pass over every resource (patient, resourceType, times, codes), not validated "
+        "as FHIR R4 nor read (docs/integration.md, 'FHIR records').",
+    )
 
 
 class FhirMapping(BaseModel):

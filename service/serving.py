@@ -16,7 +16,7 @@ from datetime import datetime
 
 from inference.engine import EngineDead
 from inference.model import LoadedModel
-from inference.predictor import Predictor
+from inference.predictor import Predictor, PreparedRecord
 from medtpe_core.meds import SubjectEvents
 from medtpe_core.tasks import Task
 from service.errors import ApiError
@@ -39,17 +39,22 @@ async def predict_record(
     *,
     predictor: Predictor | None = None,
     descriptions: Mapping[str, str] | None = None,
+    horizon: datetime | None = None,
+    prepared: PreparedRecord | None = None,
     start: float | None = None,
 ) -> PredictResponse:
     """Render and tokenize (worker thread), then generate within a concurrency slot on the
     engine of `model` (the served mode's, or with `MEDTPE_COMPARE_MODES` the other mode's
     `state.other_model`). `predictor`: `model`'s at the request's input budget (default: its
     served one); `descriptions`: the record's own code descriptions (a FHIR record's display
-    texts); `start`: when the request's work began (`time.perf_counter()`; default now), for
-    its reported total latency."""
+    texts); `horizon`: a FHIR record's stand-ins' (`Predictor.build`); `prepared`: the record
+    already prepared by `predictor` (`inference.fhir_prompt`); `start`: when the request's work
+    began (`time.perf_counter()`; default now), for its reported total latency."""
     start = time.perf_counter() if start is None else start
     predictor = model.predictor if predictor is None else predictor
-    record = await asyncio.to_thread(predictor.prepare, task, events, prediction_time, descriptions)
+    record = prepared or await asyncio.to_thread(
+        predictor.prepare, task, events, prediction_time, descriptions, horizon
+    )
     temperature = options.temperature
     if temperature is None:
         temperature = state.settings.temperature

@@ -4,6 +4,7 @@ model and the engine (started in the background, so health probes answer at once
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -88,6 +89,11 @@ class ServiceState:
                 self.other_model = await asyncio.to_thread(load_model, other)
                 self.other_engine = await self._started(self.other_model)
             self.warmed_up = True
+            # what start-up loaded (tokenizers, codes metadata: millions of objects) is never
+            # freed: kept out of the collector's full passes, which took 0.5-1 s on whichever
+            # request crossed the threshold (docs/benchmarks.md, "CDS Hooks latency")
+            gc.collect()
+            gc.freeze()
             logger.info("ready: %s", self.model.engine_config.model_dir)
         except Exception as exc:
             self.failure = f"{type(exc).__name__}: {exc}"

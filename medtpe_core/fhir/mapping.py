@@ -64,6 +64,9 @@ SKIPPED_STATUSES = frozenset({"entered-in-error", "cancelled", "not-done", "refu
 """Statuses whose resource is not a fact about the patient: skipped and counted."""
 UNRENDERABLE_VALUES = ("valueRange", "valueRatio", "valueSampledData", "valuePeriod")
 """Observation value types with no one-line rendering: an error naming the field."""
+STAND_IN = "MEDTPE//NOT_READ"
+"""The code of the stand-in events of a resource outside the window (`medtpe_core.fhir.window`):
+they hold its events' times and number, and the prompt never shows them."""
 
 
 @dataclass
@@ -74,6 +77,9 @@ class ResourceCounts:
     unmapped: int = 0
     after_prediction_time: int = 0
     skipped: int = 0
+    outside_window: int = 0
+    """Of the above, those outside the prompt's window (`medtpe_core.fhir.window`): counted by
+    the first pass, not validated as R4 nor read (part of none of the totals' sums)."""
 
     def as_dict(self) -> dict[str, int]:
         """The counts as a JSON object."""
@@ -82,6 +88,7 @@ class ResourceCounts:
             "unmapped": self.unmapped,
             "after_prediction_time": self.after_prediction_time,
             "skipped": self.skipped,
+            "outside_window": self.outside_window,
         }
 
 
@@ -97,13 +104,17 @@ class MappingCounts:
         return self.by_type.setdefault(resource_type, ResourceCounts())
 
     def as_dict(self) -> dict[str, dict[str, int]]:
-        """`{resource type: {mapped, unmapped, after_prediction_time, skipped}}`, types sorted."""
+        """`{resource type: {mapped, unmapped, after_prediction_time, skipped,
+        outside_window}}`, types sorted."""
         return {name: self.by_type[name].as_dict() for name in sorted(self.by_type)}
 
     @property
     def n_resources(self) -> int:
         """All resources counted."""
-        return sum(sum(c.as_dict().values()) for c in self.by_type.values())
+        return sum(
+            c.mapped + c.unmapped + c.after_prediction_time + c.skipped
+            for c in self.by_type.values()
+        )
 
 
 class FhirEvent(NamedTuple):
@@ -120,13 +131,23 @@ class FhirRecord:
     """One patient's FHIR resources as MEDS events, in the resources' order.
 
     `descriptions` holds the codes' descriptions the mapping carries (display text of rules
-    with `describe` and of unmapped codings); the site's codes metadata takes precedence."""
+    with `describe` and of unmapped codings); the site's codes metadata takes precedence.
+    `stand_ins`: the times of the events of the resources outside the window (none unless
+    `medtpe_core.fhir.window` chose one), each before `horizon`."""
 
     subject_id: int
     patient_id: str | None
     rows: list[FhirEvent]
     descriptions: dict[str, str]
     counts: MappingCounts
+    stand_ins: list[datetime] = field(default_factory=list)
+
+    @property
+    def horizon(self) -> datetime | None:
+        """The newest stand-in's time (None: every resource was read): a prompt of this record
+        is the whole record's when it shows and depends on no event at or before it
+        (`medtpe_core.prompting.build_prompt`'s `horizon`)."""
+        return max(self.stand_ins) if self.stand_ins else None
 
     @property
     def events(self) -> list[MedsEvent]:
@@ -144,13 +165,15 @@ class FhirRecord:
 
     def subject_events(self) -> SubjectEvents:
         """The events as sorted columns, as `SubjectEvents.from_events(self.events)` gives them,
-        built without a model per event (the mapping writes naive times and finite numbers)."""
+        built without a model per event (the mapping writes naive times and finite numbers);
+        with a `STAND_IN` event at each of `stand_ins`."""
+        rows = self.rows + [FhirEvent(t, STAND_IN) for t in self.stand_ins]
         return SubjectEvents.from_columns(
             self.subject_id,
-            datetimes_to_array([e.time for e in self.rows]),
-            [e.code for e in self.rows],
-            np.array([e.value for e in self.rows], dtype=np.float64),  # None -> NaN
-            [e.text for e in self.rows],
+            datetimes_to_array([e.time for e in rows]),
+            [e.code for e in rows],
+            np.array([e.value for e in rows], dtype=np.float64),  # None -> NaN
+            [e.text for e in rows],
         )
 
 
@@ -226,21 +249,48 @@ class _Read:
     events: tuple[FhirEvent, ...] | None = None
     mapped: bool = False
     described: tuple[tuple[str, str], ...] = ()
+    period_end: datetime | None = None  # an Encounter's: a Condition without onset is then
+    glance: Any = None  # the first pass's fields (`medtpe_core.fhir.glance`), not yet counted
+    stand_in: bool = False  # only glanced: `events` are stand-ins (time, `STAND_IN` code)
 
     @classmethod
     def of(cls, entry: Entry) -> _Read:
         """A parsed resource, not yet read."""
-        resource, references = entry.resource, ()
-        if resource is not None and entry.resource_type != "Patient":
+        return cls._new(entry.resource_type, entry.resource_id, entry.resource)
+
+    @classmethod
+    def glanced(cls, resource_type: str, resource_id: str | None, glance: Any) -> _Read:
+        """A resource of the first pass only (`medtpe_core.fhir.glance`), not yet counted."""
+        return cls._new(resource_type, resource_id, glance, glanced=True)
+
+    @classmethod
+    def _new(
+        cls, resource_type: str, resource_id: str | None, resource: Any, glanced: bool = False
+    ) -> _Read:
+        references: tuple[tuple[str, str], ...] = ()
+        if resource is not None and resource_type != "Patient":
             references = tuple(
                 (name, ref.reference)
                 for name in ("subject", "patient")
                 if (ref := getattr(resource, name, None)) is not None
                 and getattr(ref, "reference", None)
             )
-        skipped = entry.resource_type not in _READERS or _status(resource) in SKIPPED_STATUSES
-        key = f"{entry.resource_type}/{entry.resource_id}" if entry.resource_id else None
-        return cls(entry.resource_type, entry.resource_id, resource, references, skipped, key)
+        skipped = resource_type not in _READERS or _status(resource) in SKIPPED_STATUSES
+        key = f"{resource_type}/{resource_id}" if resource_id else None
+        period_end = None
+        if resource_type == "Encounter" and resource is not None:
+            period_end = _period(resource.period)[1]
+        return cls(
+            resource_type,
+            resource_id,
+            None if glanced else resource,
+            references,
+            skipped,
+            key,
+            period_end=period_end,
+            glance=resource if glanced else None,
+            stand_in=glanced,
+        )
 
     def learned(
         self,
@@ -249,7 +299,7 @@ class _Read:
         described: Sequence[tuple[str, str]],
         looked_elsewhere: bool,
     ) -> _Read:
-        """This resource once read, as a cache keeps it."""
+        """This resource once read (or glanced: stand-in events), as a cache keeps it."""
         if looked_elsewhere:
             return self
         resource = self.resource if self.resource_type in _KEPT_MODELS else None
@@ -259,6 +309,7 @@ class _Read:
             events=tuple(events),
             mapped=mapped,
             described=tuple(described),
+            glance=None,
         )
 
 
@@ -299,6 +350,19 @@ class _Mapper:
         self.looked_elsewhere, self.described = False, []
         events, mapped = _READERS[read.resource_type](self, self.entry(i))
         return events, mapped, self.described, self.looked_elsewhere
+
+    def glance(self, i: int) -> tuple[list[FhirEvent], bool, bool] | None:
+        """Count the `i`-th resource from its first pass (`medtpe_core.fhir.glance`): (its
+        events as stand-ins at their times, mapped by a rule, whether it looked at another
+        resource), raising the errors of `read` that the first pass's fields show; None when
+        only reading it can count it."""
+        read = self.reads[i]
+        self.looked_elsewhere = False
+        counted = _GLANCERS[read.resource_type](self, self.entry(i), read.glance)
+        if counted is None:
+            return None
+        times, mapped = counted
+        return [FhirEvent(t, STAND_IN) for t in times], mapped, self.looked_elsewhere
 
     @property
     def by_reference(self) -> dict[str, _Read]:
@@ -374,7 +438,97 @@ class _Mapper:
             )
         return next(iter(referenced), None)
 
+    # --- the record ---------------------------------------------------------------------------
+
+    def record(
+        self,
+        texts: Sequence[bytes | None],
+        known: Sequence[_Read | None],
+        patient_id: str | None,
+        prediction_time: datetime | None,
+        cache: ResourceCache | None,
+    ) -> FhirRecord:
+        """The record of these reads: each resource's patient checked, read (or counted from its
+        first pass: a stand-in) and counted; `known`: what `cache` held of each text (the
+        others are added to it)."""
+        patient = self.the_patient(patient_id)
+        cutoff = to_naive_utc(prediction_time) if prediction_time is not None else None
+        counts = MappingCounts()
+        descriptions: dict[str, str] = {}
+        subject_id: int | None = None
+        kept: list[FhirEvent] = []
+        stand_ins: list[datetime] = []
+        learned: list[tuple[bytes, _Read]] = []
+        for i, read in enumerate(self.reads):
+            owner, where = self.patient_of(read)
+            if owner is not None and patient is not None and owner != patient:
+                entry = self.entry(i)
+                raise self.error(entry, f"belongs to another patient than {patient!r}", where)
+            if read.resource_type == "Patient":
+                identifiers = read.resource.identifier or [] if read.resource else []
+                subject_id = _subject_id(read.resource_id, identifiers, self.mapping)
+            counted = counts.of(read.resource_type)
+            counted.outside_window += read.stand_in
+            text = texts[i] if known[i] is not read else None  # new to the cache
+            if read.skipped:
+                counted.skipped += 1
+                if text is not None:
+                    learned.append((text, read.learned((), False, (), False)))
+                continue
+            events, mapped, described = read.events, read.mapped, read.described
+            if events is None:
+                if read.stand_in:
+                    glanced = self.glance(i)
+                    assert glanced is not None  # a window reads what its first pass cannot count
+                    events, mapped, looked_elsewhere = glanced
+                    described = []
+                else:
+                    events, mapped, described, looked_elsewhere = self.read(i)
+                read = read.learned(events, mapped, described, looked_elsewhere)
+            if text is not None:
+                learned.append((text, read))
+            for code, description in described:
+                descriptions.setdefault(code, description)
+            if not events:
+                counted.skipped += 1
+                continue
+            shown = events
+            if cutoff is not None:
+                shown = [e for e in events if e.time is None or e.time <= cutoff]
+            if not shown:
+                counted.after_prediction_time += 1
+                continue
+            if mapped:
+                counted.mapped += 1
+            else:
+                counted.unmapped += 1
+            if read.stand_in:
+                stand_ins.extend(e.time for e in shown if e.time is not None)
+            else:
+                kept.extend(shown)
+        if cache is not None and learned:
+            cache.put_many(learned)
+        if subject_id is None:  # the patient is only referenced
+            subject_id = _subject_id(patient, [], self.mapping)
+        return FhirRecord(subject_id, patient, kept, descriptions, counts, stand_ins)
+
     # --- codes --------------------------------------------------------------------------------
+
+    def rule(
+        self,
+        entry: Entry,
+        resource_type: str,
+        concept: Any,
+        field: str,
+        encounter_class: str | None = None,
+    ) -> tuple[tuple[Rule, int] | None, list[tuple[str | None, str | None, str | None]]]:
+        """(the rule that takes the concept and the index of the coding it took, or None; the
+        concept's codings); an error when it has no code (and no Encounter class)."""
+        codings = _codings(concept)
+        if not codings and encounter_class is None:
+            raise self.error(entry, "a code is required", field)
+        pairs = [(system, code) for system, code, _ in codings]
+        return self.mapping.rule_for(resource_type, pairs, encounter_class), codings
 
     def coded(
         self,
@@ -386,11 +540,7 @@ class _Mapper:
         encounter_class: str | None = None,
     ) -> tuple[Rule | None, dict[str, str], str | None]:
         """(the rule that takes the concept or None, the template slots, the display)."""
-        codings = _codings(concept)
-        if not codings and encounter_class is None:
-            raise self.error(entry, "a code is required", field)
-        pairs = [(system, code) for system, code, _ in codings]
-        found = self.mapping.rule_for(resource_type, pairs, encounter_class)
+        found, codings = self.rule(entry, resource_type, concept, field, encounter_class)
         system, code, display = codings[0] if codings else (None, None, None)
         if found is not None and found[1] >= 0:
             system, code, display = codings[found[1]]
@@ -432,14 +582,19 @@ def _quantity_unit(quantity: Any) -> str | None:
     return quantity.unit or quantity.code or None
 
 
+def _check_renderable(mapper: _Mapper, entry: Entry, part: Any, prefix: str) -> None:
+    """An error for an Observation (or component) value type we cannot render."""
+    for name in UNRENDERABLE_VALUES:
+        if getattr(part, name, None) is not None:
+            raise mapper.error(entry, "a value of this type cannot be rendered", prefix + name)
+
+
 def _observation_value(
     mapper: _Mapper, entry: Entry, resource: Any, prefix: str = ""
 ) -> tuple[float | None, str | None, str | None]:
     """(number, text, unit) of an Observation or component value; an error for a value type we
     cannot render."""
-    for name in UNRENDERABLE_VALUES:
-        if getattr(resource, name, None) is not None:
-            raise mapper.error(entry, "a value of this type cannot be rendered", prefix + name)
+    _check_renderable(mapper, entry, resource, prefix)
     if resource.valueQuantity is not None:
         quantity = resource.valueQuantity
         return _number(quantity.value), None, _quantity_unit(quantity)
@@ -461,19 +616,29 @@ def _observation_value(
     return None, None, None
 
 
-def _observation(mapper: _Mapper, entry: Entry) -> tuple[list[FhirEvent], bool]:
-    obs = entry.resource
+def _observation_time(mapper: _Mapper, entry: Entry, obs: Any) -> datetime:
+    """An Observation's time: `effective[x]` (a period's start); an error without one."""
     time = _time(obs.effectiveDateTime or obs.effectiveInstant)
     if time is None and obs.effectivePeriod is not None:
         time = _time(obs.effectivePeriod.start)
     if time is None:
         raise mapper.error(entry, "an Observation needs a time (effective[x])", "effectiveDateTime")
-    parts = [(obs, "")] + [(c, f"component.{i}.") for i, c in enumerate(obs.component or [])]
+    return time
+
+
+def _observation_parts(obs: Any) -> list[tuple[Any, str]]:
+    """The parts of an Observation that are events, with their field prefix: itself, then each
+    component (a panel without a value of its own: only its components)."""
+    parts = [] if obs.component and not _has_value(obs) else [(obs, "")]
+    return parts + [(c, f"component.{i}.") for i, c in enumerate(obs.component or [])]
+
+
+def _observation(mapper: _Mapper, entry: Entry) -> tuple[list[FhirEvent], bool]:
+    obs = entry.resource
+    time = _observation_time(mapper, entry, obs)
     events: list[FhirEvent] = []
     mapped = True
-    for part, prefix in parts:
-        if part is obs and obs.component and not _has_value(obs):
-            continue  # a panel: its components are the events
+    for part, prefix in _observation_parts(obs):
         number, text, unit = _observation_value(mapper, entry, part, prefix)
         rule, values, display = mapper.coded(
             entry, "Observation", part.code, prefix + "code", {"unit": unit or UNKNOWN}
@@ -486,6 +651,17 @@ def _observation(mapper: _Mapper, entry: Entry) -> tuple[list[FhirEvent], bool]:
                 mapper.describe(code, display, unit)
         events.append(FhirEvent(time, code, number, text))
     return events, mapped
+
+
+def _observation_glance(mapper: _Mapper, entry: Entry, obs: Any) -> Counted:
+    time = _observation_time(mapper, entry, obs)
+    times, mapped = [], True
+    for part, prefix in _observation_parts(obs):
+        _check_renderable(mapper, entry, part, prefix)
+        found, _ = mapper.rule(entry, "Observation", part.code, prefix + "code")
+        mapped = mapped and found is not None and found[0].code is not None
+        times.append(time)
+    return times, mapped
 
 
 def _has_value(obs: Any) -> bool:
@@ -503,31 +679,47 @@ _VALUES = (
     *UNRENDERABLE_VALUES,
 )
 
+Times = tuple[datetime | None, datetime | None, datetime | None]
+"""A resource's (time, period start, period end), as a rule places its events (`_fires`)."""
+Counted = tuple[list[datetime], bool]
+"""What the first pass learns of a resource: its events' times and whether a rule maps it."""
+
+
+def _fires(
+    rule: Rule | None, at: datetime | None, start: datetime | None, end: datetime | None
+) -> list[tuple[str | None, datetime, str | None]]:
+    """(template, time, value field) of each event a rule makes: `code` at `at` (else `start`),
+    `start` / `end` at the period's ends; no rule: one event (no template) at `at` / `start`."""
+    if rule is None:
+        when = at or start
+        return [(None, when, None)] if when else []
+    return [
+        (template, when, value_name)
+        for template, when, value_name in (
+            (rule.code, at or start, None),
+            (rule.start, start or at, rule.start_value),
+            (rule.end, end, rule.end_value),
+        )
+        if template is not None and when is not None
+    ]
+
 
 def _timed_events(
     mapper: _Mapper,
     rule: Rule | None,
     values: dict[str, str],
     display: str | None,
-    at: datetime | None,
-    start: datetime | None,
-    end: datetime | None,
+    times: Times,
     value_of: Mapping[str, tuple[float | None, str | None]] | None = None,
 ) -> tuple[list[FhirEvent], bool]:
-    """Events of a rule: `code` at `at` (else `start`), `start` / `end` templates at the period's
-    ends; a coding no rule takes is one unmapped event at `at` / `start`."""
+    """The events of a rule at `times` (`_fires`); a coding no rule takes is one unmapped
+    event."""
     value_of = value_of or {}
     if rule is None:
-        when = at or start
-        return ([FhirEvent(when, mapper.unmapped(values, display, None))] if when else []), False
+        code = mapper.unmapped(values, display, None)
+        return [FhirEvent(when, code) for _, when, _ in _fires(None, *times)], False
     events = []
-    for template, when, value_name in (
-        (rule.code, at or start, None),
-        (rule.start, start or at, rule.start_value),
-        (rule.end, end, rule.end_value),
-    ):
-        if template is None or when is None:
-            continue
+    for template, when, value_name in _fires(rule, *times):
         number, unit = value_of.get(value_name or "", (None, None))
         code = mapper.code_of(template, values)
         if rule.describe:
@@ -536,34 +728,65 @@ def _timed_events(
     return events, True
 
 
+def _timed_glance(
+    mapper: _Mapper,
+    entry: Entry,
+    concept: Any,
+    field: str,
+    times: Times,
+    encounter_class: str | None = None,
+) -> Counted:
+    """`_timed_events`' times and whether a rule takes the concept, from the first pass."""
+    found, _ = mapper.rule(entry, entry.resource_type, concept, field, encounter_class)
+    rule = found[0] if found else None
+    return [when for _, when, _ in _fires(rule, *times)], rule is not None
+
+
 def _period(period: Any) -> tuple[datetime | None, datetime | None]:
     if period is None:
         return None, None
     return _time(period.start), _time(period.end)
 
 
-def _condition(mapper: _Mapper, entry: Entry) -> tuple[list[FhirEvent], bool]:
-    condition = entry.resource
+def _condition_time(mapper: _Mapper, condition: Any) -> datetime | None:
+    """`onset[x]`, else its encounter's end, else `recordedDate`."""
     at = _time(condition.onsetDateTime)
     if at is None and condition.onsetPeriod is not None:
         at = _time(condition.onsetPeriod.start)
     if at is None and condition.encounter is not None:
         encounter = mapper.resolve(condition.encounter.reference)
         if encounter is not None and encounter.resource_type == "Encounter":
-            at = _period(encounter.resource.period)[1]
-    at = at or _time(condition.recordedDate)
+            at = encounter.period_end
+    return at or _time(condition.recordedDate)
+
+
+def _condition(mapper: _Mapper, entry: Entry) -> tuple[list[FhirEvent], bool]:
+    condition = entry.resource
+    at = _condition_time(mapper, condition)
     rule, values, display = mapper.coded(entry, "Condition", condition.code, "code", {})
     if at is None:
         return [], rule is not None
-    return _timed_events(mapper, rule, values, display, at, None, None)
+    return _timed_events(mapper, rule, values, display, (at, None, None))
+
+
+def _condition_glance(mapper: _Mapper, entry: Entry, condition: Any) -> Counted:
+    at = _condition_time(mapper, condition)
+    times, mapped = _timed_glance(mapper, entry, condition.code, "code", (at, None, None))
+    return (times if at is not None else []), mapped
+
+
+def _procedure_times(procedure: Any) -> Times:
+    return _time(procedure.performedDateTime), *_period(procedure.performedPeriod)
 
 
 def _procedure(mapper: _Mapper, entry: Entry) -> tuple[list[FhirEvent], bool]:
     procedure = entry.resource
-    start, end = _period(procedure.performedPeriod)
     rule, values, display = mapper.coded(entry, "Procedure", procedure.code, "code", {})
-    at = _time(procedure.performedDateTime)
-    return _timed_events(mapper, rule, values, display, at, start, end)
+    return _timed_events(mapper, rule, values, display, _procedure_times(procedure))
+
+
+def _procedure_glance(mapper: _Mapper, entry: Entry, procedure: Any) -> Counted:
+    return _timed_glance(mapper, entry, procedure.code, "code", _procedure_times(procedure))
 
 
 def _medication_concept(mapper: _Mapper, resource: Any) -> Any:
@@ -584,9 +807,12 @@ def _medication_concept(mapper: _Mapper, resource: Any) -> Any:
     return target.resource.code
 
 
+def _administration_times(admin: Any) -> Times:
+    return _time(admin.effectiveDateTime), *_period(admin.effectivePeriod)
+
+
 def _medication_administration(mapper: _Mapper, entry: Entry) -> tuple[list[FhirEvent], bool]:
     admin = entry.resource
-    start, end = _period(admin.effectivePeriod)
     status_reason = _first_code(admin.statusReason[0]) if admin.statusReason else None
     slots = {"status": admin.status or UNKNOWN, "status_reason": status_reason or UNKNOWN}
     concept = _medication_concept(mapper, admin)
@@ -602,20 +828,42 @@ def _medication_administration(mapper: _Mapper, entry: Entry) -> tuple[list[Fhir
         if dosage is not None and dosage.dose is not None
         else (None, None),
     }
-    at = _time(admin.effectiveDateTime)
-    return _timed_events(mapper, rule, values, display, at, start, end, value_of)
+    times = _administration_times(admin)
+    return _timed_events(mapper, rule, values, display, times, value_of)
+
+
+def _request_times(request: Any) -> Times:
+    validity = request.dispenseRequest.validityPeriod if request.dispenseRequest else None
+    start, end = _period(validity)
+    at = _time(request.authoredOn)
+    return start or at, start or at, end
 
 
 def _medication_request(mapper: _Mapper, entry: Entry) -> tuple[list[FhirEvent], bool]:
     request = entry.resource
-    validity = request.dispenseRequest.validityPeriod if request.dispenseRequest else None
-    start, end = _period(validity)
     concept = _medication_concept(mapper, request)
     rule, values, display = mapper.coded(
         entry, "MedicationRequest", concept, "medicationCodeableConcept", {}
     )
-    at = _time(request.authoredOn)
-    return _timed_events(mapper, rule, values, display, start or at, start or at, end)
+    return _timed_events(mapper, rule, values, display, _request_times(request))
+
+
+def _medication_glance(times_of: Any) -> Any:
+    """The first pass of a medication resource: a referenced Medication (not in the first
+    pass) makes it one to read (None)."""
+
+    def glance(mapper: _Mapper, entry: Entry, resource: Any) -> Counted | None:
+        concept = resource.medicationCodeableConcept
+        if concept is None and resource.medicationReference is not None:
+            return None
+        field = "medicationCodeableConcept"
+        return _timed_glance(mapper, entry, concept, field, times_of(resource))
+
+    return glance
+
+
+def _encounter_class(encounter: Any) -> str:
+    return (encounter.class_fhir.code if encounter.class_fhir else None) or UNKNOWN
 
 
 def _encounter(mapper: _Mapper, entry: Entry) -> tuple[list[FhirEvent], bool]:
@@ -642,13 +890,19 @@ def _encounter(mapper: _Mapper, entry: Entry) -> tuple[list[FhirEvent], bool]:
     }
     concept = encounter.type[0] if encounter.type else None
     rule, values, display = mapper.coded(
-        entry, "Encounter", concept, "type", slots, encounter.class_fhir.code or UNKNOWN
+        entry, "Encounter", concept, "type", slots, _encounter_class(encounter)
     )
     if rule is None:
-        values["code"] = encounter.class_fhir.code or UNKNOWN
+        values["code"] = _encounter_class(encounter)
         values["system"] = _system_name(encounter.class_fhir.system)
         display = encounter.class_fhir.display or display
-    return _timed_events(mapper, rule, values, display, None, start, end)
+    return _timed_events(mapper, rule, values, display, (None, start, end))
+
+
+def _encounter_glance(mapper: _Mapper, entry: Entry, encounter: Any) -> Counted:
+    concept = encounter.type[0] if encounter.type else None
+    times = (None, *_period(encounter.period))
+    return _timed_glance(mapper, entry, concept, "type", times, _encounter_class(encounter))
 
 
 def _patient(mapper: _Mapper, entry: Entry) -> tuple[list[FhirEvent], bool]:
@@ -674,6 +928,16 @@ _READERS = {
     "Encounter": _encounter,
 }
 assert set(_READERS) == {"Patient", *MAPPED_TYPES}
+_GLANCERS = {
+    "Observation": _observation_glance,
+    "Condition": _condition_glance,
+    "Procedure": _procedure_glance,
+    "MedicationAdministration": _medication_glance(_administration_times),
+    "MedicationRequest": _medication_glance(_request_times),
+    "Encounter": _encounter_glance,
+}
+"""The first pass's counterpart of each reader but the Patient's (always read): the events'
+times and whether a rule maps it, from `medtpe_core.fhir.glance`'s fields; None: read it."""
 READ_TYPES = frozenset({*_READERS, "Medication", "Location"})
 """Resource types parsed (validated as R4): those mapped and those they reference."""
 _KEPT_MODELS = frozenset({"Patient", "Encounter", "Medication", "Location"})
@@ -755,55 +1019,11 @@ def meds_from_fhir(
     texts = [data if isinstance(data, bytes) else None for _, _, data in items]
     known = cache.get_many(texts) if cache is not None else [None] * len(items)
     reads = [
-        read or _Read.of(parse_resource(data, index, in_bundle, READ_TYPES))
+        read
+        if read is not None and not read.stand_in
+        # else: validate it as R4
+        else _Read.of(parse_resource(data, index, in_bundle, READ_TYPES))
         for (index, _, data), read in zip(items, known, strict=True)
     ]
     mapper = _Mapper(reads, items, mapping, in_bundle)
-    patient = mapper.the_patient(patient_id)
-    cutoff = to_naive_utc(prediction_time) if prediction_time is not None else None
-    counts = MappingCounts()
-    descriptions: dict[str, str] = {}
-    subject_id: int | None = None
-    kept: list[FhirEvent] = []
-    learned: list[tuple[bytes, _Read]] = []
-    for i, read in enumerate(reads):
-        owner, where = mapper.patient_of(read)
-        if owner is not None and patient is not None and owner != patient:
-            entry = mapper.entry(i)
-            raise mapper.error(entry, f"belongs to another patient than {patient!r}", where)
-        if read.resource_type == "Patient":
-            identifiers = read.resource.identifier or [] if read.resource else []
-            subject_id = _subject_id(read.resource_id, identifiers, mapping)
-        counted = counts.of(read.resource_type)
-        text = texts[i] if known[i] is None else None  # new to the cache
-        if read.skipped:
-            counted.skipped += 1
-            if text is not None:
-                learned.append((text, read.learned((), False, (), False)))
-            continue
-        events, mapped, described = read.events, read.mapped, read.described
-        if events is None:
-            events, mapped, described, looked_elsewhere = mapper.read(i)
-            if text is not None:
-                learned.append((text, read.learned(events, mapped, described, looked_elsewhere)))
-        for code, description in described:
-            descriptions.setdefault(code, description)
-        if not events:
-            counted.skipped += 1
-            continue
-        shown = events
-        if cutoff is not None:
-            shown = [e for e in events if e.time is None or e.time <= cutoff]
-        if not shown:
-            counted.after_prediction_time += 1
-            continue
-        if mapped:
-            counted.mapped += 1
-        else:
-            counted.unmapped += 1
-        kept.extend(shown)
-    if cache is not None and learned:
-        cache.put_many(learned)
-    if subject_id is None:  # the patient is only referenced
-        subject_id = _subject_id(patient, [], mapping)
-    return FhirRecord(subject_id, patient, kept, descriptions, counts)
+    return mapper.record(texts, known, patient_id, prediction_time, cache)

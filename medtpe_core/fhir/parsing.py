@@ -108,11 +108,9 @@ def _head(data: object) -> tuple[object, object] | None:
     return None
 
 
-def parse_resource(
-    data: object, index: int, in_bundle: bool, read: Collection[str] | None = None
-) -> Entry:
-    """One resource (a JSON object, or its JSON text) as an entry, its R4B model validated when
-    its type is in `read` (None: every type); `FhirInputError` naming the field otherwise."""
+def resource_head(data: object, index: int, in_bundle: bool) -> tuple[str, str | None, type]:
+    """A resource's (JSON object or text) type, id and R4B model class; `FhirInputError` when it
+    is no JSON object with the `resourceType` of an R4 resource."""
     head = _head(data)
     if head is None or not isinstance(head[0], str):
         raise FhirInputError(
@@ -134,6 +132,15 @@ def parse_resource(
             field="resourceType",
             in_bundle=in_bundle,
         ) from exc
+    return resource_type, resource_id, model
+
+
+def parse_resource(
+    data: object, index: int, in_bundle: bool, read: Collection[str] | None = None
+) -> Entry:
+    """One resource (a JSON object, or its JSON text) as an entry, its R4B model validated when
+    its type is in `read` (None: every type); `FhirInputError` naming the field otherwise."""
+    resource_type, resource_id, model = resource_head(data, index, in_bundle)
     if read is not None and resource_type not in read:
         return Entry(index, None, resource_type, resource_id, None)
     try:

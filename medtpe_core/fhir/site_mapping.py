@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 DEFAULT_MAPPING_PATH = Path(__file__).with_name("default_mapping.yaml")
 """The shipped default mapping."""
@@ -108,6 +108,9 @@ class PatientCodes(_Strict):
     genders: dict[str, str] = Field(default_factory=dict)
 
 
+_ALIASES_KEPT = 10_000
+
+
 class SiteMapping(_Strict):
     """A validated site mapping (see the module docstring and `default_mapping.yaml`)."""
 
@@ -117,6 +120,8 @@ class SiteMapping(_Strict):
     patient: PatientCodes = Field(default_factory=PatientCodes)
     rules: dict[Literal[*MAPPED_TYPES], tuple[Rule, ...]]  # type: ignore[valid-type]
     unmapped: str = "{resource_type}//{system}//{code}"
+    _aliases: dict[str, str | None] = PrivateAttr(default_factory=dict)
+    """`system_alias` of each URL seen (a record repeats a few code systems thousands of times)."""
 
     @model_validator(mode="after")
     def _aliases_known(self) -> SiteMapping:
@@ -134,10 +139,14 @@ class SiteMapping(_Strict):
         """The alias of a code system URL (matched by suffix; None when no alias matches)."""
         if not url:
             return None
-        return next(
-            (alias for alias, suffixes in self.systems.items() if _ends_with(url, suffixes)),
-            None,
-        )
+        if url not in self._aliases:
+            if len(self._aliases) >= _ALIASES_KEPT:
+                self._aliases.clear()
+            self._aliases[url] = next(
+                (alias for alias, suffixes in self.systems.items() if _ends_with(url, suffixes)),
+                None,
+            )
+        return self._aliases[url]
 
     def rule_for(
         self,

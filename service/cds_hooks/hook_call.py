@@ -3,10 +3,11 @@ resources as JSON text (`service.cds_hooks.prefetch`), then the score:
 
 - from the score cache when the same caller sent the very same resources before (a digest of
   their text: nothing is decoded or mapped);
-- else map them to MEDS events (`medtpe_core.fhir`, in a worker thread; the process's
-  `ResourceCache` holds what each resource seen before gave, so a record that grew by a few
-  observations validates and reads only those), and from the score cache when the same caller
-  asked about the same events before;
+- else map them to MEDS events and the prompt (`medtpe_core.fhir`, in a worker thread: every
+  resource gets the first pass, only those the prompt can reach are validated and read,
+  `inference.fhir_prompt`; the process's `ResourceCache` holds what each resource seen before
+  gave, so a record that grew by a few observations looks only at those), and from the score
+  cache when the same caller asked about the same events before;
 - else from the model through `/predict`'s own path (`service.serving.predict_record`, on the
   async engine: the event loop never waits on it).
 """
@@ -21,18 +22,15 @@ import meds
 import numpy as np
 from starlette.requests import Request
 
+from inference.fhir_prompt import prepare_fhir
 from inference.model import LoadedModel
+from inference.predictor import Predictor, PreparedRecord
 from medtpe_core.cds.cards import Score, card_text
 from medtpe_core.cds.risk import DEFAULT_BANDS
 from medtpe_core.cds.score_cache import ScoreCache, record_digest, texts_digest
 from medtpe_core.cds.services import HOOK_CONTEXT, PATIENT_ID, CdsService
-from medtpe_core.fhir import (
-    FhirInputError,
-    FhirRecord,
-    ResourceCache,
-    SiteMapping,
-    meds_from_fhir,
-)
+from medtpe_core.fhir import FhirInputError, FhirRecord, ResourceCache, SiteMapping
+from medtpe_core.fhir.window import FhirWindow
 from medtpe_core.meds import SubjectEvents
 from medtpe_core.tasks import Task, get_task
 from service.cds_hooks.audit import AuditEntry
@@ -112,12 +110,14 @@ async def answer_hook(
     if score is None:
         mapping = state.site_mapping()
         cache = hooks.resource_cache(mapping)
-        record, events = await asyncio.to_thread(_mapped, mapping, cache, gathered, patient)
+        record, events, prepared = await asyncio.to_thread(
+            _prepared, model.predictor, task, mapping, cache, gathered, patient
+        )
         key = (salt, task.name, patient, record_digest(events, None, *parts))
         score = hooks.scores.get(key)
         cached = score is not None
         if score is None:
-            score = await _scored(state, model, task, events, record, salt)
+            score = await _scored(state, model, task, events, record, prepared, salt)
             hooks.scores.put(key, score)
         hooks.scores.put((salt, patient, sent), score)
     bands = state.settings.cds_risk_bands.get(task.name, DEFAULT_BANDS)
@@ -132,9 +132,11 @@ async def _scored(
     task: Task,
     events: SubjectEvents,
     record: FhirRecord,
+    prepared: PreparedRecord,
     salt: str,
 ) -> Score:
-    """The model's score of the record, through `/predict`'s own path."""
+    """The model's score of the record (`prepared` by the model's predictor), through
+    `/predict`'s own path."""
     async with served(state, "cds_hook", task.name, 1):
         answer = await predict_record(
             state,
@@ -145,6 +147,7 @@ async def _scored(
             HOOK_OPTIONS,
             salt,
             descriptions=record.descriptions,
+            prepared=prepared,
         )
     return _score(task, model, events, record, answer)
 
@@ -167,26 +170,31 @@ def _check_call(service: CdsService, body: HookRequest) -> None:
             )
 
 
-def _mapped(
-    mapping: SiteMapping, cache: ResourceCache, gathered: Gathered, patient: str
-) -> tuple[FhirRecord, SubjectEvents]:
-    """The record and its MEDS events; input it cannot map is a 422 located in the call (the
-    prefetch key and entry, or the fetch that brought it)."""
+def _prepared(
+    predictor: Predictor,
+    task: Task,
+    mapping: SiteMapping,
+    cache: ResourceCache,
+    gathered: Gathered,
+    patient: str,
+) -> tuple[FhirRecord, SubjectEvents, PreparedRecord]:
+    """The record, its MEDS events and the prompt `predictor` prepared of it; input it cannot
+    map is a 422 located in the call (the prefetch key and entry, or the fetch that brought
+    it)."""
     try:
-        record = meds_from_fhir(
-            gathered.resources, mapping=mapping, patient_id=patient, cache=cache
-        )
+        window = FhirWindow(gathered.resources, mapping=mapping, patient_id=patient, cache=cache)
+        prepared, record = prepare_fhir(predictor, task, window, None)
     except FhirInputError as exc:
         origin: tuple[str | int, ...] = ("body", "prefetch")
         if exc.index is not None:
             origin = gathered.origin(exc.index)
         loc = [*origin, *exc.loc[1:]] if exc.index is not None else list(origin)
         raise ApiError(422, "invalid_request", field_error(loc, str(exc), "fhir_input")) from None
-    if not record.rows:
+    if prepared is None or not record.rows:
         where = ("body", "prefetch")
         detail = field_error(where, f"no event of patient {patient}", "fhir_no_events")
         raise ApiError(422, "invalid_request", detail)
-    return record, record.subject_events()
+    return record, record.subject_events(), prepared
 
 
 def _score(

@@ -183,6 +183,7 @@ def test_unmapped_coding_is_kept_with_a_generic_code_and_counted() -> None:
         "mapped": 0,
         "unmapped": 1,
         "after_prediction_time": 0,
+        "outside_window": 0,
         "skipped": 0,
     }
 
@@ -336,6 +337,7 @@ def test_the_sample_bundle_of_the_guide() -> None:
         "mapped": 4,
         "unmapped": 1,
         "after_prediction_time": 0,
+        "outside_window": 0,
         "skipped": 0,
     }
     assert record.subject_id == 900001

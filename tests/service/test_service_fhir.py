@@ -80,6 +80,7 @@ def test_the_sample_bundle(instant_api: Api) -> None:
         "unmapped": 1,
         "after_prediction_time": 0,
         "skipped": 0,
+        "outside_window": 0,
     }
     assert response.json()["events"]["total"] == 11
 
