@@ -91,14 +91,16 @@ class FhirWindow:
         return len(self._items)
 
     def _by_newest_event(self) -> list[tuple[datetime, int]]:
-        """(newest event up to the prediction time, index) of each resource the first pass
-        counted, newest first; those only reading can count are read now."""
+        """(newest event up to the prediction time, index) of each resource with events, newest
+        first: those the first pass counted and those the cache holds read (a re-asked record's
+        window counts them, so it reads no older resource than a cold one); those only reading
+        can count are read now."""
         cutoff = to_naive_utc(self._prediction_time) if self._prediction_time else None
         mapper = _Mapper(self._reads, self._items, self._mapping, self._in_bundle)
         newest = []
         for i, read in enumerate(self._reads):
-            if not read.stand_in or read.skipped:
-                continue
+            if read.skipped or (not read.stand_in and read.events is None):
+                continue  # the first pass read it whole: every record maps it
             events = read.events
             if events is None:
                 glanced = mapper.glance(i)
@@ -125,7 +127,7 @@ class FhirWindow:
 
     @property
     def n_candidates(self) -> int:
-        """Resources that have events up to the prediction time and are not read yet."""
+        """Resources that have events up to the prediction time (read or not)."""
         return len(self._newest)
 
     def record(self, n_newest: int | None) -> FhirRecord:
@@ -139,7 +141,8 @@ class FhirWindow:
             chosen += 1
         reads = list(self._reads)
         for _, i in self._newest[:chosen]:
-            reads[i] = self._read(i)
+            if reads[i].stand_in:
+                reads[i] = self._read(i)
         mapper = _Mapper(reads, self._items, self._mapping, self._in_bundle)
         return mapper.record(
             self._texts, self._known, self._patient_id, self._prediction_time, self._cache

@@ -7,6 +7,7 @@ rule, docs/integration.md "FHIR records")."""
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +15,14 @@ import pytest
 
 from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.chat_template import ChatTemplate
-from medtpe_core.fhir import FhirInputError, FhirRecord, load_site_mapping, meds_from_fhir
+from medtpe_core.fhir import (
+    FhirInputError,
+    FhirRecord,
+    ResourceCache,
+    load_site_mapping,
+    meds_from_fhir,
+)
+from medtpe_core.fhir import window as window_module
 from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
 from medtpe_core.fhir.window import FhirWindow
 from medtpe_core.meds_readers import MedsDataset, read_labels
@@ -149,3 +157,25 @@ def test_outside_the_window_only_the_r4_validation_refuses(
     assert record.counts.of("Observation").outside_window > 0
     with pytest.raises(FhirInputError):
         window.record(None)
+
+
+def test_a_re_asked_window_reads_no_resource_the_cache_holds(
+    stay: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Asked again with a resource cache, the window counts the resources the cache holds read
+    among the newest: it validates none of them again and no older one in their place."""
+    texts = [json.dumps(entry["resource"]).encode() for entry in stay["entry"]]
+    cache = ResourceCache(MAPPING, 100_000)
+    cold = FhirWindow(texts, mapping=MAPPING, cache=cache).record(16)
+    validated: list[int] = []
+    real = window_module.parse_resource
+
+    def counted(data: Any, index: int, *args: Any) -> Any:
+        validated.append(index)
+        return real(data, index, *args)
+
+    monkeypatch.setattr(window_module, "parse_resource", counted)
+    again = FhirWindow(texts, mapping=MAPPING, cache=cache).record(16)
+    assert validated == []
+    assert again.horizon == cold.horizon and len(again.rows) == len(cold.rows) > 0
+    assert again.counts.as_dict() == cold.counts.as_dict()
