@@ -321,7 +321,6 @@ class ArtefactBuild:
             result, record["long"] = self._distill_stage(
                 tokenizer, longer, long, result.rows, "distill-long"
             )
-            record["long"]["settings"] = asdict(long)
         artefact = self.work / "artefact-distill"
         if not artefact.is_dir():
             shutil.copytree(self.work / TOKENIZER_DIR, artefact)

@@ -988,6 +988,21 @@ class ResourceCache:
                 self._reads.popitem(last=False)
 
 
+def _cached_items(
+    resources: Mapping[str, Any] | Sequence[Mapping[str, Any] | bytes],
+    mapping: SiteMapping,
+    cache: ResourceCache | None,
+) -> tuple[list[Any], bool, list[bytes | None], list[_Read | None]]:
+    """The resources' items (`resource_items`), whether they came in a Bundle, their JSON texts
+    (None: given as a dict) and what `cache` (of `mapping`) holds of each."""
+    if cache is not None and cache.mapping is not mapping:
+        raise ValueError("the resource cache holds another site mapping's readings")
+    items, in_bundle = resource_items(resources)
+    texts = [data if isinstance(data, bytes) else None for _, _, data in items]
+    known = cache.get_many(texts) if cache is not None else [None] * len(items)
+    return items, in_bundle, texts, known
+
+
 def meds_from_fhir(
     resources: Mapping[str, Any] | Sequence[Mapping[str, Any] | bytes],
     *,
@@ -1013,11 +1028,7 @@ def meds_from_fhir(
     >>> [e.code for e in meds_from_fhir(bundle, mapping=load_site_mapping()).events]
     ['MEDS_BIRTH']
     """
-    if cache is not None and cache.mapping is not mapping:
-        raise ValueError("the resource cache holds another site mapping's readings")
-    items, in_bundle = resource_items(resources)
-    texts = [data if isinstance(data, bytes) else None for _, _, data in items]
-    known = cache.get_many(texts) if cache is not None else [None] * len(items)
+    items, in_bundle, texts, known = _cached_items(resources, mapping, cache)
     reads = [
         read
         if read is not None and not read.stand_in

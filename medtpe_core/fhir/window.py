@@ -42,10 +42,11 @@ from medtpe_core.fhir.mapping import (
     FhirRecord,
     ResourceCache,
     SiteMapping,
+    _cached_items,
     _Mapper,
     _Read,
 )
-from medtpe_core.fhir.parsing import parse_resource, resource_head, resource_items
+from medtpe_core.fhir.parsing import parse_resource, resource_head
 from medtpe_core.meds import to_naive_utc
 
 
@@ -73,11 +74,9 @@ class FhirWindow:
     ) -> None:
         """`resources`, `mapping`, `patient_id`, `prediction_time` and `cache` as in
         `meds_from_fhir` (the cache keeps the first pass's counts too)."""
-        if cache is not None and cache.mapping is not mapping:
-            raise ValueError("the resource cache holds another site mapping's readings")
-        self._items, self._in_bundle = resource_items(resources)
-        self._texts = [data if isinstance(data, bytes) else None for _, _, data in self._items]
-        self._known = cache.get_many(self._texts) if cache is not None else [None] * len(self)
+        self._items, self._in_bundle, self._texts, self._known = _cached_items(
+            resources, mapping, cache
+        )
         self._reads = [
             read if read is not None else _first_pass(data, index, self._in_bundle)
             for (index, _, data), read in zip(self._items, self._known, strict=True)
