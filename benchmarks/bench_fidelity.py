@@ -139,7 +139,10 @@ def _rows(spec: str, tokenizer: MedTPETokenizer, model: RowsModel) -> tuple[str,
 
 
 def diagnose(args: argparse.Namespace) -> None:
-    """Float32 answers of the points at each budget: original against each set of rows."""
+    """Answers of the points at each budget (float32, or `--dtype`): original against each set
+    of rows."""
+    import torch
+
     from inference.predictor import Predictor
     from medtpe_core.chat_template import ChatTemplate
     from medtpe_core.meds_readers import MedsDataset, read_labels
@@ -150,12 +153,12 @@ def diagnose(args: argparse.Namespace) -> None:
     tokenizer = MedTPETokenizer.load(args.artefact)
     template = ChatTemplate.from_model_dir(args.base)
     dataset = MedsDataset.load(args.meds)
-    model = RowsModel(args.base, threads=args.threads)
+    model = RowsModel(args.base, args.threads, args.device, getattr(torch, args.dtype))
     variants = [_rows(spec, tokenizer, model) for spec in args.rows]
     new_ids = [t.id for t in tokenizer.new_tokens]
     points = read_labels(args.points)
     budgets = [int(b) for b in args.budgets.split(",")]
-    results: dict[str, Any] = {"budgets": {}}
+    results: dict[str, Any] = {"device": args.device, "dtype": args.dtype, "budgets": {}}
     for budget in budgets:
         predictors = {
             mode: Predictor(tokenizer, template, mode, budget, dataset.descriptions)
@@ -490,6 +493,13 @@ def main(argv: list[str] | None = None) -> None:
         help="mean | NAME=ARTEFACT_DIR[:tied|base] (tied: the input rows serve the head)",
     )
     d.add_argument("--threads", type=int, default=None)
+    d.add_argument("--device", default="cpu", help="torch device: cpu, cuda")
+    d.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="float32: the rows' own error; bfloat16: with the served dtype's rounding",
+    )
     d.add_argument(
         "--original-positions",
         action="store_true",

@@ -46,14 +46,24 @@ class PromptScore:
 
 
 class RowsModel:
-    """The base model in float32 with swappable MedTPE rows (one copy of the weights)."""
+    """The base model with swappable MedTPE rows (one copy of the weights), in float32 (the
+    rows' own error) or another `dtype` (bfloat16: a served dtype's rounding), on `device`."""
 
-    def __init__(self, base_dir: Path, threads: int | None = None) -> None:
+    def __init__(
+        self,
+        base_dir: Path,
+        threads: int | None = None,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         from transformers import AutoModelForCausalLM
 
         if threads:
             torch.set_num_threads(threads)
-        self.model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
+        self.device = torch.device(device)
+        self.model = (
+            AutoModelForCausalLM.from_pretrained(base_dir, dtype=dtype).to(self.device).eval()
+        )
         embedding = self.model.get_input_embeddings()
         self._base_input = embedding.weight.detach().clone()
         head = self.model.get_output_embeddings()
@@ -65,7 +75,7 @@ class RowsModel:
 
     @property
     def base_input(self) -> torch.Tensor:
-        """The base model's input embedding matrix (float32, never modified)."""
+        """The base model's input embedding matrix (the model's dtype, never modified)."""
         return self._base_input
 
     def set_rows(
@@ -82,24 +92,28 @@ class RowsModel:
             self.new_ids = list(new_ids) if rows is not None else []
             if rows is None:
                 return
-            ids = torch.tensor(self.new_ids, dtype=torch.long)
-            embedding[ids] = rows.input.float()
+            ids = torch.tensor(self.new_ids, dtype=torch.long, device=self.device)
+            embedding[ids] = rows.input.to(embedding)
             if output == "tied":
-                head[ids] = (rows.input if rows.output is None else rows.output).float()
+                head[ids] = (rows.input if rows.output is None else rows.output).to(head)
 
     @torch.inference_mode()
     def next_token_logprobs(self, ids: Sequence[int]) -> torch.Tensor:
         """Log-probabilities [len(ids), vocab] of the next id after each prefix of `ids`."""
-        out = self.model(input_ids=torch.tensor([list(ids)], dtype=torch.long))
-        return torch.log_softmax(out.logits[0].float(), dim=-1)
+        out = self.model(input_ids=self._ids(ids))
+        return torch.log_softmax(out.logits[0].float(), dim=-1).cpu()
+
+    def _ids(self, ids: Sequence[int]) -> torch.Tensor:
+        """`ids` as a [1, n] tensor on the model's device."""
+        return torch.tensor([list(ids)], dtype=torch.long, device=self.device)
 
     @torch.inference_mode()
     def score(self, ids: Sequence[int], positions: Sequence[int] | None = None) -> PromptScore:
         """The last position of `ids` (see `PromptScore`), read at `positions` (RoPE position
         ids; None: 0, 1, 2, ...)."""
-        position_ids = None if positions is None else torch.tensor([list(positions)])
+        position_ids = None if positions is None else self._ids(positions)
         out = self.model.model(
-            input_ids=torch.tensor([list(ids)], dtype=torch.long),
+            input_ids=self._ids(ids),
             position_ids=position_ids,
             output_hidden_states=True,
         )
@@ -111,5 +125,5 @@ class RowsModel:
         return PromptScore(
             {int(i): float(v) for i, v in zip(top.indices, top.values, strict=True)},
             mass,
-            torch.stack(hidden).float().numpy(),
+            torch.stack(hidden).float().cpu().numpy(),
         )
