@@ -180,11 +180,13 @@ def diagnose(args: argparse.Namespace) -> None:
                 "p_original": p_orig,
                 "variants": {},
             }
-            positions: dict[str, list[int] | None] = {"": None}
+            positions: dict[str, list[int] | list[float] | None] = {"": None}
             if args.original_positions:  # is the drift made of the shorter prompt's positions?
                 positions["@original-positions"] = tokenizer.original_positions(
                     seg.medtpe_ids, seg.original_ids
                 ).tolist()
+            for scale in args.position_scale:  # what one RoPE scale for every prompt recovers
+                positions[f"@x{scale:g}"] = (np.arange(len(seg.medtpe_ids)) * scale).tolist()
             for (name, variant_rows, output), (suffix, at) in itertools.product(
                 variants, positions.items()
             ):
@@ -252,6 +254,67 @@ def _diagnosis_summary(
         for b in names[i + 1 :]:
             summary[f"{b} - {a}"] = paired_difference(paired[a], paired[b], resamples)
     return summary
+
+
+def served(args: argparse.Namespace) -> None:
+    """The served dtype beside the engine's own floor, from `diagnose` runs of the same points
+    (float32 and the served dtype, budgets in any of the files): the floor is the original
+    model in the served dtype against itself in float32; each set of rows' served |Δp| is
+    against the original in the served dtype, as the service compares them; and how many
+    points change answer (p("yes") across 0.5) in either run."""
+    exact = {
+        budget: run
+        for path in args.float32
+        for budget, run in json.loads(path.read_text())["results"]["budgets"].items()
+    }
+    results: dict[str, Any] = {"budgets": {}}
+    for budget, run, dtype in (
+        (budget, run, rounded["dtype"])
+        for path in args.served
+        for rounded in [json.loads(path.read_text())["results"]]
+        for budget, run in rounded["budgets"].items()
+    ):
+        by_key = {r["key"]: r for r in exact[budget]["records"]}
+        records = run["records"]
+        floor = fidelity(
+            [
+                PairedAnswer(
+                    r["subject_id"], None, None, by_key[r["key"]]["p_original"], r["p_original"]
+                )
+                for r in records
+            ],
+            args.resamples,
+        )
+        figures: dict[str, Any] = {
+            "points": len(records),
+            "floor": {"delta_p_mean": floor["delta_p_mean"], "delta_p_p95": floor["delta_p_p95"]},
+            "rows": {},
+        }
+        for name, summary in run["summary"].items():
+            if " - " in name:
+                continue
+            figures["rows"][name] = {
+                "delta_p_mean": summary["delta_p_mean"],
+                "delta_p_p95": summary["delta_p_p95"],
+                "to_floor": summary["delta_p_mean"]["value"] / floor["delta_p_mean"]["value"],
+                "answers_differ": {
+                    dtype: sum(
+                        _answer(r["p_original"]) != _answer(r["variants"][name]["p"]) for r in rows
+                    )
+                    for dtype, rows in (
+                        ("float32", exact[budget]["records"]),
+                        (dtype, records),
+                    )
+                },
+            }
+        results["budgets"][budget] = figures
+        print(budget, json.dumps(figures, indent=1))
+    write_results(args.out, " ".join(sys.argv), results)
+
+
+def _answer(p: dict[str, float] | None) -> bool | None:
+    """The answer p("yes") gives (None: no probability)."""
+    return None if not p else p["yes"] >= 0.5
 
 
 def held_out_prompts(args: argparse.Namespace, tokenizer: MedTPETokenizer) -> list[list[int]]:
@@ -506,9 +569,25 @@ def main(argv: list[str] | None = None) -> None:
         help="also read each set of rows with every MedTPE token at its last constituent's "
         "original position (RoPE): what the prompt's fewer positions contribute",
     )
+    d.add_argument(
+        "--position-scale",
+        type=float,
+        action="append",
+        default=[],
+        help="also read each set of rows at positions 0, s, 2s, ... (RoPE, linear scaling: "
+        "what one scale for every prompt, e.g. the mean compression, recovers)",
+    )
     d.add_argument("--resamples", type=int, default=1000)
     d.add_argument("--out", type=Path)
     d.set_defaults(run=diagnose)
+    v = steps.add_parser("served", help="the served dtype beside the engine's own floor")
+    v.add_argument("--float32", type=Path, nargs="+", required=True, help="diagnose runs")
+    v.add_argument(
+        "--served", type=Path, nargs="+", required=True, help="diagnose runs, same points"
+    )
+    v.add_argument("--resamples", type=int, default=1000)
+    v.add_argument("--out", type=Path)
+    v.set_defaults(run=served)
     y = steps.add_parser("layers", help="per-layer error at aligned positions of snippets")
     y.add_argument("--meds", type=Path, default=Path("../shared/data/mimic-iv-demo-meds"))
     y.add_argument("--base", type=Path, default=Path(".cache/models/smollm2-135m-instruct"))

@@ -108,13 +108,19 @@ class RowsModel:
         return torch.tensor([list(ids)], dtype=torch.long, device=self.device)
 
     @torch.inference_mode()
-    def score(self, ids: Sequence[int], positions: Sequence[int] | None = None) -> PromptScore:
+    def score(
+        self, ids: Sequence[int], positions: Sequence[int] | Sequence[float] | None = None
+    ) -> PromptScore:
         """The last position of `ids` (see `PromptScore`), read at `positions` (RoPE position
-        ids; None: 0, 1, 2, ...)."""
-        position_ids = None if positions is None else self._ids(positions)
+        ids, gaps and fractions allowed; None: 0, 1, 2, ...)."""
+        position_ids = None
+        if positions is not None:  # float positions (a scaled reading) are RoPE's too
+            position_ids = torch.tensor([list(positions)], device=self.device)
+        tokens = self._ids(ids)
         out = self.model.model(
-            input_ids=self._ids(ids),
+            input_ids=tokens,
             position_ids=position_ids,
+            attention_mask=torch.ones_like(tokens),  # one causal sequence whatever the gaps
             output_hidden_states=True,
         )
         last = out.last_hidden_state[0, -1]
