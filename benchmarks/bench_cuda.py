@@ -318,6 +318,42 @@ def time_prefill(args: argparse.Namespace) -> None:
     _write(args.out, results)
 
 
+def random_checkpoint(shape: dict[str, Any], tokenizer_dir: Path, out: Path) -> Path:
+    """A bfloat16 checkpoint of `shape` (a Qwen2 config) with seeded random weights and the
+    tokenizer files of `tokenizer_dir` (tokenizer.json, tokenizer_config.json with its chat
+    template): a base model a build can run on where only time matters."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(Qwen2Config(**shape), dtype=torch.bfloat16)
+    model.save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_dir / name, out / name)
+    return out
+
+
+def time_distill(args: argparse.Namespace) -> None:
+    """The `distill` step: a build (`--config`) up to and including its token distillation on a
+    Qwen2.5-1.5B-shaped model with random weights; seconds of each step, the distillation's own
+    record (teacher and training seconds per stage)."""
+    from training.build_artefact import ArtefactBuild
+    from training.build_config import build_config
+
+    with tempfile.TemporaryDirectory() as tmp:
+        base = random_checkpoint(QWEN25_15B, args.tokenizer, Path(tmp) / "base")
+        overrides = {"base": base, "meds": args.meds, "out": Path(tmp) / "out"}
+        build = ArtefactBuild(build_config(args.config, overrides | {"device": args.device}))
+        for name, step in build.steps():
+            started = time.perf_counter()
+            build.state.finish(name, step(), time.perf_counter() - started)
+            print(f"{name}: {build.state.steps[name]['seconds']} s")
+            if name == "distill":
+                break
+        results = {"host": _host(), "model": "qwen2.5-1.5b (random weights)"}
+        _write(args.out, results | {"config": str(args.config), "steps": build.state.steps})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     steps = parser.add_subparsers(dest="step", required=True)
@@ -348,6 +384,13 @@ def main() -> None:
     prefill.add_argument("--repeats", type=int, default=5)
     prefill.add_argument("--out", type=Path, required=True)
     prefill.set_defaults(fn=time_prefill)
+    distill = steps.add_parser("distill", help="time a build's token distillation, Qwen2.5-1.5B")
+    distill.add_argument("--config", type=Path, required=True, help="build settings (YAML)")
+    distill.add_argument("--tokenizer", type=Path, required=True, help="Qwen2.5 tokenizer dir")
+    distill.add_argument("--meds", type=Path, default=Path("../shared/data/mimic-iv-demo-meds"))
+    distill.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    distill.add_argument("--out", type=Path, required=True)
+    distill.set_defaults(fn=time_distill)
     args = parser.parse_args()
     args.fn(args)
 
