@@ -187,11 +187,16 @@ def diagnose(args: argparse.Namespace) -> None:
                 ).tolist()
             for scale in args.position_scale:  # what one RoPE scale for every prompt recovers
                 positions[f"@x{scale:g}"] = (np.arange(len(seg.medtpe_ids)) * scale).tolist()
-            for (name, variant_rows, output), (suffix, at) in itertools.product(
-                variants, positions.items()
+            readings = [(suffix, at, None) for suffix, at in positions.items()] + [
+                (f"@yarn{stretch:g}", None, stretch) for stretch in args.rope_stretch
+            ]
+            for (name, variant_rows, output), (suffix, at, stretch) in itertools.product(
+                variants, readings
             ):
                 model.set_rows(new_ids, variant_rows, output)
+                model.set_rope_stretch(stretch)
                 scored = model.score(seg.medtpe_ids, at)
+                model.set_rope_stretch(None)
                 p = predictors["medtpe"].option_probabilities(task, scored.top_logprobs)
                 error = ((scored.hidden - reference.hidden) ** 2).sum(-1) / (
                     reference.hidden**2
@@ -576,6 +581,14 @@ def main(argv: list[str] | None = None) -> None:
         default=[],
         help="also read each set of rows at positions 0, s, 2s, ... (RoPE, linear scaling: "
         "what one scale for every prompt, e.g. the mean compression, recovers)",
+    )
+    d.add_argument(
+        "--rope-stretch",
+        type=float,
+        action="append",
+        default=[],
+        help="also read each set of rows with RoPE's slow dimensions stretched by s (YaRN, "
+        "factor 1/s; the fast ones as trained): a config.json entry stock vLLM loads",
     )
     d.add_argument("--resamples", type=int, default=1000)
     d.add_argument("--out", type=Path)
