@@ -317,6 +317,85 @@ def served(args: argparse.Namespace) -> None:
     write_results(args.out, " ".join(sys.argv), results)
 
 
+def rope_check(args: argparse.Namespace) -> None:
+    """vLLM's YaRN against `RowsModel.set_rope_stretch`: the base model, RoPE's slow dimensions
+    stretched by `--rope-stretch` as a `rope_parameters` entry of config.json, float32, the
+    original ids of the first `--n` points at `--budget`: the top log-probabilities of the next
+    token from both (and from the plain RoPE reading: what a stretch vLLM ignored would give)."""
+    import os
+
+    import torch
+    from vllm import LLM, SamplingParams
+
+    from inference.engine import EngineOptions
+    from inference.predictor import Predictor
+    from inference.vllm_engine import bind_cpu_cores
+    from medtpe_core.chat_template import ChatTemplate
+    from medtpe_core.meds_readers import MedsDataset, read_labels
+    from medtpe_core.tasks import get_task
+    from training.answer_scoring import TOP_K, RowsModel
+
+    task = get_task("icu_mortality")
+    tokenizer = MedTPETokenizer.load(args.artefact)
+    dataset = MedsDataset.load(args.meds)
+    predictor = Predictor(
+        tokenizer, ChatTemplate.from_model_dir(args.base), "original", args.budget,
+        dataset.descriptions,
+    )  # fmt: skip
+    prompts = [
+        predictor.prepare(
+            task, dataset.events(p.subject_id), p.prediction_time
+        ).segmentation.original_ids
+        for p in read_labels(args.points)[: args.n]
+    ]
+    model = RowsModel(args.base, args.threads)
+    plain = [model.score(ids).top_logprobs for ids in prompts]
+    model.set_rope_stretch(args.rope_stretch)
+    reference = [model.score(ids).top_logprobs for ids in prompts]
+    stretched = Path(args.work)
+    stretched.mkdir(parents=True, exist_ok=True)
+    for item in args.base.iterdir():
+        if item.name != "config.json" and not (stretched / item.name).exists():
+            os.symlink(item.resolve(), stretched / item.name)
+    config = json.loads((args.base / "config.json").read_text())
+    config["rope_parameters"] = {
+        **config["rope_parameters"],
+        "rope_type": "yarn",
+        "factor": 1 / args.rope_stretch,
+        "original_max_position_embeddings": config["max_position_embeddings"],
+    }
+    (stretched / "config.json").write_text(json.dumps(config, indent=1))
+    del model
+    torch.set_num_threads(1)
+    bind_cpu_cores(EngineOptions())
+    llm = LLM(
+        str(stretched), dtype="float32", enforce_eager=True, kv_cache_memory_bytes=1 << 30,
+        max_model_len=max(len(ids) for ids in prompts) + 1,
+    )  # fmt: skip
+    params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=TOP_K)
+    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], params)
+    rows = []
+    for ids, ref, unstretched, out in zip(prompts, reference, plain, outputs, strict=True):
+        served = {i: lp.logprob for i, lp in out.outputs[0].logprobs[0].items()}
+        shared = sorted(set(ref) & set(served), key=lambda i: -ref[i])
+        rows.append(
+            {
+                "tokens": len(ids),
+                "top_same": max(ref, key=ref.get) == max(served, key=served.get),
+                "shared_top": len(shared),
+                "max_abs_logprob_diff": max(abs(ref[i] - served[i]) for i in shared),
+                "max_abs_logprob_diff_to_plain_rope": max(
+                    abs(unstretched[i] - served[i]) for i in set(unstretched) & set(served)
+                ),
+                "p_yes_hf": predictor.option_probabilities(task, ref),
+                "p_yes_vllm": predictor.option_probabilities(task, served),
+            }
+        )
+        print(json.dumps(rows[-1]))
+    results = {"rope_stretch": args.rope_stretch, "prompts": rows}
+    write_results(args.out, " ".join(sys.argv), results)
+
+
 def _answer(p: dict[str, float] | None) -> bool | None:
     """The answer p("yes") gives (None: no probability)."""
     return None if not p else p["yes"] >= 0.5
@@ -537,21 +616,27 @@ def pair(args: argparse.Namespace) -> None:
     write_results(args.out, " ".join(sys.argv), results)
 
 
+def _inputs(step: argparse.ArgumentParser, meds: bool = True, base: bool = True) -> None:
+    """The data, base model and artefact options a step reads."""
+    if meds:
+        step.add_argument("--meds", type=Path, default=Path("../shared/data/mimic-iv-demo-meds"))
+    if base:
+        step.add_argument("--base", type=Path, default=Path(".cache/models/smollm2-135m-instruct"))
+    step.add_argument("--artefact", type=Path, default=Path("artifacts/smollm2-135m-icu"))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     steps = parser.add_subparsers(dest="step", required=True)
     p = steps.add_parser("points", help="held-out prediction points as a MEDS label file")
-    p.add_argument("--meds", type=Path, default=Path("../shared/data/mimic-iv-demo-meds"))
-    p.add_argument("--artefact", type=Path, default=Path("artifacts/smollm2-135m-icu"))
+    _inputs(p, base=False)
     p.add_argument("--every-hours", type=float, default=6.0)
     p.add_argument("--n", type=int, default=None, help="evenly spread subset of the points")
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(run=points)
     d = steps.add_parser("diagnose", help="float32 answers, reused-id mass, layer errors")
-    d.add_argument("--meds", type=Path, default=Path("../shared/data/mimic-iv-demo-meds"))
-    d.add_argument("--base", type=Path, default=Path(".cache/models/smollm2-135m-instruct"))
-    d.add_argument("--artefact", type=Path, default=Path("artifacts/smollm2-135m-icu"))
+    _inputs(d)
     d.add_argument("--points", type=Path, required=True)
     d.add_argument("--budgets", default="1024,2048,4096,8192")
     d.add_argument(
@@ -601,10 +686,18 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--resamples", type=int, default=1000)
     v.add_argument("--out", type=Path)
     v.set_defaults(run=served)
+    r = steps.add_parser("rope-check", help="vLLM's YaRN against the stretched HF reading")
+    _inputs(r)
+    r.add_argument("--points", type=Path, required=True)
+    r.add_argument("--budget", type=int, default=4096)
+    r.add_argument("--n", type=int, default=3)
+    r.add_argument("--rope-stretch", type=float, default=1.88)
+    r.add_argument("--threads", type=int, default=None)
+    r.add_argument("--work", type=Path, default=Path(".cache/fidelity/rope-check"))
+    r.add_argument("--out", type=Path)
+    r.set_defaults(run=rope_check)
     y = steps.add_parser("layers", help="per-layer error at aligned positions of snippets")
-    y.add_argument("--meds", type=Path, default=Path("../shared/data/mimic-iv-demo-meds"))
-    y.add_argument("--base", type=Path, default=Path(".cache/models/smollm2-135m-instruct"))
-    y.add_argument("--artefact", type=Path, default=Path("artifacts/smollm2-135m-icu"))
+    _inputs(y)
     y.add_argument("--rows", action="append", required=True, help="as for diagnose")
     y.add_argument("--budget", type=int, default=4096)
     y.add_argument("--snippets", type=int, default=48)
@@ -612,8 +705,7 @@ def main(argv: list[str] | None = None) -> None:
     y.add_argument("--out", type=Path)
     y.set_defaults(run=layers)
     g = steps.add_parser("general", help="next-token loss on general text, both readings")
-    g.add_argument("--base", type=Path, default=Path(".cache/models/smollm2-135m-instruct"))
-    g.add_argument("--artefact", type=Path, default=Path("artifacts/smollm2-135m-icu"))
+    _inputs(g, meds=False)
     g.add_argument("--rows", action="append", required=True, help="as for diagnose")
     g.add_argument("--chunk", type=int, default=512)
     g.add_argument("--chunks", type=int, default=24)
