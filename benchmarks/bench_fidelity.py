@@ -332,6 +332,7 @@ def rope_check(args: argparse.Namespace) -> None:
     from inference.vllm_engine import bind_cpu_cores
     from medtpe_core.chat_template import ChatTemplate
     from medtpe_core.meds_readers import MedsDataset, read_labels
+    from medtpe_core.rope_stretch import stretched_rope
     from medtpe_core.tasks import get_task
     from training.answer_scoring import TOP_K, RowsModel
 
@@ -358,12 +359,9 @@ def rope_check(args: argparse.Namespace) -> None:
         if item.name != "config.json" and not (stretched / item.name).exists():
             os.symlink(item.resolve(), stretched / item.name)
     config = json.loads((args.base / "config.json").read_text())
-    config["rope_parameters"] = {
-        **config["rope_parameters"],
-        "rope_type": "yarn",
-        "factor": 1 / args.rope_stretch,
-        "original_max_position_embeddings": config["max_position_embeddings"],
-    }
+    config["rope_parameters"] = stretched_rope(
+        config["rope_parameters"], config["max_position_embeddings"], args.rope_stretch
+    )
     (stretched / "config.json").write_text(json.dumps(config, indent=1))
     del model
     torch.set_num_threads(1)

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from training.embedding_init import NewRows
+from training.rope_stretch import stretch_rope
 
 OutputSide = Literal["tied", "base"]
 """How the new ids' output (LM head) rows are served: the trained input rows (`tied`, as a
@@ -98,27 +99,10 @@ class RowsModel:
                 head[ids] = (rows.input if rows.output is None else rows.output).to(head)
 
     def set_rope_stretch(self, stretch: float | None) -> None:
-        """Read positions stretched by `stretch` in RoPE's slow dimensions only (YaRN's by-parts
-        interpolation with factor 1/stretch: the fast ones, local order, as trained; what a
-        `rope_scaling` entry of an export's config.json gives every prompt); None: plain RoPE."""
-        import copy
-
-        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-        rotary = self.model.model.rotary_emb
-        if stretch is None:
-            rotary.inv_freq.copy_(rotary.original_inv_freq)
-            rotary.attention_scaling = 1.0
-            return
-        config = copy.deepcopy(self.model.config)
-        config.rope_parameters = {
-            **config.rope_parameters,
-            "rope_type": "yarn",
-            "factor": 1 / stretch,
-            "original_max_position_embeddings": config.max_position_embeddings,
-        }
-        inv_freq, rotary.attention_scaling = ROPE_INIT_FUNCTIONS["yarn"](config, self.device)
-        rotary.inv_freq.copy_(inv_freq)
+        """Read positions with RoPE's slow dimensions stretched by `stretch` (what a
+        `rope_parameters` entry of an export's config.json gives every prompt:
+        `medtpe_core.rope_stretch`); None: plain RoPE."""
+        stretch_rope(self.model, stretch)
 
     @torch.inference_mode()
     def next_token_logprobs(self, ids: Sequence[int]) -> torch.Tensor:

@@ -44,6 +44,11 @@ class DistillConfig:
     hidden states' error weighs every direction alike, while the answer reads one: matching
     them alone narrowed the answer's spread and left its shared shift (docs/benchmarks.md,
     Fidelity). Needs the last layer among `layers`."""
+    rope_stretch: float | None = None
+    """The student reads with RoPE's slow dimensions stretched by this (> 1;
+    `medtpe_core.rope_stretch`), the teacher at plain RoPE: rows for a model served with that
+    stretch, whose answer sits about where the original prompt's does (docs/benchmarks.md,
+    Fidelity). None: plain RoPE on both sides."""
     long_tokens: int | None = None
     """A second stage over long windows of this many original tokens (None: none), started
     from the short snippets' best rows: short snippets never read a long record through the
@@ -68,6 +73,8 @@ class DistillConfig:
             raise ValueError("last_kl_weight: expected 0 or more")
         if self.last_kl_weight and self.layers is not None and FINAL_LAYER not in self.layers:
             raise ValueError("last_kl_weight: needs the last layer (-1) among layers")
+        if self.rope_stretch is not None and self.rope_stretch <= 1:
+            raise ValueError("rope_stretch: expected more than 1 (or none)")
         if self.long_tokens is not None and self.long_tokens <= self.snippet_tokens:
             raise ValueError("long_tokens: expected more tokens than snippet_tokens")
         names = ("snippets", "val_snippets", "snippet_tokens", "batch_size", "epochs")

@@ -45,6 +45,7 @@ from medtpe_core.snippets import Snippet
 from training.distill_config import FINAL_LAYER, DistillConfig, matched_layers
 from training.embedding_init import INIT_METHODS, NewRows
 from training.embedding_split import SplitEmbedding
+from training.rope_stretch import stretch_rope
 from training.ssft import _schedule, load_split_model, pick_device
 
 if TYPE_CHECKING:
@@ -296,6 +297,7 @@ def distill(
         for split, snippets in (("train", train), ("val", val))
     }
     teacher_s = time.perf_counter() - started
+    stretch_rope(model, config.rope_stretch)  # the teacher read plain RoPE; the student may not
     norm_cap = float(model.get_input_embeddings().weight.float().norm(dim=1).max())
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
     steps_per_epoch = math.ceil(len(train) / config.batch_size)

@@ -1,10 +1,12 @@
 """Token-level distillation (`training.token_distillation`) on a tiny Llama with the real SmolLM2
 tokenizer: the forward stops at the layer matched, only the new rows train and the held-out
 loss falls, a re-run resumes (teacher cache and checkpoint), the `base` output side keeps the
-base head's rows, and its export unties the head."""
+base head's rows, its export unties the head, and a student read with a RoPE stretch learns
+against the plain teacher."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -96,6 +98,23 @@ def test_distillation_trains_only_the_new_rows_and_resumes(
     again = distill(base_dir, tokenizer, train, val, run, config, device="cpu")
     assert again.steps == result.steps and again.seconds["train"] < 1.0  # resumed: nothing left
     torch.testing.assert_close(again.rows.input, result.rows.input)
+
+
+def test_a_stretched_student_learns_against_the_plain_teacher(
+    base_dir: Path, tokenizer: MedTPETokenizer, tmp_path: Path
+) -> None:
+    train, val = _snippets(tokenizer, LINES[:12]), _snippets(tokenizer, LINES[36:])
+    plain = DistillConfig(lr=3e-2, batch_size=8, epochs=1, eval_every=2)
+    runs = {}
+    for name, config in (("plain", plain), ("stretched", replace(plain, rope_stretch=2.0))):
+        runs[name] = distill(base_dir, tokenizer, train, val, tmp_path / name, config, device="cpu")
+    # one teacher (plain RoPE, the same cache file), a student that reads otherwise
+    teachers = [sorted(p.name for p in (tmp_path / n).glob("*-teacher-*.pt")) for n in runs]
+    assert teachers[0] == teachers[1]
+    assert runs["stretched"].initial_val_loss != pytest.approx(runs["plain"].initial_val_loss)
+    assert runs["stretched"].best_val_loss < runs["stretched"].initial_val_loss
+    with pytest.raises(ValueError, match="rope_stretch"):
+        DistillConfig(rope_stretch=1.0)
 
 
 def test_export_of_base_output_rows_unties_the_head(
