@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING
 
-from medtpe_core.rope_stretch import stretched_rope
+from medtpe_core.rope_stretch import STRETCHED_ROPE, stretched_rope
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -26,6 +26,6 @@ def stretch_rope(model: PreTrainedModel, stretch: float | None) -> None:
     config.rope_parameters = stretched_rope(
         config.rope_parameters, config.max_position_embeddings, stretch
     )
-    kind = config.rope_parameters["rope_type"]
-    inv_freq, rotary.attention_scaling = ROPE_INIT_FUNCTIONS[kind](config, rotary.inv_freq.device)
+    init = ROPE_INIT_FUNCTIONS[STRETCHED_ROPE]
+    inv_freq, rotary.attention_scaling = init(config, rotary.inv_freq.device)
     rotary.inv_freq.copy_(inv_freq)
