@@ -134,7 +134,7 @@ def _rows(spec: str, tokenizer: MedTPETokenizer, model: RowsModel) -> tuple[str,
     path, _, output = where.partition(":")
     rows = load_rows(Path(path))[0]
     if output == "tied":  # the trained input rows on both sides, whatever output rows are stored
-        rows = type(rows)(rows.input)
+        rows = type(rows)(rows.input, rope_stretch=rows.rope_stretch)
     return name, rows, output or "tied"
 
 
@@ -194,6 +194,8 @@ def diagnose(args: argparse.Namespace) -> None:
                 variants, readings
             ):
                 model.set_rows(new_ids, variant_rows, output)
+                if stretch is None and variant_rows is not None:  # read as its export serves it
+                    stretch = variant_rows.rope_stretch
                 model.set_rope_stretch(stretch)
                 scored = model.score(seg.medtpe_ids, at)
                 model.set_rope_stretch(None)

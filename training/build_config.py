@@ -133,6 +133,11 @@ class BuildConfig:
             "length_mix",
             f"SSFT windows that reach the largest serving budget ({max(self.serving_budgets)})",
         )
+        _check(
+            not self.losses or self.distill is None or self.distill.rope_stretch is None,
+            "losses",
+            "none after a distillation at a RoPE stretch (SSFT reads plain RoPE)",
+        )
         _check(0 <= self.min_same_answer <= 1, "min_same_answer", "a fraction between 0 and 1")
         _check(self.max_delta_p_mean >= 0, "max_delta_p_mean", "at least 0")
         _check(

@@ -36,10 +36,13 @@ class NewRows:
     """Embedding rows of the new tokens, row i for `new_tokens[i]` (float32, [M, hidden]).
 
     `output` is None for tied models (the input rows serve the output head too).
+    `rope_stretch`: the RoPE stretch the rows were trained to be read at
+    (`medtpe_core.rope_stretch`; the export writes it into the model's config), None: plain RoPE.
     """
 
     input: torch.Tensor
     output: torch.Tensor | None = None
+    rope_stretch: float | None = None
 
 
 def mean_row_norm(weight: torch.Tensor) -> torch.Tensor:

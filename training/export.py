@@ -4,7 +4,8 @@
 (untied models also `new_rows_output`), with the base model's fingerprint in its metadata; an
 extension artefact's file also holds its byte-fallback ids' rows, after those (`row_ids`).
 `export_checkpoint` writes a plain Hugging Face checkpoint: the base weights with the reused
-rows overwritten (same config, same shapes) plus the artefact's tokenizer files, so
+rows overwritten (same config, same shapes; rows trained at a RoPE stretch, metadata
+`rope_stretch`, get it as the config's `rope_parameters`) plus the artefact's tokenizer files, so
 transformers and vLLM load it as any other model; `ensure_export` writes it when missing or
 stale and stamps it with the artefact's digest, which the serving side checks
 (`inference.checkpoints`). For an extension artefact the input embedding
@@ -25,6 +26,7 @@ from safetensors.torch import load_file, safe_open, save_file
 
 from inference.checkpoints import EXPORT_STAMP, export_is_current
 from medtpe_core.bundle import content_digest
+from medtpe_core.rope_stretch import stretched_rope
 from training.atomic import atomic_directory
 from training.default_model import ensure_base_model
 from training.embedding_init import NewRows, has_tied_embeddings
@@ -39,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 EMBEDDINGS_FILE = "embeddings.safetensors"
 FINGERPRINT_KEY = "base_model_fingerprint"
+ROPE_STRETCH_KEY = "rope_stretch"
 # Tokenizer files an export takes from the artefact (tokenizer.json is required), else the base.
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -71,8 +74,11 @@ def save_rows(artefact_dir: Path, rows: NewRows, base_fingerprint: str) -> Path:
     tensors = {"new_rows": rows.input.detach().float().cpu().contiguous()}
     if rows.output is not None:
         tensors["new_rows_output"] = rows.output.detach().float().cpu().contiguous()
+    metadata = {FINGERPRINT_KEY: base_fingerprint}
+    if rows.rope_stretch is not None:
+        metadata[ROPE_STRETCH_KEY] = repr(float(rows.rope_stretch))
     path = Path(artefact_dir) / EMBEDDINGS_FILE
-    save_file(tensors, str(path), metadata={FINGERPRINT_KEY: base_fingerprint})
+    save_file(tensors, str(path), metadata=metadata)
     return path
 
 
@@ -84,9 +90,15 @@ def load_rows(artefact_dir: Path) -> tuple[NewRows, str]:
 def load_rows_file(path: Path) -> tuple[NewRows, str]:
     """The rows of a rows file and the fingerprint of the base model they belong to."""
     with safe_open(str(path), framework="pt") as handle:
-        fingerprint = (handle.metadata() or {}).get(FINGERPRINT_KEY, "")
+        metadata = handle.metadata() or {}
+    stretch = metadata.get(ROPE_STRETCH_KEY)
     tensors = load_file(str(path))
-    return NewRows(tensors["new_rows"], tensors.get("new_rows_output")), fingerprint
+    rows = NewRows(
+        tensors["new_rows"],
+        tensors.get("new_rows_output"),
+        None if stretch is None else float(stretch),
+    )
+    return rows, metadata.get(FINGERPRINT_KEY, "")
 
 
 def check_fingerprint(model: PreTrainedModel, fingerprint: str, artefact_dir: Path) -> None:
@@ -161,6 +173,10 @@ def export_checkpoint(base_dir: Path, artefact_dir: Path, out_dir: Path) -> Path
     if not set(range(rows_before, tokenizer.vocab_size)) <= set(ids):
         raise ValueError(f"{artefact_dir}: some fresh ids have no row")
     write_rows_into(model, ids, rows)
+    if rows.rope_stretch is not None:  # the rows were trained to be read stretched
+        model.config.rope_parameters = stretched_rope(
+            model.config.rope_parameters, model.config.max_position_embeddings, rows.rope_stretch
+        )
     with atomic_directory(out_dir) as tmp:
         model.save_pretrained(tmp)
         _copy_tokenizer_files(artefact_dir, base_dir, tmp)

@@ -66,6 +66,6 @@ def _with_fallback_rows(
 
     embedding = model.get_input_embeddings().weight
     if rows.output is None:
-        return NewRows(extended(rows.input, embedding))
+        return NewRows(extended(rows.input, embedding), rope_stretch=rows.rope_stretch)
     head = model.get_output_embeddings().weight
-    return NewRows(extended(rows.input, embedding), extended(rows.output, head))
+    return NewRows(extended(rows.input, embedding), extended(rows.output, head), rows.rope_stretch)

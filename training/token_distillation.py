@@ -352,10 +352,11 @@ def distill(
         with (run_dir / HISTORY_FILE).open("a") as handle:
             handle.write(json.dumps(row) + "\n")
     bar.close()
-    rows = NewRows(state["best_rows"])
+    rows = NewRows(state["best_rows"], rope_stretch=config.rope_stretch)
     if config.output == "base":
         ids = torch.tensor([t.id for t in tokenizer.new_tokens], dtype=torch.long)
-        rows = NewRows(rows.input, model.get_output_embeddings().weight[ids].detach().float().cpu())
+        head = model.get_output_embeddings().weight[ids].detach().float().cpu()
+        rows = NewRows(rows.input, head, config.rope_stretch)
     return DistillResult(
         rows,
         state["initial"],

@@ -20,7 +20,14 @@ from medtpe_core.tokenizer import MedTPETokenizer  # noqa: E402
 from tests.support.model_fixtures import tiny_llama, tiny_llama_model  # noqa: E402
 from training.distill_config import DistillConfig, long_stage, matched_layers  # noqa: E402
 from training.embedding_init import init_new_rows  # noqa: E402
-from training.export import export_checkpoint, model_fingerprint, save_rows  # noqa: E402
+from training.export import (  # noqa: E402
+    export_checkpoint,
+    load_rows,
+    model_fingerprint,
+    save_rows,
+    write_rows_into,
+)
+from training.rope_stretch import stretch_rope  # noqa: E402
 from training.token_distillation import CHECKPOINT_FILE, distill, hidden_at  # noqa: E402
 
 LINES = [
@@ -115,6 +122,36 @@ def test_a_stretched_student_learns_against_the_plain_teacher(
     assert runs["stretched"].best_val_loss < runs["stretched"].initial_val_loss
     with pytest.raises(ValueError, match="rope_stretch"):
         DistillConfig(rope_stretch=1.0)
+    assert (runs["plain"].rows.rope_stretch, runs["stretched"].rows.rope_stretch) == (None, 2.0)
+
+
+@pytest.mark.parametrize("stretch", [None, 1.88])
+def test_the_export_serves_the_rows_at_the_stretch_they_were_trained_at(
+    base_dir: Path, tokenizer: MedTPETokenizer, tmp_path: Path, stretch: float | None
+) -> None:
+    """The rows file keeps the stretch; the export's config.json carries it (stock vLLM and
+    transformers read it there), and the exported model reads as the base model with the rows
+    written and RoPE stretched in place (`training.rope_stretch`, what distillation trained)."""
+    artefact = tmp_path / "artefact"
+    tokenizer.save(artefact)
+    model = tiny_llama_model()
+    rows = replace(init_new_rows(model, tokenizer.new_tokens), rope_stretch=stretch)
+    save_rows(artefact, rows, model_fingerprint(model))
+    assert load_rows(artefact)[0].rope_stretch == stretch
+    exported = transformers.AutoModelForCausalLM.from_pretrained(
+        export_checkpoint(base_dir, artefact, tmp_path / "export")
+    )
+    rope = exported.config.rope_parameters["rope_type"]
+    assert rope == ("default" if stretch is None else "yarn")
+    write_rows_into(model, [t.id for t in tokenizer.new_tokens], rows)
+    stretch_rope(model, stretch)
+    ids = torch.tensor([[t.id for t in tokenizer.new_tokens] * 40])
+    with torch.no_grad():
+        torch.testing.assert_close(exported(ids).logits, model(ids).logits)
+    frequencies = exported.model.rotary_emb.inv_freq
+    torch.testing.assert_close(frequencies, model.model.rotary_emb.inv_freq)
+    stretch_rope(model, None)  # the stretch is what tells them apart from a plain reading
+    assert torch.equal(frequencies, model.model.rotary_emb.inv_freq) == (stretch is None)
 
 
 def test_export_of_base_output_rows_unties_the_head(
