@@ -35,6 +35,12 @@ plain ones (a shared token after merged ones): where in the network the rows' er
 
     python -m benchmarks.bench_fidelity layers --rows mean --rows default=... --out R.json
 
+`readings` pairs readings of several `diagnose` runs on the points they share (a set of rows
+read in one run, another in an earlier run on more points):
+
+    python -m benchmarks.bench_fidelity readings --budget 4096 --reading new=A.json:default \
+        --reading old=B.json:default --out R.json
+
 `points` writes a MEDS label file (the stay's ICU death as its label: fidelity ignores it);
 `medtpe evaluate` answers the points with the service's engine path (the served dtype, or
 float32: the rows' own error); `pair` reads the runs back, pairs every artefact with the one
@@ -616,6 +622,48 @@ def pair(args: argparse.Namespace) -> None:
     write_results(args.out, " ".join(sys.argv), results)
 
 
+def readings(args: argparse.Namespace) -> None:
+    """Readings of `diagnose` runs (`NAME=RUN.json:VARIANT`, at one budget) paired on the points
+    they share: each one's |Δp| against its own run's original reading, every two readings'
+    paired difference (the same points, patient-level bootstrap)."""
+    by_name = {}
+    for spec in args.reading:
+        name, _, where = spec.partition("=")
+        path, _, variant = where.rpartition(":")
+        run = json.loads(Path(path).read_text())["results"]["budgets"][str(args.budget)]
+        by_name[name] = {r["key"]: (r, variant) for r in run["records"]}
+    keys = [k for k in next(iter(by_name.values())) if all(k in rows for rows in by_name.values())]
+    paired = {
+        name: [
+            PairedAnswer(
+                rows[k][0]["subject_id"],
+                None,
+                None,
+                rows[k][0]["p_original"],
+                rows[k][0]["variants"][rows[k][1]]["p"],
+            )
+            for k in keys
+        ]
+        for name, rows in by_name.items()
+    }
+    results: dict[str, Any] = {"budget": args.budget, "points": len(keys), "readings": {}}
+    for name, answers in paired.items():
+        figures = fidelity(answers, args.resamples)
+        results["readings"][name] = {
+            "delta_p_mean": figures["delta_p_mean"],
+            "delta_p_p95": figures["delta_p_p95"]["value"],
+            "shift": logit_shift(answers, "yes", args.resamples),
+        }
+    names = list(paired)
+    results["differences"] = {
+        f"{b} - {a}": paired_difference(paired[a], paired[b], args.resamples)
+        for i, a in enumerate(names)
+        for b in names[i + 1 :]
+    }
+    print(json.dumps(results, indent=1))
+    write_results(args.out, " ".join(sys.argv), results)
+
+
 def _inputs(step: argparse.ArgumentParser, meds: bool = True, base: bool = True) -> None:
     """The data, base model and artefact options a step reads."""
     if meds:
@@ -712,6 +760,12 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--threads", type=int, default=None)
     g.add_argument("--out", type=Path)
     g.set_defaults(run=general)
+    e = steps.add_parser("readings", help="diagnose readings paired on their shared points")
+    e.add_argument("--reading", action="append", required=True, help="NAME=RUN.json:VARIANT")
+    e.add_argument("--budget", type=int, required=True)
+    e.add_argument("--resamples", type=int, default=1000)
+    e.add_argument("--out", type=Path)
+    e.set_defaults(run=readings)
     q = steps.add_parser("pair", help="artefacts paired on the same points")
     q.add_argument("--original", required=True, help="REPORT.json:original")
     q.add_argument("--artefact", action="append", required=True, help="NAME=REPORT.json:medtpe")
