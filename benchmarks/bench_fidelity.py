@@ -165,19 +165,30 @@ def diagnose(args: argparse.Namespace) -> None:
     points = read_labels(args.points)
     budgets = [int(b) for b in args.budgets.split(",")]
     results: dict[str, Any] = {"device": args.device, "dtype": args.dtype, "budgets": {}}
+    earlier = json.loads(args.original_from.read_text())["results"] if args.original_from else None
     for budget in budgets:
         predictors = {
             mode: Predictor(tokenizer, template, mode, budget, dataset.descriptions)
             for mode in ("original", "medtpe")
         }
+        read_before = (
+            {r["key"]: r for r in earlier["budgets"][str(budget)]["records"]} if earlier else {}
+        )
         rows = []
         for point in tqdm(points, desc=f"diagnose {budget}", unit="point"):
             events = dataset.events(point.subject_id)
             record = predictors["original"].prepare(task, events, point.prediction_time)
             seg = record.segmentation
-            model.set_rows(new_ids, None)
-            reference = model.score(seg.original_ids)
-            p_orig = predictors["original"].option_probabilities(task, reference.top_logprobs)
+            reference = None
+            if point.key in read_before:  # the original's reading of the same prompt, earlier
+                before = read_before[point.key]
+                if before["n_original"] != len(seg.original_ids):
+                    raise SystemExit(f"{point.key}: --original-from read another prompt")
+                p_orig = before["p_original"]
+            else:
+                model.set_rows(new_ids, None)
+                reference = model.score(seg.original_ids)
+                p_orig = predictors["original"].option_probabilities(task, reference.top_logprobs)
             row: dict[str, Any] = {
                 "key": point.key,
                 "subject_id": point.subject_id,
@@ -206,9 +217,11 @@ def diagnose(args: argparse.Namespace) -> None:
                 scored = model.score(seg.medtpe_ids, at)
                 model.set_rope_stretch(None)
                 p = predictors["medtpe"].option_probabilities(task, scored.top_logprobs)
-                error = ((scored.hidden - reference.hidden) ** 2).sum(-1) / (
-                    reference.hidden**2
-                ).sum(-1)
+                error = []
+                if reference is not None:
+                    error = ((scored.hidden - reference.hidden) ** 2).sum(-1) / (
+                        reference.hidden**2
+                    ).sum(-1)
                 row["variants"][name + suffix] = {
                     "p": p,
                     "new_id_mass": scored.new_id_mass,
@@ -259,14 +272,18 @@ def _diagnosis_summary(
             "new_id_mass_mean": float(np.mean([r["variants"][name]["new_id_mass"] for r in rows])),
             "new_id_mass_max": float(np.max([r["variants"][name]["new_id_mass"] for r in rows])),
             "top_is_new": sum(r["variants"][name]["top_is_new"] for r in rows),
-            "layer_error": np.mean([r["variants"][name]["layer_error"] for r in rows], axis=0)
-            .round(5)
-            .tolist(),
+            "layer_error": _mean_profile([r["variants"][name]["layer_error"] for r in rows]),
         }
     for i, a in enumerate(names):
         for b in names[i + 1 :]:
             summary[f"{b} - {a}"] = paired_difference(paired[a], paired[b], resamples)
     return summary
+
+
+def _mean_profile(profiles: list[list[float]]) -> list[float]:
+    """The mean layer-error profile of the points that have one (none: empty)."""
+    measured = [profile for profile in profiles if profile]
+    return np.mean(measured, axis=0).round(5).tolist() if measured else []
 
 
 def served(args: argparse.Namespace) -> None:
@@ -692,6 +709,12 @@ def main(argv: list[str] | None = None) -> None:
         action="append",
         required=True,
         help="mean | NAME=ARTEFACT_DIR[:tied|base] (tied: the input rows serve the head)",
+    )
+    d.add_argument(
+        "--original-from",
+        type=Path,
+        help="an earlier diagnose run (same data, model and budgets): the original's readings "
+        "of the points it holds are taken from it, not recomputed (no layer errors there)",
     )
     d.add_argument("--threads", type=int, default=None)
     d.add_argument("--device", default="cpu", help="torch device: cpu, cuda")
