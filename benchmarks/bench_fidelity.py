@@ -543,7 +543,9 @@ def general(args: argparse.Namespace) -> None:
         )
         for name, rows, output in variants:
             model.set_rows(new_ids, rows, output)
+            model.set_rope_stretch(rows.rope_stretch)  # read as its export serves it
             logprobs = model.next_token_logprobs(ids)[s_at]
+            model.set_rope_stretch(None)
             totals[name].append(_next_ce(logprobs, target, keep, scored))
     results = {
         "text": "pydoc_data.topics (Python reference documentation), sorted topics",
