@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.records import EvalRecord
-from evaluation.report import paired_answers
+from evaluation.report import aligned, paired_answers
 from evaluation.results import RecordResult
 from evaluation.runner import Sampling, evaluate_mode, measured
 from inference.engine import EngineFactory
@@ -28,6 +28,7 @@ from medtpe_core.prediction_point import PredictionPoint
 from medtpe_core.tasks import get_task
 from training.export import ensure_export
 
+MODES = ("original", "medtpe")
 SERVICE_SAMPLING = Sampling()
 """The service's default decoding (greedy, 64 new tokens, free, the task's prefill)."""
 
@@ -80,14 +81,27 @@ def run_gate(
 ) -> dict[str, Any]:
     """Answer `records` in both modes at each budget (`config`: the MedTPE mode's model; the
     original mode uses its base checkpoint) and hold each budget's fidelity to `thresholds`.
-    Returns {budget: {"fidelity": ..., "failures": [...]}} with budgets as strings (JSON)."""
+    Returns {budget: {"fidelity": ..., "failures": [...], "records": [...]}} with budgets as
+    strings (JSON); `records` holds each record's result in both modes (`RecordResult`), so a
+    failed gate shows which windows disagree and what each model wrote."""
     ensure_export(config.model_dir, config.artefact_dir, config.export_dir)
     by_mode = {
         mode: asyncio.run(_answer_all(replace(config, mode=mode), records, budgets, engine_factory))
-        for mode in ("original", "medtpe")
+        for mode in MODES
     }
     gate = {}
     for budget in budgets:
         figures = fidelity(paired_answers(by_mode["original"][budget], by_mode["medtpe"][budget]))
-        gate[str(budget)] = {"fidelity": figures, "failures": thresholds.check(figures)}
+        gate[str(budget)] = {
+            "fidelity": figures,
+            "failures": thresholds.check(figures),
+            "records": [
+                {mode: result.to_json() for mode, result in zip(MODES, pair, strict=True)}
+                for pair in zip(
+                    by_mode["original"][budget],
+                    aligned(by_mode["original"][budget], by_mode["medtpe"][budget]),
+                    strict=True,
+                )
+            ],
+        }
     return gate

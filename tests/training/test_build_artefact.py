@@ -268,6 +268,12 @@ def test_a_build_that_fails_its_fidelity_gate_writes_nothing(
     state = json.loads((out / ".build" / "state.json").read_text())
     same = state["steps"]["gate"]["result"]["700"]["fidelity"]["same_answer"]["value"]
     assert same == 0.0
+    records = state["steps"]["gate"]["result"]["700"]["records"]  # which windows, what each wrote
+    assert len(records) == 3
+    assert [r["original"]["key"] for r in records] == [r["medtpe"]["key"] for r in records]
+    disagreeing = [r for r in records if r["original"]["prediction"] != r["medtpe"]["prediction"]]
+    assert [r["medtpe"]["prediction"] for r in disagreeing] == [False] * len(disagreeing)
+    assert disagreeing and all(r["medtpe"]["outputs"] for r in disagreeing)
     assert len(started) == 2  # one engine per mode
     passed = _build(*args, "--min-same-answer", "0")
     assert passed.exit_code == 0, passed.output
