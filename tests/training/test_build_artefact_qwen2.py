@@ -1,6 +1,7 @@
 """A second architecture end to end: a tiny Qwen2 checkpoint (random weights, untied output head,
 Qwen2.5's 151,936 embedding rows) with the real Qwen2.5 tokenizer and chat template goes through
-`medtpe build-artefact` (the real vLLM engine pseudo-labels and answers), `medtpe export`, and
+`medtpe build-artefact` (the default artefact's method: rows distilled to be read at a RoPE
+stretch; the real vLLM engine answers the gate), `medtpe export` (the stretch in its config) and
 `medtpe serve` → `POST /predict`. Its answers are noise; the path is what is tested."""
 
 from __future__ import annotations
@@ -37,10 +38,16 @@ n_gate: 2
 min_same_answer: 0  # a random model's answers are noise: the gate's path is what is tested
 max_delta_p_mean: 1
 mining_max_tokens: 800
-losses: [ce]
-epochs: 2
-max_steps: 2
-eval_every: 1
+distill:  # the default artefact's method: no pseudo-labelling engine to start
+  snippets: 16
+  val_snippets: 4
+  snippet_tokens: 32
+  batch_size: 8
+  epochs: 1
+  start: last
+  output: base
+  rope_stretch: 1.5
+losses: []
 max_new_tokens: 8
 device: cpu
 """
@@ -61,7 +68,7 @@ def test_qwen2_build_export_serve_predict(tmp_path: Path) -> None:
     assert report["base"]["model_type"] == "qwen2" and not report["base"]["tied_embeddings"]
     assert report["base"]["vocab_size"] == QWEN25_VOCAB_SIZE
     assert report["base"]["eos_ids"] == [151645]  # <|im_end|>, from the generation config
-    assert report["pseudo_label"]["train"]["n"] == 4 and report["ssft"]["ce"]["steps"] == 2
+    assert report["pseudo_label"] is None and report["distill"]["steps"] == 2
     gate = report["gate"]["512"]["fidelity"]  # both models answered in vLLM at 512 tokens
     assert gate["n_records"] == 2 and gate["generated_tokens_mean"]["medtpe"] > 0
     assert report["measure"]["compression"]["record_compression_rate"] > 0
@@ -69,11 +76,14 @@ def test_qwen2_build_export_serve_predict(tmp_path: Path) -> None:
     assert tokenizer.artefact_id == report["artefact_id"] and len(tokenizer.new_tokens) == 64
     rows, _ = load_rows(out)
     assert rows.input.shape == rows.output.shape == (64, 128)  # untied: input and output rows
+    assert rows.rope_stretch == 1.5
 
     exported = runner.invoke(
         cli, ["export", "--base", str(base), "--medtpe", str(out), "--out", str(export)]
     )
     assert exported.exit_code == 0, exported.output
+    rope = json.loads((export / "config.json").read_text())["rope_parameters"]
+    assert (rope["rope_type"], rope["factor"]) == ("yarn", 1 / 1.5)  # vLLM serves it stretched
 
     env = {
         "MEDTPE_MODEL_DIR": str(base),
