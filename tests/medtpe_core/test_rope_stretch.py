@@ -9,11 +9,15 @@ from medtpe_core.rope_stretch import stretched_rope
 PLAIN = {"rope_theta": 100000.0, "rope_type": "default"}
 
 
-def test_the_stretch_is_yarn_over_the_models_own_context() -> None:
-    entry = stretched_rope(PLAIN, 8192, 1.88)
+@pytest.mark.parametrize("stretch", [1.05, 1.88, 2.0, 3.5])
+def test_the_stretch_is_yarn_with_the_ramp_of_the_models_own_context(stretch: float) -> None:
+    entry = stretched_rope(PLAIN, 8192, stretch)
     assert entry["rope_type"] == "yarn"
-    assert entry["factor"] == pytest.approx(1 / 1.88)
-    assert entry["original_max_position_embeddings"] == 8192
+    assert entry["factor"] == pytest.approx(1 / stretch)
+    original = entry["original_max_position_embeddings"]
+    # the ramp's ends (original length / beta) are those of the model's 8,192, exactly
+    assert (original / entry["beta_fast"], original / entry["beta_slow"]) == (8192 / 32, 8192 / 1)
+    assert original * entry["factor"] >= 8192  # vLLM's cos/sin cache covers the whole context
     assert entry["rope_theta"] == PLAIN["rope_theta"]
     assert PLAIN["rope_type"] == "default"  # the model's own entry is left as it was
 
