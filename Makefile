@@ -27,8 +27,8 @@ install: $(STAMP)
 model: install
 	$(BIN)/medtpe prepare-model
 
-# Rebuild the committed default artefact (tokenizer + distilled rows, read at a RoPE stretch) from the
-# MIMIC-IV demo (CPU: ~1.5 h, most of it the gate; resumable: run it again after an interruption).
+# Rebuild the committed default artefact (tokenizer + SSFT rows) from the MIMIC-IV demo (CPU: ~1 h;
+# resumable: run it again after an interruption).
 artefact: model
 	$(BIN)/medtpe build-artefact --config artifacts/smollm2-135m-icu/build.yaml \
 	  --base "$$($(BIN)/medtpe prepare-model)"
