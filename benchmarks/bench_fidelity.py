@@ -274,10 +274,19 @@ def _diagnosis_summary(
             "top_is_new": sum(r["variants"][name]["top_is_new"] for r in rows),
             "layer_error": _mean_profile([r["variants"][name]["layer_error"] for r in rows]),
         }
-    for i, a in enumerate(names):
-        for b in names[i + 1 :]:
-            summary[f"{b} - {a}"] = paired_difference(paired[a], paired[b], resamples)
-    return summary
+    return summary | _differences(paired, resamples)
+
+
+def _differences(
+    paired: dict[str, list[PairedAnswer]], resamples: int
+) -> dict[str, dict[str, Any]]:
+    """Every two sets' paired difference of |Δp| ("b - a", in the order given)."""
+    names = list(paired)
+    return {
+        f"{b} - {a}": paired_difference(paired[a], paired[b], resamples)
+        for i, a in enumerate(names)
+        for b in names[i + 1 :]
+    }
 
 
 def _mean_profile(profiles: list[list[float]]) -> list[float]:
@@ -612,12 +621,7 @@ def pair(args: argparse.Namespace) -> None:
         "fidelity": {name: fidelity(p, args.resamples) for name, p in paired.items()},
         "shift": {name: logit_shift(p, args.option, args.resamples) for name, p in paired.items()},
     }
-    names = list(paired)
-    results["differences"] = {
-        f"{b} - {a}": paired_difference(paired[a], paired[b], args.resamples)
-        for i, a in enumerate(names)
-        for b in names[i + 1 :]
-    }
+    results["differences"] = _differences(paired, args.resamples)
     if args.floor:
         served, reference = (mode_results(spec) for spec in args.floor)
         results["floor"] = fidelity(_pairs(reference, served), args.resamples)
@@ -646,8 +650,7 @@ def readings(args: argparse.Namespace) -> None:
     they share: each one's |Δp| against its own run's original reading, every two readings'
     paired difference (the same points, patient-level bootstrap)."""
     by_name = {}
-    for spec in args.reading:
-        name, _, where = spec.partition("=")
+    for name, where in map(_named, args.reading):
         path, _, variant = where.rpartition(":")
         run = json.loads(Path(path).read_text())["results"]["budgets"][str(args.budget)]
         by_name[name] = {r["key"]: (r, variant) for r in run["records"]}
@@ -673,12 +676,7 @@ def readings(args: argparse.Namespace) -> None:
             "delta_p_p95": figures["delta_p_p95"]["value"],
             "shift": logit_shift(answers, "yes", args.resamples),
         }
-    names = list(paired)
-    results["differences"] = {
-        f"{b} - {a}": paired_difference(paired[a], paired[b], args.resamples)
-        for i, a in enumerate(names)
-        for b in names[i + 1 :]
-    }
+    results["differences"] = _differences(paired, args.resamples)
     print(json.dumps(results, indent=1))
     write_results(args.out, " ".join(sys.argv), results)
 
