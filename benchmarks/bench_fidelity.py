@@ -53,6 +53,7 @@ engine's own floor (the original model in the served dtype against float32 on th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import random
@@ -140,7 +141,7 @@ def _rows(spec: str, tokenizer: MedTPETokenizer, model: RowsModel) -> tuple[str,
     path, _, output = where.partition(":")
     rows = load_rows(Path(path))[0]
     if output == "tied":  # the trained input rows on both sides, whatever output rows are stored
-        rows = type(rows)(rows.input, rope_stretch=rows.rope_stretch)
+        rows = dataclasses.replace(rows, output=None)
     return name, rows, output or "tied"
 
 

@@ -11,6 +11,7 @@ SSFT of the twin itself is not supported (`training.embedding_split.EXTENSION_UN
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -65,7 +66,7 @@ def _with_fallback_rows(
         return torch.cat([new.float(), weight.detach()[ids].float()])
 
     embedding = model.get_input_embeddings().weight
-    if rows.output is None:
-        return NewRows(extended(rows.input, embedding), rope_stretch=rows.rope_stretch)
-    head = model.get_output_embeddings().weight
-    return NewRows(extended(rows.input, embedding), extended(rows.output, head), rows.rope_stretch)
+    output = None
+    if rows.output is not None:
+        output = extended(rows.output, model.get_output_embeddings().weight)
+    return replace(rows, input=extended(rows.input, embedding), output=output)
