@@ -71,6 +71,8 @@ EXAMPLES_DIR = "examples"
 WINDOWS_FILE = "windows.json"
 GATE_WINDOWS = "gate"
 MINING_LABELS_FILE = "mining-labels.parquet"
+DISTILL_RUNS = ("distill", "distill-long")
+"""The distillation's run directories under `runs/`: the snippets' stage, the long windows'."""
 
 
 class BuildStateError(ValueError):
@@ -311,7 +313,7 @@ class ArtefactBuild:
         }
         from_artefact = settings.start == "init_from" and config.init_from is not None
         initial = load_rows_file(config.init_from / ROWS_FILE)[0] if from_artefact else None
-        result, record = self._distill_stage(tokenizer, encoded, settings, initial, "distill")
+        result, record = self._distill_stage(tokenizer, encoded, settings, initial, DISTILL_RUNS[0])
         long = long_stage(settings)
         if long is not None:
             longer = {
@@ -319,7 +321,7 @@ class ArtefactBuild:
                 for split, prompts in encoded.items()
             }
             result, record["long"] = self._distill_stage(
-                tokenizer, longer, long, result.rows, "distill-long"
+                tokenizer, longer, long, result.rows, DISTILL_RUNS[1]
             )
         artefact = self.work / "artefact-distill"
         if not artefact.is_dir():
@@ -517,9 +519,12 @@ class ArtefactBuild:
             name = f"training_curve_{loss}.csv"
             shutil.copyfile(history, out / name)
             written.append(name)
-        if self.config.distill is not None:
-            shutil.copyfile(self.work / "runs" / "distill" / DISTILL_HISTORY, out / DISTILL_HISTORY)
-            written.append(DISTILL_HISTORY)
+        for run in DISTILL_RUNS if self.config.distill is not None else ():
+            history = self.work / "runs" / run / DISTILL_HISTORY
+            if history.is_file():  # the long windows' stage only where it was asked for
+                name = DISTILL_HISTORY.replace("distill", run, 1)
+                shutil.copyfile(history, out / name)
+                written.append(name)
         written += [REPORT_FILE, MANIFEST_FILE]
         (out / REPORT_FILE).write_text(json.dumps(self.report(written), indent=2) + "\n")
         validated = {int(budget): result["fidelity"] for budget, result in gate.items()}
