@@ -68,11 +68,11 @@ test: install deps-system deps-deploy
 	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_XDIST)
 
 # The contributor's loop: every test that starts no real vLLM engine (marker `engine`) and is not
-# marked `slow` (builds, Ray clusters, processes that must refuse to start). `make test` still
-# runs them all.
+# marked `slow` (builds, Ray clusters, processes that must refuse to start), each property test on
+# a fifth of its examples (tests/support/properties.py). `make test` still runs them all, in full.
 test-fast: install deps-system deps-deploy
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q --durations=10 $(PYTEST_XDIST) -m "not engine and not slow"
+	MEDTPE_TEST_FAST=1 $(BIN)/python -m pytest -q --durations=10 $(PYTEST_XDIST) -m "not engine and not slow"
 
 lint: install
 	$(BIN)/ruff check .

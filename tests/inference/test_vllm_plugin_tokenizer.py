@@ -25,6 +25,7 @@ from inference.vllm_plugin import register
 from inference.vllm_tokenizer import MedTPEEncoding, load_medtpe_tokenizer
 from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.paths import default_artefact_dir
+from tests.support.properties import examples
 from tests.support.tokenizer_support import EDGE_CASES, MIXED_TEXT
 
 CLINICAL = "Non Invasive Blood Pressure: 120/80 mmHg\nHeart Rate: 88 bpm, température 😀 ✓"
@@ -57,7 +58,7 @@ def test_edge_cases_round_trip(tok: Any, text: str) -> None:
     assert tok.decode(ids) == text
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=MIXED_TEXT)
 def test_round_trip_property(tok: Any, text: str) -> None:
     encoding = tok(text)

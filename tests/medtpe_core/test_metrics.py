@@ -28,6 +28,7 @@ from medtpe_core.metrics import (
     subject_resample_weights,
     wrong_prediction,
 )
+from tests.support.properties import examples
 
 # scores on a coarse grid, so that ties are frequent
 SCORED = st.lists(
@@ -96,7 +97,7 @@ def _brute_force_auroc(true: np.ndarray, score: np.ndarray) -> float | None:
 
 
 @given(SCORED)
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 def test_auroc_equals_the_pairwise_count(rows: list[tuple[bool, float]]) -> None:
     true = np.array([t for t, _ in rows])
     score = np.array([s for _, s in rows])
@@ -105,7 +106,7 @@ def test_auroc_equals_the_pairwise_count(rows: list[tuple[bool, float]]) -> None
 
 
 @given(SCORED)
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 def test_auprc_and_brier_equal_scikit_learn(rows: list[tuple[bool, float]]) -> None:
     true = np.array([t for t, _ in rows])
     score = np.array([s for _, s in rows])
@@ -118,7 +119,7 @@ def test_auprc_and_brier_equal_scikit_learn(rows: list[tuple[bool, float]]) -> N
 
 
 @given(SCORED, st.lists(st.integers(0, 3), min_size=40, max_size=40))
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 def test_integer_weights_equal_repeated_rows(
     rows: list[tuple[bool, float]], counts: list[int]
 ) -> None:

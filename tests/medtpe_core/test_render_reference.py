@@ -17,6 +17,7 @@ from medtpe_core.meds import MedsEvent, SubjectEvents
 from medtpe_core.piece_tokens import piece_tokens
 from medtpe_core.render import BudgetTooSmallError, render_record
 from tests.support import render_reference
+from tests.support.properties import examples
 from tests.support.tokenizer_support import smollm2_dir
 
 DESCRIPTIONS = {
@@ -84,7 +85,7 @@ def _outcome(render, events, when, encoder, budget):
     return r.text, r.n_tokens, r.n_events_total, r.n_events_kept
 
 
-@settings(max_examples=150)
+@settings(max_examples=examples(150))
 @given(records(), st.one_of(st.none(), st.integers(1, 600)), st.booleans())
 def test_columnar_renderer_matches_the_per_event_one(smollm2, record, budget, composes) -> None:
     events, when = record

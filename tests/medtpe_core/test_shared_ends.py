@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from medtpe_core.tokenizer import MedTPETokenizer
+from tests.support.properties import examples
 from tests.support.tokenizer_support import MIXED_TEXT, small_medtpe, smollm2_medtpe
 
 TOKENIZERS = {
@@ -36,7 +37,7 @@ def _check_pairs(tok: MedTPETokenizer, base: list[int]) -> tuple[np.ndarray, np.
     return i, j
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=MIXED_TEXT)
 def test_shared_ends_of_text(tok: MedTPETokenizer, text: str) -> None:
     base = tok.base_encode(text)
@@ -45,7 +46,7 @@ def test_shared_ends_of_text(tok: MedTPETokenizer, text: str) -> None:
         assert i.tolist() == list(range(len(tok.encode_ids(base))))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_shared_ends_of_any_base_ids(tok: MedTPETokenizer, data: st.DataObject) -> None:
     """Evicted base ids (split into several MedTPE tokens) end inside no MedTPE token."""
@@ -61,7 +62,7 @@ def test_ids_of_other_base_ids_are_refused(tok: MedTPETokenizer) -> None:
         tok.shared_ends(tok.encode_ids(base), base[:-1])
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_original_positions(tok: MedTPETokenizer, data: st.DataObject) -> None:
     """Each MedTPE token sits where the base token its text ends in sits: at a shared end that

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 
 from medtpe_core.snippets import OPENING_LIMIT, Snippet, coverage, cut, draw, new_ids_in, opening
 from medtpe_core.tokenizer import MedTPETokenizer
+from tests.support.properties import examples
 from tests.support.tokenizer_support import MIXED_TEXT, icu_records, smollm2_medtpe
 
 
@@ -19,7 +20,7 @@ def tok() -> MedTPETokenizer:
     return smollm2_medtpe("static", 2)
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(50), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=MIXED_TEXT)
 def test_snippets_are_slices_that_read_the_same_text(tok: MedTPETokenizer, text: str) -> None:
     base = tok.base_encode(text)
@@ -82,7 +83,7 @@ def test_a_prefix_leads_both_sides(tok: MedTPETokenizer) -> None:
         assert shifted <= set(b.pairs)  # plus the first token's end when it is shared
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(50), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=MIXED_TEXT)
 def test_the_opening_is_read_the_same_by_both_models(tok: MedTPETokenizer, text: str) -> None:
     base = tok.base_encode(text)
@@ -106,7 +107,7 @@ def test_an_icu_prompt_opens_on_its_chat_template(tok: MedTPETokenizer) -> None:
         assert first_new >= len(lead)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=MIXED_TEXT)
 def test_a_tail_snippet_reads_the_last_position(tok: MedTPETokenizer, text: str) -> None:
     base = tok.base_encode(text)

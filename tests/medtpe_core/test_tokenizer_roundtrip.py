@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from medtpe_core.tokenizer import MedTPETokenizer
+from tests.support.properties import examples
 from tests.support.tokenizer_support import (
     ANY_TEXT,
     DENSE_TEXT,
@@ -51,7 +52,7 @@ def test_special_token_look_alikes_are_plain_text(tok: MedTPETokenizer) -> None:
     assert tok.base.special_ids.intersection(tok.encode(text, special_tokens=True))
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(1000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=MIXED_TEXT)
 def test_round_trip_property(tok: MedTPETokenizer, text: str) -> None:
     ids = tok.encode(text)
@@ -60,7 +61,7 @@ def test_round_trip_property(tok: MedTPETokenizer, text: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["smollm2-static", "smollm2-bpe3", "smollm2-bpe3-extension"])
-@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(3000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=st.one_of(ANY_TEXT, DENSE_TEXT))
 def test_any_string_round_trips_exactly(name: str, text: str) -> None:
     """Arbitrary Unicode, control characters included, on the builds that need byte fallback."""
@@ -72,7 +73,7 @@ def test_any_string_round_trips_exactly(name: str, text: str) -> None:
         assert ids == tok.encode_ids(tok.base_encode(text))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(texts=st.lists(MIXED_TEXT, max_size=6))
 def test_encode_batch_matches_encode(texts: list[str]) -> None:
     tok = smollm2_medtpe("bpe", 3)
@@ -93,7 +94,7 @@ def test_stock_detokenizer_decodes_medtpe_ids(tmp_path: Path) -> None:
 _DETOK: dict[str, Tokenizer] = {}
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=MIXED_TEXT)
 def test_stock_detokenizer_matches_on_any_string(
     tmp_path_factory: pytest.TempPathFactory, text: str
