@@ -27,8 +27,9 @@ install: $(STAMP)
 model: install
 	$(BIN)/medtpe prepare-model
 
-# Rebuild the committed default artefact (tokenizer + SSFT rows) from the MIMIC-IV demo (CPU: ~1 h;
-# resumable: run it again after an interruption).
+# Rebuild the committed default artefact (stage 1's merges + distilled rows) from the MIMIC-IV
+# demo (2-core CPU: ~90 min, 22 of them the distillation, the rest the fidelity gate; resumable:
+# run it again after an interruption).
 artefact: model
 	$(BIN)/medtpe build-artefact --config artifacts/smollm2-135m-icu/build.yaml \
 	  --base "$$($(BIN)/medtpe prepare-model)"
