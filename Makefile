@@ -73,7 +73,7 @@ test: install deps-system deps-deploy
 # a fifth of its examples (tests/support/properties.py). `make test` still runs them all, in full.
 test-fast: install deps-system deps-deploy
 	$(BIN)/ruff check .
-	MEDTPE_TEST_FAST=1 $(BIN)/python -m pytest -q --durations=10 $(PYTEST_XDIST) -m "not engine and not slow"
+	FAST_PROPERTIES=1 $(BIN)/python -m pytest -q --durations=10 $(PYTEST_XDIST) -m "not engine and not slow"
 
 lint: install
 	$(BIN)/ruff check .

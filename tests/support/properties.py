@@ -1,5 +1,5 @@
 """How many examples a property test draws: every one in `make test` (what CI runs), a fifth
-in `make test-fast` (`MEDTPE_TEST_FAST=1`), so the contributor's loop still runs every property
+in `make test-fast` (`FAST_PROPERTIES=1`), so the contributor's loop still runs every property
 on fewer inputs and the full proof stays in the README's second command.
 
     @settings(max_examples=examples(1000), deadline=None)
@@ -15,7 +15,7 @@ FAST_MIN = 10
 
 
 def examples(full: int) -> int:
-    """`full` examples, or its fast share under `MEDTPE_TEST_FAST=1`."""
-    if os.environ.get("MEDTPE_TEST_FAST") == "1":
+    """`full` examples, or its fast share under `FAST_PROPERTIES=1`."""
+    if os.environ.get("FAST_PROPERTIES") == "1":
         return min(full, max(FAST_MIN, full // FAST_SHARE))
     return full
