@@ -258,7 +258,7 @@ def extend_vocab(source: Path, out: Path, base: Path | None) -> None:
     "--max-delta-p-mean",
     type=click.FloatRange(0),
     default=None,
-    help="Fidelity gate: largest mean |Δp| of the answer options [0.05].",
+    help="Fidelity gate: largest mean |Δp| of the answer options [0.03].",
 )
 @_dir_option("--out", "Artefact directory to write (a build state lives in <out>/.build).")
 @click.option(

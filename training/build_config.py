@@ -13,6 +13,7 @@ import yaml
 
 from inference.model import ModelConfig
 from medtpe_core.build import DEFAULT_METHOD, METHODS
+from medtpe_core.fidelity import Thresholds
 from medtpe_core.subject_split import DEFAULT_HELD_OUT
 from training.distill_config import DistillConfig
 from training.loss_names import LOSSES
@@ -72,8 +73,8 @@ class BuildConfig:
     windows at each, and the manifest records those it passed."""
     n_gate: int = 32
     """Held-out windows the fidelity gate answers at each serving budget, in both modes."""
-    min_same_answer: float = 0.95
-    max_delta_p_mean: float = 0.05
+    min_same_answer: float = Thresholds.min_same_answer
+    max_delta_p_mean: float = Thresholds.max_delta_p_mean
     batch_size: int = 2
     grad_accum: int = 2
     init_from: Path | None = None

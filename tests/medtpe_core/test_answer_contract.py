@@ -114,7 +114,7 @@ def test_gate_thresholds():
     agreeing = [pair(k, True, True, 0.8, 0.79) for k in range(20)]
     assert Thresholds().check(fidelity(agreeing, n_resamples=20)) == []
     drifting = [pair(k, True, True, 0.8, 0.6) for k in range(20)]
-    assert Thresholds().check(fidelity(drifting, n_resamples=20)) == ["mean |Δp| 0.2000 > 0.05"]
+    assert Thresholds().check(fidelity(drifting, n_resamples=20)) == ["mean |Δp| 0.2000 > 0.03"]
     split = [pair(k, True, k % 2 == 0, 0.8, 0.8) for k in range(20)]
     assert Thresholds(min_same_answer=0.9).check(fidelity(split, n_resamples=20)) == [
         "same answer 0.500 < 0.9"
