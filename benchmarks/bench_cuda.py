@@ -334,14 +334,26 @@ def random_checkpoint(shape: dict[str, Any], tokenizer_dir: Path, out: Path) -> 
 
 
 def time_distill(args: argparse.Namespace) -> None:
-    """The `distill` step: a build (`--config`) up to and including its token distillation on a
-    Qwen2.5-1.5B-shaped model with random weights; seconds of each step, the distillation's own
-    record (teacher and training seconds per stage)."""
+    """The `distill` step: a build (`--config`) up to and including its token distillation, on
+    a Qwen2.5-1.5B-shaped model with random weights (`--tokenizer`) or on a real model
+    (`--base`); seconds of each step, the distillation's own record (teacher and training
+    seconds per stage, losses); with `--rows-out`, the distilled rows (an artefact directory
+    `bench_fidelity diagnose` reads). `--float32` keeps the frozen weights in float32 on CUDA
+    (a CUDA build loads them in bfloat16): the arithmetic of a CPU build."""
+    import torch
+
+    import training.ssft as ssft
     from training.build_artefact import ArtefactBuild
     from training.build_config import build_config
 
+    if args.float32:
+        ssft.weights_dtype = lambda device: torch.float32
     with tempfile.TemporaryDirectory() as tmp:
-        base = random_checkpoint(QWEN25_15B, args.tokenizer, Path(tmp) / "base")
+        if args.base is not None:
+            base, model = args.base, str(args.base)
+        else:
+            base = random_checkpoint(QWEN25_15B, args.tokenizer, Path(tmp) / "base")
+            model = "qwen2.5-1.5b (random weights)"
         overrides = {"base": base, "meds": args.meds, "out": Path(tmp) / "out"}
         build = ArtefactBuild(build_config(args.config, overrides | {"device": args.device}))
         for name, step in build.steps():
@@ -350,7 +362,9 @@ def time_distill(args: argparse.Namespace) -> None:
             print(f"{name}: {build.state.steps[name]['seconds']} s")
             if name == "distill":
                 break
-        results = {"host": _host(), "model": "qwen2.5-1.5b (random weights)"}
+        if args.rows_out is not None:
+            shutil.copytree(build.work / "artefact-distill", args.rows_out, dirs_exist_ok=True)
+        results = {"host": _host(), "model": model, "float32": args.float32}
         _write(args.out, results | {"config": str(args.config), "steps": build.state.steps})
 
 
@@ -384,9 +398,13 @@ def main() -> None:
     prefill.add_argument("--repeats", type=int, default=5)
     prefill.add_argument("--out", type=Path, required=True)
     prefill.set_defaults(fn=time_prefill)
-    distill = steps.add_parser("distill", help="time a build's token distillation, Qwen2.5-1.5B")
+    distill = steps.add_parser("distill", help="a build up to its token distillation, timed")
     distill.add_argument("--config", type=Path, required=True, help="build settings (YAML)")
-    distill.add_argument("--tokenizer", type=Path, required=True, help="Qwen2.5 tokenizer dir")
+    model = distill.add_mutually_exclusive_group(required=True)
+    model.add_argument("--tokenizer", type=Path, help="Qwen2.5 tokenizer dir (random 1.5B)")
+    model.add_argument("--base", type=Path, help="a real base model dir")
+    distill.add_argument("--float32", action="store_true", help="frozen weights in float32")
+    distill.add_argument("--rows-out", type=Path, help="copy the distilled rows here")
     distill.add_argument("--meds", type=Path, default=Path("../shared/data/mimic-iv-demo-meds"))
     distill.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     distill.add_argument("--out", type=Path, required=True)
