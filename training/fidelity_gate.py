@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.records import EvalRecord
-from evaluation.report import aligned, paired_answers
+from evaluation.report import MODES, aligned, paired_answers
 from evaluation.results import RecordResult
 from evaluation.runner import Sampling, evaluate_mode, measured
 from inference.engine import EngineFactory
@@ -28,7 +28,6 @@ from medtpe_core.prediction_point import PredictionPoint
 from medtpe_core.tasks import get_task
 from training.export import ensure_export
 
-MODES = ("original", "medtpe")
 SERVICE_SAMPLING = Sampling()
 """The service's default decoding (greedy, 64 new tokens, free, the task's prefill)."""
 
