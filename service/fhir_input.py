@@ -12,6 +12,7 @@ from medtpe_core.fhir import FhirInputError, FhirRecord, SiteMapping
 from medtpe_core.fhir.window import FhirWindow
 from medtpe_core.meds import SubjectEvents
 from medtpe_core.tasks import Task
+from service.collector import collector_paused
 from service.errors import ApiError, field_error
 from service.schemas import FhirBundle, FhirMapping, IsoTime, ResourceMapping
 
@@ -30,8 +31,9 @@ def bundle_record(
     thread)."""
     where = [*loc, "bundle"]
     try:
-        window = FhirWindow(bundle, mapping=mapping, prediction_time=prediction_time)
-        prepared, record = prepare_fhir(predictor, task, window, prediction_time)
+        with collector_paused():
+            window = FhirWindow(bundle, mapping=mapping, prediction_time=prediction_time)
+            prepared, record = prepare_fhir(predictor, task, window, prediction_time)
     except FhirInputError as exc:
         detail = field_error([*where, *exc.loc], str(exc), "fhir_input")
         raise ApiError(422, "invalid_request", detail) from exc

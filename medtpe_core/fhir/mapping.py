@@ -40,7 +40,7 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any, NamedTuple
@@ -232,13 +232,15 @@ class _Slots(dict[str, str]):
         return UNKNOWN
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Read:
     """What one resource gives, whatever record it is in (a `ResourceCache` keeps it under the
     resource's JSON text). `events` None: not read yet, or read again for each record because its
     reading looked at another resource. `resource`, the validated model, is kept while a reading
     may need it: before the resource is read, when it is read for each record, and for the types
-    other resources' readings look into (`_KEPT_MODELS`)."""
+    other resources' readings look into (`_KEPT_MODELS`). Never changed once made (a cache
+    shares it; `learned` makes another); not `frozen`, whose constructor costs 4x: the first
+    pass makes two for each resource of a record."""
 
     resource_type: str
     resource_id: str | None
@@ -303,13 +305,19 @@ class _Read:
         if looked_elsewhere:
             return self
         resource = self.resource if self.resource_type in _KEPT_MODELS else None
-        return replace(
-            self,
-            resource=resource,
-            events=tuple(events),
-            mapped=mapped,
-            described=tuple(described),
-            glance=None,
+        return _Read(
+            self.resource_type,
+            self.resource_id,
+            resource,
+            self.references,
+            self.skipped,
+            self.key,
+            tuple(events),
+            mapped,
+            tuple(described),
+            self.period_end,
+            None,
+            self.stand_in,
         )
 
 
@@ -327,6 +335,9 @@ class _Mapper:
         self.owners: dict[tuple[tuple[str, str], ...], tuple[str | None, str | None]] = {}
         self.looked_elsewhere = False  # the reading under way resolved a reference
         self.described: list[tuple[str, str]] = []  # the reading under way's descriptions
+        self._rules: dict[tuple[str, tuple[str | None, ...], str | None], Any] = {}
+        """`SiteMapping.rule_for` by (type, code systems, class): a rule takes a coding by its
+        system, and a record repeats a few systems thousands of times."""
 
     def entry(self, i: int) -> Entry:
         """The `i`-th resource as an entry (its place in the input, its model)."""
@@ -527,8 +538,11 @@ class _Mapper:
         codings = _codings(concept)
         if not codings and encounter_class is None:
             raise self.error(entry, "a code is required", field)
-        pairs = [(system, code) for system, code, _ in codings]
-        return self.mapping.rule_for(resource_type, pairs, encounter_class), codings
+        key = (resource_type, tuple(system for system, _, _ in codings), encounter_class)
+        if key not in self._rules:
+            pairs = [(system, code) for system, code, _ in codings]
+            self._rules[key] = self.mapping.rule_for(resource_type, pairs, encounter_class)
+        return self._rules[key], codings
 
     def coded(
         self,

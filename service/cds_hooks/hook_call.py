@@ -38,6 +38,7 @@ from service.cds_hooks.jwt_auth import Caller, HookAuthenticator
 from service.cds_hooks.prefetch import Gathered, gather_resources
 from service.cds_hooks.responses import risk_card
 from service.cds_hooks.schemas import CdsResponse, HookRequest
+from service.collector import collector_paused
 from service.errors import ApiError, field_error
 from service.schemas import PredictOptions, PredictResponse
 from service.serving import predict_record, served
@@ -182,8 +183,10 @@ def _prepared(
     map is a 422 located in the call (the prefetch key and entry, or the fetch that brought
     it)."""
     try:
-        window = FhirWindow(gathered.resources, mapping=mapping, patient_id=patient, cache=cache)
-        prepared, record = prepare_fhir(predictor, task, window, None)
+        with collector_paused():
+            resources = gathered.resources
+            window = FhirWindow(resources, mapping=mapping, patient_id=patient, cache=cache)
+            prepared, record = prepare_fhir(predictor, task, window, None)
     except FhirInputError as exc:
         origin: tuple[str | int, ...] = ("body", "prefetch")
         if exc.index is not None:
