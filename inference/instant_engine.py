@@ -1,13 +1,16 @@
 """The one fake engine, the seam for tests and benchmarks of what lies around the engine (the
 HTTP layer, the batch job, the build's bookkeeping): it implements `inference.engine.Engine`,
 reads the served checkpoint's own tokenizer, and answers every prompt with that tokenizer's ids
-of a fixed answer. `delay_s` holds each generation (deadline and queue tests); `die()` makes it
-report death like a crashed vLLM. It imports no vLLM; never used by the product itself."""
+of a fixed answer. `delay_s` holds each generation (deadline and queue tests) until `release()`;
+`die()` makes it report death like a crashed vLLM. It imports no vLLM; never used by the
+product itself."""
 
 from __future__ import annotations
 
 import asyncio
 import math
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -44,6 +47,7 @@ class InstantEngine:
         self.constraints: list[AnswerConstraint | None] = []
         """The answer constraint of each generation, in order."""
         self._dead = False
+        self._released = threading.Event()
 
     @classmethod
     def factory(cls, delay_s: float = 0.0) -> EngineFactory:
@@ -62,6 +66,16 @@ class InstantEngine:
     def die(self) -> None:
         """From now on, report death and refuse to generate."""
         self._dead = True
+
+    def release(self) -> None:
+        """End the held generations now and hold no more (any thread): a test holds a request
+        for as long as it needs, not for a guessed time."""
+        self._released.set()
+
+    async def _hold(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while not self._released.is_set() and (left := end - time.monotonic()) > 0:
+            await asyncio.sleep(min(left, 0.02))
 
     async def generate(
         self,
@@ -85,7 +99,7 @@ class InstantEngine:
         self.cache_salts.append(cache_salt)
         self.constraints.append(constraint)
         if self.delay_s:
-            await asyncio.sleep(self.delay_s)
+            await self._hold(self.delay_s)
         if self._dead:
             raise EngineDead("the engine died during generation")
         ids, finish = list(self.answer_ids), Finish.EOS
