@@ -2,10 +2,10 @@
 
 Mapping a record makes tens of thousands of short-lived objects (the first pass's fields, the
 validated R4B models, the events), each freed by its reference count when the mapping ends; on
-the way they cross the collector's thresholds again and again, and each pass walks every object
-made since start-up (a hook's `ResourceCache` among them). Paused, a cold hook's mapping took 35 %
-less CPU time (docs/benchmarks.md, "CDS Hooks latency"). The collector resumes when the last
-mapping under way ends, and collects what they left in cycles at its next threshold.
+the way they cross the collector's thresholds again and again, and its full passes walk every
+object made since start-up (a hook's `ResourceCache` among them): about a third of a cold hook's
+mapping in a profile (docs/benchmarks.md, "CDS Hooks latency"). The collector resumes when the
+last mapping under way ends, and collects what they left in cycles at its next threshold.
 
     with collector_paused():
         window = FhirWindow(resources, mapping=mapping)
