@@ -17,16 +17,15 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import torch
-
 from medtpe_core.snippets import cut, opening
 from medtpe_core.tokenizer import MedTPETokenizer
+from training.build_artefact import DISTILL_RUNS, TOKENIZER_DIR
 from training.build_config import build_config
 from training.distill_config import long_stage
 from training.embedding_init import NewRows
 from training.export import base_model_fingerprint, save_rows
 from training.pipeline import read_records
-from training.token_distillation import CHECKPOINT_FILE, distill, summary
+from training.token_distillation import best_rows, distill, summary
 
 DEFAULT_WORK = Path(".cache/artefacts/distill-stretch/.build")
 
@@ -45,7 +44,7 @@ def main() -> None:
     settings = config.distill
     stage = long_stage(settings)
     assert stage is not None, "the build settings have no long windows' stage"
-    tokenizer = MedTPETokenizer.load(args.work / "tokenizer")
+    tokenizer = MedTPETokenizer.load(args.work / TOKENIZER_DIR)
     windows = {}
     for split in ("train", "val"):
         prompts = [r["prompt"] for r in read_records(args.work / f"{split}.jsonl")]
@@ -58,8 +57,8 @@ def main() -> None:
     n_train, n_val = len(windows["train"]), len(windows["val"])
     stage = replace(stage, last_kl_weight=args.weight, snippets=n_train, val_snippets=n_val)
     stage = replace(stage, eval_every=max(1, n_train // 4))
-    saved = torch.load(args.work / "runs" / "distill" / CHECKPOINT_FILE, weights_only=False)
-    initial = NewRows(saved["state"]["best_rows"].float(), rope_stretch=settings.rope_stretch)
+    short_rows = best_rows(args.work / "runs" / DISTILL_RUNS[0])
+    initial = NewRows(short_rows, rope_stretch=settings.rope_stretch)
     started = time.perf_counter()
     result = distill(
         args.base, tokenizer, windows["train"], windows["val"], args.out / "run", stage, initial
@@ -67,7 +66,7 @@ def main() -> None:
     record = summary(result, stage) | {"seconds_all": time.perf_counter() - started}
     artefact = args.out / "artefact"
     if not artefact.is_dir():
-        shutil.copytree(args.work / "tokenizer", artefact)
+        shutil.copytree(args.work / TOKENIZER_DIR, artefact)
     save_rows(artefact, result.rows, base_model_fingerprint(args.base))
     (args.out / "summary.json").write_text(json.dumps(record, indent=1))
     print(json.dumps(record, indent=1))

@@ -11,6 +11,7 @@ import click
 
 from inference.model import ModelConfig
 from medtpe_cli.ray_option import ray_option
+from medtpe_core.fidelity import Thresholds
 from training.loss_names import LOSSES
 
 
@@ -252,13 +253,14 @@ def extend_vocab(source: Path, out: Path, base: Path | None) -> None:
     "--min-same-answer",
     type=click.FloatRange(0, 1),
     default=None,
-    help="Fidelity gate: least share of held-out windows answered as the original model [0.95].",
+    help="Fidelity gate: least share of held-out windows answered as the original model "
+    f"[{Thresholds.min_same_answer}].",
 )
 @click.option(
     "--max-delta-p-mean",
     type=click.FloatRange(0),
     default=None,
-    help="Fidelity gate: largest mean |Δp| of the answer options [0.03].",
+    help=f"Fidelity gate: largest mean |Δp| of the answer options [{Thresholds.max_delta_p_mean}].",
 )
 @_dir_option("--out", "Artefact directory to write (a build state lives in <out>/.build).")
 @click.option(

@@ -406,6 +406,12 @@ def _save(
     os.replace(tmp, path)
 
 
+def best_rows(run_dir: Path) -> torch.Tensor:
+    """The best input rows (by held-out loss) a run directory's checkpoint holds (float32)."""
+    saved = torch.load(Path(run_dir) / CHECKPOINT_FILE, weights_only=False)
+    return saved["state"]["best_rows"].float()
+
+
 def summary(result: DistillResult, config: DistillConfig) -> dict[str, Any]:
     """A JSON-ready record of a run."""
     return {
