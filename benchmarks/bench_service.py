@@ -42,7 +42,10 @@ and the text) with the text written after the answer per system.
 `none` the default), one after the other per system (interleaved: medtpe 1, medtpe none,
 original 1, original none), each on the same records; `vs_setting` gives per system and level
 the first value's latency over each other's, and `checks` compares every pair's answers.
-`--dtype bfloat16 float32` does the same with `MEDTPE_DTYPE` (the service systems only). Each
+`--dtype bfloat16 float32` does the same with `MEDTPE_DTYPE` (the service systems only), and
+`--engine-multiprocessing 1 0` with `VLLM_ENABLE_V1_MULTIPROCESSING` (`1`: the model in a worker
+process of its own, vLLM's default; `0`: in the engine core, the default on a small machine).
+Each system's start (`start_s`: until `/readyz` is green) is recorded beside its levels. Each
 level records the machine's load average and the other processes busy on the CPU at its start
 and end (the machine may be shared).
 
@@ -92,8 +95,10 @@ ENGINE_COUNTERS = ("prefix_cache_queries_total", "prefix_cache_hits_total", "pro
 VARIED = {
     "cpu_reserved_cores": ("reserved", "MEDTPE_CPU_RESERVED_CORES"),
     "dtype": ("dtype", "MEDTPE_DTYPE"),
+    "engine_multiprocessing": ("engine_mp", "VLLM_ENABLE_V1_MULTIPROCESSING"),
 }
-"""The settings a run can vary (`--cpu-reserved-cores`, `--dtype`): label and variable."""
+"""The settings a run can vary (`--cpu-reserved-cores`, `--dtype`, `--engine-multiprocessing`):
+label and variable."""
 
 
 @dataclass(frozen=True)
@@ -498,7 +503,9 @@ def run_system(
         send = predict_sender(bodies)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    started = time.perf_counter()
     process = start_system(run, args, prompts, port)
+    start_s = round(time.perf_counter() - started, 2)
     results, replies = [], []
     try:
         for level, records in zip(args.levels, level_ranges(args.per_level), strict=True):
@@ -507,7 +514,8 @@ def run_system(
             start = time.perf_counter()
             level_replies = asyncio.run(run_level(url, send, records, level))
             wall = time.perf_counter() - start
-            result = {"system": run.label, "concurrency": level, **summarize(level_replies, wall)}
+            result = {"system": run.label, "concurrency": level, "start_s": start_s}
+            result.update(summarize(level_replies, wall))
             result.update(engine_breakdown(before, engine_metrics(url)))
             result["load"] = {"before": load_before, "after": machine_load(os.getpid())}
             print(json.dumps(result), flush=True)
@@ -675,20 +683,34 @@ def parse_args() -> argparse.Namespace:
         help="run each service system once per MEDTPE_DTYPE value, in this order (default: the "
         "environment's; not with vllm-serve)",
     )
+    parser.add_argument(
+        "--engine-multiprocessing",
+        nargs="+",
+        choices=["0", "1"],
+        help="run each service system once per VLLM_ENABLE_V1_MULTIPROCESSING value, in this "
+        "order (default: the engine wrapper's choice; not with vllm-serve)",
+    )
     parser.add_argument("--max-input-tokens", type=int, help="default: MEDTPE_MAX_INPUT_TOKENS")
     parser.add_argument("--max-new-tokens", type=int, help="default: MEDTPE_MAX_NEW_TOKENS")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_service.json"))
     parser.add_argument("--log-dir", type=Path, default=Path("runs"), help="servers' logs")
     args = parser.parse_args()
-    if args.cpu_reserved_cores and args.dtype:
-        parser.error("vary one setting per run: --cpu-reserved-cores or --dtype")
-    if args.dtype and VLLM_SERVE in args.systems:
-        parser.error("--dtype varies the service's engine: not with vllm-serve")
+    varied = [name for name in VARIED if getattr(args, name)]
+    if len(varied) > 1:
+        parser.error("vary one setting per run: " + " or ".join(_option(n) for n in VARIED))
+    if varied and varied[0] != "cpu_reserved_cores" and VLLM_SERVE in args.systems:
+        parser.error(f"{_option(varied[0])} varies the service's engine: not with vllm-serve")
+    args.setting = varied[0] if varied else None
     if args.per_level is None:
         args.per_level = [max(4, 2 * level) for level in args.levels]
     if len(args.levels) != len(args.per_level):
         parser.error("--per-level needs one record count per --levels value")
     return args
+
+
+def _option(setting: str) -> str:
+    """The command-line option of a `VARIED` setting."""
+    return "--" + setting.replace("_", "-")
 
 
 def main() -> None:
@@ -700,7 +722,7 @@ def main() -> None:
     for mode in ("original", "medtpe"):
         prepare_model_files(service_settings(args, mode).model())
     prompts = original_prompts(args, bodies) if VLLM_SERVE in args.systems else None
-    setting = "dtype" if args.dtype else "cpu_reserved_cores" if args.cpu_reserved_cores else None
+    setting = args.setting
     values = getattr(args, setting) if setting else [None]
     runs = [Run(system, setting, value) for system in args.systems for value in values]
     results, replies = [], {}

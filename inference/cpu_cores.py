@@ -15,7 +15,8 @@ kernel spreads unpinned threads over the cores. `reserved` cores (setting
 processes on a bigger machine. vLLM's own variables, when the operator sets them, win.
 
 Example: `cpu_binding([0, 1], None, 1)` -> `{"VLLM_CPU_OMP_THREADS_BIND": "nobind",
-"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}`; `cpu_binding(range(8), 2, 1)` pins to cores 0-5.
+"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}`;
+`cpu_binding(range(8), 2, 1)` pins to cores 0-5.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ RESERVED_CORES_ENV = "MEDTPE_CPU_RESERVED_CORES"
 """The setting, read by the plugin in `vllm serve` (the service reads it as a setting)."""
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 RESERVED_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
+MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+"""vLLM's switch for the engine's processes: "0" runs a one-worker CPU model in the engine core
+(in the offline `vllm.LLM`, the engine core in the caller's process)."""
 UNPINNED = "nobind"
 """vLLM's binding value for threads left to the kernel's scheduler (as many as allowed cores)."""
 
@@ -42,7 +46,7 @@ def cpu_binding(allowed: Sequence[int], reserved: int | None, workers: int) -> d
     `reserved` None: none on a machine of at most `SMALL_MACHINE_CORES` cores, vLLM's own
     reservation (one core per worker; empty dict) above. One worker on all the cores of a small
     machine: threads not pinned (module docstring); otherwise each worker is pinned to an equal
-    share of the engine's cores.
+    share of the engine's cores, and the model runs in the engine core (module docstring).
 
     Raises ValueError when fewer than one core per worker would remain."""
     cores = sorted(allowed)
@@ -51,7 +55,7 @@ def cpu_binding(allowed: Sequence[int], reserved: int | None, workers: int) -> d
         return {}
     reserved = reserved or 0
     if small and reserved == 0 and workers == 1:
-        return {BIND_ENV: UNPINNED, RESERVED_ENV: "0"}
+        return {BIND_ENV: UNPINNED, RESERVED_ENV: "0", MULTIPROCESSING_ENV: "0"}
     engine = cores[: len(cores) - reserved]
     if reserved < 0 or len(engine) < workers:
         raise ValueError(
@@ -77,17 +81,25 @@ def bind_engine_cores(
     processes, spawned later, read it there), unless the operator set those variables; with
     `replace` False (the plugin, loaded in every vLLM process, the engine's own pinned worker
     included) only when neither is set yet, so an engine wrapper's choice made earlier in the
-    process, or its parent's, stands. Returns what it wrote."""
+    process, or its parent's, stands; the operator's `VLLM_ENABLE_V1_MULTIPROCESSING` stands
+    too. Returns what it wrote."""
     names = (BIND_ENV, RESERVED_ENV)
-    if any(n in environ and (not replace or environ[n] != _written.get(n)) for n in names):
+    if any(_theirs(n, environ) or (n in environ and not replace) for n in names):
         return {}  # the operator's binding (or, for the plugin, any earlier one): keep it whole
     chosen = cpu_binding(os.sched_getaffinity(0), reserved, workers)
-    for name in names:  # an earlier engine's binding of this module, not chosen now
-        if name not in chosen and name in environ:
+    if _theirs(MULTIPROCESSING_ENV, environ):
+        chosen.pop(MULTIPROCESSING_ENV, None)
+    for name in (*names, MULTIPROCESSING_ENV):  # an earlier engine's choice, not chosen now
+        if name not in chosen and name in environ and not _theirs(name, environ):
             del environ[name]
     environ.update(chosen)
     _written.update(chosen)
     return chosen
+
+
+def _theirs(name: str, environ: MutableMapping[str, str]) -> bool:
+    """Whether `name` holds a value this module did not write (the operator's)."""
+    return name in environ and environ[name] != _written.get(name)
 
 
 def reserved_from_env(environ: MutableMapping[str, str] = os.environ) -> int | None:

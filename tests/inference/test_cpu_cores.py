@@ -10,6 +10,7 @@ import pytest
 
 from inference.cpu_cores import (
     BIND_ENV,
+    MULTIPROCESSING_ENV,
     RESERVED_ENV,
     UNPINNED,
     bind_engine_cores,
@@ -19,8 +20,8 @@ from inference.cpu_cores import (
 from service.settings import ServiceSettings
 
 
-def test_small_machine_engine_gets_every_core_unpinned() -> None:
-    unpinned = {BIND_ENV: UNPINNED, RESERVED_ENV: "0"}
+def test_small_machine_engine_gets_every_core_unpinned_in_its_core_process() -> None:
+    unpinned = {BIND_ENV: UNPINNED, RESERVED_ENV: "0", MULTIPROCESSING_ENV: "0"}
     assert cpu_binding([1, 0], None, 1) == cpu_binding([1, 0], 0, 1) == unpinned
     assert cpu_binding([3], None, 1) == unpinned
     assert cpu_binding([0, 1, 2, 3], 1, 1) == {BIND_ENV: "0,1,2", RESERVED_ENV: "1"}
@@ -60,7 +61,17 @@ def test_operator_variables_stand_and_own_values_are_replaced() -> None:
     assert environ == written
     if len(allowed) > 1:  # a later engine with another reservation replaces this module's values
         bind_engine_cores(1, environ=environ)
-        assert environ[RESERVED_ENV] == "1"
+        assert environ[RESERVED_ENV] == "1" and MULTIPROCESSING_ENV not in environ
+
+
+def test_the_operators_multiprocessing_switch_stands(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: {0, 1})
+    environ = {MULTIPROCESSING_ENV: "1"}  # a worker process of its own, asked for
+    written = bind_engine_cores(None, environ=environ)
+    assert written == {BIND_ENV: UNPINNED, RESERVED_ENV: "0"}
+    assert environ == {**written, MULTIPROCESSING_ENV: "1"}
+    bind_engine_cores(1, environ=environ)  # not removed by a later engine's choice either
+    assert environ[MULTIPROCESSING_ENV] == "1"
 
 
 def test_the_setting_is_read_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:

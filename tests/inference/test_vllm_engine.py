@@ -1,9 +1,10 @@
 """The real vLLM engine behind `inference.engine.Engine`, medtpe mode on the default model, one
 engine for the module (one start): constrained answers at temperature 0.7, with and without the
 answer prefill, every sampled answer parsing; p_positive from one short synthetic record through
-the evaluation path (`evaluate_mode` -> `Predictor.answer` -> first-token logprobs); the engine's
-worker on every allowed core; then its engine process is killed and the engine must report death
-and refuse to generate (what the service maps to 503 and red readiness): that test runs last."""
+the evaluation path (`evaluate_mode` -> `Predictor.answer` -> first-token logprobs); the model
+computed in the engine core, on every allowed core; then its engine process is killed and the
+engine must report death and refuse to generate (what the service maps to 503 and red
+readiness): that test runs last."""
 
 from __future__ import annotations
 
@@ -157,14 +158,15 @@ async def evaluate_then_kill(
 
 
 def assert_computes_on_every_core(cores: list[psutil.Process]) -> None:
-    """On a machine of at most `SMALL_MACHINE_CORES` cores, the engine's worker (the process
-    whose OpenMP threads run the model) may run on every core this process may: vLLM's own
-    binding put it on all but one, so two engines on 2 cores both ran on core 0."""
+    """On a machine of at most `SMALL_MACHINE_CORES` cores, the engine computes the model in
+    its core process (no worker process of its own: one import of torch and vLLM fewer at each
+    start) and may run on every core this process may: vLLM's own binding put its worker on all
+    but one, so two engines on 2 cores both ran on core 0."""
     allowed = os.sched_getaffinity(0)
     if len(allowed) > SMALL_MACHINE_CORES:  # vLLM's own reservation applies there
         return
-    workers = [p for core in cores for p in core.children(recursive=True)]
-    assert workers, "no engine worker process found"
-    for worker in workers:
+    for core in cores:
+        titles = [" ".join(p.cmdline() or [p.name()]) for p in core.children(recursive=True)]
+        assert not any("Worker" in title for title in titles), titles  # vLLM's VLLM::Worker
         # the main thread is the OpenMP master thread, bound to the engine's cores
-        assert os.sched_getaffinity(worker.pid) == allowed, worker.environ().get("OMP_PLACES")
+        assert os.sched_getaffinity(core.pid) == allowed, core.environ().get("OMP_PLACES")
