@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,32 @@ def bytes_to_unicode() -> dict[int, str]:
     for n, b in enumerate(b for b in range(256) if b not in table):
         table[b] = chr(256 + n)
     return table
+
+
+MEMO_SIZE = 4
+"""Base tokenizers a process keeps parsed (`memoised`): a build, a service or a test session
+loads the same one many times; a Qwen2.5-sized one holds ~100 MB of Python objects."""
+_memo: OrderedDict[tuple[str, ...], BaseTokenizer] = OrderedDict()
+_memo_lock = threading.Lock()
+
+
+def memoised(key: tuple[str, ...], build: Callable[[], BaseTokenizer]) -> BaseTokenizer:
+    """The tokenizer `build()` makes, made once per `key` (digests of what it is parsed from)
+    among the `MEMO_SIZE` most recently used: parsing a tokenizer.json (JSON, then the Rust
+    tokenizer) took ~0.3 s for SmolLM2's and a third of a small build, which loaded it ~20
+    times. What it returns is shared: callers take a copy at their place (`BaseTokenizer.at`).
+
+    Example: `memoised(("file", digest), lambda: parse(raw)).at(path, None)` parses once."""
+    with _memo_lock:
+        if key in _memo:
+            _memo.move_to_end(key)
+            return _memo[key]
+    made = build()
+    with _memo_lock:
+        _memo[key] = made
+        while len(_memo) > MEMO_SIZE:
+            _memo.popitem(last=False)
+    return made
 
 
 # Byte values that some character's UTF-8 encoding holds (0xC0, 0xC1 and 0xF5..0xFF never occur).
@@ -59,36 +87,49 @@ class BaseTokenizer:
     path: Path | None = None
     model_dir: Path | None = None
     _token_texts: dict[int, str] = field(init=False, repr=False, default_factory=dict)
+    _derived: dict[str, Any] = field(init=False, repr=False, default_factory=dict)
+    """What is computed from `json_obj` on first use, shared by the copies at other places."""
 
     def __post_init__(self) -> None:
         if self.json_obj.get("model", {}).get("type") != "BPE":
             raise ValueError("MedTPE needs a tokenizer.json with a BPE model")
 
-    @cached_property
+    def at(self, path: Path | None, model_dir: Path | None) -> BaseTokenizer:
+        """This tokenizer read from another place: a copy sharing everything parsed."""
+        placed = copy.copy(self)
+        placed.path, placed.model_dir = path, model_dir
+        return placed
+
+    @property
     def _plain(self) -> Tokenizer:
         """The tokenizer without added-token matching (lossless on any text), built on first
         use: a Qwen2.5-sized vocabulary takes about a second to parse."""
-        return Tokenizer.from_str(json.dumps(dict(self.json_obj, added_tokens=[])))
+        if "plain" not in self._derived:
+            plain = json.dumps(dict(self.json_obj, added_tokens=[]))
+            self._derived["plain"] = Tokenizer.from_str(plain)
+        return self._derived["plain"]
 
-    @cached_property
+    @property
     def content_fingerprint(self) -> str:
         """`canonical_fingerprint` of the tokenizer.json content, computed on first use."""
-        return canonical_fingerprint(self.json_obj)
+        if "content" not in self._derived:
+            self._derived["content"] = canonical_fingerprint(self.json_obj)
+        return self._derived["content"]
 
     @classmethod
     def load(cls, path: str | Path) -> BaseTokenizer:
-        """Load a `tokenizer.json`, or a directory that holds one."""
+        """Load a `tokenizer.json`, or a directory that holds one (parsed once per content in
+        a process: `memoised`)."""
         path = Path(path)
         model_dir = path if path.is_dir() else None
         file = path / "tokenizer.json" if path.is_dir() else path
         raw = file.read_bytes()
-        return cls(
-            tokenizer=Tokenizer.from_str(raw.decode("utf-8")),
-            json_obj=json.loads(raw),
-            fingerprint=hashlib.sha256(raw).hexdigest(),
-            path=file,
-            model_dir=model_dir,
+        fingerprint = hashlib.sha256(raw).hexdigest()
+        parsed = memoised(
+            ("file", fingerprint),
+            lambda: cls(Tokenizer.from_str(raw.decode("utf-8")), json.loads(raw), fingerprint),
         )
+        return parsed.at(file, model_dir)
 
     @classmethod
     def from_json_obj(cls, obj: dict[str, Any], fingerprint: str) -> BaseTokenizer:

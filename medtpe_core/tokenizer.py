@@ -21,7 +21,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from medtpe_core import artefact
-from medtpe_core.base_tokenizer import BaseTokenizer, bytes_to_unicode, token_texts
+from medtpe_core.base_tokenizer import BaseTokenizer, bytes_to_unicode, memoised, token_texts
 from medtpe_core.encoding import ByteFallback, IdExpansion, PairMerger
 
 
@@ -276,11 +276,7 @@ class MedTPETokenizer:
             raise ValueError(f"unsupported MedTPE artefact format {doc.get('format_version')}")
         info = doc["base"]
         if base is None:
-            detok = json.loads((path / artefact.TOKENIZER_FILE).read_text())
-            base = artefact.rebuild_base(detok, doc["detokenizer"], info)
-            base.model_dir = (
-                path if any((path / n).is_file() for n in artefact.MODEL_TOKENIZER_FILES) else None
-            )
+            base = _rebuilt_base(path, doc)
         elif not isinstance(base, BaseTokenizer):
             base = BaseTokenizer.load(base)
         artefact.check_base(base, info["fingerprint"], info["content_fingerprint"])
@@ -292,3 +288,18 @@ class MedTPETokenizer:
             doc["corpus_stats"],
             {int(b): int(i) for b, i in doc.get("byte_fallback", {}).items()},
         )
+
+
+def _rebuilt_base(path: Path, doc: dict[str, Any]) -> BaseTokenizer:
+    """The base tokenizer of the artefact at `path` (its `medtpe.json` read as `doc`), rebuilt
+    from its detokenizer once per content in a process (`memoised`)."""
+    raw = (path / artefact.TOKENIZER_FILE).read_bytes()
+    restore = json.dumps(doc["detokenizer"], sort_keys=True).encode("utf-8")
+    key = tuple(hashlib.sha256(part).hexdigest() for part in (raw, restore))
+
+    base = memoised(
+        ("artefact", *key),
+        lambda: artefact.rebuild_base(json.loads(raw), doc["detokenizer"], doc["base"]),
+    )
+    model_dir = path if any((path / n).is_file() for n in artefact.MODEL_TOKENIZER_FILES) else None
+    return base.at(None, model_dir)

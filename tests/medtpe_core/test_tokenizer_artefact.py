@@ -93,3 +93,27 @@ def test_static_selection_lowers_extensions_of_chosen_tokens() -> None:
     chosen = select_static(counts, 3, lambda g: "".join(map(str, g)))
     assert chosen == [(1, 2), (4, 5), (2, 3)]
     assert np.all(counts.unigrams[1:6] == [20, 20, 10, 13, 13])
+
+
+def test_a_tokenizer_is_parsed_once_per_content_and_place(tmp_path: Path) -> None:
+    tok = small_medtpe("bpe", 2)
+    tok.save(tmp_path / "a")
+    tok.save(tmp_path / "b")
+    first, again = MedTPETokenizer.load(tmp_path / "a"), MedTPETokenizer.load(tmp_path / "b")
+    assert first.base.tokenizer is again.base.tokenizer  # rebuilt from the detokenizer once
+    assert first.base is not again.base and first.base.model_dir is None  # no model files
+    file = small_tokenizer_file()
+    assert BaseTokenizer.load(file).tokenizer is BaseTokenizer.load(file).tokenizer
+    copy = tmp_path / "copy" / "tokenizer.json"
+    copy.parent.mkdir()
+    copy.write_bytes(file.read_bytes())
+    in_dir, plain = BaseTokenizer.load(copy.parent), BaseTokenizer.load(copy)
+    assert (in_dir.model_dir, in_dir.path, plain.model_dir) == (copy.parent, copy, None)
+    assert in_dir.encode("<|im_end|> x") == plain.encode("<|im_end|> x")
+    assert in_dir._plain is plain._plain  # derived once, shared by the copies
+    changed = json.loads(copy.read_text())
+    changed["model"]["merges"] = changed["model"]["merges"][:-1]
+    copy.write_text(json.dumps(changed))
+    reread = BaseTokenizer.load(copy)  # another content
+    assert len(reread.json_obj["model"]["merges"]) == len(changed["model"]["merges"])
+    assert reread.fingerprint != BaseTokenizer.load(file).fingerprint
