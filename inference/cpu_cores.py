@@ -45,8 +45,8 @@ def cpu_binding(allowed: Sequence[int], reserved: int | None, workers: int) -> d
     pipeline parallel) on the `allowed` cores, `reserved` of them (the last ones) left out;
     `reserved` None: none on a machine of at most `SMALL_MACHINE_CORES` cores, vLLM's own
     reservation (one core per worker; empty dict) above. One worker on all the cores of a small
-    machine: threads not pinned (module docstring); otherwise each worker is pinned to an equal
-    share of the engine's cores, and the model runs in the engine core (module docstring).
+    machine: threads not pinned, and the model computed in the engine core (module docstring);
+    otherwise each worker is pinned to an equal share of the engine's cores.
 
     Raises ValueError when fewer than one core per worker would remain."""
     cores = sorted(allowed)
