@@ -218,7 +218,10 @@ def logit_shift(
     (original - MedTPE) with a patient-level bootstrap interval of its mean, and its spread;
     and the mean |Δp| left once the records' mean logit shift is added to every MedTPE logit
     (fitted on these same records: what a constant correction could do at best). A drift made of
-    one shared shift has a small spread and little left; noise has a mean shift near 0.
+    one shared shift has a small spread and little left; noise has a mean shift near 0. Also the
+    mean |shift| with its interval, and the original's mean p(1 - p), the slope of p in the
+    logit: the same logit error moves p more where the original is less sure, so |Δp| can grow
+    between record sets (e.g. prompt lengths) whose logit error does not.
 
     >>> pairs = [PairedAnswer(k, 1, 1, {"yes": 0.9}, {"yes": 0.8}) for k in range(4)]
     >>> shape = logit_shift(pairs, "yes", n_resamples=10)
@@ -245,6 +248,10 @@ def logit_shift(
             float(shift.mean()), _weighted_mean(shift, weights)
         ).to_json(),
         "shift_sd": float(shift.std()),
+        "abs_shift_mean": Interval.from_samples(
+            float(np.abs(shift).mean()), _weighted_mean(np.abs(shift), weights)
+        ).to_json(),
+        "sensitivity_mean": float((original * (1 - original)).mean()),
         "residual_mean": float(np.abs(corrected - original).mean()),
     }
 

@@ -147,4 +147,8 @@ def test_logit_shift_tells_a_shared_shift_from_noise():
     assert shift["shift_sd"] < 0.1 and shift["residual_mean"] < 0.01 < shift["signed_mean"] * -1
     assert noise["shift_mean"]["low"] < 0 < noise["shift_mean"]["high"]
     assert noise["shift_sd"] > 0.4 and noise["residual_mean"] > 0.05
+    # both are 0.5 in the logit, whatever its sign; p(1 - p) is the originals' own
+    assert noise["abs_shift_mean"]["value"] == pytest.approx(0.5)
+    assert 0.45 < shift["abs_shift_mean"]["value"] < 0.55
+    assert shift["sensitivity_mean"] == pytest.approx(float((original * (1 - original)).mean()))
     assert logit_shift([pair(1, None, None)], "yes") == {"n": 0}
