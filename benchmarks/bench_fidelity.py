@@ -208,6 +208,22 @@ def diagnose(args: argparse.Namespace) -> None:
             readings = [(suffix, at, None) for suffix, at in positions.items()] + [
                 (f"@yarn{stretch:g}", None, stretch) for stretch in args.rope_stretch
             ]
+            kept = tokenizer.original_positions(seg.medtpe_ids, seg.original_ids)
+            masks = {MERGED_KEYS: merged_keys_mask} if args.merged_keys else {}
+            if args.merged_keys_weighted:
+                masks[MERGED_KEYS + "-weighted"] = merged_keys_bias
+            for mask_name, make_mask in masks.items():  # one key per merge, perfect rows
+                model.set_rows(new_ids, None)
+                scored = model.score(
+                    seg.original_ids, visible=make_mask(kept, len(seg.original_ids))
+                )
+                row["variants"][mask_name] = {
+                    "p": predictors["original"].option_probabilities(task, scored.top_logprobs),
+                    "new_id_mass": scored.new_id_mass,
+                    "layer_error": [],
+                    "top_is_new": False,
+                    "hidden_keys": int(len(seg.original_ids) - len(np.unique(kept))),
+                }
             for (name, variant_rows, output), (suffix, at, stretch) in itertools.product(
                 variants, readings
             ):
@@ -239,6 +255,44 @@ def diagnose(args: argparse.Namespace) -> None:
                 budget, name, json.dumps({k: v for k, v in figures.items() if k != "layer_error"})
             )
         write_results(args.out, " ".join(sys.argv), results)  # each budget kept as it ends
+
+
+MERGED_KEYS = "merged-keys"
+"""`diagnose --merged-keys`'s reading: the original tokens, one key per merged token."""
+
+
+def merged_keys_mask(kept: np.ndarray, n: int) -> np.ndarray:
+    """(n, n) causal attention (query, key) over n original tokens in which each token that a
+    MedTPE token merges into a later one (a position not in `kept`, the positions MedTPE tokens
+    end at) is seen only up to the position its merge ends at: the keys a merged prompt lacks,
+    every other reading exact (the merge's last token still reads the whole pair).
+
+    >>> merged_keys_mask(np.array([1, 2]), 3).astype(int).tolist()
+    [[1, 0, 0], [1, 1, 0], [0, 1, 1]]
+    """
+    visible = np.tril(np.ones((n, n), dtype=bool))
+    ends = np.unique(kept)
+    hidden = np.setdiff1d(np.arange(n), ends)
+    owners = ends[np.searchsorted(ends, hidden)]
+    visible[:, hidden] &= np.arange(n)[:, None] <= owners[None, :]
+    return visible
+
+
+def merged_keys_bias(kept: np.ndarray, n: int) -> np.ndarray:
+    """`merged_keys_mask` as an additive float mask in which each merge's last token, for the
+    tokens after its merge, weighs as many keys as its merge has tokens (+log of that count):
+    one key standing for the pair's attention mass, not for its content.
+
+    >>> np.exp(merged_keys_bias(np.array([1, 2]), 3)).round(3).tolist()
+    [[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [0.0, 2.0, 1.0]]
+    """
+    visible = merged_keys_mask(kept, n)
+    ends = np.unique(kept)
+    sizes = np.diff(np.concatenate([[-1], ends]))  # tokens per merge, ending at each end
+    bias = np.where(visible, 0.0, -np.inf).astype(np.float32)
+    after = np.arange(n)[:, None] > ends[None, :]
+    bias[:, ends] += np.where(after, np.log(sizes)[None, :], 0.0).astype(np.float32)
+    return bias
 
 
 def _diagnosis_summary(
@@ -708,8 +762,21 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument(
         "--rows",
         action="append",
-        required=True,
+        default=[],
         help="mean | NAME=ARTEFACT_DIR[:tied|base] (tied: the input rows serve the head)",
+    )
+    d.add_argument(
+        "--merged-keys",
+        action="store_true",
+        help=f"also read the original tokens with each token that MedTPE merges into a later "
+        f"one hidden from every token after its merge ('{MERGED_KEYS}'): the drift one key "
+        "per merged token costs with perfect rows, all else exact",
+    )
+    d.add_argument(
+        "--merged-keys-weighted",
+        action="store_true",
+        help="also that reading with each merge's last token weighing as many keys as its "
+        "merge has tokens in the attention of later tokens: is the loss the mass or the content",
     )
     d.add_argument(
         "--original-from",
@@ -799,6 +866,8 @@ def main(argv: list[str] | None = None) -> None:
     q.add_argument("--out", type=Path)
     q.set_defaults(run=pair)
     args = parser.parse_args(argv)
+    if args.step == "diagnose" and not (args.rows or args.merged_keys or args.merged_keys_weighted):
+        parser.error("diagnose reads --rows, --merged-keys(-weighted) or both")
     args.run(args)
 
 

@@ -116,18 +116,25 @@ class RowsModel:
 
     @torch.inference_mode()
     def score(
-        self, ids: Sequence[int], positions: Sequence[int] | Sequence[float] | None = None
+        self,
+        ids: Sequence[int],
+        positions: Sequence[int] | Sequence[float] | None = None,
+        visible: np.ndarray | None = None,
     ) -> PromptScore:
         """The last position of `ids` (see `PromptScore`), read at `positions` (RoPE position
-        ids, gaps and fractions allowed; None: 0, 1, 2, ...)."""
+        ids, gaps and fractions allowed; None: 0, 1, 2, ...); `visible`: an (n, n) attention
+        mask (query, key) in place of the causal one, boolean or additive float."""
         position_ids = None
         if positions is not None:  # float positions (a scaled reading) are RoPE's too
             position_ids = torch.tensor([list(positions)], device=self.device)
         tokens = self._ids(ids)
+        mask = torch.ones_like(tokens)  # one causal sequence whatever the gaps
+        if visible is not None:
+            mask = torch.from_numpy(visible)[None, None].to(self.device)
         out = self.model.model(
             input_ids=tokens,
             position_ids=position_ids,
-            attention_mask=torch.ones_like(tokens),  # one causal sequence whatever the gaps
+            attention_mask=mask,
             output_hidden_states=True,
         )
         last = out.last_hidden_state[0, -1]
