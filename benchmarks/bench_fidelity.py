@@ -208,12 +208,13 @@ def diagnose(args: argparse.Namespace) -> None:
             readings = [(suffix, at, None) for suffix, at in positions.items()] + [
                 (f"@yarn{stretch:g}", None, stretch) for stretch in args.rope_stretch
             ]
-            kept = tokenizer.original_positions(seg.medtpe_ids, seg.original_ids)
             masks = {MERGED_KEYS: merged_keys_mask} if args.merged_keys else {}
             if args.merged_keys_weighted:
                 masks[MERGED_KEYS + "-weighted"] = merged_keys_bias
-            for mask_name, make_mask in masks.items():  # one key per merge, perfect rows
+            if masks:  # one key per merge, perfect rows: the original tokens, base rows
+                kept = tokenizer.original_positions(seg.medtpe_ids, seg.original_ids)
                 model.set_rows(new_ids, None)
+            for mask_name, make_mask in masks.items():
                 scored = model.score(
                     seg.original_ids, visible=make_mask(kept, len(seg.original_ids))
                 )
