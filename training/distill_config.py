@@ -45,6 +45,14 @@ class DistillConfig:
     hidden states' error weighs every direction alike, while the answer reads one: matching
     them alone narrowed the answer's spread and left its shared shift (docs/benchmarks.md,
     Fidelity). Needs the last layer among `layers`."""
+    dense_kl_weight: float = 0.0
+    """Weight of the same KL at **every** aligned position, not only the last (the mean over
+    them): what the model predicts after each point of the text, which every later merged key
+    and the answer's whole context shape, rather than the answer of the training prompts alone
+    (the answer's KL on 48 prompts fitted those prompts and moved held-out answers more,
+    docs/benchmarks.md, Fidelity). The teacher's last-layer states are then cached in float32
+    at every aligned position (hidden size x 4 bytes each). Needs the last layer among
+    `layers`."""
     rope_stretch: float | None = None
     """The student reads with RoPE's slow dimensions stretched by this (> 1;
     `medtpe_core.rope_stretch`), the teacher at plain RoPE: rows for a model served with that
@@ -70,10 +78,11 @@ class DistillConfig:
             object.__setattr__(self, "layers", tuple(self.layers))
             if not self.layers or any(k == 0 or k < FINAL_LAYER for k in self.layers):
                 raise ValueError("layers: expected -1 (the last, normed) or layer numbers from 1")
-        if self.last_kl_weight < 0:
-            raise ValueError("last_kl_weight: expected 0 or more")
-        if self.last_kl_weight and self.layers is not None and FINAL_LAYER not in self.layers:
-            raise ValueError("last_kl_weight: needs the last layer (-1) among layers")
+        for name in ("last_kl_weight", "dense_kl_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: expected 0 or more")
+            if getattr(self, name) and self.layers is not None and FINAL_LAYER not in self.layers:
+                raise ValueError(f"{name}: needs the last layer (-1) among layers")
         if self.rope_stretch is not None and self.rope_stretch <= 1:
             raise ValueError("rope_stretch: expected more than 1 (or none)")
         if self.long_tokens is not None and self.long_tokens <= self.snippet_tokens:

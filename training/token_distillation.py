@@ -14,7 +14,9 @@ the network free: there the rows learn to drive the residual stream of their pos
 the original's (50x its error at layers 12-28 in a run on ICU text) and the answer drifts more
 than before, so the default matches the middle layers too. With tied embeddings the loss trains
 the input side only: `output="base"` serves the base model's own head rows for the reused ids
-(the export unties the head), `"tied"` the trained rows on both sides.
+(the export unties the head), `"tied"` the trained rows on both sides. Optionally the KL of the
+next-token distributions, at each snippet's last aligned position (`last_kl_weight`: a prompt's
+answer) or at every one (`dense_kl_weight`).
 
 A second stage (`DistillConfig.long_tokens`; the build runs it with `distill()` again on long
 windows of the prompts, `training.distill_config.long_stage`) reads long records through the
@@ -142,6 +144,9 @@ class TeacherStates(NamedTuple):
     """The last layer's (normed) state at each snippet's last aligned position ([snippets,
     hidden] float32: the next-token distribution there is read from it, and bfloat16 would put
     the answer's logits on steps of ~0.1); None when the last layer is not matched."""
+    final: torch.Tensor | None = None
+    """The last layer's (normed) state at every aligned position ([sum of pairs, hidden]
+    float32), for `DistillConfig.dense_kl_weight`; None otherwise."""
 
 
 @torch.no_grad()
@@ -152,11 +157,12 @@ def teacher_states(
     batch_size: int,
     device: torch.device,
     pad: int,
+    dense: bool = False,
 ) -> TeacherStates:
     """The original model's hidden states at `layers` at every snippet's aligned positions,
-    new rows ignored (`TeacherStates`)."""
+    new rows ignored (`TeacherStates`; `dense`: the last layer's in float32 too)."""
     embedding: SplitEmbedding = model.get_input_embeddings()
-    out, last = [], []
+    out, last, final_all = [], [], []
     for start in tqdm(range(0, len(snippets), batch_size), desc="teacher", unit="batch"):
         batch = snippets[start : start + batch_size]
         ids, mask = _pad([s.teacher for s in batch], pad)
@@ -168,7 +174,13 @@ def teacher_states(
             final = hidden[list(layers).index(FINAL_LAYER)]
             ends = torch.tensor([s.pairs[-1][1] for s in batch], device=device)
             last.append(final[torch.arange(len(batch), device=device), ends].float().cpu())
-    return TeacherStates(torch.cat(out), torch.cat(last) if last else None)
+            if dense:
+                final_all.append(final.flatten(0, 1)[at].float().cpu())
+    return TeacherStates(
+        torch.cat(out),
+        torch.cat(last) if last else None,
+        torch.cat(final_all) if final_all else None,
+    )
 
 
 def _offsets(snippets: Sequence[Snippet]) -> list[int]:
@@ -188,33 +200,61 @@ def relative_error(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor
     return ((student - teacher).pow(2).sum(-1) / teacher.pow(2).sum(-1).clamp_min(1e-6)).mean()
 
 
+def next_token_kl(
+    model: PreTrainedModel, student: torch.Tensor, teacher: torch.Tensor
+) -> torch.Tensor:
+    """KL(original || MedTPE) of the next-token distributions read through the LM head from
+    last-layer states [N, hidden] of both sides, the mean over the N positions."""
+    head = model.get_output_embeddings()
+    mine = torch.log_softmax(head(student).float(), -1)
+    theirs = torch.log_softmax(head(teacher.to(student.device, student.dtype)).float(), -1)
+    return torch.nn.functional.kl_div(mine, theirs, log_target=True, reduction="batchmean")
+
+
+class _Targets(NamedTuple):
+    """The teacher's states a batch is matched against (`TeacherStates`, the batch's rows)."""
+
+    states: torch.Tensor
+    last: torch.Tensor | None
+    final: torch.Tensor | None
+
+
+def _targets(teacher: TeacherStates, picked: Sequence[int], offsets: Sequence[int]) -> _Targets:
+    """The rows of the `picked` snippets in `teacher` (`offsets`: `_offsets` of its snippets)."""
+    spans = [slice(offsets[k], offsets[k + 1]) for k in picked]
+    final = None if teacher.final is None else torch.cat([teacher.final[s] for s in spans])
+    last = None if teacher.last is None else teacher.last[list(picked)]
+    return _Targets(torch.cat([teacher.states[s] for s in spans]), last, final)
+
+
 def _batch_loss(
     model: PreTrainedModel,
     batch: Sequence[Snippet],
-    target: torch.Tensor,
-    last: torch.Tensor | None,
+    targets: _Targets,
     config: DistillConfig,
     device: torch.device,
     pad: int,
 ) -> torch.Tensor:
     """The relative error of the hidden states, plus `config.last_kl_weight` times the KL of
-    the next-token distributions at each snippet's last aligned position (`last`: the
-    teacher's states there)."""
+    the next-token distributions at each snippet's last aligned position and
+    `config.dense_kl_weight` times their KL at every aligned position."""
     ids, mask = _pad([s.student for s in batch], pad)
     layers = config.layers
     hidden = hidden_at(model, layers, input_ids=ids.to(device), attention_mask=mask.to(device))
     at = _flat_positions(batch, ids.shape[1], 0).to(device)
     student = torch.stack([h.flatten(0, 1)[at] for h in hidden], 1).float()
-    loss = relative_error(student, target.to(device).float())
-    if not config.last_kl_weight:
+    loss = relative_error(student, targets.states.to(device).float())
+    if not (config.last_kl_weight or config.dense_kl_weight):
         return loss
     final = hidden[list(layers).index(FINAL_LAYER)]
-    ends = torch.tensor([s.pairs[-1][0] for s in batch], device=device)
-    head = model.get_output_embeddings()
-    mine = torch.log_softmax(head(final[torch.arange(len(batch), device=device), ends]).float(), -1)
-    theirs = torch.log_softmax(head(last.to(device).to(final.dtype)).float(), -1)
-    kl = torch.nn.functional.kl_div(mine, theirs, log_target=True, reduction="batchmean")
-    return loss + config.last_kl_weight * kl
+    if config.last_kl_weight:
+        ends = torch.tensor([s.pairs[-1][0] for s in batch], device=device)
+        mine = final[torch.arange(len(batch), device=device), ends]
+        loss = loss + config.last_kl_weight * next_token_kl(model, mine, targets.last)
+    if config.dense_kl_weight:
+        mine = final.flatten(0, 1)[at]
+        loss = loss + config.dense_kl_weight * next_token_kl(model, mine, targets.final)
+    return loss
 
 
 @torch.no_grad()
@@ -230,9 +270,8 @@ def _validate(
     total, count = 0.0, 0
     for start in range(0, len(snippets), config.batch_size):
         batch = snippets[start : start + config.batch_size]
-        target = teacher.states[offsets[start] : offsets[start + len(batch)]]
-        last = _last(teacher, list(range(start, start + len(batch))))
-        loss = _batch_loss(model, batch, target, last, config, device, pad)
+        targets = _targets(teacher, range(start, start + len(batch)), offsets)
+        loss = _batch_loss(model, batch, targets, config, device, pad)
         total += loss.item() * len(batch)
         count += len(batch)
     return total / max(count, 1)
@@ -247,23 +286,19 @@ def _cached_teacher(
     pad: int,
 ) -> TeacherStates:
     """The teacher states of `snippets`, read from `path` when a run already computed them for
-    the same snippets and layers (a digest of both names the file)."""
-    key = hashlib.sha256(
-        json.dumps([TEACHER_FORMAT, config.layers, [s.to_json() for s in snippets]]).encode()
-    ).hexdigest()[:12]
+    the same snippets and layers (a digest of both names the file; with the dense KL's
+    float32 states, a name of its own)."""
+    dense = bool(config.dense_kl_weight)
+    named = [TEACHER_FORMAT, config.layers, [s.to_json() for s in snippets]] + ["dense"] * dense
+    key = hashlib.sha256(json.dumps(named).encode()).hexdigest()[:12]
     path = path.with_name(f"{path.stem}-{key}{path.suffix}")
     if path.is_file():
         return TeacherStates(**torch.load(path))
-    states = teacher_states(model, snippets, config.layers, config.batch_size, device, pad)
+    states = teacher_states(model, snippets, config.layers, config.batch_size, device, pad, dense)
     tmp = path.with_suffix(".tmp")
     torch.save(states._asdict(), tmp)
     os.replace(tmp, path)
     return states
-
-
-def _last(teacher: TeacherStates, picked: Sequence[int]) -> torch.Tensor | None:
-    """The teacher's last-position states of the `picked` snippets (None: not kept)."""
-    return None if teacher.last is None else teacher.last[list(picked)]
 
 
 def distill(
@@ -328,9 +363,8 @@ def distill(
         step = state["step"]
         picked = order[step * config.batch_size : (step + 1) * config.batch_size]
         batch = [train[k] for k in picked]
-        target = torch.cat([teacher["train"].states[offsets[k] : offsets[k + 1]] for k in picked])
-        last = _last(teacher["train"], picked)
-        loss = _batch_loss(model, batch, target, last, config, device, pad)
+        targets = _targets(teacher["train"], picked, offsets)
+        loss = _batch_loss(model, batch, targets, config, device, pad)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM)
         optimizer.step()

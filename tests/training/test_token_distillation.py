@@ -1,6 +1,7 @@
 """Token-level distillation (`training.token_distillation`) on a tiny Llama with the real SmolLM2
 tokenizer: the forward stops at the layer matched, only the new rows train and the held-out
-loss falls, a re-run resumes (teacher cache and checkpoint), the `base` output side keeps the
+loss falls, a re-run resumes (teacher cache and checkpoint), the KL over every aligned position
+adds to the loss and trains, the `base` output side keeps the
 base head's rows, its export unties the head, and a student read with a RoPE stretch learns
 against the plain teacher."""
 
@@ -28,7 +29,12 @@ from training.export import (  # noqa: E402
     write_rows_into,
 )
 from training.rope_stretch import stretch_rope  # noqa: E402
-from training.token_distillation import CHECKPOINT_FILE, distill, hidden_at  # noqa: E402
+from training.token_distillation import (  # noqa: E402
+    CHECKPOINT_FILE,
+    distill,
+    hidden_at,
+    next_token_kl,
+)
 
 LINES = [
     f"{t} Heart Rate [bpm] {80 + i}; Arterial Blood Pressure systolic [mmHg] {110 + i}; "
@@ -123,6 +129,31 @@ def test_a_stretched_student_learns_against_the_plain_teacher(
     with pytest.raises(ValueError, match="rope_stretch"):
         DistillConfig(rope_stretch=1.0)
     assert (runs["plain"].rows.rope_stretch, runs["stretched"].rows.rope_stretch) == (None, 2.0)
+
+
+def test_the_dense_kl_reads_every_aligned_position_and_trains(
+    base_dir: Path, tokenizer: MedTPETokenizer, tmp_path: Path
+) -> None:
+    train, val = _snippets(tokenizer, LINES[:12]), _snippets(tokenizer, LINES[36:])
+    plain = DistillConfig(lr=3e-2, batch_size=8, epochs=1, eval_every=2)
+    dense = replace(plain, dense_kl_weight=50.0)
+    runs = {}
+    for name, config in (("plain", plain), ("dense", dense)):
+        runs[name] = distill(base_dir, tokenizer, train, val, tmp_path / name, config, device="cpu")
+    # the same start, a loss that adds the KL over every aligned position of the held-out snippets
+    assert runs["dense"].initial_val_loss > runs["plain"].initial_val_loss
+    assert runs["dense"].best_val_loss < runs["dense"].initial_val_loss
+    cached = torch.load(next((tmp_path / "dense").glob("train-teacher-*.pt")))
+    assert cached["final"].dtype == torch.float32
+    width = tiny_llama_model().config.hidden_size
+    assert cached["final"].shape == (sum(len(s.pairs) for s in train), width)
+    assert torch.load(next((tmp_path / "plain").glob("train-teacher-*.pt")))["final"] is None
+    model = tiny_llama_model()
+    states = torch.randn(5, model.config.hidden_size)
+    assert next_token_kl(model, states, states).item() == pytest.approx(0.0, abs=1e-6)
+    assert next_token_kl(model, states, states.flip(0)).item() > 0
+    with pytest.raises(ValueError, match="dense_kl_weight"):
+        DistillConfig(dense_kl_weight=1.0, layers=(1,))
 
 
 @pytest.mark.parametrize("stretch", [None, 1.88])
