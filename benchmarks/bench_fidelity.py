@@ -58,6 +58,7 @@ import itertools
 import json
 import random
 import sys
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -205,9 +206,10 @@ def diagnose(args: argparse.Namespace) -> None:
                 ).tolist()
             for scale in args.position_scale:  # what one RoPE scale for every prompt recovers
                 positions[f"@x{scale:g}"] = (np.arange(len(seg.medtpe_ids)) * scale).tolist()
-            readings = [(suffix, at, None) for suffix, at in positions.items()] + [
-                (f"@yarn{stretch:g}", None, stretch) for stretch in args.rope_stretch
+            readings = [(suffix, at, None, None) for suffix, at in positions.items()] + [
+                (f"@yarn{stretch:g}", None, stretch, None) for stretch in args.rope_stretch
             ]
+            readings += [(f"@tail{k}", None, None, k) for k in args.plain_tail]
             masks = {MERGED_KEYS: merged_keys_mask} if args.merged_keys else {}
             if args.merged_keys_weighted:
                 masks[MERGED_KEYS + "-weighted"] = merged_keys_bias
@@ -225,14 +227,17 @@ def diagnose(args: argparse.Namespace) -> None:
                     "top_is_new": False,
                     "hidden_keys": int(len(seg.original_ids) - len(np.unique(kept))),
                 }
-            for (name, variant_rows, output), (suffix, at, stretch) in itertools.product(
+            for (name, variant_rows, output), (suffix, at, stretch, tail) in itertools.product(
                 variants, readings
             ):
                 model.set_rows(new_ids, variant_rows, output)
                 if stretch is None and variant_rows is not None:  # read as its export serves it
                     stretch = variant_rows.rope_stretch
                 model.set_rope_stretch(stretch)
-                scored = model.score(seg.medtpe_ids, at)
+                ids = seg.medtpe_ids
+                if tail is not None:
+                    ids = plain_tail(tokenizer, seg.original_ids, tail)
+                scored = model.score(ids, at)
                 model.set_rope_stretch(None)
                 p = predictors["medtpe"].option_probabilities(task, scored.top_logprobs)
                 error = []
@@ -245,6 +250,7 @@ def diagnose(args: argparse.Namespace) -> None:
                     "new_id_mass": scored.new_id_mass,
                     "layer_error": [round(float(e), 5) for e in error],
                     "top_is_new": max(scored.top_logprobs, key=scored.top_logprobs.get) in new_ids,
+                    "n_ids": len(ids),
                 }
             rows.append(row)
         results["budgets"][str(budget)] = {
@@ -256,6 +262,13 @@ def diagnose(args: argparse.Namespace) -> None:
                 budget, name, json.dumps({k: v for k, v in figures.items() if k != "layer_error"})
             )
         write_results(args.out, " ".join(sys.argv), results)  # each budget kept as it ends
+
+
+def plain_tail(tokenizer: MedTPETokenizer, original: Sequence[int], k: int) -> list[int]:
+    """The prompt's MedTPE ids with its last `k` original tokens left unmerged (the same text:
+    merges never cross the cut): does the drift come from merges near the answer?"""
+    cut = max(len(original) - k, 0)
+    return [*tokenizer.encode_ids(list(original[:cut])), *original[cut:]]
 
 
 MERGED_KEYS = "merged-keys"
@@ -784,6 +797,14 @@ def main(argv: list[str] | None = None) -> None:
         type=Path,
         help="an earlier diagnose run (same data, model and budgets): the original's readings "
         "of the points it holds are taken from it, not recomputed (no layer errors there)",
+    )
+    d.add_argument(
+        "--plain-tail",
+        type=int,
+        action="append",
+        default=[],
+        help="also read each set of rows with the prompt's last K original tokens left "
+        "unmerged (the question and the record's end read as the original reads them)",
     )
     d.add_argument("--threads", type=int, default=None)
     d.add_argument("--device", default="cpu", help="torch device: cpu, cuda")
