@@ -6,6 +6,10 @@ rows of a kept build work directory. Writes the rows into a copy of its tokenize
 for `bench_fidelity diagnose --rows NAME=OUT:base`.
 
     python -m benchmarks.bench_distill_answer_windows --weight 100 --out .cache/exp/w100
+
+`--unmerged-tail K` leaves each window's last K original tokens unmerged on the student's side
+(`medtpe_core.snippets.plain_tail`: rows for prompts served so; read them with `bench_fidelity
+diagnose --plain-tail K`); `--windows N` keeps the first N training windows (the CPU's budget).
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ def main() -> None:
     parser.add_argument("--base", type=Path, default=Path(".cache/models/smollm2-135m-instruct"))
     parser.add_argument("--work", type=Path, default=DEFAULT_WORK, help="a kept build work dir")
     parser.add_argument("--weight", type=float, default=100.0, help="the answer KL's weight")
+    parser.add_argument("--unmerged-tail", type=int, default=0, help="original tokens at the end")
+    parser.add_argument("--windows", type=int, default=None, help="training windows kept")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     config = build_config(args.config, {"base": args.base})
@@ -50,10 +56,18 @@ def main() -> None:
         prompts = [r["prompt"] for r in read_records(args.work / f"{split}.jsonl")]
         encoded = [tokenizer.base_encode(p, special_tokens=True) for p in prompts]
         windows[split] = [
-            cut(tokenizer, ids, stage.snippet_tokens, opening(tokenizer, ids), tail=True)[-1]
+            cut(
+                tokenizer,
+                ids,
+                stage.snippet_tokens,
+                opening(tokenizer, ids),
+                tail=True,
+                unmerged_tail=args.unmerged_tail,
+            )[-1]
             for ids in encoded
             if len(ids) >= stage.snippet_tokens
         ]
+    windows["train"] = windows["train"][: args.windows]
     n_train, n_val = len(windows["train"]), len(windows["val"])
     stage = replace(stage, last_kl_weight=args.weight, snippets=n_train, val_snippets=n_val)
     stage = replace(stage, eval_every=max(1, n_train // 4))

@@ -58,7 +58,6 @@ import itertools
 import json
 import random
 import sys
-from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,6 +71,7 @@ from evaluation.results import RecordResult
 from evaluation.stored_report import mode_results
 from medtpe_core.fidelity import PairedAnswer, fidelity, logit_shift, paired_difference
 from medtpe_core.results_file import write_results
+from medtpe_core.snippets import plain_tail
 from medtpe_core.tokenizer import MedTPETokenizer
 
 if TYPE_CHECKING:
@@ -262,13 +262,6 @@ def diagnose(args: argparse.Namespace) -> None:
                 budget, name, json.dumps({k: v for k, v in figures.items() if k != "layer_error"})
             )
         write_results(args.out, " ".join(sys.argv), results)  # each budget kept as it ends
-
-
-def plain_tail(tokenizer: MedTPETokenizer, original: Sequence[int], k: int) -> list[int]:
-    """The prompt's MedTPE ids with its last `k` original tokens left unmerged (the same text:
-    merges never cross the cut): does the drift come from merges near the answer?"""
-    cut = max(len(original) - k, 0)
-    return [*tokenizer.encode_ids(list(original[:cut])), *original[cut:]]
 
 
 MERGED_KEYS = "merged-keys"

@@ -145,12 +145,13 @@ class MedTPETokenizer:
             out.append(ids)
         return out
 
-    def encode_ids(self, base_ids: Sequence[int]) -> list[int]:
-        """MedTPE ids from base ids (evicted tokens split, TPE pairs merged). As lossy as the base
-        ids: what the base tokenizer dropped is not recovered (use `encode` on the text); never
-        yields byte-fallback ids."""
-        arr = np.array(base_ids, dtype=np.int64)
-        return self._merge(self._decompose(arr)).tolist()
+    def encode_ids(self, base_ids: Sequence[int], merge: bool = True) -> list[int]:
+        """MedTPE ids from base ids (evicted tokens split, TPE pairs merged; `merge=False`: only
+        split, the text in the base model's own tokens). As lossy as the base ids: what the base
+        tokenizer dropped is not recovered (use `encode` on the text); never yields byte-fallback
+        ids."""
+        arr = self._decompose(np.array(base_ids, dtype=np.int64))
+        return (self._merge(arr) if merge else arr).tolist()
 
     def pair_of(self, token_id: int) -> tuple[int, int] | None:
         """The (left, right) ids a TPE token merges, each a base or an earlier TPE token; None
