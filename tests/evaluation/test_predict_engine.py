@@ -47,6 +47,17 @@ def _predict(
     return done
 
 
+def _same_rows(ours: pa.Table, theirs: pa.Table) -> None:
+    """The same rows; probabilities within float32 rounding: an engine given another number of
+    cores sums in another order (seen: 0.9258389085 against 0.9258389107 with three test
+    workers)."""
+    assert ours.column_names == theirs.column_names and ours.num_rows == theirs.num_rows
+    for mine, other in zip(ours.to_pylist(), theirs.to_pylist(), strict=True):
+        for name, value in mine.items():
+            expected = pytest.approx(value, abs=1e-6) if isinstance(value, float) else value
+            assert other[name] == expected, name
+
+
 def _files(out: Path) -> list[str]:
     return sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
 
@@ -82,10 +93,10 @@ def test_local_and_ray_predict_the_same(service_files: tuple[Path, Path], tmp_pa
         ours = pq.read_table(local / f"{name}.parquet")
         theirs = pq.read_table(ray / f"{name}.parquet")
         PredictionSchema.align(ours)
-        assert ours.to_pylist() == theirs.to_pylist()
+        _same_rows(ours, theirs)
         ours = pq.read_table(local / f"{name}.records.pq").drop_columns(["generate_s"])
         theirs = pq.read_table(ray / f"{name}.records.pq").drop_columns(["generate_s"])
-        assert ours.to_pylist() == theirs.to_pylist()
+        _same_rows(ours, theirs)
 
     records = pa.concat_tables(pq.read_table(p) for p in sorted(local.rglob("*.records.pq")))
     rows = {r["subject_id"]: r for r in records.to_pylist()}
