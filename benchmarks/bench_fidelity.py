@@ -206,10 +206,14 @@ def diagnose(args: argparse.Namespace) -> None:
                 ).tolist()
             for scale in args.position_scale:  # what one RoPE scale for every prompt recovers
                 positions[f"@x{scale:g}"] = (np.arange(len(seg.medtpe_ids)) * scale).tolist()
-            readings = [(suffix, at, None, None) for suffix, at in positions.items()] + [
-                (f"@yarn{stretch:g}", None, stretch, None) for stretch in args.rope_stretch
+            medtpe = seg.medtpe_ids
+            readings = [(suffix, medtpe, at, None) for suffix, at in positions.items()] + [
+                (f"@yarn{stretch:g}", medtpe, None, stretch) for stretch in args.rope_stretch
             ]
-            readings += [(f"@tail{k}", None, None, k) for k in args.plain_tail]
+            readings += [  # the same text, its end unmerged: once per point, not per set of rows
+                (f"@tail{k}", plain_tail(tokenizer, seg.original_ids, k), None, None)
+                for k in args.plain_tail
+            ]
             masks = {MERGED_KEYS: merged_keys_mask} if args.merged_keys else {}
             if args.merged_keys_weighted:
                 masks[MERGED_KEYS + "-weighted"] = merged_keys_bias
@@ -227,16 +231,13 @@ def diagnose(args: argparse.Namespace) -> None:
                     "top_is_new": False,
                     "hidden_keys": int(len(seg.original_ids) - len(np.unique(kept))),
                 }
-            for (name, variant_rows, output), (suffix, at, stretch, tail) in itertools.product(
+            for (name, variant_rows, output), (suffix, ids, at, stretch) in itertools.product(
                 variants, readings
             ):
                 model.set_rows(new_ids, variant_rows, output)
                 if stretch is None and variant_rows is not None:  # read as its export serves it
                     stretch = variant_rows.rope_stretch
                 model.set_rope_stretch(stretch)
-                ids = seg.medtpe_ids
-                if tail is not None:
-                    ids = plain_tail(tokenizer, seg.original_ids, tail)
                 scored = model.score(ids, at)
                 model.set_rope_stretch(None)
                 p = predictors["medtpe"].option_probabilities(task, scored.top_logprobs)
