@@ -339,7 +339,9 @@ def time_distill(args: argparse.Namespace) -> None:
     (`--base`); seconds of each step, the distillation's own record (teacher and training
     seconds per stage, losses); with `--rows-out`, the distilled rows (an artefact directory
     `bench_fidelity diagnose` reads). `--float32` keeps the frozen weights in float32 on CUDA
-    (a CUDA build loads them in bfloat16): the arithmetic of a CPU build."""
+    (a CUDA build loads them in bfloat16): the arithmetic of a CPU build. `--build-dir` builds
+    there instead of in a temporary directory, its work directory (`<dir>/.build`) kept: what
+    `bench_distill_answer_windows --work` reads, and a second run resumes it."""
     import torch
 
     import training.ssft as ssft
@@ -354,7 +356,8 @@ def time_distill(args: argparse.Namespace) -> None:
         else:
             base = random_checkpoint(QWEN25_15B, args.tokenizer, Path(tmp) / "base")
             model = "qwen2.5-1.5b (random weights)"
-        overrides = {"base": base, "meds": args.meds, "out": Path(tmp) / "out"}
+        out = args.build_dir or Path(tmp) / "out"
+        overrides = {"base": base, "meds": args.meds, "out": out}
         build = ArtefactBuild(build_config(args.config, overrides | {"device": args.device}))
         for name, step in build.steps():
             started = time.perf_counter()
@@ -405,6 +408,7 @@ def main() -> None:
     model.add_argument("--base", type=Path, help="a real base model dir")
     distill.add_argument("--float32", action="store_true", help="frozen weights in float32")
     distill.add_argument("--rows-out", type=Path, help="copy the distilled rows here")
+    distill.add_argument("--build-dir", type=Path, help="build here, its work dir kept")
     distill.add_argument("--meds", type=Path, default=Path("../shared/data/mimic-iv-demo-meds"))
     distill.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     distill.add_argument("--out", type=Path, required=True)

@@ -23,6 +23,7 @@ from medtpe_core.fhir import (
 )
 from medtpe_core.meds import SubjectEvents
 from medtpe_core.render import render_record
+from service.json_body import decode_body
 from tests.support.clinosim_bundles import read_bundles
 from tests.support.paths import ROOT
 
@@ -459,6 +460,21 @@ def test_valid_resources_never_raise_anything_but_fhir_input_error(
     assert first.counts.n_resources == len(data["entry"])
     if prediction_time is not None:
         assert all(e.time is None or e.time <= prediction_time for e in first.events)
+    assert _read_as_predict_reads(data, prediction_time) == first
+
+
+def _outcome(data: Any, prediction_time: datetime | None = None) -> Any:
+    """The record, or the error's message and location."""
+    try:
+        return meds_from_fhir(data, mapping=MAPPING, prediction_time=prediction_time)
+    except FhirInputError as exc:
+        return exc.message, exc.loc
+
+
+def _read_as_predict_reads(data: Any, prediction_time: datetime | None = None) -> Any:
+    """The outcome of `data` as `/predict`'s body reader gives it: its resources as JSON text."""
+    body = decode_body(json.dumps({"task": "icu_mortality", "bundle": data}).encode())
+    return _outcome(body["bundle"], prediction_time)
 
 
 _json = st.recursive(
@@ -493,6 +509,7 @@ _resource_types = st.sampled_from(
     )
 )
 def test_any_json_bundle_raises_nothing_but_fhir_input_error(data: dict) -> None:
+    assert _read_as_predict_reads(data) == _outcome(data)  # its resources as text or as objects
     try:
         record = meds_from_fhir(data, mapping=MAPPING)
     except FhirInputError as exc:
