@@ -169,3 +169,13 @@ def test_events_or_bundle(instant_api: Api, body: dict) -> None:
     response = post(instant_api, "/predict", body)
     assert response.status_code == 422, response.text
     assert response.json()["error"] == "invalid_request"
+
+
+def test_a_bundle_where_none_is_taken_is_a_422_naming_it(instant_api: Api) -> None:
+    """Its resources are read as JSON text (`service.json_body`): refused as a field all the
+    same, never a 500 from an error body that would echo them."""
+    events = [{"subject_id": 1, "time": None, "code": "X"}]
+    body = {"task": "icu_mortality", "events": events, "bundle": SAMPLE}
+    response = post(instant_api, "/tokenize", body)
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"] == ["body", "bundle"]
