@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 
 from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.tokenizer import MedTPETokenizer
-from tests.support.service_support import ENGINE_DTYPE, free_port
+from tests.support.service_support import ENGINE_DTYPE, READY_POLL_S, free_port
 
 openai = pytest.importorskip("openai")
 
@@ -66,7 +66,7 @@ class VllmServer:
                     return
             except httpx.TransportError:
                 pass
-            time.sleep(1)
+            time.sleep(READY_POLL_S)
         raise TimeoutError(f"vllm not up:\n{self.log_path.read_text()[-4000:]}")
 
     def stop(self) -> None:

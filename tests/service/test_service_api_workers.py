@@ -26,6 +26,7 @@ import psutil
 import pytest
 
 from tests.support.service_support import (
+    READY_POLL_S,
     SERVICE_API_KEY,
     ServiceProcess,
     metric_value,
@@ -73,11 +74,11 @@ def server(
     )
     log = tmp_path_factory.mktemp("api-workers") / "service.log"
     with running_service(env, log) as process:
-        for _ in range(300):
+        for _ in range(int(300 / READY_POLL_S)):
             pids = ready_pids(httpx.get(process.url + "/metrics").text)
             if len(pids) == N_PROCESSES and all(v == 1.0 for v in pids.values()):
                 break
-            time.sleep(1)
+            time.sleep(READY_POLL_S)
         else:
             raise TimeoutError(f"not every API process became ready:\n{process.log()[-4000:]}")
         yield process

@@ -136,6 +136,10 @@ def service_artefact(cache: Path) -> tuple[Path, Path]:
     return artefact, export
 
 
+READY_POLL_S = 0.25
+"""How often a test asks a starting server whether it is ready: each start waits half of it on
+average past the moment it is."""
+
 ENGINE_DTYPE = "float32"
 """The test engines' dtype. The development and CI machines' CPUs (AVX2, no native bfloat16)
 compute vLLM's default bfloat16 through a slow fallback: one thread, a 300 x 576 by 576 x 1536
@@ -236,7 +240,7 @@ class ServiceProcess:
                     return
             except httpx.TransportError:
                 pass
-            time.sleep(1)
+            time.sleep(READY_POLL_S)
         raise TimeoutError(f"service not ready after {timeout_s} s:\n{self.log()[-4000:]}")
 
     def engine_core_pids(self) -> list[int]:
