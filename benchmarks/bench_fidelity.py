@@ -58,6 +58,7 @@ import itertools
 import json
 import random
 import sys
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,7 +70,14 @@ from tqdm.auto import tqdm
 
 from evaluation.results import RecordResult
 from evaluation.stored_report import mode_results
-from medtpe_core.fidelity import PairedAnswer, fidelity, logit_shift, paired_difference
+from medtpe_core.fidelity import (
+    PairedAnswer,
+    fidelity,
+    logit_agreement,
+    logit_shift,
+    paired_difference,
+    paired_r_difference,
+)
 from medtpe_core.results_file import write_results
 from medtpe_core.snippets import plain_tail
 from medtpe_core.tokenizer import MedTPETokenizer
@@ -341,12 +349,15 @@ def _diagnosis_summary(
 
 
 def _differences(
-    paired: dict[str, list[PairedAnswer]], resamples: int
+    paired: dict[str, list[PairedAnswer]],
+    resamples: int,
+    difference: Callable[..., dict[str, Any]] = paired_difference,
 ) -> dict[str, dict[str, Any]]:
-    """Every two sets' paired difference of |Δp| ("b - a", in the order given)."""
+    """Every two sets' paired `difference` ("b - a", in the order given): of the mean |Δp|
+    (`paired_difference`) or of the logits' r (`paired_r_difference`)."""
     names = list(paired)
     return {
-        f"{b} - {a}": paired_difference(paired[a], paired[b], resamples)
+        f"{b} - {a}": difference(paired[a], paired[b], resamples)
         for i, a in enumerate(names)
         for b in names[i + 1 :]
     }
@@ -378,18 +389,20 @@ def served(args: argparse.Namespace) -> None:
     ):
         by_key = {r["key"]: r for r in exact[budget]["records"]}
         records = run["records"]
-        floor = fidelity(
-            [
-                PairedAnswer(
-                    r["subject_id"], None, None, by_key[r["key"]]["p_original"], r["p_original"]
-                )
-                for r in records
-            ],
-            args.resamples,
-        )
+        floor_pairs = [
+            PairedAnswer(
+                r["subject_id"], None, None, by_key[r["key"]]["p_original"], r["p_original"]
+            )
+            for r in records
+        ]
+        floor = fidelity(floor_pairs, args.resamples)
         figures: dict[str, Any] = {
             "points": len(records),
-            "floor": {"delta_p_mean": floor["delta_p_mean"], "delta_p_p95": floor["delta_p_p95"]},
+            "floor": {
+                "delta_p_mean": floor["delta_p_mean"],
+                "delta_p_p95": floor["delta_p_p95"],
+                "agreement": logit_agreement(floor_pairs, "yes", args.resamples),
+            },
             "rows": {},
         }
         for name, summary in run["summary"].items():
@@ -399,6 +412,16 @@ def served(args: argparse.Namespace) -> None:
                 "delta_p_mean": summary["delta_p_mean"],
                 "delta_p_p95": summary["delta_p_p95"],
                 "to_floor": summary["delta_p_mean"]["value"] / floor["delta_p_mean"]["value"],
+                "agreement": logit_agreement(
+                    [
+                        PairedAnswer(
+                            r["subject_id"], None, None, r["p_original"], r["variants"][name]["p"]
+                        )
+                        for r in records
+                    ],
+                    "yes",
+                    args.resamples,
+                ),
                 "answers_differ": {
                     dtype: sum(
                         _answer(r["p_original"]) != _answer(r["variants"][name]["p"]) for r in rows
@@ -738,8 +761,10 @@ def readings(args: argparse.Namespace) -> None:
             "delta_p_mean": figures["delta_p_mean"],
             "delta_p_p95": figures["delta_p_p95"]["value"],
             "shift": logit_shift(answers, "yes", args.resamples),
+            "agreement": logit_agreement(answers, "yes", args.resamples),
         }
     results["differences"] = _differences(paired, args.resamples)
+    results["r_differences"] = _differences(paired, args.resamples, paired_r_difference)
     print(json.dumps(results, indent=1))
     write_results(args.out, " ".join(sys.argv), results)
 

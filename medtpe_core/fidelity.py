@@ -33,7 +33,14 @@ from typing import Any
 
 import numpy as np
 
-from medtpe_core.metrics import DEFAULT_RESAMPLES, Interval, subject_resample_weights
+from medtpe_core.metrics import (
+    DEFAULT_RESAMPLES,
+    Interval,
+    interval,
+    paired_interval,
+    pearson_scores,
+    subject_resample_weights,
+)
 
 KL_FLOOR = 1e-6
 """Probability given to an option one side did not rank, before renormalising (KL stays finite)."""
@@ -228,20 +235,15 @@ def logit_shift(
     >>> round(shape["shift_mean"]["value"], 3), shape["n_lower"], round(shape["residual_mean"], 6)
     (0.811, 4, 0.0)
     """
-    both = [
-        (p.subject_id, p.probs_original[option], p.probs_medtpe[option])
-        for p in pairs
-        if p.probs_original and p.probs_medtpe
-        if 0 < p.probs_original.get(option, 0) < 1 and 0 < p.probs_medtpe.get(option, 0) < 1
-    ]
-    if not both:
+    subjects, original_logit, medtpe_logit = _option_logits(pairs, option)
+    if not len(subjects):
         return {"n": 0}
-    subjects, original, medtpe = (np.array(column) for column in zip(*both, strict=True))
-    shift = _logit(original) - _logit(medtpe)
+    original, medtpe = _sigmoid(original_logit), _sigmoid(medtpe_logit)
+    shift = original_logit - medtpe_logit
     weights = subject_resample_weights(list(subjects), n_resamples, seed)
-    corrected = 1 / (1 + np.exp(-(_logit(medtpe) + shift.mean())))
+    corrected = _sigmoid(medtpe_logit + shift.mean())
     return {
-        "n": len(both),
+        "n": len(subjects),
         "signed_mean": float((medtpe - original).mean()),
         "n_lower": int((medtpe < original).sum()),
         "shift_mean": Interval.from_samples(
@@ -254,6 +256,88 @@ def logit_shift(
         "sensitivity_mean": float((original * (1 - original)).mean()),
         "residual_mean": float(np.abs(corrected - original).mean()),
     }
+
+
+def _has_logit(pair: PairedAnswer, option: str) -> bool:
+    """Both models give `option` a probability strictly between 0 and 1."""
+    return bool(pair.probs_original and pair.probs_medtpe) and all(
+        0 < probs.get(option, 0) < 1 for probs in (pair.probs_original, pair.probs_medtpe)
+    )
+
+
+def _option_logits(
+    pairs: Sequence[PairedAnswer], option: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(subjects, original logits, MedTPE logits) of `option` on the records `_has_logit`."""
+    kept = [p for p in pairs if _has_logit(p, option)]
+    subjects = np.array([p.subject_id for p in kept], dtype=int)
+    original = np.array([p.probs_original[option] for p in kept], dtype=float)
+    medtpe = np.array([p.probs_medtpe[option] for p in kept], dtype=float)
+    return subjects, _logit(original), _logit(medtpe)
+
+
+def logit_agreement(
+    pairs: Sequence[PairedAnswer],
+    option: str,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 1,
+) -> dict[str, Any]:
+    """How much of the original model's record-to-record variation of `option`'s probability
+    the MedTPE model keeps, as JSON: the Pearson r of the two models' logits over the records
+    (what a ranking, and so AUROC, reads) with its patient-level bootstrap interval; each side's
+    logit SD across records; and `constant_delta_p_mean`, the mean |Δp| of reading no record at
+    all (each record given the original's mean logit over the other patients' records). Where
+    the original's probability barely varies between records, a mean |Δp| near that constant's
+    says the MedTPE probability follows the record no better than ignoring it; r tells them apart.
+
+    >>> pairs = [PairedAnswer(k, 1, 1, {"yes": p}, {"yes": p - 0.05}) for k, p in
+    ...          enumerate([0.6, 0.7, 0.8, 0.9])]
+    >>> agreement = logit_agreement(pairs, "yes", n_resamples=10)
+    >>> round(agreement["r"]["value"], 3), round(agreement["constant_delta_p_mean"], 3)
+    (0.999, 0.135)
+    """
+    subjects, original, medtpe = _option_logits(pairs, option)
+    if len(np.unique(subjects)) < 2:
+        return {"n": len(subjects)}
+    weights = subject_resample_weights(list(subjects), n_resamples, seed)
+    others = np.array([original[subjects != s].mean() for s in subjects])
+    return {
+        "n": len(subjects),
+        "r": interval(pearson_scores, original, medtpe, weights=weights).to_json(),
+        "sd_original": float(original.std()),
+        "sd_medtpe": float(medtpe.std()),
+        "constant_delta_p_mean": float(np.abs(_sigmoid(others) - _sigmoid(original)).mean()),
+    }
+
+
+def paired_r_difference(
+    first: Sequence[PairedAnswer],
+    second: Sequence[PairedAnswer],
+    n_resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 1,
+    option: str = "yes",
+) -> dict[str, Any]:
+    """The r of `second` minus that of `first` (`logit_agreement`), two artefacts answering the
+    same records (same order), on the records where both have `option`'s logits, with its
+    patient-level paired bootstrap interval, as JSON."""
+    if [p.subject_id for p in first] != [p.subject_id for p in second]:
+        raise ValueError("paired artefacts must answer the same records in the same order")
+    keep = [
+        k
+        for k, (a, b) in enumerate(zip(first, second, strict=True))
+        if _has_logit(a, option) and _has_logit(b, option)
+    ]
+    if len({first[k].subject_id for k in keep}) < 2:
+        return Interval(None, None, None, 0).to_json() | {"n": len(keep)}
+    subjects, original, a = _option_logits([first[k] for k in keep], option)
+    _, original_b, b = _option_logits([second[k] for k in keep], option)
+    weights = subject_resample_weights(list(subjects), n_resamples, seed)
+    difference = paired_interval(pearson_scores, (original, a), (original_b, b), weights=weights)
+    return difference.to_json() | {"n": len(keep)}
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1 / (1 + np.exp(-x))
 
 
 def _logit(p: np.ndarray) -> np.ndarray:

@@ -256,17 +256,27 @@ def agreement(
     }
 
 
-def pearson(x: ArrayLike, y: ArrayLike) -> float | None:
-    """Pearson correlation of two equal-length series; None for fewer than two points or a
-    constant series (undefined)."""
+def pearson_scores(x: ArrayLike, y: ArrayLike, weights: ArrayLike | None = None) -> np.ndarray:
+    """Pearson correlation of two equal-length series per weight row (each row's weights as
+    repeat counts); NaN where a row leaves fewer than two points or a constant series."""
     a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError(f"x {a.shape} and y {b.shape} must be equal 1-D shapes")
-    if a.size < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
-        return None
-    da, db = a - a.mean(), b - b.mean()
-    r = (da * db).sum() / np.sqrt((da * da).sum() * (db * db).sum())
-    return float(np.clip(r, -1.0, 1.0))
+    w = _weight_rows(weights, len(a))
+    total = w.sum(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        da, db = a - (w @ a)[:, None] / total, b - (w @ b)[:, None] / total
+        covariance = (w * da * db).sum(axis=1)
+        spread = np.sqrt((w * da * da).sum(axis=1) * (w * db * db).sum(axis=1))
+        tiny = 1e-12 * np.sqrt((w * a * a).sum(axis=1) * (w * b * b).sum(axis=1))
+        r = np.where(spread > tiny, covariance / spread, np.nan)
+    return np.clip(r, -1.0, 1.0)
+
+
+def pearson(x: ArrayLike, y: ArrayLike) -> float | None:
+    """Pearson correlation of two equal-length series; None for fewer than two points or a
+    constant series (undefined)."""
+    return _finite(pearson_scores(x, y)[0])
 
 
 def compression_rate(original: int, compressed: int) -> float:

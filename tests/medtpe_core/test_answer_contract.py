@@ -11,7 +11,14 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from medtpe_core.fidelity import PairedAnswer, Thresholds, fidelity, logit_shift
+from medtpe_core.fidelity import (
+    PairedAnswer,
+    Thresholds,
+    fidelity,
+    logit_agreement,
+    logit_shift,
+    paired_r_difference,
+)
 from medtpe_core.tasks import get_task
 from medtpe_core.tasks.answers import (
     ANSWER_END,
@@ -108,6 +115,39 @@ def test_fidelity_figures_by_hand():
     assert report["generated_tokens_mean"] == {"original": 0.75, "medtpe": 1.0}
     assert report["fcr_strict"]["medtpe"] == 0.75 and report["trailing_text"]["medtpe"] == 1
     assert report["answer_counts"]["original"] == {"false": 1, "null": 1, "true": 2}
+
+
+def test_logit_agreement_tells_a_kept_ranking_from_noise_about_a_constant():
+    """An original whose p barely varies: MedTPE readings as far from it as its own spread
+    either follow it (a kept ranking: r near 1) or not (noise: r near 0, and a mean |Δp| no
+    better than the constant that reads no record)."""
+    rng = np.random.default_rng(5)
+    logit = 1.8 + rng.normal(0, 0.15, 60)
+    sides = {
+        "kept": logit * 1.5 - 0.9,  # the same ranking, stretched
+        "noise": 1.8 + rng.normal(0, 0.2, 60),
+    }
+    original = 1 / (1 + np.exp(-logit))
+    pairs = {
+        name: [
+            pair(k // 3, True, True, o, m)
+            for k, (o, m) in enumerate(zip(original, 1 / (1 + np.exp(-side)), strict=True))
+        ]
+        for name, side in sides.items()
+    }
+    kept, noise = (logit_agreement(pairs[n], "yes", n_resamples=200) for n in ("kept", "noise"))
+    assert kept["n"] == noise["n"] == 60
+    assert kept["r"]["value"] == pytest.approx(1.0) and kept["r"]["low"] > 0.99
+    assert noise["r"]["low"] < 0 < noise["r"]["high"] < 0.6
+    assert kept["sd_medtpe"] == pytest.approx(1.5 * kept["sd_original"])
+    assert kept["constant_delta_p_mean"] == noise["constant_delta_p_mean"]
+    noise_delta = fidelity(pairs["noise"], n_resamples=20)["delta_p_mean"]["value"]
+    assert noise_delta > noise["constant_delta_p_mean"]
+    difference = paired_r_difference(pairs["noise"], pairs["kept"], n_resamples=200)
+    assert difference["n"] == 60 and 0.5 < difference["low"] < difference["value"] < 1.0
+    with pytest.raises(ValueError, match="same records"):
+        paired_r_difference(pairs["kept"], pairs["kept"][1:])
+    assert logit_agreement(pairs["kept"][:3], "yes") == {"n": 3}  # one patient: no interval
 
 
 def test_gate_thresholds():

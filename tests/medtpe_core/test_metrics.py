@@ -25,6 +25,7 @@ from medtpe_core.metrics import (
     interval,
     paired_interval,
     pearson,
+    pearson_scores,
     subject_resample_weights,
     wrong_prediction,
 )
@@ -86,6 +87,16 @@ def test_pearson():
     assert pearson([1, 2, 3], [6, 4, 2]) == pytest.approx(-1.0)
     assert pearson([0.7, 0.7, 0.7], [0.1, 0.2, 0.3]) is None  # constant: undefined
     assert pearson([0.5], [0.4]) is None
+
+
+def test_pearson_scores_weigh_rows_as_repeats():
+    x, y = np.array([0.1, 0.5, 0.2, 0.9]), np.array([0.3, 0.2, 0.6, 0.8])
+    weights = np.array([[1, 1, 1, 1], [2, 0, 1, 3], [0, 0, 0, 5]])
+    scores = pearson_scores(x, y, weights)
+    assert scores[0] == pytest.approx(pearson(x, y))
+    repeated = np.repeat(np.arange(4), [2, 0, 1, 3])
+    assert scores[1] == pytest.approx(pearson(x[repeated], y[repeated]))
+    assert np.isnan(scores[2])  # one point drawn five times: undefined
 
 
 def _brute_force_auroc(true: np.ndarray, score: np.ndarray) -> float | None:
