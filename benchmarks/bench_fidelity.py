@@ -732,14 +732,20 @@ def pair(args: argparse.Namespace) -> None:
 
 
 def readings(args: argparse.Namespace) -> None:
-    """Readings of `diagnose` runs (`NAME=RUN.json:VARIANT`, at one budget) paired on the points
-    they share: each one's |Δp| against its own run's original reading, every two readings'
-    paired difference (the same points, patient-level bootstrap)."""
+    """Readings of `diagnose` runs (`NAME=RUN.json:VARIANT`, at one budget; `RUN1.json,RUN2.json`
+    joins runs of the same rows on different points) paired on the points they share: each
+    one's |Δp| against its own run's original reading, every two readings' paired difference
+    of |Δp| and of r (the same points, patient-level bootstrap)."""
     by_name = {}
     for name, where in map(_named, args.reading):
-        path, _, variant = where.rpartition(":")
-        run = json.loads(Path(path).read_text())["results"]["budgets"][str(args.budget)]
-        by_name[name] = {r["key"]: (r, variant) for r in run["records"]}
+        paths, _, variant = where.rpartition(":")
+        by_name[name] = {
+            r["key"]: (r, variant)
+            for path in paths.split(",")
+            for r in json.loads(Path(path).read_text())["results"]["budgets"][str(args.budget)][
+                "records"
+            ]
+        }
     keys = [k for k in next(iter(by_name.values())) if all(k in rows for rows in by_name.values())]
     paired = {
         name: [
@@ -893,7 +899,7 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--out", type=Path)
     g.set_defaults(run=general)
     e = steps.add_parser("readings", help="diagnose readings paired on their shared points")
-    e.add_argument("--reading", action="append", required=True, help="NAME=RUN.json:VARIANT")
+    e.add_argument("--reading", action="append", required=True, help="NAME=RUN.json[,...]:VARIANT")
     e.add_argument("--budget", type=int, required=True)
     e.add_argument("--resamples", type=int, default=1000)
     e.add_argument("--out", type=Path)
