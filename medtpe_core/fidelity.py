@@ -194,8 +194,7 @@ def paired_difference(
     >>> round(paired_difference(a, b, n_resamples=10)["value"], 3)
     -0.05
     """
-    if [p.subject_id for p in first] != [p.subject_id for p in second]:
-        raise ValueError("paired artefacts must answer the same records in the same order")
+    _check_paired(first, second)
     both = [
         k
         for k, (a, b) in enumerate(zip(first, second, strict=True))
@@ -212,6 +211,12 @@ def paired_difference(
         "n_better": int((diff < 0).sum()),
         "n_worse": int((diff > 0).sum()),
     }
+
+
+def _check_paired(first: Sequence[PairedAnswer], second: Sequence[PairedAnswer]) -> None:
+    """`ValueError` unless both artefacts answered the same records in the same order."""
+    if [p.subject_id for p in first] != [p.subject_id for p in second]:
+        raise ValueError("paired artefacts must answer the same records in the same order")
 
 
 def logit_shift(
@@ -235,13 +240,12 @@ def logit_shift(
     >>> round(shape["shift_mean"]["value"], 3), shape["n_lower"], round(shape["residual_mean"], 6)
     (0.811, 4, 0.0)
     """
-    subjects, original_logit, medtpe_logit = _option_logits(pairs, option)
+    subjects, original, medtpe = _option_probs(pairs, option)
     if not len(subjects):
         return {"n": 0}
-    original, medtpe = _sigmoid(original_logit), _sigmoid(medtpe_logit)
-    shift = original_logit - medtpe_logit
+    shift = _logit(original) - _logit(medtpe)
     weights = subject_resample_weights(list(subjects), n_resamples, seed)
-    corrected = _sigmoid(medtpe_logit + shift.mean())
+    corrected = _sigmoid(_logit(medtpe) + shift.mean())
     return {
         "n": len(subjects),
         "signed_mean": float((medtpe - original).mean()),
@@ -265,15 +269,15 @@ def _has_logit(pair: PairedAnswer, option: str) -> bool:
     )
 
 
-def _option_logits(
+def _option_probs(
     pairs: Sequence[PairedAnswer], option: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(subjects, original logits, MedTPE logits) of `option` on the records `_has_logit`."""
+    """(subjects, original p, MedTPE p) of `option` on the records `_has_logit`."""
     kept = [p for p in pairs if _has_logit(p, option)]
     subjects = np.array([p.subject_id for p in kept], dtype=int)
     original = np.array([p.probs_original[option] for p in kept], dtype=float)
     medtpe = np.array([p.probs_medtpe[option] for p in kept], dtype=float)
-    return subjects, _logit(original), _logit(medtpe)
+    return subjects, original, medtpe
 
 
 def logit_agreement(
@@ -296,9 +300,10 @@ def logit_agreement(
     >>> round(agreement["r"]["value"], 3), round(agreement["constant_delta_p_mean"], 3)
     (0.999, 0.135)
     """
-    subjects, original, medtpe = _option_logits(pairs, option)
+    subjects, p_original, p_medtpe = _option_probs(pairs, option)
     if len(np.unique(subjects)) < 2:
         return {"n": len(subjects)}
+    original, medtpe = _logit(p_original), _logit(p_medtpe)
     weights = subject_resample_weights(list(subjects), n_resamples, seed)
     others = np.array([original[subjects != s].mean() for s in subjects])
     return {
@@ -306,7 +311,7 @@ def logit_agreement(
         "r": interval(pearson_scores, original, medtpe, weights=weights).to_json(),
         "sd_original": float(original.std()),
         "sd_medtpe": float(medtpe.std()),
-        "constant_delta_p_mean": float(np.abs(_sigmoid(others) - _sigmoid(original)).mean()),
+        "constant_delta_p_mean": float(np.abs(_sigmoid(others) - p_original).mean()),
     }
 
 
@@ -320,8 +325,7 @@ def paired_r_difference(
     """The r of `second` minus that of `first` (`logit_agreement`), two artefacts answering the
     same records (same order), on the records where both have `option`'s logits, with its
     patient-level paired bootstrap interval, as JSON."""
-    if [p.subject_id for p in first] != [p.subject_id for p in second]:
-        raise ValueError("paired artefacts must answer the same records in the same order")
+    _check_paired(first, second)
     keep = [
         k
         for k, (a, b) in enumerate(zip(first, second, strict=True))
@@ -329,10 +333,12 @@ def paired_r_difference(
     ]
     if len({first[k].subject_id for k in keep}) < 2:
         return Interval(None, None, None, 0).to_json() | {"n": len(keep)}
-    subjects, original, a = _option_logits([first[k] for k in keep], option)
-    _, original_b, b = _option_logits([second[k] for k in keep], option)
+    subjects, *first_p = _option_probs([first[k] for k in keep], option)
+    _, *second_p = _option_probs([second[k] for k in keep], option)
     weights = subject_resample_weights(list(subjects), n_resamples, seed)
-    difference = paired_interval(pearson_scores, (original, a), (original_b, b), weights=weights)
+    difference = paired_interval(
+        pearson_scores, [_logit(p) for p in first_p], [_logit(p) for p in second_p], weights=weights
+    )
     return difference.to_json() | {"n": len(keep)}
 
 
