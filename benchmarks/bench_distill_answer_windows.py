@@ -7,9 +7,11 @@ for `bench_fidelity diagnose --rows NAME=OUT:base`.
 
     python -m benchmarks.bench_distill_answer_windows --weight 100 --out .cache/exp/w100
 
-`--unmerged-tail K` leaves each window's last K original tokens unmerged on the student's side
-(`medtpe_core.snippets.plain_tail`: rows for prompts served so; read them with `bench_fidelity
+`--unmerged-tail K` leaves each window's last K ids unmerged on the student's side
+(`MedTPETokenizer.plain_tail`: rows for prompts served so; read them with `bench_fidelity
 diagnose --plain-tail K`); `--windows N` keeps the first N training windows (the CPU's budget).
+The build now runs this stage itself (`long_windows: last` with `plain_tail`, the default
+artefact's `build.yaml`); this script tries other weights and tails on a kept work directory.
 """
 
 from __future__ import annotations

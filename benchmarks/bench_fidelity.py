@@ -79,7 +79,6 @@ from medtpe_core.fidelity import (
     paired_r_difference,
 )
 from medtpe_core.results_file import write_results
-from medtpe_core.snippets import plain_tail
 from medtpe_core.tokenizer import MedTPETokenizer
 
 if TYPE_CHECKING:
@@ -219,7 +218,7 @@ def diagnose(args: argparse.Namespace) -> None:
                 (f"@yarn{stretch:g}", medtpe, None, stretch) for stretch in args.rope_stretch
             ]
             readings += [  # the same text, its end unmerged: once per point, not per set of rows
-                (f"@tail{k}", plain_tail(tokenizer, seg.original_ids, k), None, None)
+                (f"@tail{k}", tokenizer.encode_ids(seg.original_ids, plain_tail=k), None, None)
                 for k in args.plain_tail
             ]
             masks = {MERGED_KEYS: merged_keys_mask} if args.merged_keys else {}

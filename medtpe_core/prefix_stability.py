@@ -12,10 +12,16 @@ The bound, derived from the encoder's three steps:
    position f, every output covering positions before f - 1 is the same: each pass moves the
    difference at most one token to the left, and only `merge_depth` passes can merge anything.
 
-So `encode(a + b)` starts with the first `len(encode(a_head)) - merge_depth` ids of `encode(a)`,
-for every `b`: only the ids of `a`'s last pre-token and at most `merge_depth` ids before them can
-change. Characters spelled by the byte fallback are encoded byte by byte between pieces that are
-encoded separately, which keeps the same bound.
+So (without a plain tail) `encode(a + b)` starts with the first
+`len(encode(a_head)) - merge_depth` ids of `encode(a)`, for every `b`: only the ids of `a`'s last
+pre-token and at most `merge_depth` ids before them can change. Characters spelled by the byte
+fallback are encoded byte by byte between pieces that are encoded separately, which keeps the
+same bound.
+
+4. A plain tail (`MedTPETokenizer.plain_tail`, k ids left unmerged at the end): `encode(a)` is
+   its unmerged ids with all but the last k merged, and the text appended moves the cut; the
+   merging's inputs still agree on `a_head`'s unmerged ids but its last k, so k more ids of
+   `encode(a_head)` can change: the stable length is `len(encode(a_head)) - k - merge_depth`.
 """
 
 from __future__ import annotations
@@ -36,4 +42,5 @@ def last_pretoken_start(tokenizer: MedTPETokenizer, text: str) -> int:
 def stable_prefix_length(tokenizer: MedTPETokenizer, text: str) -> int:
     """How many leading ids of `tokenizer.encode(text)` no appended text can change."""
     head = text[: last_pretoken_start(tokenizer, text)]
-    return max(0, len(tokenizer.encode(head)) - merge_depth(tokenizer.merges))
+    unstable = tokenizer.plain_tail + merge_depth(tokenizer.merges)
+    return max(0, len(tokenizer.encode(head)) - unstable)

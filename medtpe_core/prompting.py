@@ -68,14 +68,11 @@ class Prompt:
 
     def medtpe_ids(self, tokenizer: MedTPETokenizer) -> list[int]:
         """The prompt in MedTPE ids, from the original ids (one base pass serves both), except
-        for a record holding characters only the byte fallback can spell."""
+        for a record holding characters only the byte fallback can spell; the artefact's plain
+        tail (`MedTPETokenizer.plain_tail`) counted over the whole prompt."""
         if not tokenizer.needs_fallback(self.record_text):
             return tokenizer.encode_ids(self.base_ids)
-        return (
-            tokenizer.encode_ids(self.head_ids)
-            + tokenizer.encode(self.record_text)
-            + tokenizer.encode_ids(self.tail_ids)
-        )
+        return tokenizer.encode_parts([self.head_ids, self.record_text, self.tail_ids])
 
 
 class IncompleteWindowError(ValueError):

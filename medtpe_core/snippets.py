@@ -57,7 +57,7 @@ def cut(
     prefix: Sequence[int] = (),
     *,
     tail: bool = False,
-    unmerged_tail: int = 0,
+    unmerged_tail: int | None = 0,
 ) -> list[Snippet]:
     """Consecutive snippets of about `length` base ids (at least `length`, ended at the next
     shared end) covering `base_ids`, each led on both sides by the ids `prefix` (e.g. the
@@ -66,8 +66,9 @@ def cut(
     the student grow that sink at a later position instead, a relative error of 10^4 there).
     The rest shorter than `length` is dropped, unless `tail`: then one more snippet ends at the
     last id (overlapping the one before), so a prompt's answer position is read too. The
-    student's ids leave the last `unmerged_tail` base ids unmerged (`plain_tail`)."""
-    ids = plain_tail(tokenizer, base_ids, unmerged_tail)
+    student's ids leave the last `unmerged_tail` ids unmerged (`MedTPETokenizer.plain_tail`;
+    None: the artefact's own, as a served prompt is encoded)."""
+    ids = tokenizer.encode_ids(base_ids, plain_tail=unmerged_tail)
     s_ends, t_ends = tokenizer.shared_ends(ids, base_ids)
     starts = [(0, 0, 0)]  # (student start, teacher start, index of the first shared end)
     for k in range(len(t_ends)):
@@ -78,18 +79,6 @@ def cut(
         fits = [b for b in starts if len(base_ids) - b[1] >= length] or starts[:1]
         bounds.append((fits[-1], (len(ids), len(base_ids), len(t_ends))))
     return [_snippet(ids, base_ids, s_ends, t_ends, a, b, prefix) for a, b in bounds]
-
-
-def plain_tail(tokenizer: MedTPETokenizer, base_ids: Sequence[int], k: int) -> list[int]:
-    """The MedTPE ids of `base_ids` with its last `k` ids left unmerged (evicted ones still
-    split): the same text (merges never cross the cut), the end in the base model's tokens.
-
-    >>> plain_tail(tok, ids, 0) == tok.encode_ids(ids)  # doctest: +SKIP
-    True
-    """
-    cut_at = max(len(base_ids) - k, 0)
-    rest = base_ids[cut_at:]
-    return [*tokenizer.encode_ids(base_ids[:cut_at]), *tokenizer.encode_ids(rest, merge=False)]
 
 
 def _snippet(
@@ -126,7 +115,7 @@ def opening(
     id alone put a MedTPE token at position 1, where the mean-initialised rows made a second
     sink (hidden-state norm ~24,000 at layers 12-24 against the original's 140-350; relative
     error 10^4 at one position, loss spikes of 12-33 in training)."""
-    ids = tokenizer.encode_ids(base_ids[:limit])
+    ids = tokenizer.encode_ids(base_ids[:limit], plain_tail=0)
     same = next(
         (k for k, (a, b) in enumerate(zip(ids, base_ids, strict=False)) if a != b), len(ids)
     )

@@ -6,6 +6,11 @@ them. A build gives each such byte the id of one more evicted base token (`byte_
 `decode(encode(s)) == s` for every string. Text with such a character is split there, the pieces
 encoded as usual (batched) and the character spelled byte by byte: fallback ids for the missing
 bytes, the base's byte-symbol tokens for the others (the continuation bytes of U+40000..U+BFFFF).
+
+Plain tail: an artefact may leave the last `plain_tail` ids of every encoding unmerged (its
+setting `PLAIN_TAIL`): a prompt then ends, up to its answer position, in the base model's own
+tokens, where the answer's probability is read (docs/benchmarks.md, Fidelity). The ids before the
+cut are merged as usual; no merge crosses it, so the encoding stays lossless.
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ from tokenizers import Tokenizer
 from medtpe_core import artefact
 from medtpe_core.base_tokenizer import BaseTokenizer, bytes_to_unicode, memoised, token_texts
 from medtpe_core.encoding import ByteFallback, IdExpansion, PairMerger
+
+PLAIN_TAIL = "plain_tail"
+"""The setting (`MedTPETokenizer.settings`) naming how many ids at the end of every encoding stay
+unmerged (absent: 0)."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +51,8 @@ class MedTPETokenizer:
     decomposition; `byte_fallback` maps a byte value to the evicted id that now spells it.
     An extension artefact (`medtpe_core.extension`) evicts nothing: its new tokens and fallback
     bytes have fresh ids from the base vocabulary size up (`is_extension`). `vocab_size`: the ids
-    the model needs (the base vocabulary size, or the largest fresh id + 1).
+    the model needs (the base vocabulary size, or the largest fresh id + 1). `plain_tail`: the
+    ids at the end of every encoding left unmerged (the setting `PLAIN_TAIL`, module docstring).
     """
 
     def __init__(
@@ -84,6 +94,24 @@ class MedTPETokenizer:
         self._merge = PairMerger(self.merges, size)
         self._to_base = IdExpansion(parts, size)
         self._pairs = {new: (left, right) for left, right, new in self.merges}
+        self.plain_tail = self.settings.get(PLAIN_TAIL, 0)
+        if not isinstance(self.plain_tail, int) or self.plain_tail < 0:
+            raise ValueError(f"setting {PLAIN_TAIL!r}: expected an integer >= 0")
+
+    def with_settings(self, **settings: Any) -> MedTPETokenizer:
+        """This tokenizer with `settings` added to (or replacing) its own.
+
+        >>> tok.with_settings(plain_tail=256).plain_tail  # doctest: +SKIP
+        256
+        """
+        return MedTPETokenizer(
+            self.base,
+            self.merges,
+            self.evicted,
+            self.settings | settings,
+            self.corpus_stats,
+            self.byte_fallback,
+        )
 
     @property
     def fingerprint(self) -> str:
@@ -101,6 +129,8 @@ class MedTPETokenizer:
         parts: list[Any] = [self.fingerprint, self.merges, sorted(self.evicted.items())]
         if self.byte_fallback:  # absent from older builds: their ids stay the same
             parts.append(sorted(self.byte_fallback.items()))
+        if self.plain_tail:  # absent from builds without one: their ids stay the same
+            parts.append({PLAIN_TAIL: self.plain_tail})
         blob = json.dumps(parts)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -117,41 +147,85 @@ class MedTPETokenizer:
         """Whether `text` holds a character the base vocabulary cannot spell (one regex search)."""
         return self._fallback_re is not None and self._fallback_re.search(text) is not None
 
-    def encode(self, text: str, special_tokens: bool = False) -> list[int]:
+    def encode(
+        self, text: str, special_tokens: bool = False, plain_tail: int | None = None
+    ) -> list[int]:
         """MedTPE ids of `text`, nothing added, lossless. Special-token look-alikes are plain text
-        unless `special_tokens=True` (for a rendered chat template)."""
-        if self.needs_fallback(text):
-            return self._encode_with_fallback([text], special_tokens)[0]
-        return self.encode_ids(self.base.encode(text, special_tokens))
+        unless `special_tokens=True` (for a rendered chat template). `plain_tail`: the ids left
+        unmerged at the end (None: the artefact's `self.plain_tail`; 0: merge everything).
 
-    def encode_batch(self, texts: Sequence[str], special_tokens: bool = False) -> list[list[int]]:
+        >>> tok.decode(tok.encode("Heart Rate: 80 bpm")) == "Heart Rate: 80 bpm"  # doctest: +SKIP
+        True
+        """
+        if self.needs_fallback(text):
+            return self._join(self._pieces(text, special_tokens), plain_tail)
+        return self.encode_ids(self.base.encode(text, special_tokens), plain_tail=plain_tail)
+
+    def encode_batch(
+        self, texts: Sequence[str], special_tokens: bool = False, plain_tail: int | None = None
+    ) -> list[list[int]]:
         """`encode` over many texts; the base step runs in parallel."""
         if self._fallback_re is not None and any(map(self.needs_fallback, texts)):
-            return self._encode_with_fallback(texts, special_tokens)
-        return [self.encode_ids(ids) for ids in self.base.encode_batch(texts, special_tokens)]
+            return [self._join(self._pieces(t, special_tokens), plain_tail) for t in texts]
+        encoded = self.base.encode_batch(texts, special_tokens)
+        return [self.encode_ids(ids, plain_tail=plain_tail) for ids in encoded]
 
-    def _encode_with_fallback(self, texts: Sequence[str], special_tokens: bool) -> list[list[int]]:
-        """Split each text at the runs of characters the base cannot spell, encode the pieces
-        (one batch), spell the runs byte by byte."""
-        assert self._fallback is not None and self._fallback_re is not None
-        splits = [self._fallback_re.split(t) for t in texts]  # text, run, text, ..., text
-        pieces = [p for parts in splits for p in parts[::2]]
-        encoded = iter(self.base.encode_batch(pieces, special_tokens))
-        out = []
-        for parts in splits:
-            ids: list[int] = []
-            for k, part in enumerate(parts):
-                ids += self._fallback.ids(part) if k % 2 else self.encode_ids(next(encoded))
-            out.append(ids)
+    def encode_parts(
+        self, parts: Sequence[str | Sequence[int]], plain_tail: int | None = None
+    ) -> list[int]:
+        """MedTPE ids of the concatenation of `parts`, each plain text (`str`, special-token
+        look-alikes included) or base ids; no merge crosses two parts, the plain tail is counted
+        over the whole (a prompt of chat-template ids around a record's text)."""
+        pieces: list[tuple[np.ndarray, bool]] = []
+        for part in parts:
+            if isinstance(part, str):
+                pieces += self._pieces(part, special_tokens=False)
+            else:
+                pieces.append((self._decompose(np.array(part, dtype=np.int64)), True))
+        return self._join(pieces, plain_tail)
+
+    def _pieces(self, text: str, special_tokens: bool) -> list[tuple[np.ndarray, bool]]:
+        """`text` unmerged, as (ids, mergeable) pieces: split at the runs of characters the base
+        cannot spell, the pieces base-encoded (one batch) and split into their unevicted ids, the
+        runs spelled byte by byte (never merged)."""
+        if self._fallback is None or self._fallback_re is None:
+            ids = self.base.encode(text, special_tokens)
+            return [(self._decompose(np.array(ids, dtype=np.int64)), True)]
+        parts = self._fallback_re.split(text)  # text, run, text, ..., text
+        encoded = iter(self.base.encode_batch(parts[::2], special_tokens))
+        return [
+            (np.array(self._fallback.ids(part), dtype=np.int64), False)
+            if k % 2
+            else (self._decompose(np.array(next(encoded), dtype=np.int64)), True)
+            for k, part in enumerate(parts)
+        ]
+
+    def _join(self, pieces: Sequence[tuple[np.ndarray, bool]], plain_tail: int | None) -> list[int]:
+        """The pieces' ids in order, each mergeable piece merged up to the plain tail's cut (the
+        last `plain_tail` ids of the whole, None: `self.plain_tail`); no merge crosses pieces."""
+        before_cut = sum(len(ids) for ids, _ in pieces) - self._tail(plain_tail)
+        out: list[int] = []
+        for ids, mergeable in pieces:
+            n = min(max(before_cut, 0), len(ids))
+            out += (self._merge(ids[:n]) if mergeable else ids[:n]).tolist() + ids[n:].tolist()
+            before_cut -= len(ids)
         return out
 
-    def encode_ids(self, base_ids: Sequence[int], merge: bool = True) -> list[int]:
-        """MedTPE ids from base ids (evicted tokens split, TPE pairs merged; `merge=False`: only
-        split, the text in the base model's own tokens). As lossy as the base ids: what the base
-        tokenizer dropped is not recovered (use `encode` on the text); never yields byte-fallback
-        ids."""
+    def _tail(self, plain_tail: int | None) -> int:
+        return self.plain_tail if plain_tail is None else plain_tail
+
+    def encode_ids(
+        self, base_ids: Sequence[int], merge: bool = True, plain_tail: int | None = None
+    ) -> list[int]:
+        """MedTPE ids from base ids (evicted tokens split, TPE pairs merged but over the last
+        `plain_tail` ids, None: the artefact's; `merge=False`: only split, the text in the base
+        model's own tokens). As lossy as the base ids: what the base tokenizer dropped is not
+        recovered (use `encode` on the text); never yields byte-fallback ids."""
         arr = self._decompose(np.array(base_ids, dtype=np.int64))
-        return (self._merge(arr) if merge else arr).tolist()
+        if not merge:
+            return arr.tolist()
+        cut = max(len(arr) - self._tail(plain_tail), 0)
+        return self._merge(arr[:cut]).tolist() + arr[cut:].tolist()
 
     def pair_of(self, token_id: int) -> tuple[int, int] | None:
         """The (left, right) ids a TPE token merges, each a base or an earlier TPE token; None

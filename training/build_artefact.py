@@ -45,7 +45,7 @@ from medtpe_core.fidelity import Thresholds
 from medtpe_core.prediction_point import PredictionPoint
 from medtpe_core.subject_split import subject_split
 from medtpe_core.tasks.answers import ANSWER_END
-from medtpe_core.tokenizer import MedTPETokenizer
+from medtpe_core.tokenizer import PLAIN_TAIL, MedTPETokenizer
 from training.base_model import BaseModelInfo, check_artefact_base, inspect_base_model
 from training.build_config import BuildConfig, BuildConfigError, to_dict
 from training.build_data import (
@@ -261,10 +261,11 @@ class ArtefactBuild:
 
     def mine(self) -> dict[str, Any]:
         """The MedTPE tokenizer from the training subjects' records at the prediction times
-        (with `init_from`: that artefact's, unchanged)."""
+        (with `init_from`: that artefact's merges), with the build's `plain_tail`."""
         config = self.config
         if config.init_from is not None:
             tok = MedTPETokenizer.load(config.init_from, base=config.base)
+            tok = tok.with_settings(**{PLAIN_TAIL: config.plain_tail})
             tok.save(self.work / TOKENIZER_DIR)
             return {
                 "artefact_id": tok.artefact_id,
@@ -287,7 +288,7 @@ class ArtefactBuild:
             default_protected_texts(config.base),
             workers=config.workers,
             ray_address=config.ray_address,
-        )
+        ).with_settings(**{PLAIN_TAIL: config.plain_tail})
         tok.save(self.work / TOKENIZER_DIR)
         stats = tok.corpus_stats
         return {
@@ -320,8 +321,9 @@ class ArtefactBuild:
                 split: [ids for ids in prompts if len(ids) >= long.snippet_tokens]
                 for split, prompts in encoded.items()
             }
+            last = settings.long_windows == "last"
             result, record["long"] = self._distill_stage(
-                tokenizer, longer, long, result.rows, DISTILL_RUNS[1]
+                tokenizer, longer, long, result.rows, DISTILL_RUNS[1], last_windows=last
             )
         artefact = self.work / "artefact-distill"
         if not artefact.is_dir():
@@ -336,23 +338,34 @@ class ArtefactBuild:
         settings: DistillConfig,
         initial: NewRows | None,
         run: str,
+        *,
+        last_windows: bool = False,
     ) -> tuple[DistillResult, dict[str, Any]]:
         """One distillation over snippets of `settings.snippet_tokens` cut from the `encoded`
         prompts (led by the chat template's opening; a prompt's last snippet ends at its
-        answer position), resumed from `runs/<run>`; its result and record."""
+        answer position), resumed from `runs/<run>`; its result and record. The snippets are
+        merged throughout and drawn (`medtpe_core.snippets.draw`): they train rows, which a
+        plain tail never holds; with `last_windows`, each prompt's last window in the
+        artefact's own encoding (its plain tail unmerged, as served), the first ones in order."""
         from medtpe_core.snippets import coverage, cut, draw, opening
 
         length, seed = settings.snippet_tokens, self.config.seed
+        tail = None if last_windows else 0
         pools = {
             split: [
                 s
                 for ids in prompts
-                for s in cut(tokenizer, ids, length, opening(tokenizer, ids), tail=True)
+                for s in cut(
+                    tokenizer, ids, length, opening(tokenizer, ids), tail=True, unmerged_tail=tail
+                )[-1 if last_windows else 0 :]
             ]
             for split, prompts in encoded.items()
         }
-        train = draw(tokenizer, pools["train"], settings.snippets, settings.min_contexts, seed)
-        val = draw(tokenizer, pools["val"], settings.val_snippets, 0, seed + 1)
+        if last_windows:
+            train, val = pools["train"][: settings.snippets], pools["val"][: settings.val_snippets]
+        else:
+            train = draw(tokenizer, pools["train"], settings.snippets, settings.min_contexts, seed)
+            val = draw(tokenizer, pools["val"], settings.val_snippets, 0, seed + 1)
         result = distill(
             self.config.base,
             tokenizer,

@@ -64,6 +64,9 @@ class BuildConfig:
     max_n: int = 2
     method: str = DEFAULT_METHOD
     mining_max_tokens: int = 8192
+    plain_tail: int = 0
+    """The ids at the end of every prompt left unmerged (the artefact's tokenizer setting,
+    `MedTPETokenizer.plain_tail`): the answer read in the base model's own tokens."""
     max_input_tokens: int = 768
     length_mix: tuple[int, ...] = ()
     """Input budgets of the SSFT windows, cycled over them (() = `max_input_tokens` alone); the
@@ -113,6 +116,7 @@ class BuildConfig:
         _check(self.device in (None, *DEVICES), "device", f"one of {DEVICES}")
         _check(bool(self.tasks), "tasks", "at least one task")
         _check(0 < self.held_out < 1, "held_out", "a fraction between 0 and 1")
+        _check(self.plain_tail >= 0, "plain_tail", "0 or more")
         for name in (
             "budget",
             "max_n",
@@ -146,17 +150,17 @@ class BuildConfig:
             "init_from",
             "a trained artefact directory (with embeddings.safetensors)",
         )
-
-    @property
-    def window_budgets(self) -> tuple[int, ...]:
-        """The SSFT windows' input budgets, cycled over the sampled windows."""
-        return self.length_mix or (self.max_input_tokens,)
         _check(
             self.ray_address is None or (isinstance(self.ray_address, str) and self.ray_address),
             "ray_address",
             "a Ray address ('local', 'auto', ray://HOST:PORT)",
         )
         _check(self.ray_address is None or self.workers == 1, "workers", "1 with ray_address")
+
+    @property
+    def window_budgets(self) -> tuple[int, ...]:
+        """The SSFT windows' input budgets, cycled over the sampled windows."""
+        return self.length_mix or (self.max_input_tokens,)
 
     @property
     def work_dir(self) -> Path:

@@ -9,6 +9,10 @@ OUTPUT_SIDES = ("base", "tied")
 """How the reused ids' output (LM head) rows are served: `base` keeps the base model's own rows
 there (the export unties the head), `tied` serves the trained input rows on both sides."""
 FINAL_LAYER = -1
+LONG_WINDOWS = ("any", "last")
+"""Which long windows the second stage reads: `any` window cut from the prompts (drawn like the
+snippets), or each prompt's `last` (the one ending at its answer position, in the artefact's
+own encoding: a plain tail stays unmerged), the first `long_snippets` in the windows' order."""
 STARTS = ("mean", "last", "init_from")
 """Where distillation starts: the constituents' mean (the paper's initialisation), the last
 constituent's row (`training.embedding_init`), or the rows of the build's `init_from` artefact."""
@@ -65,13 +69,19 @@ class DistillConfig:
     Fidelity). The same loss over every aligned position of windows cut from the prompts at
     least this long, a prompt's last window ending at its answer position; one per step."""
     long_snippets: int = 32
-    """Long windows of the second stage (training split), drawn like the snippets."""
+    """Long windows of the second stage (training split)."""
+    long_windows: str = "any"
+    """Which: `LONG_WINDOWS`."""
     long_val_snippets: int = 8
     """Held-out long windows (validation split) that pick the second stage's best rows."""
 
     def __post_init__(self) -> None:
         if self.output not in OUTPUT_SIDES:
             raise ValueError(f"output: expected one of {OUTPUT_SIDES}, not {self.output!r}")
+        if self.long_windows not in LONG_WINDOWS:
+            raise ValueError(
+                f"long_windows: expected one of {LONG_WINDOWS}, not {self.long_windows!r}"
+            )
         if self.start not in STARTS:
             raise ValueError(f"start: expected one of {STARTS}, not {self.start!r}")
         if self.layers is not None:

@@ -21,7 +21,8 @@ answer) or at every one (`dense_kl_weight`).
 A second stage (`DistillConfig.long_tokens`; the build runs it with `distill()` again on long
 windows of the prompts, `training.distill_config.long_stage`) reads long records through the
 rows: the answer's drift grows with the number of merged positions read, which 64-token
-snippets never show.
+snippets never show. With `long_windows: last` it reads each prompt's last window in the
+artefact's own encoding, its plain tail (`MedTPETokenizer.plain_tail`) unmerged as served.
 
 Resumable: the teacher cache and a checkpoint after every validation live in the run
 directory; a re-run continues. Cost per step ≈ one forward and one backward of the student over

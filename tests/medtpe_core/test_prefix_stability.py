@@ -45,6 +45,7 @@ TOKENIZERS = {
     "default artefact": default_medtpe,
     "smollm2 bpe n3": lambda: smollm2_medtpe("bpe", 3),
     "small bpe n3": lambda: small_medtpe("bpe", 3),
+    "smollm2 bpe n3, plain tail 6": lambda: smollm2_medtpe("bpe", 3).with_settings(plain_tail=6),
 }
 
 
@@ -66,13 +67,13 @@ def test_the_bound_is_short_on_records(name):
         a = "\n".join(lines[:n])
         unstable = len(tokenizer.encode(a)) - stable_prefix_length(tokenizer, a)
         last = tokenizer.encode(a[last_pretoken_start(tokenizer, a) :])
-        assert unstable <= len(last) + depth + 1
-        assert unstable <= 12
+        assert unstable <= len(last) + depth + 1 + tokenizer.plain_tail
+        assert unstable - tokenizer.plain_tail <= 12
 
 
 def test_the_last_ids_can_change():
     """The bound is not slack: appending to a's last word re-segments it."""
-    tokenizer = default_medtpe()
+    tokenizer = default_medtpe().with_settings(plain_tail=0)
     a, b = "Heart Rate: 8", "0 bpm"
     ids_a, ids_ab = tokenizer.encode(a), tokenizer.encode(a + b)
     assert ids_ab[: len(ids_a)] != ids_a

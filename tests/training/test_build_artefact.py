@@ -328,13 +328,15 @@ def test_bad_settings_are_named(
 def test_distilled_build_needs_no_pseudo_labels(
     config_file: Path, base_dir: Path, meds_dir: Path, tmp_path: Path, engine: FixedAnswers
 ) -> None:
-    """`distill` instead of SSFT: snippets of the rendered windows, then long windows from the
-    snippets' best rows, no pseudo-labels, the distilled rows kept with the base head's rows
-    for the reused ids (the export unties)."""
+    """`distill` instead of SSFT: snippets of the rendered windows, then each prompt's last long
+    window (the default artefact's recipe) from the snippets' best rows, its plain tail
+    unmerged; no pseudo-labels, the distilled rows kept with the base head's rows for the
+    reused ids (the export unties); the artefact's tokenizer keeps the plain tail."""
     settings = config_file.read_text().replace("losses: [ce, kl]", "losses: []")
     settings += (
+        "plain_tail: 24\n"
         "distill: {snippets: 12, val_snippets: 4, snippet_tokens: 16, batch_size: 4,"
-        " long_tokens: 96, long_snippets: 3, long_val_snippets: 2}\n"
+        " long_tokens: 96, long_snippets: 3, long_val_snippets: 2, long_windows: last}\n"
     )
     config_file.write_text(settings)
     out = tmp_path / "artefact"
@@ -348,6 +350,9 @@ def test_distilled_build_needs_no_pseudo_labels(
     long = distilled["long"]  # one window a step, from the snippets' best rows
     assert long["steps"] == 3 and long["settings"]["batch_size"] == 1
     assert long["coverage"]["train"]["teacher_tokens"] >= 3 * 96
+    n_prompts = report["split"]["n_train_windows"], report["split"]["n_val_windows"]
+    assert (long["pool"]["train"], long["pool"]["val"]) == n_prompts  # a prompt's last window
+    assert MedTPETokenizer.load(out).plain_tail == 24
     assert report["pick"]["loss"] == "distill" and engine.calls == []
     rows, _ = load_rows(out)
     assert rows.output is not None  # `output: base` (the default): the base head's rows

@@ -18,3 +18,15 @@ def test_ssft_after_a_stretched_distillation_is_refused() -> None:
     assert build_config(None, PATHS | {"distill": {}, "losses": ["ce"]}).losses == ("ce",)
     with pytest.raises(BuildConfigError, match=r"'losses'.*RoPE stretch"):
         build_config(None, PATHS | {"distill": stretched, "losses": ["ce"]})
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [("plain_tail", -1), ("ray_address", ""), ("workers", 2)],
+)
+def test_out_of_range_settings_are_refused_by_name(setting: str, value: object) -> None:
+    """Each check runs (the Ray ones sat unreachable after a `return` until 2026-11-27)."""
+    extra = {"ray_address": "local"} if setting == "workers" else {}
+    with pytest.raises(BuildConfigError, match=f"'{setting}'"):
+        build_config(None, PATHS | extra | {setting: value})
+    assert build_config(None, PATHS | {"plain_tail": 256}).plain_tail == 256

@@ -72,6 +72,8 @@ def test_long_stage_settings() -> None:
     assert (long.batch_size, long.epochs, long.eval_every, long.long_tokens) == (1, 1, 10, None)
     with pytest.raises(ValueError, match="long_tokens"):
         DistillConfig(snippet_tokens=64, long_tokens=64)
+    with pytest.raises(ValueError, match="long_windows"):
+        DistillConfig(long_windows="first")
 
 
 def test_forward_stops_at_the_layer_matched() -> None:
