@@ -11,6 +11,9 @@ Three steps:
     python -m benchmarks.bench_fidelity pair --original RUN.json:original \\
         --artefact default=RUN.json:medtpe --artefact distilled=OTHER.json:medtpe ... --out R.json
 
+`pair` also reads the windows a build's fidelity gate answered (`build_report.json@4096:medtpe`),
+so two builds' gates pair on the same held-out windows.
+
 `diagnose` (float32, a Hugging Face forward per prompt and side: what the drift is made of)
 answers the same points at each budget with the original model and each set of rows, and reads
 the answer position: |Δp|, the probability mass the reused ids receive there (their rows are
@@ -695,20 +698,35 @@ def _named(spec: str) -> tuple[str, str]:
     return name, run
 
 
+def _run_results(spec: str) -> list[RecordResult]:
+    """`REPORT.json:MODE` (an evaluation report) or `build_report.json@BUDGET:MODE` (the
+    windows a build's fidelity gate answered at that budget) → that mode's per-record results."""
+    path, _, mode = spec.rpartition(":")
+    report, at, budget = path.partition("@")
+    if not at:
+        return mode_results(spec)
+    records = json.loads(Path(report).read_text())["gate"][budget]["records"]
+    return [RecordResult(**record[mode]) for record in records]
+
+
 def pair(args: argparse.Namespace) -> None:
-    """Each artefact's fidelity against the original run, and every two artefacts' paired
-    difference of |Δp| (on the points both runs answered with probabilities)."""
-    original = mode_results(args.original)
-    paired = {name: _pairs(original, mode_results(run)) for name, run in map(_named, args.artefact)}
+    """Each artefact's fidelity against the original run, r of the yes-logits where both have
+    a probability, and every two artefacts' paired difference of |Δp| (on the points both runs
+    answered with probabilities)."""
+    original = _run_results(args.original)
+    paired = {name: _pairs(original, _run_results(run)) for name, run in map(_named, args.artefact)}
     results: dict[str, Any] = {
         "original": args.original,
         "artefacts": dict(map(_named, args.artefact)),
         "fidelity": {name: fidelity(p, args.resamples) for name, p in paired.items()},
         "shift": {name: logit_shift(p, args.option, args.resamples) for name, p in paired.items()},
+        "agreement": {
+            name: logit_agreement(p, args.option, args.resamples) for name, p in paired.items()
+        },
     }
     results["differences"] = _differences(paired, args.resamples)
     if args.floor:
-        served, reference = (mode_results(spec) for spec in args.floor)
+        served, reference = (_run_results(spec) for spec in args.floor)
         results["floor"] = fidelity(_pairs(reference, served), args.resamples)
     for name, figures in results["fidelity"].items():
         dp = figures["delta_p_mean"]
@@ -904,7 +922,11 @@ def main(argv: list[str] | None = None) -> None:
     e.add_argument("--out", type=Path)
     e.set_defaults(run=readings)
     q = steps.add_parser("pair", help="artefacts paired on the same points")
-    q.add_argument("--original", required=True, help="REPORT.json:original")
+    q.add_argument(
+        "--original",
+        required=True,
+        help="REPORT.json:original or build_report.json@BUDGET:original",
+    )
     q.add_argument("--artefact", action="append", required=True, help="NAME=REPORT.json:medtpe")
     q.add_argument("--floor", nargs=2, metavar="REPORT.json:MODE", help="served, then float32")
     q.add_argument("--resamples", type=int, default=1000)

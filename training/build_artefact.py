@@ -122,8 +122,8 @@ class BuildState:
 
 def gate_model(config: BuildConfig, artefact_dir: Path, export_dir: Path) -> ModelConfig:
     """What the fidelity gate loads: the kept artefact and its export at the largest serving
-    budget, on an eager engine with the build's KV cache and seed; every other option keeps its
-    declared default (`ModelConfig.from_options`), as in serving."""
+    budget, on an eager engine with the build's KV cache, seed and `gate_dtype`; every other
+    option keeps its declared default (`ModelConfig.from_options`), as in serving."""
     return ModelConfig.from_options(
         model_dir=config.base,
         artefact_dir=artefact_dir,
@@ -134,6 +134,7 @@ def gate_model(config: BuildConfig, artefact_dir: Path, export_dir: Path) -> Mod
         seed=config.seed,  # the build's own seed, recorded in its identity
         enforce_eager=True,  # engine ready in seconds, not minutes, on CPU
         log_stats=False,
+        dtype=config.gate_dtype,
     )
 
 

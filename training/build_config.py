@@ -7,10 +7,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 
+from inference.engine import Dtype
 from inference.model import ModelConfig
 from medtpe_core.build import DEFAULT_METHOD, METHODS
 from medtpe_core.fidelity import Thresholds
@@ -76,6 +77,10 @@ class BuildConfig:
     windows at each, and the manifest records those it passed."""
     n_gate: int = 32
     """Held-out windows the fidelity gate answers at each serving budget, in both modes."""
+    gate_dtype: str = "float32"
+    """The dtype both models answer the gate's windows in (vLLM `dtype`): float32, the rows' own
+    error on any machine; `auto`, the machine's served dtype (bfloat16 on a GPU or a bfloat16
+    CPU, whose own floor adds ~0.01 to |Δp|: docs/benchmarks.md, Fidelity)."""
     min_same_answer: float = Thresholds.min_same_answer
     max_delta_p_mean: float = Thresholds.max_delta_p_mean
     batch_size: int = 2
@@ -117,6 +122,7 @@ class BuildConfig:
         _check(bool(self.tasks), "tasks", "at least one task")
         _check(0 < self.held_out < 1, "held_out", "a fraction between 0 and 1")
         _check(self.plain_tail >= 0, "plain_tail", "0 or more")
+        _check(self.gate_dtype in get_args(Dtype), "gate_dtype", f"one of {get_args(Dtype)}")
         for name in (
             "budget",
             "max_n",

@@ -50,7 +50,9 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         figures = result["fidelity"]
         delta, same = figures["delta_p_mean"]["value"], figures["same_answer"]["value"]
         lines.append(
-            f"  fidelity gate at {budget} tokens ({figures['n_records']} held-out windows): "
+            f"  fidelity gate at {budget} tokens ({figures['n_records']} held-out windows"
+            + (f", {result['dtype']}" if "dtype" in result else "")  # not in older reports
+            + "): "
             + ("no answer from either model" if same is None else f"same answer {same:.1%}")
             + ", mean |Δp| "
             + ("-" if delta is None else f"{delta:.4f}")

@@ -5,7 +5,8 @@ rule, the service's default decoding: answer prefill, greedy, 64 new tokens), an
 figures of `medtpe_core.fidelity` held against the build's thresholds.
 
 One engine per mode serves every budget (its context fits the largest); prefix caching is off,
-so each answer pays its whole prompt as a first request would.
+so each answer pays its whole prompt as a first request would. Both run in the build's
+`gate_dtype` (float32 by default: the rows' own error, the same on every machine).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def run_gate(
 ) -> dict[str, Any]:
     """Answer `records` in both modes at each budget (`config`: the MedTPE mode's model; the
     original mode uses its base checkpoint) and hold each budget's fidelity to `thresholds`.
-    Returns {budget: {"fidelity": ..., "failures": [...], "records": [...]}} with budgets as
+    Returns {budget: {"dtype", "fidelity", "failures", "records"}} with budgets as
     strings (JSON); `records` holds each record's result in both modes (`RecordResult`), so a
     failed gate shows which windows disagree and what each model wrote."""
     ensure_export(config.model_dir, config.artefact_dir, config.export_dir)
@@ -92,6 +93,7 @@ def run_gate(
     for budget in budgets:
         figures = fidelity(paired_answers(by_mode["original"][budget], by_mode["medtpe"][budget]))
         gate[str(budget)] = {
+            "dtype": config.engine.dtype,
             "fidelity": figures,
             "failures": thresholds.check(figures),
             "records": [

@@ -7,6 +7,7 @@ saved artefact and part of its id; a snippet cut so ends on the original ids."""
 from __future__ import annotations
 
 from datetime import datetime
+from functools import cache
 
 import pytest
 from hypothesis import given, settings
@@ -23,7 +24,13 @@ from tests.support.tokenizer_support import FALLBACK_CHARS, MIXED_TEXT, smollm2_
 TOKENIZER = smollm2_medtpe()
 NEW_IDS = {t.id for t in TOKENIZER.new_tokens}
 ICU_LINE = "08:00 Heart Rate [bpm] 84; O2 saturation pulseoxymetry [%] 97\n"
-TAILS = st.integers(min_value=0, max_value=400)
+TAILS = st.sampled_from([0, 1, 7, 64, 256, 400])
+
+
+@cache
+def with_tail(k: int) -> MedTPETokenizer:
+    """The test tokenizer with the setting `plain_tail: k` (built once per k)."""
+    return TOKENIZER.with_settings(plain_tail=k)
 
 
 def unmerged(text: str) -> list[int]:
@@ -35,7 +42,7 @@ def unmerged(text: str) -> list[int]:
 @settings(max_examples=examples(100), deadline=None)
 def test_a_plain_tail_is_lossless_and_merges_only_before_it(text: str, k: int) -> None:
     text = ICU_LINE * 3 + text
-    tok = TOKENIZER.with_settings(plain_tail=k)
+    tok = with_tail(k)
     ids = tok.encode(text)
     assert tok.decode(ids) == text
     assert ids == TOKENIZER.encode(text, plain_tail=k)
@@ -51,7 +58,7 @@ def test_a_plain_tail_is_lossless_and_merges_only_before_it(text: str, k: int) -
 @given(MIXED_TEXT, TAILS)
 @settings(max_examples=examples(100), deadline=None)
 def test_parts_and_base_ids_count_one_tail_over_the_whole(text: str, k: int) -> None:
-    tok = TOKENIZER.with_settings(plain_tail=k)
+    tok = with_tail(k)
     head = tok.base_encode("<|im_start|>user\n", special_tokens=True)
     tail = tok.base_encode(ICU_LINE + "<|im_end|>\n", special_tokens=True)
     parts = [head, ICU_LINE * 4 + text, tail]

@@ -133,6 +133,7 @@ def test_build_writes_a_trained_artefact_and_its_report(
     assert set(report["gate"]) == {"600", "700"}
     for gated in report["gate"].values():
         figures = gated["fidelity"]
+        assert gated["dtype"] == "float32"  # the rows' own error, whatever the machine serves
         assert figures["n_records"] == 3 and figures["same_answer"]["value"] == 1.0
         assert figures["same_stop"] == 1.0 and gated["failures"] == []
     assert engine.calls == [9]  # one engine labels train and val; the gate answers on the engine
@@ -148,7 +149,8 @@ def test_build_writes_a_trained_artefact_and_its_report(
     assert not (out / ".build").exists()  # work dir removed once written
     assert f"MedTPE artefact {tokenizer.artefact_id}" in result.output
     assert "held-out compression" in result.output and "SSFT kl" in result.output
-    assert "fidelity gate at 700 tokens (3 held-out windows): same answer 100.0%" in result.output
+    gate_line = "fidelity gate at 700 tokens (3 held-out windows, float32): same answer 100.0%"
+    assert gate_line in result.output
 
 
 @pytest.mark.slow
