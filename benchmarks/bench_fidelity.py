@@ -627,7 +627,7 @@ def general(args: argparse.Namespace) -> None:
     totals: dict[str, list[float]] = {"original": [], **{v[0]: [] for v in variants}}
     merged = 0
     for chunk in tqdm(chunks, desc="general text", unit="chunk"):
-        ids = tokenizer.encode_ids(chunk)
+        ids = tokenizer.encode_ids(chunk, plain_tail=0)  # every pair merged: the rows' cost
         s_ends, t_ends = tokenizer.shared_ends(ids, chunk)
         inside = t_ends < len(chunk) - 1
         s_at, t_at = torch.as_tensor(s_ends[inside]), torch.as_tensor(t_ends[inside])

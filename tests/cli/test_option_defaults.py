@@ -92,8 +92,9 @@ def test_an_unknown_option_is_refused() -> None:
 
 
 def test_the_build_gate_differs_from_serving_only_where_it_says(tmp_path: Path) -> None:
-    """The gate passes its KV cache (beside training), seed and eager engine explicitly; every
-    other option, the budget included, is serving's."""
+    """The gate passes its KV cache (beside training), seed, eager engine and dtype (float32:
+    the rows' own error on any machine) explicitly; every other option, the budget included,
+    is serving's."""
     config = BuildConfig(
         base=tmp_path / "base", meds=tmp_path / "meds", out=tmp_path / "out", length_mix=(8192,)
     )
@@ -108,6 +109,7 @@ def test_the_build_gate_differs_from_serving_only_where_it_says(tmp_path: Path) 
         for f in fields(EngineOptions)
         if getattr(gate.engine, f.name) != getattr(serving.engine, f.name)
     }
-    assert engine_differ == {"kv_cache_gib", "seed", "enforce_eager", "log_stats"}
+    assert engine_differ == {"kv_cache_gib", "seed", "enforce_eager", "log_stats", "dtype"}
+    assert (gate.engine.dtype, serving.engine.dtype) == ("float32", "auto")
     assert gate.engine.kv_cache_gib == BUILD_KV_CACHE_GIB < serving.engine.kv_cache_gib
     assert config.serving_budgets == (serving.max_input_tokens,)

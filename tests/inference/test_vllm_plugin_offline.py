@@ -19,7 +19,13 @@ from training.pseudo_labels import greedy_generate
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
 
-PROMPT = "Heart Rate: 90 bpm\nNon Invasive Blood Pressure systolic: 110 mmHg\nThe patient"
+PROMPT = (
+    "".join(  # longer than the default artefact's plain tail (its last 256 ids unmerged)
+        f"Heart Rate: {90 + m} bpm\nNon Invasive Blood Pressure systolic: {110 + m} mmHg\n"
+        for m in range(16)
+    )
+    + "The patient"
+)
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 

@@ -27,9 +27,10 @@ openai = pytest.importorskip("openai")
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
 
 MODEL = "medtpe-smollm2"
-RECORD = (
-    "Heart Rate: 90 bpm\nNon Invasive Blood Pressure systolic: 110 mmHg\n"
+RECORD = "".join(  # longer than the default artefact's plain tail (its last 256 ids unmerged)
+    f"[08:{m:02d}] Heart Rate: {90 + m} bpm\nNon Invasive Blood Pressure systolic: {110 + m} mmHg\n"
     "Respiratory Rate: 18 insp/min\nO2 saturation pulseoxymetry: 97 %\n"
+    for m in range(8)
 )
 # An answer forced by a structured-output choice: TPE tokens that span a space, characters
 # of 2, 3 and 4 UTF-8 bytes (the emoji takes several byte-level tokens).
@@ -108,7 +109,7 @@ def forcing(medtpe: MedTPETokenizer) -> dict[str, Any]:
     """Request options that make the answer exactly `FORCED`, spelled with its MedTPE tokens
     (the choice masks everything else, the bias makes the TPE tokens win where they fit)."""
     new_ids = {t.id for t in medtpe.new_tokens}
-    merged = [i for i in medtpe.encode(FORCED) if i in new_ids]
+    merged = [i for i in medtpe.encode(FORCED, plain_tail=0) if i in new_ids]  # as generated
     assert merged, "the artefact has no TPE token for the forced answer"
     return {
         "temperature": 0,

@@ -69,7 +69,8 @@ def test_predict_long_record_is_cut_to_the_budget(api: Api) -> None:
 
 
 def test_tokenize_text_both_segmentations(api: Api) -> None:
-    text = "[2150-01-01 08:00] Heart Rate: 88 bpm\n[2150-01-01 08:05] Heart Rate: 91 bpm"
+    # longer than the default artefact's plain tail (its last 256 ids stay unmerged)
+    text = "\n".join(f"[2150-01-01 08:{m:02d}] Heart Rate: {80 + m} bpm" for m in range(40))
     out = post(api, "/tokenize", {"text": text}).json()
     for side in ("original", "medtpe"):
         assert "".join(out[side]["tokens"]) == text
