@@ -37,6 +37,7 @@ serving_budgets: [512]
 n_gate: 2
 min_same_answer: 0  # a random model's answers are noise: the gate's path is what is tested
 max_delta_p_mean: 1
+gate_dtype: auto  # the machine's served dtype, its fast path (float32 is tested apart)
 mining_max_tokens: 800
 distill:  # the default artefact's method: no pseudo-labelling engine to start
   snippets: 16
@@ -69,6 +70,7 @@ def test_qwen2_build_export_serve_predict(tmp_path: Path) -> None:
     assert report["base"]["vocab_size"] == QWEN25_VOCAB_SIZE
     assert report["base"]["eos_ids"] == [151645]  # <|im_end|>, from the generation config
     assert report["pseudo_label"] is None and report["distill"]["steps"] == 2
+    assert report["gate"]["512"]["dtype"] == "auto"
     gate = report["gate"]["512"]["fidelity"]  # both models answered in vLLM at 512 tokens
     assert gate["n_records"] == 2 and gate["generated_tokens_mean"]["medtpe"] > 0
     assert report["measure"]["compression"]["record_compression_rate"] > 0
