@@ -158,7 +158,7 @@ class MedTPETokenizer:
         True
         """
         if self.needs_fallback(text):
-            return self._join(self._pieces(text, special_tokens), plain_tail)
+            return self._join(self._pieces([text], special_tokens)[0], plain_tail)
         return self.encode_ids(self.base.encode(text, special_tokens), plain_tail=plain_tail)
 
     def encode_batch(
@@ -166,7 +166,7 @@ class MedTPETokenizer:
     ) -> list[list[int]]:
         """`encode` over many texts; the base step runs in parallel."""
         if self._fallback_re is not None and any(map(self.needs_fallback, texts)):
-            return [self._join(self._pieces(t, special_tokens), plain_tail) for t in texts]
+            return [self._join(p, plain_tail) for p in self._pieces(texts, special_tokens)]
         encoded = self.base.encode_batch(texts, special_tokens)
         return [self.encode_ids(ids, plain_tail=plain_tail) for ids in encoded]
 
@@ -176,43 +176,48 @@ class MedTPETokenizer:
         """MedTPE ids of the concatenation of `parts`, each plain text (`str`, special-token
         look-alikes included) or base ids; no merge crosses two parts, the plain tail is counted
         over the whole (a prompt of chat-template ids around a record's text)."""
+        texts = iter(self._pieces([p for p in parts if isinstance(p, str)], special_tokens=False))
         pieces: list[tuple[np.ndarray, bool]] = []
         for part in parts:
             if isinstance(part, str):
-                pieces += self._pieces(part, special_tokens=False)
+                pieces += next(texts)
             else:
                 pieces.append((self._decompose(np.array(part, dtype=np.int64)), True))
         return self._join(pieces, plain_tail)
 
-    def _pieces(self, text: str, special_tokens: bool) -> list[tuple[np.ndarray, bool]]:
-        """`text` unmerged, as (ids, mergeable) pieces: split at the runs of characters the base
-        cannot spell, the pieces base-encoded (one batch) and split into their unevicted ids, the
-        runs spelled byte by byte (never merged)."""
+    def _pieces(
+        self, texts: Sequence[str], special_tokens: bool
+    ) -> list[list[tuple[np.ndarray, bool]]]:
+        """Each text unmerged, as (ids, mergeable) pieces: split at the runs of characters the
+        base cannot spell, the pieces of every text base-encoded in one batch and split into
+        their unevicted ids, the runs spelled byte by byte (never merged)."""
         if self._fallback is None or self._fallback_re is None:
-            ids = self.base.encode(text, special_tokens)
-            return [(self._decompose(np.array(ids, dtype=np.int64)), True)]
-        parts = self._fallback_re.split(text)  # text, run, text, ..., text
-        encoded = iter(self.base.encode_batch(parts[::2], special_tokens))
+            encoded = self.base.encode_batch(texts, special_tokens)
+            return [[(self._decompose(np.array(ids, dtype=np.int64)), True)] for ids in encoded]
+        splits = [self._fallback_re.split(t) for t in texts]  # text, run, text, ..., text
+        flat = [piece for parts in splits for piece in parts[::2]]
+        ids = iter(self.base.encode_batch(flat, special_tokens))
         return [
-            (np.array(self._fallback.ids(part), dtype=np.int64), False)
-            if k % 2
-            else (self._decompose(np.array(next(encoded), dtype=np.int64)), True)
-            for k, part in enumerate(parts)
+            [
+                (np.array(self._fallback.ids(part), dtype=np.int64), False)
+                if k % 2
+                else (self._decompose(np.array(next(ids), dtype=np.int64)), True)
+                for k, part in enumerate(parts)
+            ]
+            for parts in splits
         ]
 
     def _join(self, pieces: Sequence[tuple[np.ndarray, bool]], plain_tail: int | None) -> list[int]:
         """The pieces' ids in order, each mergeable piece merged up to the plain tail's cut (the
         last `plain_tail` ids of the whole, None: `self.plain_tail`); no merge crosses pieces."""
-        before_cut = sum(len(ids) for ids, _ in pieces) - self._tail(plain_tail)
+        tail = self.plain_tail if plain_tail is None else plain_tail
+        before_cut = sum(len(ids) for ids, _ in pieces) - tail
         out: list[int] = []
         for ids, mergeable in pieces:
             n = min(max(before_cut, 0), len(ids))
             out += (self._merge(ids[:n]) if mergeable else ids[:n]).tolist() + ids[n:].tolist()
             before_cut -= len(ids)
         return out
-
-    def _tail(self, plain_tail: int | None) -> int:
-        return self.plain_tail if plain_tail is None else plain_tail
 
     def encode_ids(
         self, base_ids: Sequence[int], merge: bool = True, plain_tail: int | None = None
@@ -222,10 +227,7 @@ class MedTPETokenizer:
         model's own tokens). As lossy as the base ids: what the base tokenizer dropped is not
         recovered (use `encode` on the text); never yields byte-fallback ids."""
         arr = self._decompose(np.array(base_ids, dtype=np.int64))
-        if not merge:
-            return arr.tolist()
-        cut = max(len(arr) - self._tail(plain_tail), 0)
-        return self._merge(arr[:cut]).tolist() + arr[cut:].tolist()
+        return self._join([(arr, True)], plain_tail) if merge else arr.tolist()
 
     def pair_of(self, token_id: int) -> tuple[int, int] | None:
         """The (left, right) ids a TPE token merges, each a base or an earlier TPE token; None

@@ -265,9 +265,7 @@ class ArtefactBuild:
         (with `init_from`: that artefact's merges), with the build's `plain_tail`."""
         config = self.config
         if config.init_from is not None:
-            tok = MedTPETokenizer.load(config.init_from, base=config.base)
-            tok = tok.with_settings(**{PLAIN_TAIL: config.plain_tail})
-            tok.save(self.work / TOKENIZER_DIR)
+            tok = self._save_tokenizer(MedTPETokenizer.load(config.init_from, base=config.base))
             return {
                 "artefact_id": tok.artefact_id,
                 "n_new_tokens": len(tok.new_tokens),
@@ -289,8 +287,8 @@ class ArtefactBuild:
             default_protected_texts(config.base),
             workers=config.workers,
             ray_address=config.ray_address,
-        ).with_settings(**{PLAIN_TAIL: config.plain_tail})
-        tok.save(self.work / TOKENIZER_DIR)
+        )
+        tok = self._save_tokenizer(tok)
         stats = tok.corpus_stats
         return {
             "artefact_id": tok.artefact_id,
@@ -299,6 +297,12 @@ class ArtefactBuild:
             "n_tokens": stats["n_tokens"],
             "sample_compression_rate": stats["sample_compression_rate"],
         }
+
+    def _save_tokenizer(self, tok: MedTPETokenizer) -> MedTPETokenizer:
+        """`tok` with the build's `plain_tail`, written into the work dir."""
+        tok = tok.with_settings(**{PLAIN_TAIL: self.config.plain_tail})
+        tok.save(self.work / TOKENIZER_DIR)
+        return tok
 
     def distill_rows(self) -> dict[str, Any]:
         """Token-level distillation of the rows on snippets of the rendered windows (training
