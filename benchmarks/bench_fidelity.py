@@ -80,6 +80,7 @@ from medtpe_core.fidelity import (
     logit_shift,
     paired_difference,
     paired_r_difference,
+    rounding_parts,
 )
 from medtpe_core.results_file import write_results
 from medtpe_core.tokenizer import MedTPETokenizer
@@ -371,31 +372,52 @@ def _mean_profile(profiles: list[list[float]]) -> list[float]:
     return np.mean(measured, axis=0).round(5).tolist() if measured else []
 
 
+def _joined_records(paths: list[Path]) -> tuple[dict[str, dict[str, dict]], str]:
+    """`diagnose` runs joined: {budget: {point key: record}} over every file (runs of the same
+    rows on different points), and their dtype."""
+    joined: dict[str, dict[str, dict]] = {}
+    dtypes = set()
+    for path in paths:
+        run = json.loads(path.read_text())["results"]
+        dtypes.add(run["dtype"])
+        for budget, readings in run["budgets"].items():
+            joined.setdefault(budget, {}).update((r["key"], r) for r in readings["records"])
+    if len(dtypes) != 1:
+        raise ValueError(f"runs of different dtypes joined: {sorted(dtypes)}")
+    return joined, dtypes.pop()
+
+
+def _variant_pairs(records: list[dict], variant: str | None) -> list[PairedAnswer]:
+    """The original against `variant` (None: the original against itself) on each record."""
+    return [
+        PairedAnswer(
+            r["subject_id"],
+            None,
+            None,
+            r["p_original"],
+            r["p_original"] if variant is None else r["variants"][variant]["p"],
+        )
+        for r in records
+    ]
+
+
 def served(args: argparse.Namespace) -> None:
     """The served dtype beside the engine's own floor, from `diagnose` runs of the same points
-    (float32 and the served dtype, budgets in any of the files): the floor is the original
-    model in the served dtype against itself in float32; each set of rows' served |Δp| is
-    against the original in the served dtype, as the service compares them; and how many
-    points change answer (p("yes") across 0.5) in either run."""
-    exact = {
-        budget: run
-        for path in args.float32
-        for budget, run in json.loads(path.read_text())["results"]["budgets"].items()
-    }
+    (float32 and the served dtype; each side's files joined, budgets in any of them): the floor
+    is the original model in the served dtype against itself in float32; each set of rows'
+    served |Δp| is against the original in the served dtype, as the service compares them;
+    what that error is made of (`rounding_parts`: the rows' own error and the two prompts'
+    roundings); and how many points change answer (p("yes") across 0.5) in either run."""
+    exact, _ = _joined_records(args.float32)
+    rounded, dtype = _joined_records(args.served)
     results: dict[str, Any] = {"budgets": {}}
-    for budget, run, dtype in (
-        (budget, run, rounded["dtype"])
-        for path in args.served
-        for rounded in [json.loads(path.read_text())["results"]]
-        for budget, run in rounded["budgets"].items()
-    ):
-        by_key = {r["key"]: r for r in exact[budget]["records"]}
-        records = run["records"]
+    for budget, by_key in rounded.items():
+        keys = [k for k in by_key if k in exact.get(budget, {})]
+        records = [by_key[k] for k in keys]
+        exact_records = [exact[budget][k] for k in keys]
         floor_pairs = [
-            PairedAnswer(
-                r["subject_id"], None, None, by_key[r["key"]]["p_original"], r["p_original"]
-            )
-            for r in records
+            PairedAnswer(e["subject_id"], None, None, e["p_original"], r["p_original"])
+            for e, r in zip(exact_records, records, strict=True)
         ]
         floor = fidelity(floor_pairs, args.resamples)
         figures: dict[str, Any] = {
@@ -407,31 +429,22 @@ def served(args: argparse.Namespace) -> None:
             },
             "rows": {},
         }
-        for name, summary in run["summary"].items():
-            if " - " in name:
-                continue
+        names = args.rows or [f"{v}={v}" for v in records[0]["variants"]]
+        for name, exact_name in (spec.partition("=")[::2] for spec in names):
+            pairs = _variant_pairs(records, name)
+            exact_pairs = _variant_pairs(exact_records, exact_name or name)
+            served_fidelity = fidelity(pairs, args.resamples)
             figures["rows"][name] = {
-                "delta_p_mean": summary["delta_p_mean"],
-                "delta_p_p95": summary["delta_p_p95"],
-                "to_floor": summary["delta_p_mean"]["value"] / floor["delta_p_mean"]["value"],
-                "agreement": logit_agreement(
-                    [
-                        PairedAnswer(
-                            r["subject_id"], None, None, r["p_original"], r["variants"][name]["p"]
-                        )
-                        for r in records
-                    ],
-                    "yes",
-                    args.resamples,
-                ),
+                "float32_name": exact_name or name,
+                "delta_p_mean": served_fidelity["delta_p_mean"],
+                "delta_p_p95": served_fidelity["delta_p_p95"]["value"],
+                "to_floor": served_fidelity["delta_p_mean"]["value"]
+                / floor["delta_p_mean"]["value"],
+                "agreement": logit_agreement(pairs, "yes", args.resamples),
+                "rounding_parts": rounding_parts(exact_pairs, pairs, "yes", args.resamples),
                 "answers_differ": {
-                    dtype: sum(
-                        _answer(r["p_original"]) != _answer(r["variants"][name]["p"]) for r in rows
-                    )
-                    for dtype, rows in (
-                        ("float32", exact[budget]["records"]),
-                        (dtype, records),
-                    )
+                    side: sum(_answer(p.probs_original) != _answer(p.probs_medtpe) for p in read)
+                    for side, read in (("float32", exact_pairs), (dtype, pairs))
                 },
             }
         results["budgets"][budget] = figures
@@ -885,6 +898,12 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--float32", type=Path, nargs="+", required=True, help="diagnose runs")
     v.add_argument(
         "--served", type=Path, nargs="+", required=True, help="diagnose runs, same points"
+    )
+    v.add_argument(
+        "--rows",
+        action="append",
+        help="SERVED_NAME[=FLOAT32_NAME]: the rows to read and their name in the float32 runs "
+        "(default: every served variant, the same name in float32)",
     )
     v.add_argument("--resamples", type=int, default=1000)
     v.add_argument("--out", type=Path)

@@ -342,6 +342,89 @@ def paired_r_difference(
     return difference.to_json() | {"n": len(keep)}
 
 
+def rounding_parts(
+    exact: Sequence[PairedAnswer],
+    served: Sequence[PairedAnswer],
+    option: str = "yes",
+    n_resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 1,
+) -> dict[str, Any]:
+    """What the served dtype's |Δp| is made of, as JSON: the same records (same order) read
+    by both models in float32 (`exact`) and in the served dtype (`served`), on the records where
+    all four give `option` a logit. In the logit, the served error (MedTPE served - original
+    served) is the rows' own error (float32) plus the MedTPE prompt's rounding minus the
+    original's; each part's mean and SD, the correlation of the two roundings with its
+    patient-level interval, and the served SD the three would give if independent. Then mean
+    |Δp| with intervals: the engine's floor (the original served against itself in float32),
+    the served error, the served MedTPE against the float32 original, and `perfect_rows`: rows
+    with no float32 error under the MedTPE prompt's measured rounding (the float32 original's
+    logit plus that rounding) against the served original. Two prompts of different tokens are
+    rounded differently: where the roundings are independent and as large, perfect rows sit
+    near √2 times the floor in the logit, so no rows reach a served |Δp| below that.
+
+    Rows with no float32 error are perfect rows:
+
+    >>> exact = [PairedAnswer(k, 1, 1, {"yes": 0.8}, {"yes": 0.8}) for k in range(4)]
+    >>> served = [PairedAnswer(k, 1, 1, {"yes": 0.78}, {"yes": 0.7 + 0.05 * (k % 2)})
+    ...           for k in range(4)]
+    >>> parts = rounding_parts(exact, served, n_resamples=10)
+    >>> parts["n"], parts["sd"]["rows"], round(parts["floor"]["value"], 3)
+    (4, 0.0, 0.02)
+    >>> round(parts["served"]["value"], 3), round(parts["perfect_rows"]["value"], 3)
+    (0.055, 0.055)
+    """
+    _check_paired(exact, served)
+    keep = [
+        k
+        for k, (a, b) in enumerate(zip(exact, served, strict=True))
+        if _has_logit(a, option) and _has_logit(b, option)
+    ]
+    if not keep:
+        return {"n": 0}
+    subjects, o32, m32 = _option_probs([exact[k] for k in keep], option)
+    _, o16, m16 = _option_probs([served[k] for k in keep], option)
+    lo32, lm32, lo16, lm16 = map(_logit, (o32, m32, o16, m16))
+    parts = {
+        "rows": lm32 - lo32,
+        "original_rounding": lo16 - lo32,
+        "medtpe_rounding": lm16 - lm32,
+        "served": lm16 - lo16,
+    }
+    weights = subject_resample_weights(list(subjects), n_resamples, seed)
+
+    def mean_abs(values: np.ndarray) -> dict[str, Any]:
+        return Interval.from_samples(
+            float(values.mean()), _weighted_mean(values, weights)
+        ).to_json()
+
+    floor = mean_abs(np.abs(o16 - o32))
+    figures = {
+        "served": mean_abs(np.abs(m16 - o16)),
+        "served_against_exact": mean_abs(np.abs(m16 - o32)),
+        "perfect_rows": mean_abs(np.abs(_sigmoid(lo32 + parts["medtpe_rounding"]) - o16)),
+    }
+    return {
+        "n": len(keep),
+        "mean": {name: float(v.mean()) for name, v in parts.items()},
+        "sd": {name: float(v.std()) for name, v in parts.items()},
+        "independent_sd": float(
+            np.sqrt(sum(parts[p].var() for p in ("rows", "original_rounding", "medtpe_rounding")))
+        ),
+        "rounding_r": interval(
+            pearson_scores,
+            parts["original_rounding"],
+            parts["medtpe_rounding"],
+            weights=weights,
+        ).to_json(),
+        "floor": floor,
+        **figures,
+        "to_floor": {
+            name: f["value"] / floor["value"] if floor["value"] else None
+            for name, f in figures.items()
+        },
+    }
+
+
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1 / (1 + np.exp(-x))
 

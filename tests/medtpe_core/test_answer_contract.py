@@ -18,6 +18,7 @@ from medtpe_core.fidelity import (
     logit_agreement,
     logit_shift,
     paired_r_difference,
+    rounding_parts,
 )
 from medtpe_core.tasks import get_task
 from medtpe_core.tasks.answers import (
@@ -192,3 +193,45 @@ def test_logit_shift_tells_a_shared_shift_from_noise():
     assert 0.45 < shift["abs_shift_mean"]["value"] < 0.55
     assert shift["sensitivity_mean"] == pytest.approx(float((original * (1 - original)).mean()))
     assert logit_shift([pair(1, None, None)], "yes") == {"n": 0}
+
+
+def test_rounding_parts_split_the_served_error_into_the_rows_and_two_roundings():
+    """Two prompts of different tokens rounded independently and alike: perfect rows stay near
+    sqrt(2) times the floor; the same rounding on both sides cancels; the rows' own error adds."""
+    rng = np.random.default_rng(11)
+    n = 400
+    sigmoid = lambda x: 1 / (1 + np.exp(-x))  # noqa: E731
+    original = 1.8 + rng.normal(0, 0.15, n)
+    rows_error = rng.normal(0, 0.1, n)
+    rounding = {"original": rng.normal(0, 0.1, n), "medtpe": rng.normal(0, 0.1, n)}
+
+    def reading(rows: np.ndarray, medtpe_rounding: np.ndarray) -> tuple[list, list]:
+        exact = [
+            pair(k // 4, True, True, sigmoid(o), sigmoid(o + e))
+            for k, (o, e) in enumerate(zip(original, rows, strict=True))
+        ]
+        served = [
+            pair(k // 4, True, True, sigmoid(o + a), sigmoid(o + e + b))
+            for k, (o, e, a, b) in enumerate(
+                zip(original, rows, rounding["original"], medtpe_rounding, strict=True)
+            )
+        ]
+        return exact, served
+
+    independent = rounding_parts(*reading(np.zeros(n), rounding["medtpe"]), n_resamples=200)
+    assert independent["n"] == n and independent["sd"]["rows"] == pytest.approx(0, abs=1e-9)
+    assert independent["rounding_r"]["low"] < 0 < independent["rounding_r"]["high"]
+    assert 1.25 < independent["to_floor"]["perfect_rows"] < 1.6
+    assert independent["served"]["value"] == pytest.approx(independent["perfect_rows"]["value"])
+    shared = rounding_parts(*reading(np.zeros(n), rounding["original"]), n_resamples=200)
+    assert shared["rounding_r"]["value"] == pytest.approx(1.0)
+    assert shared["perfect_rows"]["value"] < 1e-9 and shared["to_floor"]["served"] < 1e-6
+    with_rows = rounding_parts(*reading(rows_error, rounding["medtpe"]), n_resamples=200)
+    assert with_rows["sd"]["rows"] == pytest.approx(rows_error.std())
+    assert with_rows["independent_sd"] == pytest.approx(with_rows["sd"]["served"], rel=0.1)
+    assert with_rows["to_floor"]["served"] > with_rows["to_floor"]["perfect_rows"] + 0.2
+    # perfect rows read only the roundings: the rows' own error leaves them as they were
+    assert with_rows["perfect_rows"]["value"] == pytest.approx(independent["perfect_rows"]["value"])
+    assert rounding_parts([pair(1, None, None)], [pair(1, None, None)]) == {"n": 0}
+    with pytest.raises(ValueError, match="same records"):
+        rounding_parts(*reading(np.zeros(n), rounding["medtpe"])[:1], [])

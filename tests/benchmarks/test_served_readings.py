@@ -1,0 +1,77 @@
+"""`bench_fidelity served`: float32 and served-dtype `diagnose` runs of the same points joined
+across files, rows read under another float32 name, and the rounding parts reported."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.bench_fidelity import main
+
+
+def _run(path: Path, dtype: str, points: list[tuple[str, int, float, dict[str, float]]]) -> Path:
+    """A `diagnose` results file of (key, subject, original p, {variant: p}) at 4,096."""
+    records = [
+        {
+            "key": key,
+            "subject_id": subject,
+            "p_original": {"yes": p, "no": 1 - p},
+            "variants": {name: {"p": {"yes": q, "no": 1 - q}} for name, q in variants.items()},
+        }
+        for key, subject, p, variants in points
+    ]
+    body = {"results": {"dtype": dtype, "budgets": {"4096": {"records": records}}}}
+    path.write_text(json.dumps(body))
+    return path
+
+
+def test_served_joins_runs_and_reads_rows_under_their_float32_name(tmp_path: Path) -> None:
+    exact = [(f"{s}@t{k}", s, 0.8, {"stretch": 0.8}) for s in range(4) for k in range(2)]
+    rounded = [
+        (f"{s}@t{k}", s, 0.82 if k else 0.79, {"default": 0.6 if k else 0.9})
+        for s in range(4)
+        for k in range(2)
+    ]
+    paths = {
+        "f32_a": _run(tmp_path / "f32_a.json", "float32", exact[:5]),
+        "f32_b": _run(tmp_path / "f32_b.json", "float32", exact[5:]),
+        "bf16_a": _run(tmp_path / "bf16_a.json", "bfloat16", rounded[:3]),
+        "bf16_b": _run(tmp_path / "bf16_b.json", "bfloat16", rounded[3:]),
+    }
+    out = tmp_path / "served.json"
+    f32, bf16 = (
+        [str(paths["f32_a"]), str(paths["f32_b"])],
+        [str(paths["bf16_a"]), str(paths["bf16_b"])],
+    )
+    main(
+        [
+            "served",
+            "--float32",
+            *f32,
+            "--served",
+            *bf16,
+            "--rows",
+            "default=stretch",
+            "--resamples",
+            "50",
+            "--out",
+            str(out),
+        ]
+    )
+    figures = json.loads(out.read_text())["results"]["budgets"]["4096"]
+    assert figures["points"] == 8  # both sides' files joined
+    assert figures["floor"]["delta_p_mean"]["value"] == pytest.approx((0.01 + 0.02) / 2)
+    rows = figures["rows"]["default"]
+    assert rows["float32_name"] == "stretch"
+    assert rows["delta_p_mean"]["value"] == pytest.approx((0.11 + 0.22) / 2)
+    assert rows["to_floor"] == pytest.approx(11.0)
+    assert rows["answers_differ"] == {"float32": 0, "bfloat16": 0}
+    parts = rows["rounding_parts"]
+    assert parts["n"] == 8 and parts["sd"]["rows"] == pytest.approx(0)
+    # rows with no float32 error: the served error is all the two roundings
+    assert parts["perfect_rows"]["value"] == pytest.approx(rows["delta_p_mean"]["value"])
+    _run(paths["bf16_b"], "float32", rounded[3:])
+    with pytest.raises(ValueError, match="different dtypes"):
+        main(["served", "--float32", *f32, "--served", *bf16])
