@@ -761,6 +761,18 @@ def pair(args: argparse.Namespace) -> None:
     write_results(args.out, " ".join(sys.argv), results)
 
 
+def rounding(args: argparse.Namespace) -> None:
+    """`rounding_parts` of two runs each of the original and the artefact on the same records,
+    float32 and the served dtype (`REPORT.json:MODE` or `build_report.json@BUDGET:MODE`, e.g.
+    two builds' gates in either dtype): the served |Δp| split into the rows' own error and the
+    two prompts' roundings."""
+    exact = _pairs(*map(_run_results, args.float32))
+    rounded = _pairs(*map(_run_results, args.served))
+    results = rounding_parts(exact, rounded, args.option, args.resamples)
+    print(json.dumps(results, indent=1))
+    write_results(args.out, " ".join(sys.argv), results)
+
+
 def readings(args: argparse.Namespace) -> None:
     """Readings of `diagnose` runs (`NAME=RUN.json:VARIANT`, at one budget; `RUN1.json,RUN2.json`
     joins runs of the same rows on different points) paired on the points they share: each
@@ -952,6 +964,19 @@ def main(argv: list[str] | None = None) -> None:
     q.add_argument("--option", default="yes", help="the answer option whose logit shift is told")
     q.add_argument("--out", type=Path)
     q.set_defaults(run=pair)
+    o = steps.add_parser("rounding", help="the served |Δp| split into the rows and two roundings")
+    for side in ("float32", "served"):
+        o.add_argument(
+            f"--{side}",
+            nargs=2,
+            required=True,
+            metavar=("ORIGINAL", "MEDTPE"),
+            help="REPORT.json:MODE or build_report.json@BUDGET:MODE, the same records",
+        )
+    o.add_argument("--resamples", type=int, default=1000)
+    o.add_argument("--option", default="yes", help="the answer option whose logit is split")
+    o.add_argument("--out", type=Path)
+    o.set_defaults(run=rounding)
     args = parser.parse_args(argv)
     if args.step == "diagnose" and not (args.rows or args.merged_keys or args.merged_keys_weighted):
         parser.error("diagnose reads --rows, --merged-keys(-weighted) or both")

@@ -75,3 +75,41 @@ def test_served_joins_runs_and_reads_rows_under_their_float32_name(tmp_path: Pat
     _run(paths["bf16_b"], "float32", rounded[3:])
     with pytest.raises(ValueError, match="different dtypes"):
         main(["served", "--float32", *f32, "--served", *bf16])
+
+
+def _gate(path: Path, readings: list[tuple[float | None, float | None]]) -> Path:
+    """A build report whose 4,096 gate answered records with (original p, MedTPE p)."""
+
+    def result(k: int, p: float | None) -> dict:
+        return {
+            "key": f"{k}@t",
+            "label": None,
+            "prediction": None if p is None else p >= 0.5,
+            "format_ok": True,
+            "latency_s": 1.0,
+            "generate_s": 1.0,
+            "n_tokens": 4000,
+            "n_tokens_original": 4000,
+            "probabilities": None if p is None else {"yes": p, "no": 1 - p},
+        }
+
+    records = [
+        {"original": result(k, o), "medtpe": result(k, m)} for k, (o, m) in enumerate(readings)
+    ]
+    path.write_text(json.dumps({"gate": {"4096": {"records": records}}}))
+    return path
+
+
+def test_rounding_reads_two_gates_of_the_same_windows(tmp_path: Path) -> None:
+    """A window without a probability (a phenotype answer) is left out of the parts."""
+    exact = _gate(tmp_path / "f32.json", [(0.8, 0.8), (0.7, 0.72), (None, None), (0.9, 0.88)])
+    rounded = _gate(tmp_path / "bf16.json", [(0.81, 0.78), (0.7, 0.75), (None, 0.6), (0.9, 0.9)])
+    out = tmp_path / "parts.json"
+    f32, bf16 = (f"{path}@4096" for path in (exact, rounded))
+    modes = [f"{f32}:original", f"{f32}:medtpe", "--served", f"{bf16}:original", f"{bf16}:medtpe"]
+    main(["rounding", "--float32", *modes, "--resamples", "20", "--out", str(out)])
+    parts = json.loads(out.read_text())["results"]
+    assert parts["n"] == 3
+    assert parts["floor"]["value"] == pytest.approx(0.01 / 3)
+    assert parts["served"]["value"] == pytest.approx((0.03 + 0.05 + 0.0) / 3)
+    assert parts["served_against_exact"]["value"] == pytest.approx((0.02 + 0.05 + 0.0) / 3)
