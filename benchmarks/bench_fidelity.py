@@ -723,11 +723,15 @@ def _run_results(spec: str) -> list[RecordResult]:
 
 
 def pair(args: argparse.Namespace) -> None:
-    """Each artefact's fidelity against the original run, r of the yes-logits where both have
-    a probability, and every two artefacts' paired difference of |Δp| (on the points both runs
+    """Each artefact's fidelity against the original run (or its own, e.g. each served dtype's
+    MedTPE against the original in that dtype), r of the yes-logits where both have a
+    probability, and every two artefacts' paired difference of |Δp| (on the points both runs
     answered with probabilities)."""
     original = _run_results(args.original)
-    paired = {name: _pairs(original, _run_results(run)) for name, run in map(_named, args.artefact)}
+    paired = {
+        name: _pairs(_run_results(own) if own else original, _run_results(run))
+        for name, (run, _, own) in ((n, r.partition(",")) for n, r in map(_named, args.artefact))
+    }
     results: dict[str, Any] = {
         "original": args.original,
         "artefacts": dict(map(_named, args.artefact)),
@@ -958,7 +962,13 @@ def main(argv: list[str] | None = None) -> None:
         required=True,
         help="REPORT.json:original or build_report.json@BUDGET:original",
     )
-    q.add_argument("--artefact", action="append", required=True, help="NAME=REPORT.json:medtpe")
+    q.add_argument(
+        "--artefact",
+        action="append",
+        required=True,
+        help="NAME=REPORT.json:medtpe[,REPORT.json:original] (after the comma: its own original "
+        "run, e.g. the same dtype's, instead of --original's; the same records)",
+    )
     q.add_argument("--floor", nargs=2, metavar="REPORT.json:MODE", help="served, then float32")
     q.add_argument("--resamples", type=int, default=1000)
     q.add_argument("--option", default="yes", help="the answer option whose logit shift is told")

@@ -113,3 +113,29 @@ def test_rounding_reads_two_gates_of_the_same_windows(tmp_path: Path) -> None:
     assert parts["floor"]["value"] == pytest.approx(0.01 / 3)
     assert parts["served"]["value"] == pytest.approx((0.03 + 0.05 + 0.0) / 3)
     assert parts["served_against_exact"]["value"] == pytest.approx((0.02 + 0.05 + 0.0) / 3)
+
+
+def test_pair_reads_each_artefact_against_its_own_original(tmp_path: Path) -> None:
+    """`NAME=MEDTPE,ORIGINAL`: each served dtype's MedTPE against that dtype's original."""
+    exact = _gate(tmp_path / "f32.json", [(0.8, 0.82), (0.7, 0.7), (0.9, 0.86)])
+    rounded = _gate(tmp_path / "bf16.json", [(0.78, 0.82), (0.72, 0.7), (0.9, 0.9)])
+    out = tmp_path / "pair.json"
+    f32, bf16 = (f"{path}@4096" for path in (exact, rounded))
+    artefacts = ["--artefact", f"float32={f32}:medtpe"]
+    artefacts += ["--artefact", f"bfloat16={bf16}:medtpe,{bf16}:original"]
+    main(
+        [
+            "pair",
+            "--original",
+            f"{f32}:original",
+            *artefacts,
+            "--resamples",
+            "20",
+            "--out",
+            str(out),
+        ]
+    )
+    results = json.loads(out.read_text())["results"]
+    fidelity = {name: f["delta_p_mean"]["value"] for name, f in results["fidelity"].items()}
+    assert fidelity == pytest.approx({"float32": 0.02, "bfloat16": (0.04 + 0.02 + 0.0) / 3})
+    assert results["differences"]["bfloat16 - float32"]["value"] == pytest.approx(0.0)
