@@ -314,18 +314,20 @@ def merged_keys_bias(kept: np.ndarray, n: int) -> np.ndarray:
     return bias
 
 
+def _variant_pairs(records: list[dict[str, Any]], variant: str) -> list[PairedAnswer]:
+    """The original against `variant` on each `diagnose` record."""
+    return [
+        PairedAnswer(r["subject_id"], None, None, r["p_original"], r["variants"][variant]["p"])
+        for r in records
+    ]
+
+
 def _diagnosis_summary(
     rows: list[dict[str, Any]], names: list[str], resamples: int
 ) -> dict[str, Any]:
     """Per set of rows: fidelity of p(yes), its logit shift (`logit_shift`), mean new-id mass,
     mean layer-error profile; and every two sets' paired difference."""
-    paired = {
-        name: [
-            PairedAnswer(r["subject_id"], None, None, r["p_original"], r["variants"][name]["p"])
-            for r in rows
-        ]
-        for name in names
-    }
+    paired = {name: _variant_pairs(rows, name) for name in names}
     summary: dict[str, Any] = {}
     for name in names:
         figures = fidelity(paired[name], resamples)
@@ -379,26 +381,12 @@ def _joined_records(paths: list[Path]) -> tuple[dict[str, dict[str, dict]], str]
     dtypes = set()
     for path in paths:
         run = json.loads(path.read_text())["results"]
-        dtypes.add(run["dtype"])
+        dtypes.add(run.get("dtype", "float32"))  # runs from before `--dtype` read float32
         for budget, readings in run["budgets"].items():
             joined.setdefault(budget, {}).update((r["key"], r) for r in readings["records"])
     if len(dtypes) != 1:
         raise ValueError(f"runs of different dtypes joined: {sorted(dtypes)}")
     return joined, dtypes.pop()
-
-
-def _variant_pairs(records: list[dict], variant: str | None) -> list[PairedAnswer]:
-    """The original against `variant` (None: the original against itself) on each record."""
-    return [
-        PairedAnswer(
-            r["subject_id"],
-            None,
-            None,
-            r["p_original"],
-            r["p_original"] if variant is None else r["variants"][variant]["p"],
-        )
-        for r in records
-    ]
 
 
 def served(args: argparse.Namespace) -> None:
@@ -785,26 +773,12 @@ def readings(args: argparse.Namespace) -> None:
     by_name = {}
     for name, where in map(_named, args.reading):
         paths, _, variant = where.rpartition(":")
-        by_name[name] = {
-            r["key"]: (r, variant)
-            for path in paths.split(",")
-            for r in json.loads(Path(path).read_text())["results"]["budgets"][str(args.budget)][
-                "records"
-            ]
-        }
-    keys = [k for k in next(iter(by_name.values())) if all(k in rows for rows in by_name.values())]
+        joined, _ = _joined_records([Path(path) for path in paths.split(",")])
+        by_name[name] = (joined[str(args.budget)], variant)
+    keys = [k for k in next(iter(by_name.values()))[0] if all(k in r for r, _ in by_name.values())]
     paired = {
-        name: [
-            PairedAnswer(
-                rows[k][0]["subject_id"],
-                None,
-                None,
-                rows[k][0]["p_original"],
-                rows[k][0]["variants"][rows[k][1]]["p"],
-            )
-            for k in keys
-        ]
-        for name, rows in by_name.items()
+        name: _variant_pairs([records[k] for k in keys], variant)
+        for name, (records, variant) in by_name.items()
     }
     results: dict[str, Any] = {"budget": args.budget, "points": len(keys), "readings": {}}
     for name, answers in paired.items():

@@ -391,17 +391,14 @@ def rounding_parts(
         "served": lm16 - lo16,
     }
     weights = subject_resample_weights(list(subjects), n_resamples, seed)
-
-    def mean_abs(values: np.ndarray) -> dict[str, Any]:
-        return Interval.from_samples(
-            float(values.mean()), _weighted_mean(values, weights)
-        ).to_json()
-
-    floor = mean_abs(np.abs(o16 - o32))
+    floor = _figure(np.abs(o16 - o32), weights, "mean")
     figures = {
-        "served": mean_abs(np.abs(m16 - o16)),
-        "served_against_exact": mean_abs(np.abs(m16 - o32)),
-        "perfect_rows": mean_abs(np.abs(_sigmoid(lo32 + parts["medtpe_rounding"]) - o16)),
+        name: _figure(np.abs(medtpe - original), weights, "mean")
+        for name, medtpe, original in (
+            ("served", m16, o16),
+            ("served_against_exact", m16, o32),
+            ("perfect_rows", _sigmoid(lo32 + parts["medtpe_rounding"]), o16),
+        )
     }
     return {
         "n": len(keep),
