@@ -28,7 +28,7 @@ from medtpe_core.meds_readers import MedsDataset, read_labels
 from medtpe_core.metrics import compression_rate
 from medtpe_core.paths import default_model_dir
 from medtpe_core.prompting import Prompt, build_prompt
-from medtpe_core.render import RenderedRecord, _event_line, describe_code, render_record
+from medtpe_core.render import RenderedRecord, describe_code, event_line, render_record
 from medtpe_core.results_file import write_results
 from medtpe_core.tokenizer import MedTPETokenizer
 
@@ -42,7 +42,7 @@ def naive_text(events: SubjectEvents, descriptions: dict[str, str]) -> str:
         stamp = (
             "static" if np.isnat(time_) else str(time_.astype("datetime64[m]")).replace("T", " ")
         )
-        lines.append(f"{stamp} {_event_line(*describe_code(code, descriptions), value, text)}")
+        lines.append(f"{stamp} {event_line(*describe_code(code, descriptions), value, text)}")
     return "\n".join(lines)
 
 

@@ -62,6 +62,7 @@ __all__ = [
     "RenderedRecord",
     "TokenEncoder",
     "describe_code",
+    "event_line",
     "fit_to_budget",
     "format_value",
     "render_record",
@@ -150,7 +151,9 @@ def format_value(value: float) -> str:
     return f"{value:.6g}"
 
 
-def _event_line(label: str, unit: str | None, value: float, text: str | None) -> str:
+def event_line(label: str, unit: str | None, value: float, text: str | None) -> str:
+    """One event's line: its label, then its value (with the unit) and its text where present
+    (NaN: no value)."""
     shown = []
     if not np.isnan(value):
         shown.append(format_value(value) + (f" {unit}" if unit else ""))
@@ -188,7 +191,7 @@ class _LineMaker:
         label = self.labels.get(code)
         if label is None:
             label = self.labels[code] = describe_code(code, self.descriptions)
-        line = _event_line(*label, math.nan if value is None else value, text)
+        line = event_line(*label, math.nan if value is None else value, text)
         if len(self.lines) >= _LINE_CACHE_SIZE:
             self.lines.clear()
         self.lines[(code, value, text)] = line

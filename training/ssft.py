@@ -244,7 +244,7 @@ def _write_history(path: Path, history: list[dict[str, Any]]) -> None:
 
 
 @dataclass
-class _Run:
+class SSFTRun:
     """One SSFT run's moving parts."""
 
     model: PreTrainedModel
@@ -269,13 +269,13 @@ def _steps(n_train: int, config: SSFTConfig) -> tuple[int, int]:
     return steps_per_epoch, total if config.max_steps is None else min(total, config.max_steps)
 
 
-def _start_run(
+def start_run(
     base_dir: Path,
     tokenizer: MedTPETokenizer,
     n_train: int,
     run_dir: Path,
     config: SSFTConfig,
-) -> _Run:
+) -> SSFTRun:
     """The split model, its optimizer and schedule, and an empty run state."""
     device = pick_device(config.device)
     torch.manual_seed(config.seed)
@@ -292,13 +292,13 @@ def _start_run(
     )
     state: dict[str, Any] = {"step": 0, "history": [], "bad_checks": 0, "stopped": False}
     dense = DensePositions(tokenizer, config.dense_positions)
-    return _Run(
+    return SSFTRun(
         model, params, optimizer, scheduler, keep, dense, device, steps_per_epoch, total_steps,
         run_dir, config, state,
     )  # fmt: skip
 
 
-def _restore(run: _Run, checkpoint_path: Path) -> None:
+def _restore(run: SSFTRun, checkpoint_path: Path) -> None:
     """Continue from a checkpoint written by `_checkpoint` with the same settings."""
     state = torch.load(checkpoint_path, map_location=run.device, weights_only=False)
     if state["config"] != asdict(run.config):
@@ -312,7 +312,7 @@ def _restore(run: _Run, checkpoint_path: Path) -> None:
     run.state = state
 
 
-def _validation_row(run: _Run, val: Sequence[Example]) -> dict[str, float]:
+def _validation_row(run: SSFTRun, val: Sequence[Example]) -> dict[str, float]:
     """History columns of one validation: the run's own loss and every loss by name."""
     losses = validation_losses(
         run.model, val, run.config.batch_size, run.keep, run.device, run.dense
@@ -324,7 +324,7 @@ def _best_val(row: dict[str, Any]) -> dict[str, float]:
     return {name: row[f"val_{name}"] for name in LOSSES}
 
 
-def _first_validation(run: _Run, val: Sequence[Example]) -> None:
+def _first_validation(run: SSFTRun, val: Sequence[Example]) -> None:
     """Step 0: the initialised rows' validation losses, the first best rows."""
     row = {"step": 0, "train_loss": ""} | _validation_row(run, val) | {"lr": 0.0}
     run.state.update(
@@ -336,7 +336,7 @@ def _first_validation(run: _Run, val: Sequence[Example]) -> None:
     run.state["history"].append(row)
 
 
-def _checkpoint(run: _Run) -> None:
+def _checkpoint(run: SSFTRun) -> None:
     """Save the run state (rows, optimizer, schedule, RNG) and the history so far."""
     run.state.update(
         config=asdict(run.config),
@@ -349,7 +349,7 @@ def _checkpoint(run: _Run) -> None:
     _write_history(run.run_dir / HISTORY_FILE, run.state["history"])
 
 
-def _optimizer_step(run: _Run, step_batches: Sequence[Sequence[Example]]) -> float:
+def optimizer_step(run: SSFTRun, step_batches: Sequence[Sequence[Example]]) -> float:
     """Accumulate the gradients of `step_batches`, step; the mean training loss."""
     step_loss = 0.0
     for batch in step_batches:
@@ -362,7 +362,7 @@ def _optimizer_step(run: _Run, step_batches: Sequence[Sequence[Example]]) -> flo
     return step_loss
 
 
-def _validate(run: _Run, row: dict[str, Any], val: Sequence[Example]) -> None:
+def _validate(run: SSFTRun, row: dict[str, Any], val: Sequence[Example]) -> None:
     """Validation after a step: keep the best rows, count checks without progress (early
     stopping after `patience`), checkpoint."""
     state = run.state
@@ -380,7 +380,7 @@ def _validate(run: _Run, row: dict[str, Any], val: Sequence[Example]) -> None:
     _checkpoint(run)
 
 
-def _epoch_batches(run: _Run, train: Sequence[Example]) -> list[list[list[Example]]]:
+def _epoch_batches(run: SSFTRun, train: Sequence[Example]) -> list[list[list[Example]]]:
     """The remaining optimizer steps' micro-batches of the current epoch (seeded order)."""
     config = run.config
     epoch, within = divmod(run.state["step"], run.steps_per_epoch)
@@ -389,7 +389,7 @@ def _epoch_batches(run: _Run, train: Sequence[Example]) -> list[list[list[Exampl
     return _batches(micro[within * config.grad_accum :], config.grad_accum)
 
 
-def _train_loop(run: _Run, train: Sequence[Example], val: Sequence[Example]) -> None:
+def _train_loop(run: SSFTRun, train: Sequence[Example], val: Sequence[Example]) -> None:
     """Optimizer steps until the step budget or early stopping, validating every K steps."""
     state, config = run.state, run.config
     run.model.train()
@@ -399,7 +399,7 @@ def _train_loop(run: _Run, train: Sequence[Example], val: Sequence[Example]) -> 
     bar.set_postfix(val=f"{state['best_val_loss']:.4f}")
     while state["step"] < run.total_steps and not state["stopped"]:
         for step_batches in _epoch_batches(run, train):
-            step_loss = _optimizer_step(run, step_batches)
+            step_loss = optimizer_step(run, step_batches)
             state["step"] += 1
             lr = run.scheduler.get_last_lr()[0]
             row = {"step": state["step"], "train_loss": step_loss, "val_loss": "", "lr": lr}
@@ -429,7 +429,7 @@ def train_ssft(
     `resume`, an existing checkpoint there is continued from its last validation.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
-    run = _start_run(base_dir, tokenizer, len(train), run_dir, config)
+    run = start_run(base_dir, tokenizer, len(train), run_dir, config)
     checkpoint_path = run_dir / CHECKPOINT_FILE
     if resume and checkpoint_path.is_file():
         _restore(run, checkpoint_path)

@@ -20,8 +20,8 @@ from medtpe_core.render import (
     BudgetTooSmallError,
     RenderedRecord,
     TokenEncoder,
-    _event_line,
     describe_code,
+    event_line,
 )
 
 _BIRTH_CODE = "MEDS_BIRTH"
@@ -78,7 +78,7 @@ def _collect_lines(events: SubjectEvents, descriptions: Mapping[str, str]) -> _L
         if code not in cache:
             cache[code] = describe_code(code, descriptions)
         label, unit = cache[code]
-        line = _event_line(label, unit, events.numeric_values[i], events.text_values[i])
+        line = event_line(label, unit, events.numeric_values[i], events.text_values[i])
         if static[i]:
             statics.append((code, line))
             continue

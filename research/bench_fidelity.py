@@ -4,11 +4,11 @@ Fidelity needs no labels, so every few hours of each held-out ICU stay is a poin
 the patients an artefact's build held out, `held_out_subjects` in its `build_report.json`).
 Three steps:
 
-    python -m benchmarks.bench_fidelity points --artefact artifacts/smollm2-135m-icu \\
+    python -m research.bench_fidelity points --artefact artifacts/smollm2-135m-icu \\
         --every-hours 6 --n 120 --out .cache/fidelity/points_120.parquet
     medtpe evaluate ... --labels .cache/fidelity/points_120.parquet --split all \\
         --mode both|original|medtpe --dtype float32|auto --max-input-tokens 4096 --out RUN.json
-    python -m benchmarks.bench_fidelity pair --original RUN.json:original \\
+    python -m research.bench_fidelity pair --original RUN.json:original \\
         --artefact default=RUN.json:medtpe --artefact distilled=OTHER.json:medtpe ... --out R.json
 
 `pair` also reads the windows a build's fidelity gate answered (`build_report.json@4096:medtpe`),
@@ -20,28 +20,28 @@ the answer position: |Δp|, the probability mass the reused ids receive there (t
 also the tied LM head), and the relative error of the hidden state of every layer at the last
 prompt position:
 
-    python -m benchmarks.bench_fidelity diagnose --points .cache/fidelity/points_24.parquet \
+    python -m research.bench_fidelity diagnose --points .cache/fidelity/points_24.parquet \
         --budgets 1024,2048 --rows mean --rows default=artifacts/smollm2-135m-icu \
-        --rows distilled=DIR:base --out benchmarks/results/fidelity_points/diagnosis.json
+        --rows distilled=DIR:base --out research/results/fidelity_points/diagnosis.json
 
 `general` asks whether compression costs the model its language: on general English text
 (Python's own reference documentation, `pydoc_data`, in chunks), the cross-entropy of the next
 original token at every shared end, read through the original tokens and through MedTPE tokens
 with each set of rows (the reused ids left out of both distributions):
 
-    python -m benchmarks.bench_fidelity general --rows mean --rows default=... --out R.json
+    python -m research.bench_fidelity general --rows mean --rows default=... --out R.json
 
 `layers` reads held-out snippets (`medtpe_core.snippets`, cut from the held-out patients' ICU
 prompts) with the original and each set of rows, and reports the relative error of the hidden
 state of every layer at the aligned positions, split into merged positions (a MedTPE token) and
 plain ones (a shared token after merged ones): where in the network the rows' error sits.
 
-    python -m benchmarks.bench_fidelity layers --rows mean --rows default=... --out R.json
+    python -m research.bench_fidelity layers --rows mean --rows default=... --out R.json
 
 `readings` pairs readings of several `diagnose` runs on the points they share (a set of rows
 read in one run, another in an earlier run on more points):
 
-    python -m benchmarks.bench_fidelity readings --budget 4096 --reading new=A.json:default \
+    python -m research.bench_fidelity readings --budget 4096 --reading new=A.json:default \
         --reading old=B.json:default --out R.json
 
 `points` writes a MEDS label file (the stay's ICU death as its label: fidelity ignores it);

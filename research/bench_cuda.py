@@ -5,10 +5,10 @@ Three steps. `ids` runs where the data and tokenizers are (this machine) and wri
 (token ids, the default model's config, its MedTPE tokenizer); `ssft` and `prefill` read only the
 bundle, so they run on a GPU host that has torch and transformers:
 
-    python -m benchmarks.bench_cuda ids --smollm2-train T.jsonl --smollm2-held-out A.jsonl ... \\
+    python -m research.bench_cuda ids --smollm2-train T.jsonl --smollm2-held-out A.jsonl ... \\
         --qwen-held-out B.jsonl ... --qwen-medtpe DIR --out .gpu
-    python -m benchmarks.bench_cuda ssft --bundle .gpu --device cuda --out ssft_cuda.json
-    python -m benchmarks.bench_cuda prefill --bundle .gpu --out prefill_cuda.json
+    python -m research.bench_cuda ssft --bundle .gpu --device cuda --out ssft_cuda.json
+    python -m research.bench_cuda prefill --bundle .gpu --out prefill_cuda.json
 
 `ssft` times the trainer's own optimizer step (`training.ssft`: the embedding split, bf16 frozen
 weights on CUDA, float32 on the CPU, the default build's batch 1 x accumulation 4) on windows of
@@ -115,7 +115,7 @@ def _synchronize(device: Any) -> None:
 
 
 def _write(path: Path, results: dict[str, Any]) -> None:
-    write_results(path, " ".join(["python -m benchmarks.bench_cuda", *sys.argv[1:]]), results)
+    write_results(path, " ".join(["python -m research.bench_cuda", *sys.argv[1:]]), results)
 
 
 def _host() -> dict[str, Any]:
@@ -135,7 +135,7 @@ def time_ssft(args: argparse.Namespace) -> None:
 
     from medtpe_core.tokenizer import MedTPETokenizer
     from training.examples import load_examples
-    from training.ssft import SSFTConfig, _optimizer_step, _start_run, weights_dtype
+    from training.ssft import SSFTConfig, optimizer_step, start_run, weights_dtype
 
     bundle: Path = args.bundle
     tokenizer = MedTPETokenizer.load(bundle / SMOLLM2_TOKENIZER_DIR)
@@ -152,14 +152,14 @@ def time_ssft(args: argparse.Namespace) -> None:
         for loss in args.losses:
             ssft = SSFTConfig(loss=loss, lr=2e-4, batch_size=1, grad_accum=args.grad_accum,
                               device=args.device)  # fmt: skip
-            run = _start_run(Path(tmp), tokenizer, len(examples), Path(tmp) / loss, ssft)
+            run = start_run(Path(tmp), tokenizer, len(examples), Path(tmp) / loss, ssft)
             run.model.train()
             step = [[e] for e in examples[: args.grad_accum]]
             seconds = []
             for i in range(args.warmup + args.steps):
                 _synchronize(run.device)
                 started = time.perf_counter()
-                _optimizer_step(run, step)
+                optimizer_step(run, step)
                 _synchronize(run.device)
                 if i >= args.warmup:
                     seconds.append(time.perf_counter() - started)

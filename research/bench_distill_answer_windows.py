@@ -1,11 +1,11 @@
-"""An experiment on the default artefact's distillation (docs/benchmarks.md, Fidelity, "The
+"""An experiment on the default artefact's distillation (docs/research/fidelity-log.md, "The
 answer's KL on the prompts' last windows"): the long windows' stage run on each prompt's *last*
 window only (the one ending at the answer position, where the KL reads p("yes")) with a heavy
 answer KL, instead of windows drawn from anywhere in the prompts; from the short snippets' best
 rows of a kept build work directory. Writes the rows into a copy of its tokenizer artefact,
 for `bench_fidelity diagnose --rows NAME=OUT:base`.
 
-    python -m benchmarks.bench_distill_answer_windows --weight 100 --out .cache/exp/w100
+    python -m research.bench_distill_answer_windows --weight 100 --out .cache/exp/w100
 
 `--unmerged-tail K` leaves each window's last K ids unmerged on the student's side
 (`MedTPETokenizer.plain_tail`: rows for prompts served so; read them with `bench_fidelity
