@@ -5,8 +5,9 @@
 differences and agreement (both modes), `records` (per-record results), then what a later step
 adds (`meds_evaluation` from `medtpe rescore`; a study's own block, e.g. `without_replacement`).
 A key that does not apply (one mode; a multi-label task's AUROC) is left out, as before.
-`EvaluationReport.from_json` reads every report in `benchmarks/results/`, including those written
-before the bootstrap intervals (a mode's `f1` and `auroc` a plain number, `f1_std` beside it).
+`EvaluationReport.from_json` reads every report in `benchmarks/results/` and `research/results/`,
+including those written before the bootstrap intervals (a mode's `f1` and `auroc` a plain number,
+`f1_std` beside it).
 """
 
 from __future__ import annotations

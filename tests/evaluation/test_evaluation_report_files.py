@@ -1,7 +1,8 @@
 """The typed evaluation report (`evaluation.evaluation_report.EvaluationReport`): a built report
 survives `to_json` / `from_json` unchanged with the fidelity block first, and every report file
-in `benchmarks/results/` loads, including those written before the bootstrap intervals, and is
-written back with the same keys (the top level in the same order) and the same figures."""
+in `benchmarks/results/` and `research/results/` loads, including those written before the
+bootstrap intervals, and is written back with the same keys (the top level in the same order)
+and the same figures."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from tests.evaluation.test_evaluation_report import MEDTPE, MORTALITY, ORIGINAL
 from tests.support.paths import ROOT
 
 RESULTS = ROOT / "benchmarks" / "results"
-REPORT_FILES = sorted(RESULTS.glob("fidelity_*.json")) + [
+REPORT_FILES = sorted((ROOT / "research" / "results").glob("fidelity_*.json")) + [
     path
     for path in sorted(RESULTS.glob("eval_*.json"))
     if path.name not in ("eval_grid_v2.json", "eval_tasks.json")  # reports nested inside
