@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from medtpe_core.results_file import write_results
+from benchmarks.results_file import write_results
 
 MODEL = Path(".cache/models/smollm2-135m-instruct")
 PROMPT = list(range(1000, 1300))

@@ -30,6 +30,7 @@ from typing import Any
 
 import meds
 
+from benchmarks.results_file import write_results
 from inference.predictor import Predictor
 from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.fhir import FhirInputError, load_site_mapping, meds_from_fhir
@@ -39,7 +40,6 @@ from medtpe_core.fhir.parsing import parse_entries
 from medtpe_core.meds import SubjectEvents
 from medtpe_core.meds_readers import MedsDataset, read_labels
 from medtpe_core.paths import default_artefact_dir, default_model_dir
-from medtpe_core.results_file import write_results
 from medtpe_core.tasks import get_task
 from medtpe_core.tokenizer import MedTPETokenizer
 

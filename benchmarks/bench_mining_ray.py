@@ -33,9 +33,9 @@ import psutil
 
 from benchmarks.bench_tokenizer_data import smollm2_tokenizer, write_shards
 from benchmarks.process_tree import TreeSampler
+from benchmarks.results_file import write_results
 from medtpe_core.paths import cache_dir, project_root
 from medtpe_core.ray_cluster import LOCAL, ray_session
-from medtpe_core.results_file import write_results
 
 BACKENDS = ("workers", "ray")
 

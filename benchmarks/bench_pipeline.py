@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.results_file import write_results
 from medtpe_core.paths import project_root
-from medtpe_core.results_file import write_results
 
 BUDGET = 8192
 SCALES = (1, 4, 16)

@@ -38,9 +38,9 @@ import pyarrow.parquet as pq
 
 from benchmarks.bench_tokenizer_data import SUBJECT_OFFSET, write_shards
 from benchmarks.process_tree import TreeSampler
+from benchmarks.results_file import write_results
 from evaluation.batch import RECORDS_SUFFIX, SUMMARY_FILE
 from medtpe_cli.command_line import medtpe_command
-from medtpe_core.results_file import write_results
 
 
 def repeated_dataset(labels: Path, copies: int, out: Path) -> tuple[Path, Path]:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.results_file import write_results
 from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.meds import SubjectEvents
@@ -29,7 +30,6 @@ from medtpe_core.metrics import compression_rate
 from medtpe_core.paths import default_model_dir
 from medtpe_core.prompting import Prompt, build_prompt
 from medtpe_core.render import RenderedRecord, describe_code, event_line, render_record
-from medtpe_core.results_file import write_results
 from medtpe_core.tokenizer import MedTPETokenizer
 
 

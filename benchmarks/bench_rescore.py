@@ -33,12 +33,12 @@ from typing import Any
 from prometheus_client import REGISTRY
 from tqdm import tqdm
 
+from benchmarks.results_file import write_results
 from inference.engine import EngineOptions
 from inference.model import LoadedModel, ModelConfig, load_model
 from inference.predictor import Predictor, PreparedRecord
 from medtpe_core.meds import SubjectEvents
 from medtpe_core.meds_readers import MedsDataset, read_labels
-from medtpe_core.results_file import write_results
 from medtpe_core.tasks import get_task
 from medtpe_core.windowing import DEFAULT_GRID_HOURS, Windowing, WindowPolicy
 from training.export import prepare_model_files

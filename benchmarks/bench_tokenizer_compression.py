@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 from benchmarks.bench_tokenizer_data import QWEN, icu_split, smollm2_tokenizer, unmined_texts
+from benchmarks.results_file import write_results
 from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.build import METHODS, build_tokenizer
 from medtpe_core.metrics import compression_rate
-from medtpe_core.results_file import write_results
 
 
 def main() -> None:

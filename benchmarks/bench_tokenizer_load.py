@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.results_file import write_results
 from inference.vllm_tokenizer import load_medtpe_tokenizer
-from medtpe_core.results_file import write_results
 
 TEXT = "Heart Rate: 88 bpm\nNon Invasive Blood Pressure mean: 92 mmHg, température 😀\n" * 20
 

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.bench_tokenizer_data import icu_split, smollm2_tokenizer
+from benchmarks.results_file import write_results
 from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.build import build_tokenizer
-from medtpe_core.results_file import write_results
 from medtpe_core.tokenizer import MedTPETokenizer
 
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from medtpe_core.results_file import write_results
+from benchmarks.results_file import write_results
 from training.loss_names import LOSSES
 
 if TYPE_CHECKING:

@@ -49,7 +49,7 @@ read in one run, another in an earlier run on more points):
 float32: the rows' own error); `pair` reads the runs back, pairs every artefact with the one
 original run on the same points (same prompt text) and reports each artefact's |Δp| (mean, p95)
 and every two artefacts' paired difference with patient-level bootstrap intervals
-(`medtpe_core.fidelity.paired_difference`); with `--floor A.json:original B.json:original`, the
+(`research.fidelity_figures.paired_difference`); with `--floor A.json:original B.json:original`, the
 engine's own floor (the original model in the served dtype against float32 on the same points).
 """
 
@@ -71,19 +71,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
+from benchmarks.results_file import write_results
 from evaluation.results import RecordResult
 from evaluation.stored_report import mode_results
-from medtpe_core.fidelity import (
-    PairedAnswer,
-    fidelity,
+from medtpe_core.fidelity import PairedAnswer, fidelity
+from medtpe_core.tokenizer import MedTPETokenizer
+from research.fidelity_figures import (
     logit_agreement,
     logit_shift,
     paired_difference,
     paired_r_difference,
     rounding_parts,
 )
-from medtpe_core.results_file import write_results
-from medtpe_core.tokenizer import MedTPETokenizer
 
 if TYPE_CHECKING:
     from training.answer_scoring import RowsModel

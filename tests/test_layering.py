@@ -1,6 +1,7 @@
 """The layers' import rules, checked on the code and on a fresh interpreter: serving (`inference`,
 `service`) imports nothing from `training`, at module level or inside a function; the engine
-protocol (`inference.engine`) imports no engine implementation."""
+protocol (`inference.engine`) imports no engine implementation; `research` (the studies'
+workbenches) may import every layer, and nothing but its own tests imports it."""
 
 from __future__ import annotations
 
@@ -36,6 +37,22 @@ def test_serving_code_never_imports_training(package: str) -> None:
         )
         for path in sorted((ROOT / package).rglob("*.py"))
     }
+    assert {path: names for path, names in offenders.items() if names} == {}
+
+
+def test_only_research_and_its_tests_import_research() -> None:
+    research_tests = ROOT / "tests" / "research"
+    packages = [p for p in sorted(ROOT.iterdir()) if (p / "__init__.py").is_file()]
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(
+            name for name in imported_modules(path) if name.split(".")[0] == "research"
+        )
+        for package in packages
+        if package.name != "research"
+        for path in sorted(package.rglob("*.py"))
+        if not path.is_relative_to(research_tests)
+    }
+    assert "research" in {p.name for p in packages}
     assert {path: names for path, names in offenders.items() if names} == {}
 
 

@@ -1,6 +1,6 @@
 """MedTPE ids of an unchanged text prefix stay unchanged: `encode(a + b)` starts with
 `encode(a)` except for the ids of `a`'s last pre-token and at most `merge_depth` ids before them
-(the bound derived in `medtpe_core.prefix_stability`)."""
+(the bound derived in `tests.support.prefix_stability`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from medtpe_core.encoding import merge_depth
-from medtpe_core.prefix_stability import last_pretoken_start, stable_prefix_length
 from medtpe_core.tokenizer import MedTPETokenizer
 from tests.support.paths import ROOT
+from tests.support.prefix_stability import last_pretoken_start, stable_prefix_length
 from tests.support.tokenizer_support import (
     MIXED_TEXT,
     icu_records,

@@ -13,11 +13,11 @@ import pytest
 from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.encoding import merge_depth
 from medtpe_core.meds_readers import MedsDataset
-from medtpe_core.prefix_stability import last_pretoken_start
 from medtpe_core.prompting import Prompt, build_prompt
 from medtpe_core.windowing import Windowing, WindowPolicy, stable_starts
 from tests.support.meds_fixtures import T0, write_meds_dataset
 from tests.support.paths import FIXTURES
+from tests.support.prefix_stability import last_pretoken_start
 from tests.support.tokenizer_support import smollm2_dir, smollm2_medtpe
 
 SMOLLM2_DIR = FIXTURES / "smollm2"
@@ -109,7 +109,7 @@ def test_stable_starts(dataset):
 
 def test_stable_window_medtpe_ids_shared_between_rescores(dataset, template):
     """The MedTPE ids of a re-score repeat the previous prompt's up to its newest events: all
-    but the record's last pre-token and `merge_depth` ids (medtpe_core.prefix_stability)."""
+    but the record's last pre-token and `merge_depth` ids (tests.support.prefix_stability)."""
     tokenizer = smollm2_medtpe("bpe", 3)
     base = tokenizer.base
     depth = merge_depth(tokenizer.merges)

@@ -176,7 +176,7 @@ def test_growing_record_rescored_hourly_hits_the_prefix_cache(
     assert all(r["tokens"]["original"] <= 1024 for r in results)
     # the window's start moves about once per 6 hours: most re-scores reuse all of the previous
     # prompt but its end: its plain tail (the artefact's last ids stay unmerged and merge once
-    # more text follows, `medtpe_core.prefix_stability`), a few ids before it, and the last
+    # more text follows, `tests.support.prefix_stability`), a few ids before it, and the last
     # partly filled block (vLLM caches whole blocks, `BLOCK_TOKENS`); the one
     # re-score after the start's jump hits nothing
     tail = MedTPETokenizer.load(service_files[0]).plain_tail

@@ -84,12 +84,12 @@ _NAME = re.compile(r"\bMEDTPE_[A-Z0-9_]+\b")
 
 
 def test_every_medtpe_variable_the_repository_names_is_known() -> None:
-    """String literals in the Python packages, tests and benchmarks; every name in the docs,
-    the image and the deployment files."""
+    """String literals in the Python packages, tests, benchmarks and research; every name in the
+    docs, the image and the deployment files."""
     root = project_root()
     found: dict[str, str] = {}
     packages = ["medtpe_core", "inference", "service", "training", "medtpe_cli", "evaluation"]
-    for package in [*packages, "benchmarks", "tests"]:
+    for package in [*packages, "benchmarks", "research", "tests"]:
         for path in (root / package).rglob("*.py"):
             if path == Path(__file__):  # names misspelt settings on purpose
                 continue

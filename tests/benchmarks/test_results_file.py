@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from medtpe_core.results_file import write_results
+from benchmarks.results_file import write_results
 
 
 def test_results_file_holds_command_machine_and_figures(tmp_path: Path) -> None:
