@@ -1,0 +1,1 @@
+"""The population batch job (`medtpe predict`) and its inputs."""
