@@ -471,12 +471,46 @@ def pending(plans: Sequence[ShardPlan], out_dir: Path) -> list[ShardPlan]:
     return [p for p in plans if not shard_done(out_dir, p.name)]
 
 
+ShardPreparer = Callable[
+    [Predictor, Task, ShardPlan], Iterable[tuple[Request, PreparedRecord | Outcome]]
+]
+"""Each request of a shard with its prepared prompt or its failure: `MedsShards` for a MEDS
+dataset's shards; other inputs bring their own (`batch.fhir_job`). Pickled to Ray's actors."""
+
+
+@dataclass(frozen=True)
+class MedsShards:
+    """The `ShardPreparer` of a MEDS dataset's data shards (`prepare_shard`)."""
+
+    meds_dir: Path
+
+    def __call__(
+        self, predictor: Predictor, task: Task, plan: ShardPlan
+    ) -> Iterator[tuple[Request, PreparedRecord | Outcome]]:
+        return prepare_shard(predictor, task, self.meds_dir, plan)
+
+
 def run_local(
     config: ModelConfig, job: Job, out_dir: Path, engine_factory: EngineFactory = start_vllm
 ) -> dict[str, Any]:
     """Score every pending shard on one engine in this process, writing each shard as soon as
     it is scored; returns (and writes) the summary."""
-    plans = plan_shards(job)
+    return run_plans(
+        config, job, plan_shards(job), MedsShards(job.meds_dir), out_dir, {}, engine_factory
+    )
+
+
+def run_plans(
+    config: ModelConfig,
+    job: Job,
+    plans: Sequence[ShardPlan],
+    prepare: ShardPreparer,
+    out_dir: Path,
+    settings: dict[str, Any],
+    engine_factory: EngineFactory = start_vllm,
+) -> dict[str, Any]:
+    """`run_local` of `plans` whose records `prepare` prepares (the job's settings in the summary
+    updated by `settings`)."""
     todo = pending(plans, out_dir)
     model = load_model(config)
     n_todo = sum(len(p.requests) for p in todo)
@@ -484,12 +518,12 @@ def run_local(
     engine = engine_factory(model.engine_config) if n_todo else None
     started = time.perf_counter()
     try:
-        asyncio.run(_score_plans(engine, model.predictor, job, todo, out_dir, n_todo))
+        asyncio.run(_score_plans(engine, model.predictor, job, todo, out_dir, n_todo, prepare))
     finally:
         if engine is not None:
             engine.shutdown()
     run = run_figures("local", plans, todo, start, started, time.perf_counter())
-    return summarise(out_dir, {**run, **job_settings(job, model)})
+    return summarise(out_dir, {**run, **job_settings(job, model), **settings})
 
 
 def run_figures(
@@ -522,10 +556,11 @@ async def _score_plans(
     plans: Sequence[ShardPlan],
     out_dir: Path,
     total: int,
+    prepare: ShardPreparer,
 ) -> None:
     with tqdm(total=total, desc="predict", unit="record") as progress:
         for plan in plans:
-            items = prepare_shard(predictor, job.task, job.meds_dir, plan)
+            items = prepare(predictor, job.task, plan)
             outcomes = (
                 await answer_all(engine, predictor, job, items, lambda: progress.update())
                 if engine is not None

@@ -46,8 +46,10 @@ import pyarrow.parquet as pq
 
 from evaluation.batch import (
     Job,
+    MedsShards,
     Outcome,
     ShardPlan,
+    ShardPreparer,
     answer_all,
     job_settings,
     pending,
@@ -85,19 +87,18 @@ class RayResources:
 
 
 class PrepareShard:
-    """CPU actor: a shard's records rendered and encoded (`evaluation.batch.prepare_shard`)."""
+    """CPU actor: a shard's records rendered and encoded (`prepare`: the job's
+    `evaluation.batch.ShardPreparer`)."""
 
-    def __init__(self, config: ModelConfig, job: Job) -> None:
-        from evaluation.batch import prepare_shard
-
-        self._prepare = prepare_shard
+    def __init__(self, config: ModelConfig, job: Job, prepare: ShardPreparer) -> None:
+        self._prepare = prepare
         self.predictor = load_model(config).predictor
         self.job = job
 
     def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         """One row per record: its shard, position and pickled (request, prepared or failure)."""
         plan: ShardPlan = pickle.loads(row["plan"])
-        items = self._prepare(self.predictor, self.job.task, self.job.meds_dir, plan)
+        items = self._prepare(self.predictor, self.job.task, plan)
         return [
             {SHARD: row[SHARD], "record": request.record, "item": pickle.dumps((request, item))}
             for request, item in items
@@ -146,11 +147,17 @@ def _sorted(batch: pa.Table) -> pa.Table:
 
 
 def run_ray(
-    config: ModelConfig, job: Job, out_dir: Path, resources: RayResources
+    config: ModelConfig,
+    job: Job,
+    out_dir: Path,
+    resources: RayResources,
+    shards: tuple[Sequence[ShardPlan], ShardPreparer] | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Score every pending shard on Ray Data (see the module docstring); returns (and writes)
-    the summary."""
-    plans = plan_shards(job)
+    the summary. `shards`: other plans than the MEDS dataset's and their preparer (the job's
+    settings in the summary updated by `settings`)."""
+    plans, prepare = shards or (plan_shards(job), MedsShards(job.meds_dir))
     todo = pending(plans, out_dir)
     model = load_model(config)  # the prepared files checked once, here
     start = time.perf_counter()
@@ -160,7 +167,7 @@ def run_ray(
             write_shard(out_dir, plan.name, job.task, [], job.labels is not None)
     if with_records:
         with ray_session(resources.address, resources.num_cpus):
-            _run_pipeline(config, job, out_dir, with_records, resources)
+            _run_pipeline(config, job, out_dir, with_records, resources, prepare)
     run = run_figures("ray", plans, todo, start, start, time.perf_counter())
     run["engine_start_s"] = None  # the actors start their engines inside the pipeline's time
     run["ray"] = {
@@ -171,7 +178,7 @@ def run_ray(
         "engine_cpus": resources.engine_cpus,
         "engine_gpus": resources.engine_gpus,
     }
-    return summarise(out_dir, {**run, **job_settings(job, model)})
+    return summarise(out_dir, {**run, **job_settings(job, model), **(settings or {})})
 
 
 def _run_pipeline(
@@ -180,6 +187,7 @@ def _run_pipeline(
     out_dir: Path,
     plans: Sequence[ShardPlan],
     resources: RayResources,
+    prepare: ShardPreparer,
 ) -> None:
     import ray
 
@@ -188,7 +196,7 @@ def _run_pipeline(
         ray.data.from_items(shards, override_num_blocks=len(shards))
         .flat_map(
             PrepareShard,
-            fn_constructor_kwargs={"config": config, "job": job},
+            fn_constructor_kwargs={"config": config, "job": job, "prepare": prepare},
             concurrency=resources.cpu_workers,
             num_cpus=1,
         )

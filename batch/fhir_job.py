@@ -1,0 +1,316 @@
+"""`medtpe predict --fhir DIR`: every patient of a FHIR Bulk Data export scored by the batch job of
+`evaluation.batch`, into the same outputs as a MEDS dataset's (meds-evaluation predictions,
+per-record answers and failure reasons, `summary.json`).
+
+The export is grouped by patient on disk (`batch.fhir_export`: one pass writes K bucket files,
+chosen by a hash of the patient id); each bucket is one output shard (`bucket-00007.parquet`,
+`bucket-00007.records.pq`) whose records a `FhirShards` prepares: the bucket read and grouped,
+each patient's resources through the site mapping and the prompt builder exactly as `/predict`
+reads a Bundle and a CDS hook its prefetch (`medtpe_core.fhir.window.FhirWindow` and
+`inference.fhir_prompt.prepare_fhir`), so a patient's prompt is byte for byte theirs.
+
+A record is a patient at each `--times` time, or a label file's row (its `subject_id` is the MEDS
+subject id the mapping gives the patient: a `Patient.identifier` of the mapping's subject systems,
+else the id); rows of no patient of the export are written as failures (`_no_events`).
+
+Resumable: the partition lies in `<out>/.fhir-work/` with the fingerprint of the export's files and
+the mapping; a second run with the same ones reuses it and skips the shards already written (the
+predictions file is written last). When every shard is written the bucket files are removed. The
+lines left out (unreadable, of no patient) are in `<out>/fhir_issues.ndjson` with file and line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from batch.defaults import DEFAULT_BUCKET_MIB
+from batch.fhir_export import (
+    ISSUES_FILE,
+    SHARED_FILE,
+    Partition,
+    PatientResources,
+    export_files,
+    fingerprint,
+    load_partition,
+    partition_export,
+    partition_fingerprint,
+)
+from evaluation.batch import (
+    RECORDS_SUFFIX,
+    Job,
+    Outcome,
+    Request,
+    ShardPlan,
+    failed,
+    pending,
+    run_plans,
+)
+from inference.engine import EngineFactory
+from inference.engines import start_vllm
+from inference.fhir_prompt import prepare_fhir
+from inference.model import ModelConfig
+from inference.predictor import Predictor, PreparedRecord
+from medtpe_core.fhir import FhirInputError, SiteMapping, load_site_mapping
+from medtpe_core.fhir.window import FhirWindow
+from medtpe_core.meds_readers import read_labels
+from medtpe_core.tasks import Task
+
+WORK_DIR = ".fhir-work"
+"""The partition's directory under `--out`."""
+NO_PATIENT = "no events: the export holds no resource of the patient"
+NO_FHIR_EVENTS = "no events: the patient's resources give no event up to the prediction time"
+NO_EVENTS_SHARD = "_no_events"
+
+
+class ExportChangedError(ValueError):
+    """`--out` holds predictions of another export or mapping."""
+
+
+@dataclass(frozen=True)
+class FhirShardPlan(ShardPlan):
+    """A bucket's records, with each record's patient id (`patients[i]` for `requests[i]`)."""
+
+    patients: tuple[str, ...] = ()
+    bucket: int | None = None
+    """The bucket's index (None: label rows of no patient)."""
+
+
+@cache
+def _mapping(path: Path | None) -> SiteMapping:
+    return load_site_mapping(path)
+
+
+def fhir_failure(error: FhirInputError, resources: PatientResources, partition: Partition) -> str:
+    """A mapping error's reason, with the file and line of the resource it names."""
+    where = ""
+    if error.index is not None and 0 <= error.index < len(resources.lines):
+        where = f"{partition.where(resources.lines[error.index])}: "
+    return f"fhir: {type(error).__name__}: {where}{error}"
+
+
+def prepare_patient(
+    predictor: Predictor,
+    task: Task,
+    mapping: SiteMapping,
+    patient: str,
+    resources: PatientResources,
+    prediction_time: datetime | None,
+) -> tuple[PreparedRecord | None, int]:
+    """A patient's prompt from their resources as `/predict` builds one from a Bundle (None when
+    they give no event up to `prediction_time`), and the record's subject id; the mapping's
+    `FhirInputError` is raised."""
+    window = FhirWindow(
+        resources.texts, mapping=mapping, patient_id=patient, prediction_time=prediction_time
+    )
+    prepared, record = prepare_fhir(predictor, task, window, prediction_time)
+    if not record.rows:
+        prepared = None
+    return prepared, record.subject_id
+
+
+@dataclass(frozen=True)
+class FhirShards:
+    """The `evaluation.batch.ShardPreparer` of a partitioned export: a bucket read, grouped and
+    each record's patient prepared (a record's bad data is its failure, never the job's)."""
+
+    partition: Partition
+    mapping_path: Path | None
+
+    def __call__(
+        self, predictor: Predictor, task: Task, plan: ShardPlan
+    ) -> Iterator[tuple[Request, PreparedRecord | Outcome]]:
+        if not plan.requests:
+            return
+        assert isinstance(plan, FhirShardPlan)
+        mapping = _mapping(self.mapping_path)
+        bucket = {}
+        if plan.bucket is not None:
+            bucket = dict(self.partition.patients_of(plan.bucket))
+        for request, patient in zip(plan.requests, plan.patients, strict=True):
+            resources = bucket.get(patient)
+            if resources is None:
+                yield request, failed(request, NO_PATIENT)
+                continue
+            try:
+                prepared, subject = prepare_patient(
+                    predictor, task, mapping, patient, resources, request.prediction_time
+                )
+            except FhirInputError as exc:
+                yield request, failed(request, fhir_failure(exc, resources, self.partition))
+                continue
+            except Exception as exc:  # a record's bad data never stops the job
+                yield request, failed(request, f"prepare: {type(exc).__name__}: {exc}")
+                continue
+            if prepared is None:
+                yield request, failed(request, NO_FHIR_EVENTS)
+            elif subject != request.subject_id:  # the pass and the record disagree: never seen
+                yield request, failed(request, f"prepare: subject {subject} is not the plan's")
+            else:
+                yield request, prepared
+
+
+def plan_buckets(partition: Partition, job: Job) -> list[FhirShardPlan]:
+    """The records of each bucket (patients in id order): each patient at each of `job.times`,
+    or the label file's rows by subject id (rows of no patient in a last plan `_no_events`);
+    the first `job.limit` records."""
+    subjects = partition.subjects()
+    by_bucket: list[list[tuple[Request, str]]] = [[] for _ in range(partition.n_buckets)]
+    orphans: list[tuple[Request, str]] = []
+    if job.labels is None:
+        record = 0
+        in_order = sorted(subjects, key=lambda p: (partition.bucket_of(p), p))
+        for patient in in_order:
+            for when in job.times:
+                request = Request(record, subjects[patient], when)
+                by_bucket[partition.bucket_of(patient)].append((request, patient))
+                record += 1
+    else:
+        patient_of: dict[int, str] = {}
+        for patient, subject in subjects.items():
+            patient_of.setdefault(subject, patient)
+        for index, point in enumerate(read_labels(job.labels)):
+            label = point.parsed(job.task).label
+            request = Request(index, point.subject_id, point.prediction_time, label)
+            patient = patient_of.get(point.subject_id)
+            if patient is None:
+                orphans.append((request, ""))
+            else:
+                by_bucket[partition.bucket_of(patient)].append((request, patient))
+    plans = [_plan(f"bucket-{k:05d}", partition, k, rows) for k, rows in enumerate(by_bucket)]
+    if orphans:
+        plans.append(_plan(NO_EVENTS_SHARD, partition, None, orphans))
+    return _limited(plans, partition, job.limit)
+
+
+def _plan(
+    name: str, partition: Partition, bucket: int | None, rows: Sequence[tuple[Request, str]]
+) -> FhirShardPlan:
+    rows = sorted(rows, key=lambda row: row[0].record)
+    return FhirShardPlan(
+        name,
+        partition.bucket_path(bucket) if bucket is not None else None,
+        tuple(r for r, _ in rows),
+        patients=tuple(p for _, p in rows),
+        bucket=bucket,
+    )
+
+
+def _limited(
+    plans: list[FhirShardPlan], partition: Partition, limit: int | None
+) -> list[FhirShardPlan]:
+    """The plans restricted to their first `limit` records (by record position)."""
+    if limit is None:
+        return plans
+    kept = sorted(r.record for p in plans for r in p.requests)[:limit]
+    last = kept[-1] if kept else -1
+    return [
+        _plan(
+            p.name,
+            partition,
+            p.bucket,
+            [row for row in zip(p.requests, p.patients, strict=True) if row[0].record <= last],
+        )
+        for p in plans
+    ]
+
+
+@dataclass(frozen=True)
+class FhirInput:
+    """Where the export is and how it is read."""
+
+    export_dirs: tuple[Path, ...]
+    """Export directories read in this order as one export (a resource in a later one replaces
+    its line in an earlier one: a base export, then its `_since` increments)."""
+    mapping_path: Path | None = None
+    """The site mapping (`MEDTPE_FHIR_MAPPING`; None: the shipped default)."""
+    bucket_mib: int = DEFAULT_BUCKET_MIB
+
+
+def partitioned(
+    source: FhirInput, out_dir: Path, reuse: bool = True, progress: bool = True
+) -> tuple[Partition, bool]:
+    """The export's partition under `out_dir` (with `reuse`, the one an earlier run made of the
+    same files and mapping, its bucket files perhaps removed), and whether it was reused;
+    `ExportChangedError` when `out_dir` holds predictions of another export or mapping."""
+    files = [file for directory in source.export_dirs for file in export_files(directory)]
+    key = fingerprint(files, source.mapping_path)
+    work = Path(out_dir) / WORK_DIR
+    found = load_partition(work, key) if reuse else None
+    if found is not None:
+        return found, True
+    written = any(Path(out_dir).glob(f"**/*{RECORDS_SUFFIX}"))
+    if written and partition_fingerprint(work) not in (None, key):
+        raise ExportChangedError(
+            f"{out_dir} holds predictions of another export or site mapping: give a new --out"
+        )
+    partition = partition_export(
+        files,
+        work,
+        mapping=_mapping(source.mapping_path),
+        bucket_bytes=source.bucket_mib * 1024 * 1024,
+        key=key,
+        issues_path=Path(out_dir) / ISSUES_FILE,
+        progress=progress,
+    )
+    return partition, False
+
+
+def fhir_settings(source: FhirInput, partition: Partition, reused: bool) -> dict[str, Any]:
+    """What the summary records of the export and its reading."""
+    return {
+        "meds": None,
+        "fhir": [str(d) for d in source.export_dirs],
+        "fhir_mapping": str(source.mapping_path) if source.mapping_path else "default",
+        "fhir_export": {
+            **partition.counts.as_dict(),
+            "buckets": partition.n_buckets,
+            "bucket_mib": source.bucket_mib,
+            "partition_reused": reused,
+        },
+    }
+
+
+def clean_up(partition: Partition, plans: Sequence[ShardPlan], out_dir: Path) -> None:
+    """Remove the bucket files once every shard is written (the partition's record stays)."""
+    if not pending(plans, out_dir):
+        for k in range(partition.n_buckets):
+            partition.bucket_path(k).unlink(missing_ok=True)
+        (partition.work_dir / SHARED_FILE).unlink(missing_ok=True)
+
+
+def run_fhir(
+    config: ModelConfig,
+    job: Job,
+    source: FhirInput,
+    out_dir: Path,
+    *,
+    ray: Any = None,
+    engine_factory: EngineFactory = start_vllm,
+) -> dict[str, Any]:
+    """Score every patient (or label row) of the export (see the module docstring), in this
+    process or on Ray (`ray`: `evaluation.ray_batch.RayResources`); returns (and writes) the
+    summary."""
+    partition, reused = partitioned(source, out_dir)
+    job = replace(job, meds_dir=Path(source.export_dirs[-1]))
+    plans = plan_buckets(partition, job)
+    if reused and not all(
+        partition.bucket_path(p.bucket).is_file()
+        for p in pending(plans, out_dir)
+        if p.bucket is not None and p.requests
+    ):  # the buckets were removed when an earlier job was done; this one asks for more
+        partition, reused = partitioned(source, out_dir, reuse=False)
+    prepare = FhirShards(partition, source.mapping_path)
+    settings = fhir_settings(source, partition, reused)
+    if ray is None:
+        summary = run_plans(config, job, plans, prepare, out_dir, settings, engine_factory)
+    else:
+        from evaluation.ray_batch import run_ray
+
+        summary = run_ray(config, job, out_dir, ray, (plans, prepare), settings)
+    clean_up(partition, plans, out_dir)
+    return summary
