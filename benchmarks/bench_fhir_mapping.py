@@ -30,11 +30,11 @@ from typing import Any
 
 import meds
 
+from batch.fhir_export import patient_bundles
 from benchmarks.results_file import write_results
 from inference.predictor import Predictor
 from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.fhir import FhirInputError, load_site_mapping, meds_from_fhir
-from medtpe_core.fhir.bulk import patient_bundles
 from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
 from medtpe_core.fhir.parsing import parse_entries
 from medtpe_core.meds import SubjectEvents

@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import click
 
+from batch.defaults import DEFAULT_BUCKET_MIB, DEFAULT_SCOPE
 from medtpe_cli import options
 from medtpe_cli.ray_option import ray_option
 from medtpe_core.ray_cluster import LOCAL, RayUnavailableError, check_ray_installed
@@ -98,8 +100,160 @@ SERVICE_SETTING_OPTIONS = options.model_options(
 their declared defaults."""
 
 
+def _with_server(text: str) -> str:
+    return f"With --fhir-server: {text}"
+
+
+FHIR_OPTIONS = options.together(
+    click.option(
+        "--fhir",
+        "fhir_dirs",
+        multiple=True,
+        type=click.Path(exists=True, file_okay=False, path_type=Path),
+        help="In place of --meds: a FHIR Bulk Data export directory (*.ndjson, *.ndjson.gz, its "
+        "manifest.json), read through the site's FHIR mapping as /predict reads a Bundle. Repeat "
+        "to read a base export then its _since increments (a later resource replaces its "
+        "earlier line); with --fhir-server, read before the new export.",
+    ),
+    click.option(
+        "--fhir-server",
+        default=None,
+        metavar="URL",
+        help="Export the records from this FHIR server first (Bulk Data $export, SMART Backend "
+        "Services), into <out>/export (resumed by a second run), then read them as --fhir.",
+    ),
+    click.option(
+        "--export-level",
+        type=click.Choice(["patient", "system"]),
+        default="patient",
+        show_default=True,
+        help=_with_server("Patient/$export (every patient) or $export (the whole server)."),
+    ),
+    click.option(
+        "--group", "group_id", default=None, help=_with_server("only Group/ID's patients.")
+    ),
+    click.option(
+        "--type",
+        "export_types",
+        multiple=True,
+        help=_with_server("_type, repeated [default: the types the FHIR mapping reads]."),
+    ),
+    click.option(
+        "--since",
+        default=None,
+        metavar="INSTANT",
+        help=_with_server(
+            "_since: only resources changed since (a nightly increment: give the "
+            "base export as --fhir)."
+        ),
+    ),
+    click.option(
+        "--client-id",
+        envvar="MEDTPE_FHIR_CLIENT_ID",
+        show_envvar=True,
+        default=None,
+        help=_with_server("the SMART Backend Services client id the EHR registered."),
+    ),
+    click.option(
+        "--client-key",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        envvar="MEDTPE_FHIR_CLIENT_KEY_FILE",
+        show_envvar=True,
+        default=None,
+        help=_with_server(
+            "the client's private key, PEM (RSA: RS384, P-384: ES384); or its "
+            "PEM text in $MEDTPE_FHIR_CLIENT_KEY."
+        ),
+    ),
+    click.option(
+        "--client-kid",
+        envvar="MEDTPE_FHIR_CLIENT_KID",
+        show_envvar=True,
+        default=None,
+        help=_with_server("the key's id at the EHR [default: its RFC 7638 thumbprint]."),
+    ),
+    click.option(
+        "--scope",
+        envvar="MEDTPE_FHIR_SCOPE",
+        show_envvar=True,
+        default=DEFAULT_SCOPE,
+        show_default=True,
+        help=_with_server("the scopes asked for."),
+    ),
+    click.option(
+        "--fhir-mapping",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        envvar="MEDTPE_FHIR_MAPPING",
+        show_envvar=True,
+        default=None,
+        help="With FHIR input: the site's FHIR mapping (YAML) [default: the shipped one].",
+    ),
+    click.option(
+        "--codes",
+        "codes_dir",
+        type=click.Path(exists=True, file_okay=False, path_type=Path),
+        envvar="MEDTPE_CODES_DIR",
+        show_envvar=True,
+        default=None,
+        help="With FHIR input: a MEDS dataset whose metadata/codes.parquet describes the codes "
+        "[default: the artefact's].",
+    ),
+    click.option(
+        "--bucket-mib",
+        type=click.IntRange(min=1),
+        default=DEFAULT_BUCKET_MIB,
+        show_default=True,
+        help="With FHIR input: resources per bucket of the grouping by patient (its memory).",
+    ),
+)
+"""The FHIR input of `medtpe predict` (`batch.fhir_job`, `batch.bulk_client`)."""
+
+
+def _fhir_source(fhir: dict[str, Any], out_dir: Path) -> Any:
+    """The `batch.fhir_job.FhirInput` of the FHIR options (None: none given), the export from
+    `--fhir-server` made first."""
+    if not fhir["fhir_dirs"] and fhir["fhir_server"] is None:
+        return None
+    from batch.bulk_client import ExportRequest, ServerAccess, export_from_server
+    from batch.fhir_http import FhirServerError
+    from batch.fhir_job import FhirInput
+
+    directories = tuple(fhir["fhir_dirs"])
+    if fhir["fhir_server"] is not None:
+        access = ServerAccess(
+            fhir["fhir_server"],
+            fhir["client_id"],
+            fhir["client_key"],
+            fhir["client_kid"],
+            fhir["scope"],
+        )
+        request = ExportRequest(
+            level="group" if fhir["group_id"] else fhir["export_level"],
+            group=fhir["group_id"],
+            since=fhir["since"],
+            **({"types": tuple(fhir["export_types"])} if fhir["export_types"] else {}),
+        )
+        try:
+            result = export_from_server(access, request, Path(out_dir) / "export")
+        except (FhirServerError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from exc
+        click.echo(
+            f"export: {result.files} files ({result.transaction_time}), "
+            f"{result.bytes_downloaded} bytes downloaded in {result.seconds:.0f} s"
+        )
+        directories += (Path(result.directory),)
+    return FhirInput(directories, fhir["fhir_mapping"], fhir["bucket_mib"])
+
+
 @click.command("predict")
-@options.MEDS_DIR_OPTION
+@click.option(
+    "--meds",
+    "meds_dir",
+    default=None,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="MEDS dataset directory (data/, metadata/); or give --fhir / --fhir-server.",
+)
+@FHIR_OPTIONS
 @click.option(
     "--labels",
     "labels_path",
@@ -166,9 +320,10 @@ def predict(
     engine_cpus: float,
     engine_gpus: float,
     ray_cpus: int | None,
+    **fhir: Any,
 ) -> None:
-    """Score every record of a MEDS dataset into meds-evaluation predictions, shard by shard
-    (resumable: shards already written are skipped)."""
+    """Score every record of a MEDS dataset or a FHIR Bulk Data export into meds-evaluation
+    predictions, shard by shard (resumable: shards already written are skipped)."""
     from evaluation.batch import Job, run_local
     from evaluation.runner import Sampling
     from inference.model import ModelConfig
@@ -179,9 +334,14 @@ def predict(
         raise click.UsageError("give either --labels FILE or --times (not both)")
     if ray_cpus is not None and ray_address != LOCAL:
         raise click.UsageError("--ray-cpus sizes a new local cluster: give --ray without ADDRESS")
+    with_fhir = bool(fhir["fhir_dirs"]) or fhir["fhir_server"] is not None
+    if (meds_dir is None) != with_fhir:
+        raise click.UsageError("give either --meds DIR or --fhir DIR / --fhir-server URL")
+    if with_fhir and (split != options.ALL_SPLITS or partition is not None):
+        raise click.UsageError("--split and --partition read MEDS shards: not with FHIR input")
     task = get_task(task_name)
     job = Job(
-        meds_dir=meds_dir,
+        meds_dir=meds_dir or out_dir,
         task=task,
         labels=labels_path,
         times=tuple(_prediction_time(t) for t in times) or (None,),
@@ -199,7 +359,7 @@ def predict(
     config = ModelConfig.from_options(
         **options.model_files(model_dir, artefact_dir, export_dir),
         mode=mode,
-        codes_dir=meds_dir,
+        codes_dir=meds_dir or fhir["codes_dir"],
         max_input_tokens=max_input_tokens,
         max_new_tokens=max_new_tokens,
         max_num_seqs=concurrency,
@@ -211,10 +371,9 @@ def predict(
         if ray_address is not None:
             check_ray_installed("--ray")  # before the model files are prepared
         prepare_model_files(config)
-        if ray_address is None:
-            summary = run_local(config, job, out_dir)
-        else:
-            from evaluation.ray_batch import RayResources, run_ray
+        resources = None
+        if ray_address is not None:
+            from evaluation.ray_batch import RayResources
 
             resources = RayResources(
                 address=ray_address,
@@ -224,6 +383,21 @@ def predict(
                 engine_cpus=engine_cpus,
                 engine_gpus=engine_gpus,
             )
+        source = _fhir_source(fhir, out_dir)
+        if source is not None:
+            from batch.fhir_export import ExportError
+            from batch.fhir_job import ExportChangedError, run_fhir
+            from medtpe_core.fhir import SiteMappingError
+
+            try:
+                summary = run_fhir(config, job, source, out_dir, ray=resources)
+            except (ExportError, ExportChangedError, SiteMappingError) as exc:
+                raise click.ClickException(str(exc)) from exc
+        elif resources is None:
+            summary = run_local(config, job, out_dir)
+        else:
+            from evaluation.ray_batch import run_ray
+
             summary = run_ray(config, job, out_dir, resources)
     except RayUnavailableError as exc:
         raise click.UsageError(str(exc)) from exc
@@ -234,6 +408,12 @@ def predict(
         f"{summary['failures']} not scored, compression {summary['compression_rate']}"
     )
     click.echo(json.dumps(summary["failure_kinds"]))
+    export = run.get("fhir_export")
+    if export:
+        click.echo(
+            f"FHIR: {export['lines']} lines, {export['patients']} patients, "
+            f"{sum(export['issues'].values())} lines left out ({out_dir}/fhir_issues.ndjson)"
+        )
 
 
 commands = [predict]

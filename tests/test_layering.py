@@ -98,3 +98,27 @@ def test_importing_inference_and_service_leaves_training_out() -> None:
 def test_the_engine_protocol_and_the_fake_engine_load_without_vllm() -> None:
     loaded = loaded_after(["inference.engine", "inference.engines", "inference.instant_engine"])
     assert "vllm" not in loaded and "training" not in loaded
+
+
+BATCH_IMPORTS = {"medtpe_core", "inference", "evaluation"}
+"""The project's packages `batch` may import."""
+
+
+def test_the_batch_layer_sits_between_the_library_and_the_command_line() -> None:
+    """`batch` (the population job) may import `medtpe_core`, `inference` and `evaluation`, not
+    `service`, `training` nor the CLI; of the project's packages only `medtpe_cli` imports it."""
+    project = {"medtpe_core", "inference", "evaluation", "service", "training", "medtpe_cli"}
+    below = {
+        str(path.relative_to(ROOT)): sorted(
+            name for name in imported_modules(path) if name.split(".")[0] in project - BATCH_IMPORTS
+        )
+        for path in sorted((ROOT / "batch").rglob("*.py"))
+    }
+    assert {path: names for path, names in below.items() if names} == {}
+    above = {
+        str(path.relative_to(ROOT))
+        for package in project - {"medtpe_cli"}
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if any(name.split(".")[0] == "batch" for name in imported_modules(path))
+    }
+    assert above == set()

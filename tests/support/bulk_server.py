@@ -16,7 +16,8 @@ served over real HTTP on 127.0.0.1 (a thread):
 
 Faults a test switches on: `throttle` (the next kick-offs answer 429 with `Retry-After`),
 `fail_group` (a Group whose export fails with an OperationOutcome), `drop_after` (the next file
-download breaks after that many bytes), `revoke_tokens()` (the tokens issued so far answer 401).
+download breaks after that many bytes), `revoke_at_next_poll` (the tokens issued so far answer
+401 from the next status poll on), `requires_token` False (files served without a token).
 Every request is logged (`requests`: method, path, whether it carried a valid token, its
 headers) so a test can check where the token went.
 """
@@ -108,6 +109,9 @@ class BulkServer:
     throttle: int = 0
     fail_group: str | None = None
     drop_after: int | None = None
+    revoke_at_next_poll: bool = False
+    algorithms_seen: list[str] = field(default_factory=list)
+    """The signing algorithm of each client assertion verified."""
     requests: list[dict[str, Any]] = field(default_factory=list)
     tokens: dict[str, float] = field(default_factory=dict)
     seen_jti: set[str] = field(default_factory=set)
@@ -166,6 +170,7 @@ class BulkServer:
         if claims["sub"] != client or claims["exp"] > time.time() + 300 + 5:
             return 401, {"error": "invalid_client", "error_description": "sub or exp"}
         with self.lock:
+            self.algorithms_seen.append(header["alg"])
             if claims["jti"] in self.seen_jti:
                 return 401, {"error": "invalid_client", "error_description": "jti replayed"}
             self.seen_jti.add(claims["jti"])
@@ -293,11 +298,17 @@ def _handler(server: BulkServer) -> type[BaseHTTPRequestHandler]:
                 self._send(202)
 
         def do_GET(self) -> None:
-            valid = self._log()
             parts = urlsplit(self.path)
             path, query = parts.path, parse_qs(parts.query)
+            if path.startswith("/fhir/bulkstatus/") and server.revoke_at_next_poll:
+                server.revoke_at_next_poll = False
+                server.revoke_tokens()
+            valid = self._log()
             if path == "/fhir/.well-known/smart-configuration":
                 self._send(200, smart_configuration(server))
+                return
+            if path.startswith("/fhir/files/") and not server.requires_token:
+                self._file(*path.removeprefix("/fhir/files/").split("/", 1))
                 return
             if not valid:
                 self._send(401, outcome("error", "login", "a valid token is required"))

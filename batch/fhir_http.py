@@ -1,0 +1,195 @@
+"""HTTP with a FHIR server for the Bulk Data client and SMART Backend Services: where the access
+token may go (origins compared on parsed URLs), waits the server asks for (`Retry-After`),
+responses read under a size cap, and the server's errors (an OperationOutcome, an OAuth error) as
+one clear message. Network errors are summarised without the server's text of them."""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+import httpx
+
+MAX_JSON_BYTES = 16 * 1024 * 1024
+"""The largest JSON document read (configuration, token, status, manifest)."""
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+"""Hosts reached over plain HTTP (tests, a server's sidecar); any other needs HTTPS."""
+DEFAULT_PORTS = {"http": 80, "https": 443}
+RETRIED_STATUSES = frozenset({429, 503})
+"""Statuses retried after the server's `Retry-After`."""
+
+
+class FhirServerError(RuntimeError):
+    """A FHIR server or its authorisation server refused or failed a request: the message names
+    the request, the status and the server's own explanation."""
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    """Caps on times and retries."""
+
+    connect_s: float = 10.0
+    read_s: float = 120.0
+    """Longest silence while reading a response."""
+    retries: int = 5
+    """Attempts after a 429 / 503 (or a transient OperationOutcome) before giving up."""
+    default_wait_s: float = 5.0
+    """Wait when the server gives no `Retry-After`."""
+    max_wait_s: float = 300.0
+    """The longest wait honoured (a longer `Retry-After` is shortened to it)."""
+
+    def client(self) -> httpx.Client:
+        """An HTTP client with these timeouts that follows no redirect."""
+        timeout = httpx.Timeout(self.read_s, connect=self.connect_s)
+        return httpx.Client(timeout=timeout, follow_redirects=False)
+
+
+def origin(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of an absolute URL (the default port filled in)."""
+    parts = urlsplit(url)
+    if parts.scheme not in DEFAULT_PORTS or not parts.hostname:
+        raise ValueError(f"{url!r} is no absolute http(s) URL")
+    return parts.scheme, parts.hostname.lower(), parts.port or DEFAULT_PORTS[parts.scheme]
+
+
+def check_secure(url: str, what: str) -> None:
+    """Refuse plain HTTP to any host but the loopback (tokens and keys never travel in clear)."""
+    scheme, host, _ = origin(url)
+    if scheme != "https" and host not in LOOPBACK_HOSTS:
+        raise FhirServerError(f"{what} {url} is not HTTPS")
+
+
+def resolve(base: str, reference: str) -> str:
+    """A URL the server gave (`Content-Location`, a redirect) made absolute against `base`."""
+    return urljoin(base, reference)
+
+
+def retry_after_s(headers: httpx.Headers, settings: HttpSettings) -> float:
+    """The wait a response asks for (`Retry-After` seconds or HTTP date), within the caps."""
+    value = headers.get("Retry-After")
+    wait = settings.default_wait_s
+    if value:
+        value = value.strip()
+        if value.isdigit():
+            wait = float(value)
+        else:
+            try:
+                when = email.utils.parsedate_to_datetime(value)
+            except (TypeError, ValueError):
+                when = None
+            if when is not None:
+                if when.tzinfo is None:
+                    when = when.replace(tzinfo=UTC)
+                wait = (when - datetime.now(UTC)).total_seconds()
+    return min(max(wait, 0.0), settings.max_wait_s)
+
+
+def read_capped(response: httpx.Response, limit: int) -> bytes:
+    """The body of a streamed response, refused beyond `limit` bytes."""
+    body = bytearray()
+    for chunk in response.iter_bytes():
+        body += chunk
+        if len(body) > limit:
+            raise FhirServerError(f"{response.request.url}: a response over {limit} bytes")
+    return bytes(body)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A response read whole (under the size cap)."""
+
+    status: int
+    headers: httpx.Headers
+    url: str
+    content: bytes
+    reason: str
+
+    def json(self) -> Any:
+        """The body as JSON (`FhirServerError` when it is not)."""
+        try:
+            return json.loads(self.content)
+        except ValueError as exc:
+            raise FhirServerError(f"{self.url}: the response is not JSON") from exc
+
+    def explanation(self) -> str:
+        """What the server says of an error: an OperationOutcome's issues, an OAuth error, else
+        the status text."""
+        try:
+            body = json.loads(self.content)
+        except ValueError:
+            body = None
+        if isinstance(body, dict) and body.get("resourceType") == "OperationOutcome":
+            return outcome_text(body)
+        if isinstance(body, dict) and "error" in body:
+            description = body.get("error_description")
+            return f"{body['error']}: {description}" if description else str(body["error"])
+        return self.reason or f"HTTP {self.status}"
+
+    def is_transient(self) -> bool:
+        """A 5xx whose OperationOutcome has a `transient` issue (the client may retry)."""
+        try:
+            body = json.loads(self.content)
+        except ValueError:
+            return False
+        return (
+            self.status >= 500
+            and isinstance(body, dict)
+            and any(
+                isinstance(issue, dict) and issue.get("code") == "transient"
+                for issue in body.get("issue") or []
+            )
+        )
+
+
+def outcome_text(outcome: dict[str, Any]) -> str:
+    """An OperationOutcome's issues as one line (severity: code: diagnostics)."""
+    issues = [
+        ": ".join(
+            str(part)
+            for part in (
+                issue.get("severity"),
+                issue.get("code"),
+                issue.get("diagnostics") or (issue.get("details") or {}).get("text"),
+            )
+            if part
+        )
+        for issue in outcome.get("issue") or []
+        if isinstance(issue, dict)
+    ]
+    return "; ".join(issues) or "an OperationOutcome without issues"
+
+
+def fetch(
+    client: httpx.Client,
+    request: httpx.Request,
+    settings: HttpSettings,
+    what: str,
+    limit: int = MAX_JSON_BYTES,
+) -> Reply:
+    """`request` sent and its response read (under `limit` bytes), again after a 429 / 503 /
+    transient 5xx as the server's `Retry-After` says, at most `settings.retries` more times.
+    A network error is a `FhirServerError` naming `what`, not the network's own text."""
+    for attempt in range(settings.retries + 1):
+        try:
+            with client.stream(
+                request.method, request.url, headers=request.headers, content=request.content
+            ) as response:
+                reply = Reply(
+                    response.status_code,
+                    response.headers,
+                    str(response.url),
+                    read_capped(response, limit),
+                    response.reason_phrase,
+                )
+        except httpx.HTTPError as exc:
+            raise FhirServerError(f"{what}: {type(exc).__name__} reaching the server") from exc
+        retried = reply.status in RETRIED_STATUSES or reply.is_transient()
+        if not retried or attempt == settings.retries:
+            return reply
+        time.sleep(retry_after_s(reply.headers, settings))
+    raise AssertionError("unreachable")
