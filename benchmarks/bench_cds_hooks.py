@@ -77,6 +77,8 @@ HOOK_STEPS = STEPS[2:]
 JSON = {"content-type": "application/json"}
 MAX_BODY_BYTES = 64 * 2**20
 """A long stay's prefetch runs to megabytes (about 0.4 KB per Observation)."""
+NO_FHIR_SERVER = "https://fhir.bench.invalid/r4"
+"""The benchmark EHR's FHIR server: never fetched from (every call is prefetched)."""
 
 
 def held_out_stays(meds: Path, n: int | None) -> list[dict[str, Any]]:
@@ -209,7 +211,7 @@ def serving(args: argparse.Namespace, budget: int, ehr: Ehr) -> Iterator[str]:
     env = {
         "MEDTPE_MAX_INPUT_TOKENS": str(budget),
         "MEDTPE_CODES_DIR": str(args.meds.resolve()),
-        "MEDTPE_CDS_ISSUERS": ehr.issuers_setting(),
+        "MEDTPE_CDS_ISSUERS": ehr.issuers_setting([NO_FHIR_SERVER]),
         "MEDTPE_REQUEST_TIMEOUT_S": "3600",
         "MEDTPE_MAX_REQUEST_BYTES": str(MAX_BODY_BYTES),
     }

@@ -148,6 +148,24 @@ class ServiceSettings(BaseSettings):
     cds_fhir_timeout_s: float = Field(
         10.0, gt=0, description="CDS Hooks: deadline of all FHIR server fetches of one call."
     )
+    cds_fhir_max_answer_bytes: int = Field(
+        16 * 1024 * 1024,
+        gt=0,
+        description="CDS Hooks: largest answer (one read or search page) read from a FHIR "
+        "server, counted while it arrives: reading stops there.",
+    )
+    cds_fhir_max_call_bytes: int = Field(
+        64 * 1024 * 1024,
+        gt=0,
+        description="CDS Hooks: most bytes all FHIR server answers of one call may hold "
+        "together, counted while they arrive.",
+    )
+    cds_fhir_max_resources: int = Field(
+        200_000,
+        gt=0,
+        description="CDS Hooks: most resources the FHIR server fetches of one call may bring "
+        "(MEDS: at most 200,000 events per record).",
+    )
     cds_allow_http_fhir: bool = Field(
         False,
         description="CDS Hooks: accept an `http://` `fhirServer` (tests, a local FHIR server); "

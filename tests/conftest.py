@@ -183,7 +183,7 @@ def service_server(
         MEDTPE_API_KEYS=f"{SERVICE_API_KEY},test-key-2",
         MEDTPE_MAX_REQUEST_BYTES=str(256 * 1024),
         MEDTPE_SHUTDOWN_GRACE_S=str(SHUTDOWN_GRACE_S),
-        MEDTPE_CDS_ISSUERS=ehr.issuers_setting(),
+        MEDTPE_CDS_ISSUERS=ehr.issuers_setting("*"),
         MEDTPE_CDS_ALLOW_HTTP_FHIR="true",
     )
     with running_service(env, tmp_path_factory.mktemp("service") / "service.log") as server:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from urllib.parse import quote
 
 PATIENT_VIEW = "patient-view"
 ENCOUNTER_START = "encounter-start"
@@ -108,12 +109,17 @@ class TemplateError(ValueError):
         self.token = token
 
 
-def render_template(template: str, context: Mapping[str, object]) -> str:
+def render_template(
+    template: str, context: Mapping[str, object], *, url_encoded: bool = False
+) -> str:
     """The FHIR query of a prefetch template: each `{{context.FIELD}}` replaced by that
-    root-level, primitive context field (CDS Hooks: only those are tokens).
+    root-level, primitive context field (CDS Hooks: only those are tokens). With `url_encoded`
+    each value is percent-encoded (`url_value`), so no value changes the query's structure.
 
     >>> render_template("Observation?patient={{context.patientId}}", {"patientId": "12"})
     'Observation?patient=12'
+    >>> render_template("Patient/{{context.patientId}}", {"patientId": "../1"}, url_encoded=True)
+    'Patient/..%2F1'
     """
 
     def value(match: re.Match[str]) -> str:
@@ -122,6 +128,19 @@ def render_template(template: str, context: Mapping[str, object]) -> str:
         found = context.get(name) if token.startswith("context.") else None
         if not isinstance(found, str | int | float) or isinstance(found, bool) or found == "":
             raise TemplateError(token)
-        return str(found)
+        return url_value(str(found)) if url_encoded else str(found)
 
     return _TOKEN.sub(value, template)
+
+
+def url_value(text: str) -> str:
+    """`text` as one URL path segment or query value: every character but the unreserved ones
+    percent-encoded (no `/`, `?`, `&`, `=` or `#` of its own), and a value of dots only (`..`,
+    a path step) as `%2E`s.
+
+    >>> url_value("12&_include=*#x"), url_value("..")
+    ('12%26_include%3D%2A%23x', '%2E%2E')
+    """
+    if not text.strip("."):
+        return text.replace(".", "%2E")
+    return quote(text, safe="")

@@ -1,5 +1,7 @@
 """One audit line per CDS Hooks call (logger `medtpe.audit`, a JSON object): hookInstance,
-issuer, tenant, jti, service id, model and artefact id, latency, card uuid, outcome.
+issuer, tenant, jti, service id, model and artefact id, latency, card uuid, outcome, and for a
+refused call its reason and the detail the answer leaves out (`AuditedError`: what a FHIR fetch
+met, which the caller is not told).
 
 Never the JWT, the FHIR access token or record content: only identifiers of the call and what
 came of it. Unauthenticated calls are audited too (outcome `unauthorized` and the reason, with
@@ -38,6 +40,7 @@ class AuditEntry:
     card: str | None = None
     outcome: str = "error"
     reason: str | None = None
+    detail: str | None = None
     latency_ms: float = field(default=0.0)
 
     def line(self) -> str:
@@ -50,6 +53,14 @@ class AuditEntry:
         return json.dumps(values, sort_keys=True)
 
 
+class AuditedError(ApiError):
+    """An `ApiError` whose `log_detail` (what exactly failed) goes to the audit line only."""
+
+    def __init__(self, status: int, error: str, detail: str, log_detail: str) -> None:
+        super().__init__(status, error, detail)
+        self.log_detail = log_detail
+
+
 def write(entry: AuditEntry, metrics: ServiceMetrics) -> None:
     """Log the line and count the call by service and outcome."""
     audit_logger.info(entry.line())
@@ -60,13 +71,16 @@ def write(entry: AuditEntry, metrics: ServiceMetrics) -> None:
 @contextmanager
 def audited(entry: AuditEntry, metrics: ServiceMetrics) -> Iterator[AuditEntry]:
     """Write `entry` when the block ends, with its latency; an `ApiError` sets the outcome
-    from its status (412 `precondition`, 4xx `invalid`, else `error`) and its code as reason."""
+    from its status (412 `precondition`, 4xx `invalid`, else `error`) and its code as reason
+    (an `AuditedError`'s `log_detail` as detail)."""
     start = time.perf_counter()
     try:
         yield entry
     except ApiError as exc:
         entry.outcome = _outcome(exc.status)
         entry.reason = exc.error
+        if isinstance(exc, AuditedError):
+            entry.detail = exc.log_detail
         raise
     except Exception as exc:
         entry.outcome, entry.reason = "error", type(exc).__name__

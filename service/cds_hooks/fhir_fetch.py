@@ -1,42 +1,110 @@
-"""Fetching prefetch queries from the CDS client's FHIR server (async, fhirpy on aiohttp).
+"""Fetching prefetch queries from the CDS client's FHIR server: a small client of our own on
+httpx streaming, kept to OWASP's rules against server-side request forgery.
 
-Used when a hook call leaves a prefetch key out, or prefetched a search whose Bundle has further
-pages. Each query is a relative FHIR URL (`Patient/12`, `Observation?patient=12`); searches are
-paged through their `next` links (fhirpy refuses a link off the server's base URL). Every failure
-— an error status, a refused token, an unreachable server, a timeout, a link off the server, more
-resources than allowed — is a `FhirFetchError` naming the prefetch key, never the server's answer
-(it may hold patient data) and never the access token.
+- Every URL requested (a query's first page, each `next` link, each redirect) is parsed by the
+  parser that sends it (httpx) and must lie on the call's `fhirServer` (`ServerBase`): the same
+  scheme, host and port (lower-cased, default ports filled in), a path under the server's path
+  with no dot segment (percent-encoded or not), no user info. Only such URLs are requested, so
+  the access token goes to that server only.
+- Redirects are followed by hand, at most `MAX_REDIRECTS` hops, each checked the same way; one
+  leaving the server is not followed.
+- Answers are read as a stream and counted as the bytes arrive: one answer over
+  `max_answer_bytes`, or a call's answers together over `max_call_bytes`, stops the reading and
+  closes the connection; a call's resources over `max_resources` stop the paging; one deadline
+  covers all of a call's fetches. Compressed answers are refused (`Accept-Encoding: identity` is
+  asked): a compressed answer's size is known only after inflating it.
+- An answer must be UTF-8 JSON of the expected shape: a search's a Bundle whose `entry` is a list
+  of objects, each with a resource (an object with a string `resourceType`) or without, and whose
+  `link` is a list of objects; a read's a resource of the type read. Resources are kept as the
+  JSON text the server sent.
+
+Every failure is a `FhirFetchError` saying what happened and for which prefetch key, for the
+audit log only: never the server's answer (it may hold patient data), never the access token.
+httpx's own request log (each URL at INFO: a query's URL holds the patient's id) is kept to
+warnings.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
-from urllib.parse import parse_qs, urlsplit
+import logging
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+from urllib.parse import parse_qsl, unquote
 
-import aiohttp
-from fhirpy import AsyncFHIRClient
-from fhirpy.base.exceptions import (
-    AuthorizationError,
-    BaseFHIRError,
-    ForbiddenError,
-    ResourceNotFound,
-)
-from fhirpy.base.utils import get_by_path, parse_pagination_url
+import httpx
+import msgspec
 
-Resource = dict[str, Any]
+MAX_REDIRECTS = 3
+"""Redirects followed for one request (each one on the FHIR server)."""
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+DEFAULT_PORTS = {"http": 80, "https": 443}
+DOT_SEGMENTS = frozenset({".", ".."})
+PAGE_SIZE_PARAM = "_count"
+REFUSED_STATUSES = frozenset({401, 403})
+
+T = TypeVar("T")
+
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 class FhirFetchError(Exception):
-    """A prefetch query could not be answered; `reason` is a short code, the message says what
-    happened in words (no server answer, no token)."""
+    """A prefetch query could not be answered; the message says what happened (for the audit
+    log: no server answer, no token, no URL)."""
 
-    def __init__(self, key: str, reason: str, message: str) -> None:
-        super().__init__(f"prefetch {key!r}: {message}")
+    def __init__(self, key: str, what: str) -> None:
+        super().__init__(f"prefetch {key}: {what}")
         self.key = key
-        self.reason = reason
+
+
+@dataclass(frozen=True)
+class ServerBase:
+    """A FHIR server's base URL as URLs are compared with it: scheme, host and port (default
+    ports filled in), and its path without the trailing slash."""
+
+    scheme: str
+    host: str
+    port: int
+    path: str
+
+    @classmethod
+    def of(cls, url: str) -> ServerBase:
+        """The base of `url` (httpx's parse: lower-cased scheme and host, no dot segments);
+        `ValueError` when it is no http(s) URL or holds user info, a query or a fragment."""
+        try:
+            parsed = httpx.URL(url)
+        except httpx.InvalidURL as exc:
+            raise ValueError(f"not a URL: {exc}") from None
+        if parsed.scheme not in DEFAULT_PORTS or not parsed.host:
+            raise ValueError("not an http(s) URL")
+        if parsed.userinfo or parsed.query or parsed.fragment or not _plain_path(parsed):
+            raise ValueError("a FHIR base URL has no user info, query, fragment or dot segment")
+        path = parsed.raw_path.decode("ascii").rstrip("/")
+        return cls(parsed.scheme, parsed.host, _port(parsed), path)
+
+    def holds(self, url: httpx.URL) -> bool:
+        """Whether `url` lies on this server: same scheme, host and port, its path this path or
+        under it (whole segments), no dot segment, no user info."""
+        if url.userinfo or (url.scheme, url.host, _port(url)) != (
+            self.scheme,
+            self.host,
+            self.port,
+        ):
+            return False
+        path = url.raw_path.partition(b"?")[0].decode("ascii")
+        under = path == self.path or path.startswith(self.path + "/")
+        return under and _plain_path(url)
+
+
+def _port(url: httpx.URL) -> int:
+    return url.port if url.port is not None else DEFAULT_PORTS.get(url.scheme, -1)
+
+
+def _plain_path(url: httpx.URL) -> bool:
+    """No `.` or `..` segment, percent-encoded or not (a server may decode `%2E%2E`)."""
+    segments = url.raw_path.partition(b"?")[0].decode("ascii").split("/")
+    return not any(unquote(segment) in DOT_SEGMENTS for segment in segments)
 
 
 @dataclass(frozen=True)
@@ -44,114 +112,215 @@ class FhirSource:
     """The CDS client's FHIR server and the bearer token it gave for it."""
 
     base_url: str
-    access_token: str
+    access_token: str = field(repr=False)
 
-    def client(self, timeout_s: float) -> AsyncFHIRClient:
-        """An async client on the server, each request bounded by `timeout_s`."""
-        return AsyncFHIRClient(
-            self.base_url.rstrip("/"),
-            authorization=f"Bearer {self.access_token}",
-            aiohttp_config={"timeout": aiohttp.ClientTimeout(total=timeout_s)},
-        )
+
+@dataclass(frozen=True)
+class FetchLimits:
+    """What one call's fetches may take: time, bytes per answer and in all, resources, and the
+    page size asked of searches."""
+
+    timeout_s: float
+    max_answer_bytes: int
+    max_call_bytes: int
+    max_resources: int
+    page_size: int
+
+
+class Entry(msgspec.Struct):
+    """A Bundle entry as read: its resource's JSON text (`null`: none)."""
+
+    resource: msgspec.Raw = msgspec.Raw(b"null")
+
+
+class Link(msgspec.Struct):
+    """A Bundle link as read."""
+
+    relation: object = None
+    url: object = None
+
+
+class FhirValue(msgspec.Struct):
+    """What is read of a FHIR value: its type, and a Bundle's entries and links."""
+
+    resourceType: object = None
+    entry: list[Entry] | None = None
+    link: list[Link] | None = None
+
+
+class _Typed(msgspec.Struct):
+    resourceType: str
+
+
+_VALUE = msgspec.json.Decoder(FhirValue)
+_TYPED = msgspec.json.Decoder(_Typed)
+NO_RESOURCE = b"null"
+
+
+def next_link(links: list[Link]) -> str | None:
+    """The URL of a Bundle's `next` link, if it has one."""
+    for link in links:
+        if link.relation == "next" and isinstance(link.url, str) and link.url:
+            return link.url
+    return None
 
 
 async def fetch_all(
     source: FhirSource,
     queries: Mapping[str, str],
-    *,
-    timeout_s: float,
-    page_size: int,
-    max_resources: int,
-) -> dict[str, list[Resource]]:
-    """Each query's resources, fetched concurrently within `timeout_s` in all."""
-    client = source.client(timeout_s)
+    pages: Mapping[str, str],
+    limits: FetchLimits,
+) -> dict[str, list[bytes]]:
+    """Each key's resources as JSON text: every match of its query (`queries`: relative FHIR
+    URLs, `Patient/12`, `Observation?patient=12`), or the resources of a prefetched search's
+    further pages from its `next` link on (`pages`), fetched concurrently within `limits`."""
+    base = ServerBase.of(source.base_url)
+    headers = {
+        "Authorization": f"Bearer {source.access_token}",
+        "Accept": "application/fhir+json",
+        "Accept-Encoding": "identity",
+    }
+    timeout = httpx.Timeout(limits.timeout_s)
+    async with httpx.AsyncClient(headers=headers, timeout=timeout) as client:
+        fetcher = _Fetcher(client, base, source.base_url.rstrip("/"), limits)
+        jobs = {key: fetcher.query(key, query) for key, query in queries.items()}
+        jobs |= {key: fetcher.further_pages(key, url) for key, url in pages.items()}
+        try:
+            async with asyncio.timeout(limits.timeout_s):
+                return await _together(jobs)
+        except TimeoutError:
+            keys = ", ".join(jobs)
+            raise FhirFetchError(keys, f"no answer within {limits.timeout_s:g} s") from None
+
+
+async def _together(jobs: Mapping[str, Coroutine[None, None, T]]) -> dict[str, T]:
+    """Each job's result by key; the first `FhirFetchError` cancels the others and is raised."""
     try:
-        async with asyncio.timeout(timeout_s):
-            found = await asyncio.gather(
-                *(
-                    _fetch(client, key, query, page_size, max_resources)
-                    for key, query in queries.items()
-                )
-            )
-    except TimeoutError:
-        keys = ", ".join(queries)
-        raise FhirFetchError(
-            keys, "timeout", f"the FHIR server did not answer within {timeout_s:g} s"
-        ) from None
-    return dict(zip(queries, found, strict=True))
+        async with asyncio.TaskGroup() as group:
+            tasks = {key: group.create_task(job) for key, job in jobs.items()}
+    except* FhirFetchError as failed:
+        raise failed.exceptions[0] from None
+    return {key: task.result() for key, task in tasks.items()}
 
 
-async def next_pages(
-    source: FhirSource,
-    key: str,
-    next_url: str,
-    *,
-    timeout_s: float,
-    max_resources: int,
-) -> list[Resource]:
-    """The resources of a paged search's remaining pages, from its `next` link on."""
-    client = source.client(timeout_s)
+@dataclass
+class _Fetcher:
+    """One call's fetches: its client, the server they stay on, and what they have taken."""
+
+    client: httpx.AsyncClient
+    base: ServerBase
+    base_url: str
+    limits: FetchLimits
+    read_bytes: int = 0
+    resources: int = 0
+
+    async def query(self, key: str, query: str) -> list[bytes]:
+        """One query's resources: a read (`Type/id`) its resource, a search every match."""
+        path, _, params = query.partition("?")
+        if not params and path.count("/") == 1:
+            text = await self.get(key, self.link(key, None, f"{self.base_url}/{path}"))
+            self.count(key, 1)
+            return [_resource(key, text, path.partition("/")[0])]
+        if PAGE_SIZE_PARAM not in {name for name, _ in parse_qsl(params)}:
+            query += f"{'&' if params else '?'}{PAGE_SIZE_PARAM}={self.limits.page_size}"
+        return await self.pages(key, self.link(key, None, f"{self.base_url}/{query}"))
+
+    async def further_pages(self, key: str, next_url: str) -> list[bytes]:
+        """The resources of a prefetched search's further pages, from its `next` link on."""
+        return await self.pages(key, self.link(key, None, next_url))
+
+    async def pages(self, key: str, url: httpx.URL) -> list[bytes]:
+        """Every resource of a search's pages, from `url` on through the `next` links."""
+        found: list[bytes] = []
+        seen: set[httpx.URL] = set()
+        next_url: httpx.URL | None = url
+        while next_url is not None:
+            if next_url in seen:
+                raise FhirFetchError(key, "the next links go round in a loop")
+            seen.add(next_url)
+            resources, link = _page(key, await self.get(key, next_url))
+            self.count(key, len(resources))
+            found += resources
+            next_url = self.link(key, next_url, link) if link is not None else None
+        return found
+
+    def link(self, key: str, page: httpx.URL | None, target: str) -> httpx.URL:
+        """`target` (resolved against the `page` it came from) if it is on the server."""
+        try:
+            url = page.join(target) if page is not None else httpx.URL(target)
+        except httpx.InvalidURL:
+            raise FhirFetchError(key, "a link or redirect that is no URL") from None
+        if not self.base.holds(url):
+            raise FhirFetchError(key, "a link or redirect leaving fhirServer (not followed)")
+        return url
+
+    async def get(self, key: str, url: httpx.URL) -> bytes:
+        """The answer at `url` (redirects on the server followed), read within the limits."""
+        for _ in range(MAX_REDIRECTS + 1):
+            try:
+                async with self.client.stream("GET", url) as answer:
+                    location = answer.headers.get("location")
+                    if answer.status_code in REDIRECT_STATUSES and location:
+                        url = self.link(key, url, location)
+                        continue
+                    if answer.status_code in REFUSED_STATUSES:
+                        raise FhirFetchError(key, f"status {answer.status_code}: token refused")
+                    if answer.status_code != httpx.codes.OK:
+                        raise FhirFetchError(key, f"status {answer.status_code}")
+                    return await self.read(key, answer)
+            except httpx.HTTPError as exc:
+                raise FhirFetchError(key, f"no answer ({type(exc).__name__})") from None
+        raise FhirFetchError(key, f"more than {MAX_REDIRECTS} redirects")
+
+    async def read(self, key: str, answer: httpx.Response) -> bytes:
+        """The answer's body, counted chunk by chunk against the byte limits."""
+        encoding = answer.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise FhirFetchError(key, "a compressed answer (identity asked)")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in answer.aiter_raw():
+            size += len(chunk)
+            self.read_bytes += len(chunk)
+            if size > self.limits.max_answer_bytes:
+                raise FhirFetchError(key, f"an answer over {self.limits.max_answer_bytes:,} bytes")
+            if self.read_bytes > self.limits.max_call_bytes:
+                raise FhirFetchError(key, f"answers over {self.limits.max_call_bytes:,} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def count(self, key: str, n: int) -> None:
+        """Count `n` more resources of the call (over `max_resources`: the fetch fails)."""
+        self.resources += n
+        if self.resources > self.limits.max_resources:
+            raise FhirFetchError(key, f"more than {self.limits.max_resources:,} resources")
+
+
+def _decoded(key: str, text: bytes, decoder: msgspec.json.Decoder[T]) -> T:
+    """`text` decoded by `decoder`; UTF-8 JSON of its shape, else `FhirFetchError`."""
     try:
-        async with asyncio.timeout(timeout_s):
-            return await _guarded(key, _pages(client, key, next_url, None, max_resources))
-    except TimeoutError:
-        raise FhirFetchError(
-            key, "timeout", f"the FHIR server did not answer within {timeout_s:g} s"
-        ) from None
+        text.decode("utf-8")
+        return decoder.decode(text)
+    except msgspec.ValidationError as exc:
+        raise FhirFetchError(key, f"an answer of the wrong shape ({exc})") from None
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise FhirFetchError(key, f"an answer that is no JSON ({type(exc).__name__})") from None
 
 
-async def _fetch(
-    client: AsyncFHIRClient, key: str, query: str, page_size: int, max_resources: int
-) -> list[Resource]:
-    """One query: a read (`Type/id`) gives its resource, a search (`Type?...`) every match."""
-    parts = urlsplit(query)
-    path = parts.path.strip("/")
-    if "?" not in query and path.count("/") == 1:
-        resource = await _guarded(key, client.execute(path, method="get"))
-        return [dict(resource)] if resource else []
-    query_params = parse_qs(parts.query)
-    params: dict[str, Any] = {k: v if len(v) > 1 else v[0] for k, v in query_params.items()}
-    params.setdefault("_count", str(page_size))
-    return await _guarded(key, _pages(client, key, path, params, max_resources))
+def _page(key: str, text: bytes) -> tuple[list[bytes], str | None]:
+    """A search page's resources (JSON text) and its `next` link."""
+    value = _decoded(key, text, _VALUE)
+    if value.resourceType != "Bundle":
+        raise FhirFetchError(key, "a search answered without a Bundle")
+    resources = [bytes(entry.resource) for entry in value.entry or []]
+    resources = [resource for resource in resources if resource != NO_RESOURCE]
+    for resource in resources:
+        _decoded(key, resource, _TYPED)
+    return resources, next_link(value.link or [])
 
 
-async def _pages(
-    client: AsyncFHIRClient,
-    key: str,
-    path: str,
-    params: dict[str, Any] | None,
-    max_resources: int,
-) -> list[Resource]:
-    """Every entry's resource of a search and its following pages."""
-    found: list[Resource] = []
-    request: tuple[str, Any] = (path, params)
-    while True:
-        bundle = await client.execute(request[0], method="get", params=request[1])
-        if not isinstance(bundle, dict) or bundle.get("resourceType") != "Bundle":
-            raise FhirFetchError(key, "not_a_bundle", "a search answered without a Bundle")
-        entries = bundle.get("entry") or []
-        found += [dict(entry["resource"]) for entry in entries if "resource" in entry]
-        if len(found) > max_resources:
-            raise FhirFetchError(key, "too_many", f"more than {max_resources:,} resources")
-        next_url = get_by_path(bundle, ["link", {"relation": "next"}, "url"])
-        if not next_url:
-            return found
-        request = parse_pagination_url(next_url)
-
-
-async def _guarded(key: str, call: Any) -> Any:
-    """Await `call`, each FHIR client failure as a `FhirFetchError`."""
-    try:
-        return await call
-    except (AuthorizationError, ForbiddenError):
-        raise FhirFetchError(key, "refused", "the FHIR server refused the access token") from None
-    except ResourceNotFound:
-        raise FhirFetchError(key, "not_found", "the FHIR server has no such resource") from None
-    except BaseFHIRError:
-        raise FhirFetchError(key, "server_error", "the FHIR server answered an error") from None
-    except ValueError:  # fhirpy: a paging link off the server's base URL
-        raise FhirFetchError(key, "bad_link", "a paging link leaves the FHIR server") from None
-    except aiohttp.ClientError as exc:
-        raise FhirFetchError(
-            key, "unreachable", f"the FHIR server could not be reached ({type(exc).__name__})"
-        ) from None
+def _resource(key: str, text: bytes, kind: str) -> bytes:
+    """A read's resource (JSON text), checked to be of the type read."""
+    if _decoded(key, text, _TYPED).resourceType != kind:
+        raise FhirFetchError(key, f"a read of {kind} answered with another resource type")
+    return text

@@ -19,11 +19,20 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import jwt
-from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field
+from pydantic import (
+    AnyHttpUrl,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from service.cds_hooks.fhir_fetch import ServerBase
 
 ALGORITHMS = ("ES384", "RS384", "ES256", "RS256", "ES512", "RS512", "PS256", "PS384", "PS512")
 """Signatures accepted: the asymmetric JWS algorithms (CDS Hooks recommends ES384 and RS384)."""
@@ -36,17 +45,46 @@ JWKS_REFRESH_S = 30.0
 JWKS_TIMEOUT_S = 5.0
 
 
+ANY_FHIR_SERVER = "*"
+"""An issuer's `fhir_servers` when its calls may name any FHIR server (unsafe: a caller holding
+its key can point the service's fetches at any host the service reaches)."""
+
+
 class CdsIssuer(BaseModel):
     """An EHR allowed to call the hooks: where its public keys are, and which FHIR servers it
-    may send the service to (empty: any)."""
+    may send the service to (required: base URLs, or `"*"` for any)."""
 
     model_config = ConfigDict(extra="forbid")
 
     jwks_url: AnyHttpUrl = Field(description="The issuer's JWK Set URL.")
-    fhir_servers: list[AnyHttpUrl] = Field(
-        default_factory=list,
-        description="Base URLs of the FHIR servers its calls may name in `fhirServer`; empty: any.",
+    fhir_servers: list[AnyHttpUrl] | Literal["*"] = Field(
+        description="Base URLs of the FHIR servers its calls may name in `fhirServer` (at least "
+        'one; every fetch of a call stays under the one it names), or `"*"`: any (unsafe).',
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fhir_servers_named(cls, data: Any) -> Any:
+        """Refuse an issuer without `fhir_servers` (its callers could send the service, with
+        their token, to any host); `["*"]` is `"*"`."""
+        if isinstance(data, dict):
+            servers = data.get("fhir_servers")
+            if servers == [ANY_FHIR_SERVER]:
+                return data | {"fhir_servers": ANY_FHIR_SERVER}
+            if not servers:
+                raise ValueError(
+                    'MEDTPE_CDS_ISSUERS: this issuer needs "fhir_servers": the base URLs of the '
+                    'FHIR servers its calls may name, or "*" for any (unsafe)'
+                )
+        return data
+
+    @field_validator("fhir_servers")
+    @classmethod
+    def _base_urls(cls, value: list[AnyHttpUrl] | str) -> list[AnyHttpUrl] | str:
+        """Each a FHIR base URL as fetches are compared with it (`ServerBase`)."""
+        for url in value if isinstance(value, list) else ():
+            ServerBase.of(str(url))
+        return value
 
 
 class HookUnauthorized(Exception):

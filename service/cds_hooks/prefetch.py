@@ -4,12 +4,17 @@ from its FHIR server (CDS Hooks 2.0.1, "Providing FHIR Resources to a CDS Servic
 Per prefetch key of the service: a value (a resource, or a Bundle whose further pages are
 fetched) is used as sent; `null` means the client has no such data; a missing key, or an
 OperationOutcome in its place (the client's fetch failed), is fetched with the call's
-`fhirServer` and `fhirAuthorization`. Without those, or when the server cannot answer, the call
-is refused with 412 Precondition Failed, as the specification requires; a prefetched value that
-is no FHIR resource is a 422 naming its key.
+`fhirServer` and `fhirAuthorization` (`service.cds_hooks.fhir_fetch`: only from that server, which
+must be one of the issuer's `fhir_servers`, within the call's time, byte and resource limits,
+each context value URL-encoded into the query). Without those, or when the server cannot
+answer, the call is refused with 412 Precondition Failed, as the specification requires: one
+reason, `fhir_unavailable`, whatever failed (the detail goes to the audit line only: the reasons
+would tell a caller which hosts and ports answer); a prefetched value that is no FHIR resource
+is a 422 naming its key.
 
 The resources are gathered as JSON text: a prefetched Bundle's entries are cut out of the text
-the client sent without decoding them (msgspec), fetched ones are encoded once.
+the client sent without decoding them (msgspec), fetched ones are kept as the text the FHIR
+server sent.
 """
 
 from __future__ import annotations
@@ -18,19 +23,33 @@ import bisect
 import time
 from dataclasses import dataclass, field
 
+import httpx
 import msgspec
 
 from medtpe_core.cds.services import CdsService, TemplateError, render_template
-from service.cds_hooks.fhir_fetch import FhirFetchError, FhirSource, fetch_all, next_pages
-from service.cds_hooks.jwt_auth import Caller
+from service.cds_hooks.audit import AuditedError
+from service.cds_hooks.fhir_fetch import (
+    FetchLimits,
+    FhirFetchError,
+    FhirSource,
+    FhirValue,
+    ServerBase,
+    fetch_all,
+    next_link,
+)
+from service.cds_hooks.jwt_auth import ANY_FHIR_SERVER, Caller
 from service.cds_hooks.schemas import HookRequest
 from service.errors import ApiError, field_error
 from service.settings import ServiceSettings
 
 PAGE_SIZE = 500
 """`_count` of the searches the service runs itself."""
-MAX_RESOURCES = 200_000
-"""Most resources one prefetch key may bring (MEDS: at most 200,000 events per record)."""
+FHIR_UNAVAILABLE = "fhir_unavailable"
+FHIR_UNAVAILABLE_TEXT = (
+    "prefetch data left out could not be fetched from fhirServer (CDS Hooks: 412); the reason "
+    "is in the service's audit log"
+)
+"""The 412's error code and detail for every failure of a fetch: nothing of the network."""
 
 Loc = tuple[str | int, ...]
 
@@ -59,25 +78,8 @@ class Gathered:
         return where if entries is None else (*where, "entry", entries[index - first], "resource")
 
 
-class _Entry(msgspec.Struct):
-    resource: msgspec.Raw = msgspec.Raw(b"null")
-
-
-class _Link(msgspec.Struct):
-    relation: object = None
-    url: object = None
-
-
-class _Value(msgspec.Struct):
-    """What is read of a prefetch value: its type, and a Bundle's entries and links."""
-
-    resourceType: object = None
-    entry: list[_Entry] | None = None
-    link: list[_Link] | None = None
-
-
-_VALUE = msgspec.json.Decoder(_Value)
-_MISSING = _Value(resourceType="OperationOutcome")
+_VALUE = msgspec.json.Decoder(FhirValue)
+_MISSING = FhirValue(resourceType="OperationOutcome")
 """A key the client did not send: fetched, as when its fetch failed."""
 
 
@@ -102,7 +104,7 @@ async def gather_resources(
             texts = ((i, bytes(e.resource)) for i, e in enumerate(value.entry or []))
             entries = [(i, text) for i, text in texts if text != b"null"]  # no resource
             gathered.add(entries, where, True)
-            next_url = _next_link(value.link or [])
+            next_url = next_link(value.link or [])
             if next_url:
                 pages[key] = next_url
         else:
@@ -112,7 +114,7 @@ async def gather_resources(
     return gathered
 
 
-def _read(text: bytes, where: Loc) -> _Value | None:
+def _read(text: bytes, where: Loc) -> FhirValue | None:
     """A prefetch value's type and entries (None: `null`); 422 when it is no FHIR resource."""
     try:
         value = _VALUE.decode(text)
@@ -124,7 +126,7 @@ def _read(text: bytes, where: Loc) -> _Value | None:
             message = "a Bundle's `entry` and `link` are lists of JSON objects"
             detail = field_error(where, message, "not_fhir")
             raise ApiError(422, "invalid_request", detail) from None
-        value = _Value()
+        value = FhirValue()
     if not isinstance(value.resourceType, str):
         raise ApiError(
             422,
@@ -144,30 +146,22 @@ async def _fetch(
 ) -> None:
     """Fetch the missing keys and the further pages of prefetched searches (412 if it fails)."""
     source = _source(body, caller, settings, [*missing, *pages])
+    limits = FetchLimits(
+        timeout_s=settings.cds_fhir_timeout_s,
+        max_answer_bytes=settings.cds_fhir_max_answer_bytes,
+        max_call_bytes=settings.cds_fhir_max_call_bytes,
+        max_resources=settings.cds_fhir_max_resources,
+        page_size=PAGE_SIZE,
+    )
     start = time.perf_counter()
     try:
-        found = await fetch_all(
-            source,
-            missing,
-            timeout_s=settings.cds_fhir_timeout_s,
-            page_size=PAGE_SIZE,
-            max_resources=MAX_RESOURCES,
-        )
-        for key, next_url in pages.items():
-            found[key] = await next_pages(
-                source,
-                key,
-                next_url,
-                timeout_s=settings.cds_fhir_timeout_s,
-                max_resources=MAX_RESOURCES,
-            )
+        found = await fetch_all(source, missing, pages, limits)
     except FhirFetchError as exc:
-        raise ApiError(412, f"fhir_{exc.reason}", str(exc)) from None
+        raise AuditedError(412, FHIR_UNAVAILABLE, FHIR_UNAVAILABLE_TEXT, str(exc)) from None
     finally:
         gathered.fetch_s = time.perf_counter() - start
     for key, resources in found.items():
-        texts = [(i, msgspec.json.encode(resource)) for i, resource in enumerate(resources)]
-        gathered.add(texts, ("fhirServer", key), True)
+        gathered.add(list(enumerate(resources)), ("fhirServer", key), True)
 
 
 def _source(
@@ -182,6 +176,11 @@ def _source(
             f"prefetch {wanted} not sent and no fhirServer with fhirAuthorization to fetch it",
         )
     server = str(body.fhirServer)
+    try:
+        ServerBase.of(server)
+    except ValueError as exc:
+        detail = field_error(("body", "fhirServer"), str(exc), "fhir_server")
+        raise ApiError(422, "invalid_request", detail) from None
     if body.fhirServer.scheme != "https" and not settings.cds_allow_http_fhir:
         raise ApiError(
             412,
@@ -189,9 +188,11 @@ def _source(
             f"prefetch {wanted} must be fetched, but fhirServer is not https "
             "(MEDTPE_CDS_ALLOW_HTTP_FHIR)",
         )
-    allowed = [str(url).rstrip("/") for url in caller.config.fhir_servers]
-    base = server.rstrip("/")
-    if allowed and not any(base == url or base.startswith(url + "/") for url in allowed):
+    allowed = caller.config.fhir_servers
+    url = httpx.URL(server)
+    if allowed != ANY_FHIR_SERVER and not any(
+        ServerBase.of(str(base)).holds(url) for base in allowed
+    ):
         raise ApiError(
             412,
             "fhir_server_not_allowed",
@@ -203,16 +204,9 @@ def _source(
 def _query(template: str, body: HookRequest, key: str) -> str:
     """The template's query for this call (422 when the context lacks a token's field)."""
     try:
-        return render_template(template, body.context)
+        return render_template(template, body.context, url_encoded=True)
     except TemplateError as exc:
         field = exc.token.removeprefix("context.")
         raise ApiError(
             422, "invalid_request", field_error(("body", "context", field), str(exc), "missing")
         ) from None
-
-
-def _next_link(links: list[_Link]) -> str | None:
-    for link in links:
-        if link.relation == "next" and isinstance(link.url, str) and link.url:
-            return link.url
-    return None

@@ -8,9 +8,11 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -18,19 +20,23 @@ from click.testing import CliRunner
 from meds_evaluation.schema import PredictionSchema
 from starlette.testclient import TestClient
 
+from batch.fhir_export import export_files, partition_export
 from batch.fhir_job import (
     NO_FHIR_EVENTS,
     NO_PATIENT,
     ExportChangedError,
     FhirInput,
+    prepare_patient,
     run_fhir,
 )
 from evaluation.batch import Job
 from evaluation.runner import Sampling
 from inference.engine import EngineConfig
 from inference.instant_engine import InstantEngine
+from inference.model import load_model
 from medtpe_cli.predict_commands import predict
 from medtpe_core.cds.services import get_service
+from medtpe_core.fhir import load_site_mapping
 from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
 from medtpe_core.meds_readers import MedsDataset, read_labels
 from medtpe_core.tasks import get_task
@@ -39,12 +45,18 @@ from tests.support.bulk_server import resources_by_type, write_export
 from tests.support.cds_support import hook_request, prefetch_of
 from tests.support.ehr import Ehr
 from tests.support.mimic_fhir_fixture import FIXTURE
+from tests.support.paths import SHARED
 from tests.support.service_support import SERVICE_API_KEY, instant_client, instant_settings
 
 ICU = get_service("medtpe-icu-mortality-patient-view")
 TASK = get_task("icu_mortality")
 BODY_BYTES = 32 * 1024 * 1024
 BASE = "http://testserver"
+SHARED_MEDS = SHARED / "data" / "mimic-iv-demo-meds"
+SHARED_STAYS = 2
+"""Labelled stays of the shared demo checked (of distinct subjects, spread over the labels)."""
+EVENTS_AFTER = 50
+"""Events after a stay's prediction time in its export (the mapping leaves them out)."""
 
 
 class RecordingEngine(InstantEngine):
@@ -259,3 +271,43 @@ def test_the_command_takes_one_input(tmp_path: Path, arguments: list[str], messa
         [*fhir, *arguments, "--task", TASK.name, "--out", str(tmp_path / "o"), "--times", "last"],
     )
     assert result.exit_code == 2 and message in result.output
+
+
+@pytest.mark.skipif(not SHARED_MEDS.is_dir(), reason="needs ../shared/data/mimic-iv-demo-meds")
+def test_shared_demo_stays_from_the_export_get_the_prompt_of_their_meds_events(
+    settings: ServiceSettings, tmp_path: Path
+) -> None:
+    """The MIMIC-IV demo's stays, their subjects' whole records converted to NDJSON, prepared
+    from the export as `--fhir` prepares them: the engine ids of `--meds` on their events."""
+    dataset = MedsDataset.load(SHARED_MEDS)
+    points = read_labels(SHARED_MEDS / "labels" / "icu_mortality.parquet")
+    points = points[:: len(points) // SHARED_STAYS][:SHARED_STAYS]
+    bundles = []
+    for point in points:  # the record up to the stay's prediction time, and some events after
+        events = dataset.events(point.subject_id)
+        shown = len(events.before(point.prediction_time))
+        bundles.append(
+            fhir_bundle_from_meds(events.take(np.arange(len(events)) < shown + EVENTS_AFTER))
+        )
+    export = write_export(resources_by_type(bundles), tmp_path / "export", gzipped=("Observation",))
+    mapping = load_site_mapping()
+    partition = partition_export(
+        export_files(export), tmp_path / "work", mapping=mapping, progress=False
+    )
+    by_subject = {s: p for p, s in partition.subjects().items()}
+    grouped = {
+        patient: found
+        for bucket in range(partition.n_buckets)
+        for patient, found in partition.patients_of(bucket)
+    }
+    config = replace(settings.model(), codes_dir=SHARED_MEDS)
+    predictor = load_model(config).predictor
+    for point in points:
+        patient = by_subject[point.subject_id]
+        prepared, subject = prepare_patient(
+            predictor, TASK, mapping, patient, grouped[patient], point.prediction_time
+        )
+        by_meds = predictor.prepare(TASK, dataset.events(point.subject_id), point.prediction_time)
+        assert prepared is not None and subject == point.subject_id
+        assert prepared.prompt.text == by_meds.prompt.text, point
+        assert prepared.engine_ids == by_meds.engine_ids, point

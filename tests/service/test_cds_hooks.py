@@ -21,6 +21,7 @@ from medtpe_core.fhir import load_site_mapping, meds_from_fhir
 from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
 from medtpe_core.meds_readers import MedsDataset, read_labels
 from medtpe_core.tasks import get_task
+from service.cds_hooks.prefetch import FHIR_UNAVAILABLE_TEXT
 from service.cds_hooks.schemas import FeedbackRequest
 from tests.support.cds_support import (
     FHIR_TOKEN,
@@ -31,6 +32,7 @@ from tests.support.cds_support import (
     prefetch_of,
 )
 from tests.support.ehr import Ehr
+from tests.support.hostile_fhir import audit_lines
 from tests.support.mimic_fhir_fixture import FIXTURE
 from tests.support.paths import FIXTURES, ROOT
 from tests.support.service_support import (
@@ -43,13 +45,17 @@ from tests.support.service_support import (
 ICU = get_service("medtpe-icu-mortality-patient-view")
 BASE = "http://testserver"
 API_KEY = {"Authorization": f"Bearer {SERVICE_API_KEY}"}
+UNREACHABLE = "http://127.0.0.1:9"
+"""A FHIR server the test issuer may name that nothing answers (the discard port)."""
+HOSPITAL_FHIR = "https://fhir.hospital.test.invalid/r4"
 
 
 @pytest.fixture(scope="module")
-def client(service_files: tuple[Path, Path], ehr: Ehr) -> Iterator[TestClient]:
+def client(service_files: tuple[Path, Path], ehr: Ehr, fhir_server: str) -> Iterator[TestClient]:
     settings = instant_settings(
         service_files,
-        cds_issuers=json.loads(ehr.issuers_setting()),
+        cds_issuers=json.loads(ehr.issuers_setting([fhir_server, UNREACHABLE])),
+        cds_base_url=BASE,
         cds_allow_http_fhir=True,
         cds_fhir_timeout_s=8.0,
     )
@@ -130,41 +136,50 @@ def test_an_operation_outcome_in_place_of_a_prefetch_is_fetched(
 
 
 @pytest.mark.parametrize(
-    ("patient", "token", "error"),
+    ("patient", "token", "server", "detail"),
     [
-        ("broken-1", FHIR_TOKEN, "fhir_server_error"),
-        ("slow-1", FHIR_TOKEN, "fhir_timeout"),
-        (ICU_PATIENT, "a-token-the-server-refuses", "fhir_refused"),
+        ("broken-1", FHIR_TOKEN, None, ": status 500"),
+        ("slow-1", FHIR_TOKEN, None, "no answer within 8 s"),
+        (ICU_PATIENT, "a-token-the-server-refuses", None, "status 401: token refused"),
+        (ICU_PATIENT, FHIR_TOKEN, UNREACHABLE, "no answer (ConnectError)"),
     ],
 )
-def test_a_failing_fhir_server_is_a_412_naming_it_never_a_500(
-    client: TestClient, ehr: Ehr, fhir_server: str, patient: str, token: str, error: str
+def test_a_failing_fhir_server_is_a_412_saying_only_fhir_unavailable(
+    client: TestClient,
+    ehr: Ehr,
+    fhir_server: str,
+    caplog: pytest.LogCaptureFixture,
+    patient: str,
+    token: str,
+    server: str | None,
+    detail: str,
 ) -> None:
-    body = hook_request(ICU, patient, prefetch={"patient": None}, fhir_server=fhir_server)
-    body["fhirAuthorization"]["access_token"] = token
-    answer = call(client, ehr, body)
+    """Whatever failed, the caller learns only `fhir_unavailable` (the reasons would map which
+    hosts and ports answer); what failed is in the audit line."""
+    fhir = server or fhir_server
+    body = hook_request(ICU, patient, prefetch={"patient": None}, fhir_server=fhir, token=token)
+    with caplog.at_level(logging.INFO):
+        answer = call(client, ehr, body)
     assert answer.status_code == 412
-    assert answer.json()["error"] == error
-    assert token not in answer.text
-
-
-def test_an_unreachable_fhir_server_is_a_412(client: TestClient, ehr: Ehr) -> None:
-    body = hook_request(ICU, ICU_PATIENT, fhir_server="http://127.0.0.1:9")
-    answer = call(client, ehr, body)
-    assert (answer.status_code, answer.json()["error"]) == (412, "fhir_unreachable")
+    assert answer.json() == {"error": "fhir_unavailable", "detail": FHIR_UNAVAILABLE_TEXT}
+    audit = audit_lines(caplog)[-1]
+    assert (audit["outcome"], audit["reason"]) == ("precondition", "fhir_unavailable")
+    assert detail in audit["detail"]
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert token not in answer.text and token not in logged
 
 
 def test_a_fetch_outside_the_issuers_fhir_servers_is_refused(
     service_files: tuple[Path, Path], ehr: Ehr, fhir_server: str
 ) -> None:
-    allowed = json.loads(ehr.issuers_setting(["https://fhir.hospital.test.invalid/r4"]))
-    for values, error in [
-        ({"cds_issuers": allowed, "cds_allow_http_fhir": True}, "fhir_server_not_allowed"),
-        ({"cds_issuers": json.loads(ehr.issuers_setting())}, "fhir_server_not_allowed"),
-    ]:
-        with instant_client(instant_settings(service_files, **values)) as other:
+    """Another server than the issuer's, or an http one without MEDTPE_CDS_ALLOW_HTTP_FHIR."""
+    for servers, allow_http in [([HOSPITAL_FHIR], True), ([fhir_server], False)]:
+        issuers = json.loads(ehr.issuers_setting(servers))
+        values = {"cds_issuers": issuers, "cds_allow_http_fhir": allow_http}
+        settings = instant_settings(service_files, cds_base_url=BASE, **values)
+        with instant_client(settings) as other:
             answer = call(other, ehr, hook_request(ICU, ICU_PATIENT, fhir_server=fhir_server))
-        assert (answer.status_code, answer.json()["error"]) == (412, error)
+        assert (answer.status_code, answer.json()["error"]) == (412, "fhir_server_not_allowed")
 
 
 def test_the_same_record_is_answered_from_the_score_cache_until_it_changes(
@@ -456,7 +471,8 @@ def test_a_mimic_stay_through_the_hook_shows_predicts_events(
     settings = instant_settings(
         service_files,
         max_input_tokens=8192,
-        cds_issuers=json.loads(ehr.issuers_setting()),
+        cds_issuers=json.loads(ehr.issuers_setting([HOSPITAL_FHIR])),
+        cds_base_url=BASE,
     )
     dataset = MedsDataset.load(FIXTURE)
     with instant_client(settings) as client:

@@ -58,11 +58,10 @@ class Ehr:
         """The `Authorization` header of a call to `audience`."""
         return {"Authorization": f"Bearer {self.token(audience, **claims)}"}
 
-    def issuers_setting(self, fhir_servers: list[str] | None = None) -> str:
-        """`MEDTPE_CDS_ISSUERS` naming this EHR."""
-        return json.dumps(
-            {self.issuer: {"jwks_url": self.jwks_url, "fhir_servers": fhir_servers or []}}
-        )
+    def issuers_setting(self, fhir_servers: list[str] | str) -> str:
+        """`MEDTPE_CDS_ISSUERS` naming this EHR, whose calls may name `fhir_servers` (base
+        URLs, or `"*"`: any)."""
+        return json.dumps({self.issuer: {"jwks_url": self.jwks_url, "fhir_servers": fhir_servers}})
 
 
 @contextmanager
