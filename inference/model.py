@@ -8,6 +8,7 @@ tools), and a missing or stale one is a `ModelFilesMissing` naming the command t
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,12 @@ from typing import Any
 from inference.checkpoints import check_base_model, check_export
 from inference.engine import EngineConfig, EngineOptions
 from inference.predictor import Mode, Predictor
-from medtpe_core.bundle import ArtefactBundle, unvalidated_budget_message
+from medtpe_core.bundle import (
+    ArtefactBundle,
+    RenderingCheck,
+    check_rendering,
+    unvalidated_budget_message,
+)
 from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.declared import Declared, declared, described
 from medtpe_core.meds_readers import read_code_descriptions
@@ -23,6 +29,8 @@ from medtpe_core.paths import default_artefact_dir, default_export_dir, default_
 from medtpe_core.prompting import DEFAULT_MAX_INPUT_TOKENS
 from medtpe_core.tokenizer import MedTPETokenizer
 from medtpe_core.windowing import Windowing, WindowPolicy
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -53,8 +61,11 @@ class ModelConfig:
     codes_dir: Path | None = field(
         default=None,
         metadata=described(
-            "MEDS dataset root whose `metadata/codes.parquet` gives code descriptions for "
-            "rendering (unset: the artefact directory's, if it has one)."
+            "MEDS dataset root whose `metadata/codes.parquet` replaces the artefact's code "
+            "descriptions in rendered records (unset: the artefact's own table, the one its "
+            "text was built with). Descriptions that differ from the artefact's are reported at "
+            "start (a warning, `/readyz` `rendering`); a code no table describes is shown by "
+            "its name (`Lab 220045`)."
         ),
     )
     max_input_tokens: int = field(
@@ -130,6 +141,8 @@ class LoadedModel:
     predictor: Predictor
     bundle: ArtefactBundle
     """The MedTPE artefact, with the input budgets its fidelity gate passed at."""
+    rendering: RenderingCheck
+    """How records are rendered, against the artefact's build (code descriptions, version)."""
 
     def unvalidated_budget(self) -> str | None:
         """Why this model's input budget is untested for MedTPE (None: validated, or the
@@ -165,12 +178,24 @@ def load_model(config: ModelConfig) -> LoadedModel:
     else:
         checkpoint = base_dir
     budget = input_budget(config, checkpoint)
+    overridden = config.codes_dir is not None
+    descriptions = read_code_descriptions(config.codes_dir) if overridden else bundle.descriptions
+    rendering = check_rendering(bundle, descriptions, overridden)
+    if rendering.matches_artefact is False:
+        where = f" (codes_dir {config.codes_dir})" if overridden else ""
+        logger.warning(
+            "records are rendered otherwise than the MedTPE artefact %s was built with%s: %s; "
+            "its merges and rows were trained and validated on other text",
+            bundle.artefact_id,
+            where,
+            "; ".join(rendering.differences),
+        )
     predictor = Predictor(
         tokenizer,
         ChatTemplate.from_model_dir(base_dir),
         config.mode,
         budget,
-        read_code_descriptions(config.codes_dir or config.artefact_dir),
+        descriptions,
         windowing=config.windowing,
     )
     engine_config = EngineConfig(checkpoint, budget + config.max_new_tokens, config.engine)
@@ -181,4 +206,4 @@ def load_model(config: ModelConfig) -> LoadedModel:
         base_fingerprint=tokenizer.fingerprint,
     )
     predictor.stop_ids  # noqa: B018 - the stop rule's ids, computed once here, not in a request
-    return LoadedModel(identity, engine_config, predictor, bundle)
+    return LoadedModel(identity, engine_config, predictor, bundle, rendering)

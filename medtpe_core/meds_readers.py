@@ -10,7 +10,7 @@ file and the column.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -173,6 +173,22 @@ def read_code_descriptions(root: str | Path) -> dict[str, str]:
         )
         if code is not None and desc
     }
+
+
+def write_code_descriptions(root: str | Path, descriptions: Mapping[str, str]) -> Path:
+    """Write `descriptions` as `root/metadata/codes.parquet` (string columns `code` and
+    `description`, sorted by code: what `read_code_descriptions` reads back); returns its path."""
+    path = Path(root) / meds.code_metadata_filepath
+    path.parent.mkdir(parents=True, exist_ok=True)
+    codes = sorted(descriptions)
+    table = pa.table(
+        {
+            "code": pa.array(codes, pa.string()),
+            "description": pa.array([descriptions[c] for c in codes], pa.string()),
+        }
+    )
+    pq.write_table(table, path, compression="zstd")
+    return path
 
 
 def read_dataset_metadata(root: str | Path) -> dict[str, Any]:

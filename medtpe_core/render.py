@@ -57,6 +57,7 @@ from medtpe_core.piece_tokens import PieceTokens, TokenEncoder, piece_tokens
 from medtpe_core.windowing import window_events
 
 __all__ = [
+    "RENDER_VERSION",
     "STATIC_HEADER",
     "BudgetTooSmallError",
     "RenderedRecord",
@@ -68,6 +69,10 @@ __all__ = [
     "render_record",
 ]
 
+RENDER_VERSION = 1
+"""The version of the text this module writes: bumped whenever the same events and code
+descriptions would render differently. An artefact's manifest records the version its training
+text was rendered with (`medtpe_core.bundle.Rendering`); a service on another reports it."""
 STATIC_HEADER = "[static]"
 _SPECIAL_CODES = {meds.birth_code: "Birth", meds.death_code: "Death"}
 _ACRONYMS = {"ICU", "ED", "DRG", "HCPCS", "ICD", "BMI", "MEDS", "ICD9", "ICD10"}

@@ -34,7 +34,9 @@ async def healthz(request: Request) -> JSONResponse:
 async def readyz(request: Request) -> JSONResponse:
     """200 once the engine is loaded and warmed up; 503 while starting, stopping, failed or dead.
     With the model loaded: its identity, the input budgets its artefact was validated at, the
-    budget served and the modes it answers in (two with `MEDTPE_COMPARE_MODES=true`)."""
+    budget served, the modes it answers in (two with `MEDTPE_COMPARE_MODES=true`) and how it
+    renders records against the artefact's build (`rendering`: whose code descriptions, whether
+    they and the renderer's version match the build's, their digest)."""
     state = _state(request)
     status = state.status
     body: dict[str, object] = {"status": status}
@@ -45,6 +47,7 @@ async def readyz(request: Request) -> JSONResponse:
         body["validated_budgets"] = list(state.model.bundle.validated_budgets)
         body["max_input_tokens"] = state.model.predictor.max_input_tokens
         body["modes"] = list(state.settings.modes)
+        body["rendering"] = asdict(state.model.rendering)
     return JSONResponse(body, 200 if status == "ready" else 503)
 
 

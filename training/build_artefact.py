@@ -39,10 +39,18 @@ from inference.engine import EngineFactory
 from inference.engines import start_vllm
 from inference.model import ModelConfig, model_context_length
 from medtpe_core.build import build_tokenizer_from_meds, default_protected_texts
-from medtpe_core.bundle import MANIFEST_FILE, ROWS_FILE, ArtefactBundle, content_digest
+from medtpe_core.bundle import (
+    DESCRIPTIONS_FILE,
+    MANIFEST_FILE,
+    ROWS_FILE,
+    ArtefactBundle,
+    content_digest,
+)
 from medtpe_core.corpus import CorpusSpec
 from medtpe_core.fidelity import Thresholds
+from medtpe_core.meds_readers import read_code_descriptions
 from medtpe_core.prediction_point import PredictionPoint
+from medtpe_core.render import RENDER_VERSION
 from medtpe_core.subject_split import subject_split
 from medtpe_core.tasks.answers import ANSWER_END
 from medtpe_core.tokenizer import PLAIN_TAIL, MedTPETokenizer
@@ -138,6 +146,16 @@ def gate_model(config: BuildConfig, artefact_dir: Path, export_dir: Path) -> Mod
     )
 
 
+def record_rendering(artefact: Path, meds: Path) -> ArtefactBundle:
+    """Ship the code descriptions of the MEDS dataset `meds` (those a build of `artefact`
+    rendered its text with) in `artefact`, and record them with the renderer's version in its
+    manifest: what `write` does, for an artefact built before it did. The merges, rows,
+    validated budgets, artefact id and content digest stay as they are."""
+    bundle = ArtefactBundle.from_pretrained(artefact)
+    rendering = bundle.save_descriptions(read_code_descriptions(meds))
+    return bundle.write_manifest(bundle.validated, rendering)
+
+
 class ArtefactBuild:
     """One build: its settings, base model facts, work directory and state."""
 
@@ -160,7 +178,10 @@ class ArtefactBuild:
         if restart and self.work.exists():
             shutil.rmtree(self.work)
         self.work.mkdir(parents=True, exist_ok=True)
-        identity = config.identity() | {"base_tokenizer": self.info.tokenizer_fingerprint}
+        identity = config.identity() | {
+            "base_tokenizer": self.info.tokenizer_fingerprint,
+            "render_version": RENDER_VERSION,  # the text every step reads
+        }
         if config.init_from is not None:
             identity["init_from_digest"] = content_digest(config.init_from)
         self.state = BuildState(self.work / STATE_FILE, identity)
@@ -520,8 +541,9 @@ class ArtefactBuild:
         return gate
 
     def write(self) -> dict[str, Any]:
-        """After the gate passed: the kept artefact's files, the SSFT curves, the report and the
-        manifest (the budgets it was validated at) into the output dir."""
+        """After the gate passed: the kept artefact's files, the SSFT curves, the code
+        descriptions the text was rendered with, the report and the manifest (the budgets it was
+        validated at, the rendering) into the output dir."""
         gate = self._check_gate()
         out = self.config.out
         out.mkdir(parents=True, exist_ok=True)
@@ -543,10 +565,13 @@ class ArtefactBuild:
                 name = DISTILL_HISTORY.replace("distill", run, 1)
                 shutil.copyfile(history, out / name)
                 written.append(name)
+        descriptions = read_code_descriptions(self.config.meds)
+        rendering = ArtefactBundle.from_pretrained(out).save_descriptions(descriptions)
+        written += [DESCRIPTIONS_FILE] if descriptions else []
         written += [REPORT_FILE, MANIFEST_FILE]
         (out / REPORT_FILE).write_text(json.dumps(self.report(written), indent=2) + "\n")
         validated = {int(budget): result["fidelity"] for budget, result in gate.items()}
-        ArtefactBundle.from_pretrained(out).write_manifest(validated)
+        ArtefactBundle.from_pretrained(out).write_manifest(validated, rendering)
         return {"files": written}
 
     def report(self, files: list[str] | None = None) -> dict[str, Any]:

@@ -23,8 +23,14 @@ import training.pseudo_labels  # noqa: E402
 from inference.instant_engine import InstantEngine  # noqa: E402
 from medtpe_cli.main import cli  # noqa: E402
 from medtpe_core.build import build_tokenizer  # noqa: E402
-from medtpe_core.bundle import MANIFEST_FILE, ArtefactBundle  # noqa: E402
+from medtpe_core.bundle import (  # noqa: E402
+    DESCRIPTIONS_FILE,
+    MANIFEST_FILE,
+    ArtefactBundle,
+    Rendering,
+)
 from medtpe_core.corpus import iter_meds_corpus_texts  # noqa: E402
+from medtpe_core.meds_readers import read_code_descriptions  # noqa: E402
 from medtpe_core.tokenizer import MedTPETokenizer  # noqa: E402
 from tests.support.meds_fixtures import train_tokenizer, write_meds_dataset  # noqa: E402
 from tests.support.model_fixtures import tiny_llama  # noqa: E402
@@ -140,6 +146,10 @@ def test_build_writes_a_trained_artefact_and_its_report(
     manifest = ArtefactBundle.from_pretrained(out)
     assert manifest.validated_budgets == (600, 700)
     assert manifest.artefact_id == tokenizer.artefact_id
+    # the text's code descriptions ship with it, recorded with the renderer's version
+    assert manifest.descriptions == read_code_descriptions(meds_dir) != {}
+    assert manifest.rendering == Rendering.of(manifest.descriptions)
+    assert DESCRIPTIONS_FILE in report["files"]
     assert report["render"]["train_budgets"] == {"500": 3, "700": 3}  # the length mix
     assert report["render"]["train_tokens_original_max"] <= 700
     rows, _ = load_rows(out)
