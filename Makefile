@@ -41,7 +41,8 @@ serve: model
 	$(BIN)/medtpe serve --host $(HOST) --port $(PORT)
 
 # Prometheus and promtool for the deployment tests, headless Chromium and its WebDriver for the
-# compression page's browser test (Debian packages), each only when missing.
+# compression page's browser test, redis-server for the shared-state tests (Debian packages),
+# each only when missing.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_INSTALL := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends
 deps-system:
@@ -49,6 +50,8 @@ deps-system:
 	  { $(SUDO) apt-get update -q && $(APT_INSTALL) prometheus; }
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 	  { $(SUDO) apt-get update -q && $(APT_INSTALL) chromium chromium-driver; }
+	command -v redis-server >/dev/null || \
+	  { $(SUDO) apt-get update -q && $(APT_INSTALL) redis-server; }
 
 # Validators of the deployment files (hadolint, kubernetes-validate, docker compose).
 DEPLOY_STAMP := $(VENV)/.deploy-tools

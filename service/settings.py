@@ -22,7 +22,8 @@ from inference.predictor import Mode
 from medtpe_core.cds.risk import DEFAULT_TASK_BANDS, RiskBands
 from medtpe_core.tasks import TASKS_DIR_ENV, UnknownTaskError, get_task
 from medtpe_core.windowing import WindowPolicy
-from service.cds_hooks.jwt_auth import CdsIssuer
+from service.cds_hooks.jwt_auth import JWKS_GRACE_S, CdsIssuer
+from service.shared_state import STATE_URL_SCHEMES
 
 ENV_PREFIX = "MEDTPE_"
 API_KEYS_ENV = "MEDTPE_API_KEYS"
@@ -145,6 +146,20 @@ class ServiceSettings(BaseSettings):
     cds_jwt_max_lifetime_s: float = Field(
         600.0, gt=0, description="CDS Hooks: longest accepted JWT lifetime (`exp` - `iat`)."
     )
+    cds_jwks_grace_s: float = Field(
+        JWKS_GRACE_S,
+        ge=0,
+        description="CDS Hooks: how long past its 5-minute reuse an issuer's last good JWK Set "
+        "still verifies calls while its host does not answer (refetches: one at a time, at most "
+        "one attempt per 10 s per issuer).",
+    )
+    state_url: str | None = Field(
+        None,
+        description="The state every API process and replica shares (the CDS Hooks replay and "
+        "score caches), on a Redis or Valkey server: `redis://host:port/db` (`rediss://` for "
+        "TLS, `redis://:password@host...`); unset: in each process's memory, one API process "
+        "only when CDS issuers are configured (service/shared_state.py).",
+    )
     cds_fhir_timeout_s: float = Field(
         10.0, gt=0, description="CDS Hooks: deadline of all FHIR server fetches of one call."
     )
@@ -182,7 +197,10 @@ class ServiceSettings(BaseSettings):
         description="CDS Hooks: the model card the card's source links to.",
     )
     cds_score_cache_size: int = Field(
-        10_000, ge=0, description="CDS Hooks: scores kept per API process (0: no cache)."
+        10_000,
+        ge=0,
+        description="CDS Hooks: scores kept per API process (0: no cache); with `state_url`, "
+        "in the shared store, bounded by their time to live.",
     )
     cds_score_cache_ttl_s: float = Field(
         3600.0, gt=0, description="CDS Hooks: how long a kept score is reused."
@@ -221,6 +239,27 @@ class ServiceSettings(BaseSettings):
             except UnknownTaskError as exc:
                 raise ValueError(f"MEDTPE_CDS_RISK_BANDS: {exc}") from exc
         return value
+
+    @field_validator("state_url")
+    @classmethod
+    def _state_scheme(cls, value: str | None) -> str | None:
+        """A Redis URL (a misspelt one would fail only at the first hook call)."""
+        if value is not None and value.partition("://")[0] not in STATE_URL_SCHEMES:
+            schemes = ", ".join(f"{scheme}://" for scheme in STATE_URL_SCHEMES)
+            raise ValueError(f"MEDTPE_STATE_URL must start with one of {schemes}")
+        return value
+
+    @model_validator(mode="after")
+    def _shared_replay_cache(self) -> ServiceSettings:
+        """Several API processes each holding their own `jti`s would accept one token once per
+        process: with CDS issuers they need the shared state."""
+        if self.cds_issuers and self.api_workers > 1 and self.state_url is None:
+            raise ValueError(
+                f"MEDTPE_API_WORKERS={self.api_workers} with MEDTPE_CDS_ISSUERS needs "
+                "MEDTPE_STATE_URL (a Redis or Valkey server the API processes share): each "
+                "process alone would accept a CDS Hooks token once"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_process_to_compare(self) -> ServiceSettings:

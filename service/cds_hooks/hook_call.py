@@ -2,7 +2,8 @@
 resources as JSON text (`service.cds_hooks.prefetch`), then the score:
 
 - from the score cache when the same caller sent the very same resources before (a digest of
-  their text: nothing is decoded or mapped);
+  their text: nothing is decoded or mapped); the cache is in the state every API process and
+  replica shares (service/shared_state.py), and a store that does not answer is a miss;
 - else map them to MEDS events and the prompt (`medtpe_core.fhir`, in a worker thread: every
   resource gets the first pass, only those the prompt can reach are validated and read,
   `inference.fhir_prompt`; the process's `ResourceCache` holds what each resource seen before
@@ -27,14 +28,14 @@ from inference.model import LoadedModel
 from inference.predictor import Predictor, PreparedRecord
 from medtpe_core.cds.cards import Score, card_text
 from medtpe_core.cds.risk import DEFAULT_BANDS
-from medtpe_core.cds.score_cache import ScoreCache, record_digest, texts_digest
+from medtpe_core.cds.score_cache import record_digest, texts_digest
 from medtpe_core.cds.services import HOOK_CONTEXT, PATIENT_ID, CdsService
 from medtpe_core.fhir import FhirInputError, FhirRecord, ResourceCache, SiteMapping
 from medtpe_core.fhir.window import FhirWindow
 from medtpe_core.meds import SubjectEvents
 from medtpe_core.tasks import Task, get_task
 from service.cds_hooks.audit import AuditEntry
-from service.cds_hooks.jwt_auth import Caller, HookAuthenticator
+from service.cds_hooks.jwt_auth import Caller, HookAuthenticator, JwksCache, ReplayCache
 from service.cds_hooks.prefetch import Gathered, gather_resources
 from service.cds_hooks.responses import risk_card
 from service.cds_hooks.schemas import CdsResponse, HookRequest
@@ -43,6 +44,7 @@ from service.errors import ApiError, field_error
 from service.schemas import PredictOptions, PredictResponse
 from service.serving import predict_record, served
 from service.settings import ServiceSettings
+from service.shared_state import ScoreStore, open_store
 from service.state import ServiceState
 
 HOOK_OPTIONS = PredictOptions(return_probabilities=True)
@@ -54,17 +56,24 @@ class CdsHooks:
     """What the hook routes hold: the JWT check, the score cache and the resource cache."""
 
     auth: HookAuthenticator
-    scores: ScoreCache[Score]
+    scores: ScoreStore
     base_url: str | None
     max_resources: int
     _resources: dict[int, ResourceCache] = field(default_factory=dict)
 
     @classmethod
     def from_settings(cls, settings: ServiceSettings) -> CdsHooks:
-        """The hooks of one API process."""
+        """The hooks of one API process: the replay and score caches in the state store of
+        `state_url` (unset: this process's memory)."""
+        store = open_store(settings.state_url, settings.cds_score_cache_size)
         return cls(
-            HookAuthenticator(settings.cds_issuers, settings.cds_jwt_max_lifetime_s),
-            ScoreCache(settings.cds_score_cache_size, settings.cds_score_cache_ttl_s),
+            HookAuthenticator(
+                settings.cds_issuers,
+                settings.cds_jwt_max_lifetime_s,
+                JwksCache(settings.cds_jwks_grace_s),
+                ReplayCache(store),
+            ),
+            ScoreStore(store, settings.cds_score_cache_ttl_s, settings.cds_score_cache_size > 0),
             str(settings.cds_base_url).rstrip("/") if settings.cds_base_url else None,
             settings.cds_resource_cache_size,
         )
@@ -103,10 +112,11 @@ async def answer_hook(
         state.metrics.cds_fhir_fetch.observe(gathered.fetch_s)
     patient = str(body.context[PATIENT_ID])
     salt = state.salts.of(f"cds-hooks\x1f{caller.issuer}\x1f{caller.tenant or ''}")
+    caller_key = (caller.issuer, caller.tenant or "")  # the same in every replica
     identity = model.identity
     parts = (task.name, identity.artefact_id, identity.mode, str(model.predictor.max_input_tokens))
     sent = await asyncio.to_thread(texts_digest, gathered.resources, patient, *parts)
-    score = hooks.scores.get((salt, patient, sent))
+    score = await hooks.scores.get(*caller_key, "sent", sent)
     cached = score is not None
     if score is None:
         mapping = state.site_mapping()
@@ -114,13 +124,14 @@ async def answer_hook(
         record, events, prepared = await asyncio.to_thread(
             _prepared, model.predictor, task, mapping, cache, gathered, patient
         )
-        key = (salt, task.name, patient, record_digest(events, None, *parts))
-        score = hooks.scores.get(key)
+        key = (*caller_key, "events", task.name, patient, record_digest(events, None, *parts))
+        score = await hooks.scores.get(*key)
         cached = score is not None
         if score is None:
             score = await _scored(state, model, task, events, record, prepared, salt)
-            hooks.scores.put(key, score)
-        hooks.scores.put((salt, patient, sent), score)
+        kept = [(*caller_key, "sent", sent), *([] if cached else [key])]
+        # at once: one round trip to a shared store
+        await asyncio.gather(*(hooks.scores.put(score, *under) for under in kept))
     bands = state.settings.cds_risk_bands.get(task.name, DEFAULT_BANDS)
     card = risk_card(card_text(score, bands, cached=cached), identity, state.settings)
     audit.card, audit.outcome = card.uuid, "cached" if cached else "card"

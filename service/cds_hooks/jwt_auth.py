@@ -8,14 +8,17 @@ A call is accepted only when its `Authorization: Bearer` JWT
   refused whatever the key;
 - carries `aud` equal to the URL called, `exp` in the future, `iat` not in the future and at most
   `max_lifetime_s` before `exp`, and a `jti` not seen before from that issuer (a replay cache
-  holding each `jti` until its token expires).
+  holding each `jti` until its token expires, in the state every API process and replica shares:
+  service/shared_state.py).
 Anything else is `HookUnauthorized`: a bare 401. The token, its claims and the reason never reach
-a response; the reason is logged (without the token).
+a response; the reason is logged (without the token). A state store that does not answer makes
+the call a 503 with `Retry-After`, never an unchecked accept.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -33,6 +36,16 @@ from pydantic import (
 )
 
 from service.cds_hooks.fhir_fetch import ServerBase
+from service.errors import ApiError
+from service.shared_state import (
+    STATE_RETRY_AFTER_S,
+    LocalStore,
+    StateStore,
+    StateUnavailable,
+    state_key,
+)
+
+logger = logging.getLogger("medtpe.service")
 
 ALGORITHMS = ("ES384", "RS384", "ES256", "RS256", "ES512", "RS512", "PS256", "PS384", "PS512")
 """Signatures accepted: the asymmetric JWS algorithms (CDS Hooks recommends ES384 and RS384)."""
@@ -40,9 +53,14 @@ LEEWAY_S = 30.0
 """Clock skew allowed between the EHR and this service."""
 JWKS_TTL_S = 300.0
 """How long a fetched JWK Set is used before it is fetched again."""
-JWKS_REFRESH_S = 30.0
-"""An unknown `kid` refetches the set (key rotation), at most this often per issuer."""
+JWKS_RETRY_S = 10.0
+"""Fetches of one issuer's set start at most this often, failed ones included (an unknown `kid`
+refetches the set, for key rotation, within this limit)."""
 JWKS_TIMEOUT_S = 5.0
+"""Deadline of one JWK Set fetch."""
+JWKS_GRACE_S = 3600.0
+"""Default of `MEDTPE_CDS_JWKS_GRACE_S`: how long past its TTL the last good set still serves
+while its host does not answer."""
 
 
 ANY_FHIR_SERVER = "*"
@@ -107,40 +125,84 @@ class Caller:
 
 
 class JwksCache:
-    """Each issuer's JWK Set, fetched over HTTP(S) without blocking the event loop."""
+    """Each issuer's JWK Set, fetched over HTTP(S) without blocking the event loop.
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    A set is used `JWKS_TTL_S` after its fetch, then refetched in the background while it still
+    serves. An outage of the JWK Set host costs one bounded wait, not one per call: one fetch at
+    a time per issuer (concurrent callers that need it wait on that one), at most one attempt
+    per `JWKS_RETRY_S` (failed ones included), and the last good set serves for `grace_s` past
+    its TTL. Only a caller that has no usable set, or names a `kid` absent from it, waits, and
+    at most `timeout_s`.
+    """
+
+    def __init__(
+        self,
+        grace_s: float = JWKS_GRACE_S,
+        timeout_s: float = JWKS_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.grace_s = grace_s
+        self.timeout_s = timeout_s
         self._clock = clock
         self._sets: dict[str, tuple[float, jwt.PyJWKSet]] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._attempted: dict[str, float] = {}
+        self._failure: dict[str, str] = {}
+        self._fetches: dict[str, asyncio.Task[None]] = {}
 
     async def key(self, url: str, kid: str) -> jwt.PyJWK:
-        """The key `kid` of the set at `url` (refetched once when absent: keys rotate)."""
-        keys = await self._keys(url, max_age_s=JWKS_TTL_S)
-        if kid not in _kids(keys):
-            keys = await self._keys(url, max_age_s=JWKS_REFRESH_S)
+        """The key `kid` of the set at `url` (refetched when absent: keys rotate)."""
+        keys, age = self._usable(url)
+        if keys is not None and kid in _kids(keys):
+            if age >= JWKS_TTL_S:
+                self._fetch(url)  # in the background: the last good set serves meanwhile
+            return keys[kid]
+        fetch = self._fetch(url)
+        if fetch is not None:
+            await asyncio.shield(fetch)
+            keys, _ = self._usable(url)
+        if keys is None:
+            raise HookUnauthorized(f"jwks_unavailable:{self._failure.get(url, 'not_fetched')}")
         try:
             return keys[kid]
         except KeyError:
             raise HookUnauthorized("unknown_key") from None
 
-    async def _keys(self, url: str, max_age_s: float) -> jwt.PyJWKSet:
-        lock = self._locks.setdefault(url, asyncio.Lock())
-        async with lock:
-            cached = self._sets.get(url)
-            if cached is not None and self._clock() - cached[0] < max_age_s:
-                return cached[1]
-            try:
-                async with httpx.AsyncClient(timeout=JWKS_TIMEOUT_S) as client:
-                    answer = await client.get(url)
-                answer.raise_for_status()
-                keys = jwt.PyJWKSet.from_dict(answer.json())
-            except (httpx.HTTPError, ValueError, jwt.PyJWKSetError) as exc:
-                if cached is not None:  # keep serving the last good set
-                    return cached[1]
-                raise HookUnauthorized(f"jwks_unavailable:{type(exc).__name__}") from exc
+    def _usable(self, url: str) -> tuple[jwt.PyJWKSet | None, float]:
+        """The last good set and its age, None past its TTL and grace."""
+        cached = self._sets.get(url)
+        if cached is None:
+            return None, float("inf")
+        age = self._clock() - cached[0]
+        return (cached[1] if age < JWKS_TTL_S + self.grace_s else None), age
+
+    def _fetch(self, url: str) -> asyncio.Task[None] | None:
+        """The fetch of `url` in flight, else a new one unless one started less than
+        `JWKS_RETRY_S` ago (None)."""
+        running = self._fetches.get(url)
+        if running is not None:
+            return running
+        now = self._clock()
+        if now - self._attempted.get(url, -JWKS_RETRY_S) < JWKS_RETRY_S:
+            return None
+        self._attempted[url] = now
+        task = self._fetches[url] = asyncio.create_task(self._fetched(url))
+        return task
+
+    async def _fetched(self, url: str) -> None:
+        """Fetch the set; a failure keeps the last good one (its reason kept for the log)."""
+        try:
+            async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+                answer = await client.get(url)
+            answer.raise_for_status()
+            keys = jwt.PyJWKSet.from_dict(answer.json())
+        except (httpx.HTTPError, ValueError, jwt.PyJWKSetError) as exc:
+            self._failure[url] = type(exc).__name__
+            logger.warning("JWK Set %s not fetched: %s", url, type(exc).__name__)
+        else:
             self._sets[url] = (self._clock(), keys)
-            return keys
+            self._failure.pop(url, None)
+        finally:
+            del self._fetches[url]
 
 
 def _kids(keys: jwt.PyJWKSet) -> set[str]:
@@ -148,22 +210,18 @@ def _kids(keys: jwt.PyJWKSet) -> set[str]:
 
 
 class ReplayCache:
-    """The `jti`s seen per issuer, each kept until its token's expiry."""
+    """The `jti`s seen per issuer, each kept in the state store until its token's expiry (and
+    the clock-skew leeway): the first use of a `jti` wins, in any process sharing the store."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: StateStore, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
         self._clock = clock
-        self._seen: dict[tuple[str, str], float] = {}
 
-    def first_use(self, issuer: str, jti: str, expires: float) -> bool:
-        """Record the token; False when it was seen before (a replay)."""
-        now = self._clock()
-        if len(self._seen) > 1024:
-            self._seen = {k: exp for k, exp in self._seen.items() if exp + LEEWAY_S >= now}
-        key = (issuer, jti)
-        if key in self._seen:
-            return False
-        self._seen[key] = expires
-        return True
+    async def first_use(self, issuer: str, jti: str, expires: float) -> bool:
+        """Record the token; False when it was seen before (a replay). `StateUnavailable`
+        when the store does not answer."""
+        ttl_s = max(expires + LEEWAY_S - self._clock(), 1.0)
+        return await self.store.claim(state_key("jti", issuer, jti), ttl_s)
 
 
 class HookAuthenticator:
@@ -179,7 +237,7 @@ class HookAuthenticator:
         self.issuers = dict(issuers)
         self.max_lifetime_s = max_lifetime_s
         self.jwks = jwks or JwksCache()
-        self.replays = replays or ReplayCache()
+        self.replays = replays or ReplayCache(LocalStore(0))
 
     async def verify(self, authorization: str | None, audience: str) -> Caller:
         """The caller of a call with this `Authorization` header to the URL `audience`."""
@@ -195,7 +253,16 @@ class HookAuthenticator:
         config = self._issuer(header, unverified, jti)
         key = await self.jwks.key(str(config.jwks_url), header["kid"])
         claims = self._claims(token, key, header["alg"], audience, unverified["iss"], jti)
-        if not self.replays.first_use(claims["iss"], claims["jti"], float(claims["exp"])):
+        try:
+            first = await self.replays.first_use(claims["iss"], claims["jti"], float(claims["exp"]))
+        except StateUnavailable:
+            raise ApiError(
+                503,
+                "state_unavailable",
+                "the replay check's state store did not answer; try again later",
+                headers={"Retry-After": str(STATE_RETRY_AFTER_S)},
+            ) from None
+        if not first:
             raise HookUnauthorized("replayed_jti", jti)
         tenant = claims.get("tenant")
         return Caller(

@@ -20,6 +20,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import kubernetes_validate
 import pytest
@@ -285,7 +286,7 @@ def test_compose_service_matches_the_image_and_settings(
     environment_names: set[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = compose_config("docker-compose.yml")
-    assert set(config["services"]) == {"medtpe", "prometheus", "grafana"}
+    assert set(config["services"]) == {"medtpe", "valkey", "prometheus", "grafana"}
     medtpe = config["services"]["medtpe"]
     assert medtpe["build"]["args"]["VARIANT"] == "cpu"
     assert Path(medtpe["build"]["context"]) == ROOT
@@ -451,9 +452,14 @@ def test_dashboard_shows_what_operations_need() -> None:
 # --------------------------------------------------------------------------------- Kubernetes
 
 
-def k8s_documents() -> dict[str, dict[str, Any]]:
+STATE_STORE = "medtpe-state"
+"""The `app.kubernetes.io/name` of the state store's manifests (deploy/k8s/state-store.yaml)."""
+
+
+def k8s_documents(component: str = "medtpe") -> dict[str, dict[str, Any]]:
     """kind -> document of every manifest that deploy/k8s/kustomization.yaml lists (all but the
-    KubeRay batch jobs, tests/deploy/test_deploy_rayjobs.py)."""
+    KubeRay batch jobs, tests/deploy/test_deploy_rayjobs.py) labelled `app.kubernetes.io/name`
+    `component`: the service's, or `STATE_STORE`."""
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     listed = set(kustomization["resources"])
     rayjobs = {p.name for p in K8S.glob("rayjob-*.yaml")}
@@ -461,6 +467,8 @@ def k8s_documents() -> dict[str, dict[str, Any]]:
     documents = {}
     for name in sorted(listed):
         for document in yaml.safe_load_all((K8S / name).read_text()):
+            if document["metadata"]["labels"]["app.kubernetes.io/name"] != component:
+                continue
             assert document["kind"] not in documents
             documents[document["kind"]] = document
     return documents
@@ -476,8 +484,42 @@ def test_manifests_validate_against_the_kubernetes_schemas(version: str) -> None
         "HorizontalPodAutoscaler",
         "Ingress",
     }
-    for document in documents.values():
+    store = k8s_documents(STATE_STORE)
+    assert set(store) == {"Deployment", "Service"}
+    for document in [*documents.values(), *store.values()]:
         kubernetes_validate.validate(document, version, strict=True)
+
+
+def test_the_state_store_runs_where_medtpe_state_url_points(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Kubernetes (deploy/k8s/state-store.yaml) and compose run the shared state where the
+    service's MEDTPE_STATE_URL points, reachable only inside, with no eviction (a `jti` is never
+    dropped before its token expires)."""
+    store = k8s_documents(STATE_STORE)
+    deployment, service = store["Deployment"], store["Service"]
+    settings = settings_from_environment(k8s_documents()["ConfigMap"]["data"], monkeypatch)
+    assert settings.state_url is not None
+    url = urlsplit(settings.state_url)
+    (port,) = service["spec"]["ports"]
+    assert (url.hostname, url.port) == (service["metadata"]["name"], port["port"])
+    assert service["spec"]["type"] == "ClusterIP" and deployment["spec"]["replicas"] == 1
+    pod = deployment["spec"]["template"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    (container,) = pod["spec"]["containers"]
+    assert port["targetPort"] in {p["name"] for p in container["ports"]}
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    args = container["args"]
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
+
+    services = compose_config("docker-compose.yml")["services"]
+    composed = settings_from_environment(services["medtpe"]["environment"], monkeypatch)
+    assert composed.state_url is not None
+    host = urlsplit(composed.state_url).hostname
+    assert host in services and host in services["medtpe"]["depends_on"]
+    assert "ports" not in services[host]
+    command = services[host]["command"]
+    assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
 
 
 def test_deployment_probes_resources_and_volume(

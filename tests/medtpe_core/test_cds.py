@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from medtpe_core.cds.cards import SUMMARY_LIMIT, Score, card_text
 from medtpe_core.cds.risk import DEFAULT_TASK_BANDS, Indicator, RiskBands
-from medtpe_core.cds.score_cache import ScoreCache, record_digest
+from medtpe_core.cds.score_cache import record_digest
 from medtpe_core.cds.services import (
     HOOK_CONTEXT,
     SERVICES,
@@ -143,18 +143,3 @@ def test_the_digest_changes_with_any_event_value_time_or_part() -> None:
         record_digest(events("A", "B"), None, "task", "other-artefact"),
     }
     assert base not in others and len(others) == 6
-
-
-def test_the_cache_expires_entries_and_drops_the_least_recently_used() -> None:
-    now = [0.0]
-    cache: ScoreCache[str] = ScoreCache(max_entries=2, ttl_s=10, clock=lambda: now[0])
-    cache.put("a", "A")
-    cache.put("b", "B")
-    assert cache.get("a") == "A"  # now the most recently used
-    cache.put("c", "C")
-    assert (cache.get("a"), cache.get("b"), cache.get("c")) == ("A", None, "C")
-    now[0] = 11
-    assert cache.get("a") is None and len(cache) == 1
-    off: ScoreCache[str] = ScoreCache(max_entries=0, ttl_s=10)
-    off.put("a", "A")
-    assert off.get("a") is None

@@ -108,16 +108,16 @@ def test_missing_prefetch_is_fetched_from_the_fhir_server_with_the_same_prompt(
     client: TestClient, ehr: Ehr, fhir_server: str
 ) -> None:
     engine = client.app.state.service.engine
-    client.app.state.cds_hooks.scores._entries.clear()
+    client.app.state.cds_hooks.scores.store.clear()
     call(client, ehr, hook_request(ICU, ICU_PATIENT, prefetch=prefetched()))
     from_prefetch = engine.prompts[-1]
-    client.app.state.cds_hooks.scores._entries.clear()
+    client.app.state.cds_hooks.scores.store.clear()
     partial = prefetched(observations=True, patient=True)
     body = hook_request(ICU, ICU_PATIENT, prefetch=partial, fhir_server=fhir_server)
     answer = call(client, ehr, body)
     assert answer.status_code == 200, answer.text
     assert engine.prompts[-1] == from_prefetch
-    client.app.state.cds_hooks.scores._entries.clear()
+    client.app.state.cds_hooks.scores.store.clear()
     fetched_all = hook_request(ICU, ICU_PATIENT, fhir_server=fhir_server)
     assert call(client, ehr, fetched_all).status_code == 200
     assert engine.prompts[-1] == from_prefetch
@@ -186,7 +186,7 @@ def test_the_same_record_is_answered_from_the_score_cache_until_it_changes(
     client: TestClient, ehr: Ehr
 ) -> None:
     engine = client.app.state.service.engine
-    client.app.state.cds_hooks.scores._entries.clear()
+    client.app.state.cds_hooks.scores.store.clear()
     first = call(client, ehr, hook_request(ICU, ICU_PATIENT, prefetch=prefetched()))
     n_prompts = len(engine.prompts)
     again = call(client, ehr, hook_request(ICU, ICU_PATIENT, prefetch=prefetched()))
