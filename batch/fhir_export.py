@@ -1,5 +1,5 @@
-"""A FHIR Bulk Data export directory read one patient at a time, in memory bounded by a bucket of
-the export rather than by the export.
+"""A FHIR Bulk Data export directory read one patient at a time, in memory bounded by the largest
+patient rather than by the export.
 
 An export directory holds NDJSON files (`*.ndjson`, `*.ndjson.gz`: one resource per line, one or
 several files per resource type), and its `manifest.json` when the export wrote one: then the
@@ -11,8 +11,10 @@ One pass over the lines (gzip read as a stream) writes each resource the mapping
 patient id: the Patient's own `id`, else its `subject` or `patient` reference (`Patient/<id>`,
 also as an absolute URL or with `/_history/`). K is chosen from the export's size so that a bucket
 holds about `bucket_bytes` of resources. The resources no patient owns that a patient's resources
-reference (Medication, Location) go to an on-disk SQLite table, looked up per patient. Then each
-bucket is read whole and grouped by patient (patients in id order); a patient's resources keep
+reference (Medication, Location) go to an on-disk SQLite table, looked up per patient. Then a
+bucket is indexed by patient in one read (where each patient's rows lie: `Bucket`) and each
+patient's rows read when asked for, so memory holds the index (16 bytes a run of adjacent rows)
+and one patient, not the bucket (patients in id order); a patient's resources keep
 the export's order (files, then lines), the referenced Medication and Location resources after
 them; a later line of the same resource (type and id) replaces an earlier one, so several exports
 read in order (a base export, then `_since` increments) give each patient's current resources.
@@ -41,6 +43,7 @@ import struct
 import tempfile
 import time
 import zlib
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -357,26 +360,73 @@ class Partition:
 
     def patients_of(self, bucket: int) -> Iterator[tuple[str, PatientResources]]:
         """(patient id, resources) of every patient of a bucket, in id order."""
-        grouped: dict[str, dict[str | int, Line]] = {}
-        with self.bucket_path(bucket).open("rb") as file:
-            for number, row in enumerate(file):
-                patient, key, index, line, refs, text = row.rstrip(b"\n").split(b"\t", 5)
-                lines = grouped.setdefault(patient.decode(), {})
-                name: str | int = key.decode() if key != b"-" else number
-                lines.pop(name, None)  # a later line of a resource replaces an earlier one
-                lines[name] = Line(int(index), int(line), tuple(refs.decode().split()), text)
-        shared = SharedResources(self.work_dir / SHARED_FILE)
-        try:
-            for patient in sorted(grouped):
-                own = list(grouped.pop(patient).values())
-                keys = list(dict.fromkeys(key for line in own for key in line.refs))
-                yield patient, PatientResources(own + shared.get_many(keys))
-        finally:
-            shared.close()
+        with Bucket(self, bucket) as found:
+            for patient in found.patients():
+                resources = found.resources(patient)
+                assert resources is not None
+                yield patient, resources
 
     def where(self, line: Line) -> str:
         """`file:line` of a resource."""
         return f"{self.files[line.file]}:{line.line}"
+
+
+class Bucket:
+    """One bucket file opened for reading by patient: an index of where each patient's rows lie
+    (runs of adjacent rows, 16 bytes each, made in one read of the file), their resources read
+    when asked for. Memory: the index and the patient read, not the bucket."""
+
+    def __init__(self, partition: Partition, bucket: int) -> None:
+        self.partition = partition
+        self.runs: dict[bytes, array[int]] = {}
+        with partition.bucket_path(bucket).open("rb") as file:
+            position = 0
+            for row in file:
+                patient = row[: row.index(b"\t")]
+                runs = self.runs.get(patient)
+                if runs is None:
+                    self.runs[patient] = array("q", (position, len(row)))
+                elif runs[-2] + runs[-1] == position:
+                    runs[-1] += len(row)
+                else:
+                    runs.extend((position, len(row)))
+                position += len(row)
+        self.fd = os.open(partition.bucket_path(bucket), os.O_RDONLY)
+        self.shared = SharedResources(partition.work_dir / SHARED_FILE)
+
+    def __enter__(self) -> Bucket:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the bucket file and the shared resources."""
+        os.close(self.fd)
+        self.shared.close()
+
+    def patients(self) -> list[str]:
+        """The bucket's patients, in id order."""
+        return sorted(patient.decode() for patient in self.runs)
+
+    def resources(self, patient: str) -> PatientResources | None:
+        """A patient's resources (None: none in this bucket): a later row of a resource (type
+        and id) replaces an earlier one; the shared resources they reference after them."""
+        runs = self.runs.get(patient.encode())
+        if runs is None:
+            return None
+        own: dict[str | int, Line] = {}
+        number = 0
+        for start, length in zip(runs[::2], runs[1::2], strict=True):
+            for row in os.pread(self.fd, length, start).splitlines():
+                _, key, index, line, refs, text = row.split(b"\t", 5)
+                name: str | int = key.decode() if key != b"-" else number
+                own.pop(name, None)
+                own[name] = Line(int(index), int(line), tuple(refs.decode().split()), text)
+                number += 1
+        lines = list(own.values())
+        keys = list(dict.fromkeys(key for line in lines for key in line.refs))
+        return PatientResources(lines + self.shared.get_many(keys))
 
 
 def fingerprint(files: Sequence[ExportFile], mapping_path: Path | None) -> str:

@@ -22,6 +22,7 @@ lines left out (unreadable, of no patient) are in `<out>/fhir_issues.ndjson` wit
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import cache
@@ -32,6 +33,7 @@ from batch.defaults import DEFAULT_BUCKET_MIB
 from batch.fhir_export import (
     ISSUES_FILE,
     SHARED_FILE,
+    Bucket,
     Partition,
     PatientResources,
     export_files,
@@ -115,8 +117,8 @@ def prepare_patient(
 
 @dataclass(frozen=True)
 class FhirShards:
-    """The `evaluation.batch.ShardPreparer` of a partitioned export: a bucket read, grouped and
-    each record's patient prepared (a record's bad data is its failure, never the job's)."""
+    """The `evaluation.batch.ShardPreparer` of a partitioned export: a bucket indexed, each
+    record's patient read and prepared (a record's bad data is its failure, never the job's)."""
 
     partition: Partition
     mapping_path: Path | None
@@ -127,12 +129,18 @@ class FhirShards:
         if not plan.requests:
             return
         assert isinstance(plan, FhirShardPlan)
+        with ExitStack() as stack:
+            bucket = None
+            if plan.bucket is not None:
+                bucket = stack.enter_context(Bucket(self.partition, plan.bucket))
+            yield from self._prepare(predictor, task, plan, bucket)
+
+    def _prepare(
+        self, predictor: Predictor, task: Task, plan: FhirShardPlan, bucket: Bucket | None
+    ) -> Iterator[tuple[Request, PreparedRecord | Outcome]]:
         mapping = _mapping(self.mapping_path)
-        bucket = {}
-        if plan.bucket is not None:
-            bucket = dict(self.partition.patients_of(plan.bucket))
         for request, patient in zip(plan.requests, plan.patients, strict=True):
-            resources = bucket.get(patient)
+            resources = bucket.resources(patient) if bucket is not None else None
             if resources is None:
                 yield request, failed(request, NO_PATIENT)
                 continue
