@@ -1,16 +1,12 @@
 """An issuer's JWK Set host that goes down costs one bounded wait, not one per call
 (service/cds_hooks/jwt_auth.py, `JwksCache`): a real JWK Set server on 127.0.0.1 that answers,
-then hangs past the fetch timeout; the calls go through the JWT check with real tokens."""
+then stalls past the fetch timeout; the calls go through the JWT check with real tokens."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -23,57 +19,41 @@ from service.cds_hooks.jwt_auth import (
     JwksCache,
 )
 from tests.support.ehr import Ehr
+from tests.support.hostile_fhir import Answer, HostileFhir, hostile_fhir
 
 AUDIENCE = "http://testserver/cds-services/x"
-TIMEOUT_S = 0.5
+TIMEOUT_S = 1.0
 """The fetch timeout of these tests' caches (the service's is `JWKS_TIMEOUT_S`)."""
-HANG_S = 2.0
-"""How long the server hangs on a request while down (past `TIMEOUT_S`)."""
+HANG_S = 3.0
+"""How long the host, while down, pauses in each answer (past `TIMEOUT_S`)."""
 N_CALLS = 10
 
 
-@dataclass
 class JwksHost:
-    """A JWK Set server: `up` answers the set, else each request hangs `HANG_S`; `requests`
-    counts the requests it received."""
+    """An EHR's JWK Set on a real HTTP server (tests/support/hostile_fhir.py) that can go down:
+    then it sends the headers of each answer and stalls in its body. `requests`: how many it got
+    since it last went up or down."""
 
-    ehr: Ehr
-    up: bool = True
-    requests: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    def __init__(self, server: HostileFhir) -> None:
+        self.server = server
+        self.ehr = Ehr(jwks_url=f"{server.origin}/jwks")
+        self.up()
+
+    def up(self) -> None:
+        self.server.answer_all(Answer.json(self.ehr.jwks()))
+
+    def down(self) -> None:
+        self.server.answer_all(Answer(200, b" ", repeat=3, pause_s=HANG_S))
+
+    @property
+    def requests(self) -> int:
+        return len(self.server.requests)
 
 
 @pytest.fixture
 def host() -> Iterator[JwksHost]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
-    served = JwksHost(Ehr(jwks_url=f"http://127.0.0.1:{server.server_address[1]}/jwks"))
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            with served.lock:
-                served.requests += 1
-            if not served.up:
-                time.sleep(HANG_S)
-                self.send_response(503)
-                self.end_headers()
-                return
-            body = json.dumps(served.ehr.jwks()).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server.RequestHandlerClass = Handler
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield served
-    server.shutdown()
-    server.server_close()
+    with hostile_fhir() as server:
+        yield JwksHost(server)
 
 
 class Clock:
@@ -94,9 +74,11 @@ def authenticator(host: JwksHost, clock: Clock, grace_s: float = 60.0) -> HookAu
     return HookAuthenticator({host.ehr.issuer: issuer}, 600.0, jwks=jwks)
 
 
-async def outcome(auth: HookAuthenticator, host: JwksHost, **headers: str) -> str:
-    """`ok`, or the reason the call's JWT was refused."""
-    token = host.ehr.token(AUDIENCE, headers=headers or None)
+async def outcome(
+    auth: HookAuthenticator, host: JwksHost, token: str | None = None, **headers: str
+) -> str:
+    """`ok`, or the reason the call's JWT (`token`, else a new one) was refused."""
+    token = token or host.ehr.token(AUDIENCE, headers=headers or None)
     try:
         await auth.verify(f"Bearer {token}", AUDIENCE)
     except HookUnauthorized as exc:
@@ -105,29 +87,32 @@ async def outcome(auth: HookAuthenticator, host: JwksHost, **headers: str) -> st
 
 
 async def timed_calls(auth: HookAuthenticator, host: JwksHost) -> tuple[list[str], float]:
-    """`N_CALLS` calls, half at once and half one after the other: outcomes and seconds."""
-    start = time.perf_counter()
+    """`N_CALLS` calls, half at once and half one after the other: outcomes and seconds (the
+    tokens signed before the clock starts)."""
+    tokens = [host.ehr.token(AUDIENCE) for _ in range(N_CALLS)]
     half = N_CALLS // 2
-    outcomes = list(await asyncio.gather(*(outcome(auth, host) for _ in range(half))))
-    outcomes += [await outcome(auth, host) for _ in range(N_CALLS - half)]
+    start = time.perf_counter()
+    outcomes = list(await asyncio.gather(*(outcome(auth, host, t) for t in tokens[:half])))
+    outcomes += [await outcome(auth, host, t) for t in tokens[half:]]
     return outcomes, time.perf_counter() - start
 
 
 def test_a_host_down_from_the_start_costs_one_wait(host: JwksHost) -> None:
-    host.up = False
+    host.down()
     clock = Clock()
     auth = authenticator(host, clock)
 
-    async def scenario() -> tuple[list[str], float, list[str]]:
+    async def scenario() -> tuple[list[str], float, int, list[str]]:
         outcomes, elapsed = await timed_calls(auth, host)
-        host.up = True
+        attempts = host.requests
+        host.up()
         clock.now += JWKS_RETRY_S  # the next attempt is allowed: the host answers now
-        return outcomes, elapsed, [await outcome(auth, host)]
+        return outcomes, elapsed, attempts, [await outcome(auth, host)]
 
-    outcomes, elapsed, recovered = asyncio.run(scenario())
+    outcomes, elapsed, attempts, recovered = asyncio.run(scenario())
     assert all(o.startswith("jwks_unavailable") for o in outcomes), outcomes
-    assert elapsed < 2 * TIMEOUT_S  # one wait for all, not one per call (10 x 0.5 s)
-    assert host.requests == 2  # one attempt during the outage, one after the retry interval
+    assert elapsed < 2 * TIMEOUT_S  # one wait for all, not one per call (10 x 1 s)
+    assert attempts == 1  # one attempt during the outage
     assert recovered == ["ok"]
 
 
@@ -137,8 +122,8 @@ def test_the_last_good_set_serves_without_waiting_through_an_outage(host: JwksHo
 
     async def scenario() -> tuple[list[str], float, str, list[str]]:
         assert await outcome(auth, host) == "ok"
-        host.up = False
-        clock.now += JWKS_TTL_S + 1  # the set is due for a refetch, which hangs
+        host.down()
+        clock.now += JWKS_TTL_S + 1  # the set is due for a refetch, which stalls
         outcomes, elapsed = await timed_calls(auth, host)
         # a kid absent from the set waits on the refetch in flight (once), then is refused
         unknown = await outcome(auth, host, kid="rotated-key")
@@ -150,4 +135,4 @@ def test_the_last_good_set_serves_without_waiting_through_an_outage(host: JwksHo
     assert elapsed < 2 * TIMEOUT_S
     assert unknown == "unknown_key"
     assert expired[0].startswith("jwks_unavailable")
-    assert host.requests <= 3  # the first fetch, the refetch in the outage, one past the grace
+    assert host.requests == 2  # during the outage: the refetch, then one past the grace
