@@ -458,12 +458,15 @@ STATE_STORE = "medtpe-state"
 
 def k8s_documents(component: str = "medtpe") -> dict[str, dict[str, Any]]:
     """kind -> document of every manifest that deploy/k8s/kustomization.yaml lists (all but the
-    KubeRay batch jobs, tests/deploy/test_deploy_rayjobs.py) labelled `app.kubernetes.io/name`
-    `component`: the service's, or `STATE_STORE`."""
+    batch jobs: KubeRay's, tests/deploy/test_deploy_rayjobs.py, and the CronJobs,
+    tests/batch/test_population_cronjob.py) labelled `app.kubernetes.io/name` `component`: the
+    service's, or `STATE_STORE`."""
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     listed = set(kustomization["resources"])
-    rayjobs = {p.name for p in K8S.glob("rayjob-*.yaml")}
-    assert listed == {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"} - rayjobs
+    batch_jobs = {
+        p.name for pattern in ("rayjob-*.yaml", "cronjob-*.yaml") for p in K8S.glob(pattern)
+    }
+    assert listed == {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"} - batch_jobs
     documents = {}
     for name in sorted(listed):
         for document in yaml.safe_load_all((K8S / name).read_text()):
