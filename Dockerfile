@@ -121,4 +121,5 @@ EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=300s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4)"]
 ENTRYPOINT ["medtpe"]
+# 0.0.0.0 inside the container: the start requires MEDTPE_API_KEYS (docker run -e MEDTPE_API_KEYS=…)
 CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]

@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CACHE ?= .cache
-HOST ?= 0.0.0.0
+HOST ?= 127.0.0.1
 PORT ?= 8000
 
 .PHONY: install serve test test-fast lint model artefact bench clean deps-system deps-deploy

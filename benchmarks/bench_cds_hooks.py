@@ -208,7 +208,9 @@ def serving(args: argparse.Namespace, budget: int, ehr: Ehr) -> Iterator[str]:
     """The service at `budget` on 127.0.0.1, its base URL: `medtpe serve` on vLLM, or with
     `--engine instant` the app in this process on the instant engine (what the hook costs
     around the engine)."""
+    port = free_port()
     env = {
+        "MEDTPE_CDS_BASE_URL": f"http://127.0.0.1:{port}",
         "MEDTPE_MAX_INPUT_TOKENS": str(budget),
         "MEDTPE_CODES_DIR": str(args.meds.resolve()),
         "MEDTPE_CDS_ISSUERS": ehr.issuers_setting([NO_FHIR_SERVER]),
@@ -220,10 +222,9 @@ def serving(args: argparse.Namespace, budget: int, ehr: Ehr) -> Iterator[str]:
         from tests.support.service_support import served_in_thread
 
         os.environ.update(env)  # read as the service reads them (JSON settings parsed)
-        with served_in_thread(ServiceSettings()) as url:
+        with served_in_thread(ServiceSettings(), port=port) as url:
             yield url
         return
-    port = free_port()
     process = start_service(env, port, args.logs / f"cds-hooks-{budget}.log")
     try:
         yield f"http://127.0.0.1:{port}"

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 
 @click.command("serve")
@@ -32,13 +37,22 @@ def serve(host: str | None, port: int | None) -> None:
     try:
         settings = ServiceSettings(**overrides)
     except ValidationError as exc:  # a start-up error naming the setting, without a traceback
-        raise click.ClickException(f"invalid settings: {exc}") from exc
+        raise click.ClickException(f"invalid settings: {settings_errors(exc)}") from None
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     if settings.api_workers > 1:
         serve_api_processes(settings)
         return
     app = create_app(settings)
     draining_server(app, host=settings.host, port=settings.port, log_level="info").run()
+
+
+def settings_errors(exc: ValidationError) -> str:
+    """What is wrong with the settings, one line per error, without the values given (an API
+    key is one)."""
+    return "; ".join(
+        f"{'.'.join(map(str, error['loc'])) or 'settings'}: {error['msg']}"
+        for error in exc.errors(include_url=False, include_input=False)
+    )
 
 
 commands = [serve]

@@ -22,9 +22,9 @@ from inference.engine import EngineFactory
 from inference.engines import start_vllm
 from service import probes, routes
 from service.cds_hooks.routes import install_cds_hooks
-from service.errors import install_error_handlers
+from service.errors import InternalErrors, install_error_handlers
 from service.limits import BodySizeLimit
-from service.schemas import BUDGET
+from service.schemas import API_KEY_SCHEMES, BUDGET
 from service.settings import ServiceSettings
 from service.state import ServiceState
 from service.ui import install_ui
@@ -62,6 +62,7 @@ def create_app(
         max_bytes=state.settings.max_request_bytes,
         on_reject=state.metrics.rejections.labels("too_large").inc,
     )
+    app.add_middleware(InternalErrors, on_error=state.metrics.errors.labels("internal").inc)
     app.include_router(routes.router)
     app.include_router(probes.router)
     install_cds_hooks(app, state)
@@ -73,8 +74,8 @@ def create_app(
 def _openapi(app: FastAPI, state: ServiceState) -> dict[str, Any]:
     """The OpenAPI document with this instance's limits (samples per record, records per batch,
     whether it answers in both modes, once the model is loaded the range of input budgets)
-    written into the request schemas, so a client generated from it sends what is accepted; kept
-    once it states them all."""
+    written into the request schemas, and with API keys configured the two ways to send one,
+    so a client generated from it sends what is accepted; kept once it states them all."""
     if app.openapi_schema is not None:
         return app.openapi_schema
     document = get_openapi(
@@ -86,6 +87,11 @@ def _openapi(app: FastAPI, state: ServiceState) -> dict[str, Any]:
     schemas["BatchRequest"]["properties"]["records"]["maxItems"] = settings.capacity
     if not settings.compare_modes:
         schemas["PredictOptions"]["properties"]["both_modes"]["enum"] = [False]
+    if settings.api_keys:
+        document["components"]["securitySchemes"] = API_KEY_SCHEMES
+        for route in routes.router.routes:
+            operation = document["paths"][route.path]["post"]  # type: ignore[attr-defined]
+            operation["security"] = [{name: []} for name in API_KEY_SCHEMES]
     budgets = state.budget_range
     if budgets is None:
         return document

@@ -8,13 +8,14 @@ slot. Beyond that the request is refused at once (503 + Retry-After) instead of 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.errors import http_error_body, send_json
 
 
 class QueueFull(Exception):
@@ -100,16 +101,5 @@ class BodySizeLimit:
 
     async def _reject(self, send: Send) -> None:
         self.on_reject()
-        body = json.dumps({"error": "too_large", "detail": self._detail()}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        body = http_error_body(413, self._detail())
+        await send_json(send, 413, body, [(b"connection", b"close")])

@@ -1,9 +1,11 @@
 """The authenticated API: `/predict`, `/predict/batch`, `/tokenize`.
 
-Handlers are a few lines: check the request against the service's limits, then hand the record
-to the inference layer (`service.serving.predict_record`) inside `served` (admission, deadline,
-in-flight gauge, latency histogram, one log line with endpoint, task, status, record count and
-time — never record content). `service.responses` turns answers into response bodies.
+A request is refused while the service drains, then without a valid API key, before its body is
+read (`ApiRoute`). Handlers are a few lines: check the request against the service's limits,
+then hand the record to the inference layer (`service.serving.predict_record`, or the
+tokenizer) inside `served` (admission, deadline, in-flight gauge, latency histogram, one log line
+with endpoint, task, status, record count and time — never record content).
+`service.responses` turns answers into response bodies.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Coroutine, Iterable, Sequence
 from functools import partial
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Depends, Request
 
 from inference.model import LoadedModel
 from inference.predictor import Predictor, PreparedRecord
@@ -49,36 +51,50 @@ def _state(request: Request) -> ServiceState:
 StateDep = Annotated[ServiceState, Depends(_state)]
 
 
-def _require_api_key(
-    state: StateDep,
-    authorization: Annotated[str | None, Header()] = None,
-    x_api_key: Annotated[str | None, Header()] = None,
-) -> str | None:
-    """`Authorization: Bearer KEY` or `X-API-Key: KEY`, when API keys are configured; the
-    caller's key (None when authentication is off)."""
+API_KEY_HEADER = "x-api-key"
+AUTHORIZATION_HEADER = "authorization"
+_BEARER = "bearer "
+
+
+def caller_key(state: ServiceState, request: Request) -> str | None:
+    """The caller's API key from `Authorization: Bearer KEY` or `X-API-Key: KEY`, when API keys
+    are configured (None when authentication is off); else a 401 naming the header."""
     keys = state.settings.api_keys
     if not keys:
         return None
-    given = x_api_key
-    if authorization and authorization.lower().startswith("bearer "):
-        given = authorization[7:].strip()
-    if given is None or not any(secrets.compare_digest(given, key) for key in keys):
+    given = request.headers.get(API_KEY_HEADER)
+    header = API_KEY_HEADER if given is not None else AUTHORIZATION_HEADER
+    authorization = request.headers.get(AUTHORIZATION_HEADER, "")
+    if authorization[: len(_BEARER)].lower() == _BEARER:
+        header, given = AUTHORIZATION_HEADER, authorization[len(_BEARER) :].strip()
+    # compared as bytes: a header's text is Latin-1, and compare_digest refuses non-ASCII str
+    sent = given.encode("latin-1") if given is not None else None
+    if sent is None or not any(secrets.compare_digest(sent, key.encode()) for key in keys):
         state.metrics.rejections.labels("unauthorized").inc()
+        msg = "a valid API key is required (Authorization: Bearer KEY or X-API-Key: KEY)"
         raise ApiError(
             401,
             "unauthorized",
-            "a valid API key is required (Authorization: Bearer KEY or X-API-Key)",
+            field_error(["header", header], msg, "unauthorized"),
             headers={"WWW-Authenticate": "Bearer"},
         )
     return given
 
 
-def _cache_salt(
-    request: Request,
-    state: StateDep,
-    api_key: Annotated[str | None, Depends(_require_api_key)],
-) -> str | None:
+class ApiRoute(FastJsonRoute):
+    """An API route that refuses a request while the service drains (503 `shutting_down`,
+    `service.drain`), then one without a valid API key (401), before its body is read."""
+
+    async def before_body(self, request: Request) -> None:
+        """The drain and API key checks; the caller's key kept in `request.state`."""
+        state = _state(request)
+        state.refuse_if_draining()
+        request.state.api_key = caller_key(state, request)
+
+
+def _cache_salt(request: Request, state: StateDep) -> str | None:
     """The caller's cache salt (`service.tenancy`): of its API key, else of its tenant header."""
+    api_key = request.state.api_key
     header = state.settings.cache_salt_header
     if api_key is None and header:
         return state.salts.of(request.headers.get(header))
@@ -88,16 +104,7 @@ def _cache_salt(
 SaltDep = Annotated[str | None, Depends(_cache_salt)]
 
 
-def _accepting(state: StateDep) -> None:
-    """Once a stop began (`service.drain`), every API request is a 503 `shutting_down`."""
-    state.refuse_if_draining()
-
-
-router = APIRouter(
-    dependencies=[Depends(_accepting), Depends(_require_api_key)],
-    responses=ERROR_RESPONSES,
-    route_class=FastJsonRoute,
-)
+router = APIRouter(responses=ERROR_RESPONSES, route_class=ApiRoute)
 
 
 def _task(state: ServiceState, name: str, loc: Sequence[str | int]) -> Task:
@@ -190,20 +197,17 @@ async def tokenize(body: TokenizeRequest, state: StateDep) -> TokenizeResponse:
     counts and input budget); each MedTPE token with the pair it merges."""
     model = state.loaded(need_engine=False)
     task = _task(state, body.task, ["body", "task"]) if body.task is not None else None
-    start = time.perf_counter()
-    record = None
     if body.text is not None:
-        seg = await asyncio.to_thread(model.predictor.segment, body.text)
-        label = "text"
-    else:
-        assert task is not None  # the request model requires a task with events
-        predictor = _at_budget(state, model, body.max_input_tokens, ["body", BUDGET])
+        async with served(state, "tokenize", "text", 1):
+            seg = await asyncio.to_thread(model.predictor.segment, body.text)
+            return tokenize_response(model.predictor.tokenizer, seg, None)
+    assert task is not None  # the request model requires a task with events
+    predictor = _at_budget(state, model, body.max_input_tokens, ["body", BUDGET])
+    async with served(state, "tokenize", task.name, 1):
         record = await asyncio.to_thread(
             predictor.prepare, task, body.events or [], body.prediction_time
         )
-        seg, label = record.segmentation, task.name
-    state.metrics.request_latency.labels("tokenize", label).observe(time.perf_counter() - start)
-    return tokenize_response(model.predictor.tokenizer, seg, record)
+        return tokenize_response(model.predictor.tokenizer, record.segmentation, record)
 
 
 async def _predict_request(

@@ -107,12 +107,13 @@ FHIR_BUNDLE_SCHEMA: dict[str, Any] = {
     "description": "One patient's record as a FHIR R4 Bundle (searchset, collection, "
     "transaction or batch), mapped to MEDS events by the site mapping (docs/integration.md); "
     "a resource or field that cannot be mapped is a 422 locating it "
-    "(`[..., 'bundle', 'entry', i, 'resource', field...]`).",
-    "required": ["resourceType", "type"],
+    "(`[..., 'bundle', 'entry', i, 'resource', field...]`); a Bundle without entries holds no "
+    "event (422).",
+    "required": ["resourceType", "type", "entry"],
     "properties": {
         "resourceType": {"const": "Bundle"},
         "type": {"enum": sorted(BUNDLE_TYPES)},
-        "entry": {"type": "array", "items": {"type": "object"}},
+        "entry": {"type": "array", "minItems": 1, "items": {"type": "object"}},
     },
 }
 
@@ -423,6 +424,22 @@ def _error(description: str, **headers: str) -> dict[str, Any]:
         }
     return response
 
+
+API_KEY_SCHEMES: dict[str, dict[str, Any]] = {
+    "bearerApiKey": {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "`Authorization: Bearer KEY`, KEY one of `MEDTPE_API_KEYS`.",
+    },
+    "headerApiKey": {
+        "type": "apiKey",
+        "in": "header",
+        "name": "X-API-Key",
+        "description": "`X-API-Key: KEY`, KEY one of `MEDTPE_API_KEYS`.",
+    },
+}
+"""The ways to send an API key (OpenAPI security schemes, either one), stated by an instance
+with keys configured."""
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: _error("Malformed HTTP request."),

@@ -7,6 +7,7 @@ without any configuration.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import math
 import os
 from collections.abc import Mapping
@@ -101,7 +102,16 @@ class ServiceSettings(BaseSettings):
         default_factory=list,
         description="Comma-separated accepted API keys; empty turns authentication off.",
     )
-    host: str = Field("0.0.0.0", description="Listen address of `medtpe serve`.")
+    allow_anonymous: bool = Field(
+        False,
+        description="Serve the API without API keys on an address other machines reach; false: "
+        "such a start fails, naming `MEDTPE_API_KEYS`.",
+    )
+    host: str = Field(
+        "127.0.0.1",
+        description="Listen address of `medtpe serve` (an address other than a loopback one "
+        "needs `MEDTPE_API_KEYS`, or `MEDTPE_ALLOW_ANONYMOUS=true`).",
+    )
     port: int = Field(8000, description="Listen port of `medtpe serve`.")
     kv_cache_gib: float | None = declared_setting(
         "kv_cache_gib", note=" `none`: vLLM's default, a share of the device memory.", gt=0
@@ -140,8 +150,8 @@ class ServiceSettings(BaseSettings):
     cds_base_url: AnyHttpUrl | None = Field(
         None,
         description="CDS Hooks: the public base URL EHRs call (e.g. `https://cds.example.org`), "
-        "of which a JWT's `aud` must be the called endpoint; unset: the URL of the request as "
-        "this process received it.",
+        "of which a JWT's `aud` must be the called endpoint (never the request's Host header); "
+        "required with `MEDTPE_CDS_ISSUERS`.",
     )
     cds_jwt_max_lifetime_s: float = Field(
         600.0, gt=0, description="CDS Hooks: longest accepted JWT lifetime (`exp` - `iat`)."
@@ -262,6 +272,27 @@ class ServiceSettings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _keys_beyond_loopback(self) -> ServiceSettings:
+        """An API other machines reach is not served without keys unless that is said."""
+        if not self.api_keys and not self.allow_anonymous and not is_loopback(self.host):
+            raise ValueError(
+                f"MEDTPE_HOST={self.host} is reachable from other machines and "
+                f"{API_KEYS_ENV} is empty: set {API_KEYS_ENV} (or listen on 127.0.0.1), or set "
+                "MEDTPE_ALLOW_ANONYMOUS=true to serve without authentication"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _audience_configured(self) -> ServiceSettings:
+        """A JWT's `aud` is checked against the configured public URL, never a request's."""
+        if self.cds_issuers and self.cds_base_url is None:
+            raise ValueError(
+                "MEDTPE_CDS_ISSUERS names EHRs but MEDTPE_CDS_BASE_URL is unset: set it to the "
+                "public base URL the EHRs call (a JWT's `aud` must be that URL plus the path)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _one_process_to_compare(self) -> ServiceSettings:
         """`compare_modes` starts its second engine in the one API process."""
         if self.compare_modes and self.api_workers > 1:
@@ -312,6 +343,16 @@ class ServiceSettings(BaseSettings):
     def capacity(self) -> int:
         """Records one API process admits at once: generating plus queued."""
         return sum(self.process_limits)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is reachable from this machine only: `localhost` or a loopback address."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to any address
+        return False
 
 
 def known_variables() -> set[str]:

@@ -88,10 +88,12 @@ class CdsHooks:
 
     def audience(self, request: Request) -> str:
         """The URL called, as a JWT's `aud` must name it: the configured public base URL and
-        the path, else the URL as received (no query)."""
-        if self.base_url is not None:
-            return self.base_url + request.url.path
-        return str(request.url.replace(query="", fragment=""))
+        the path as sent (percent-encoding kept), never the request's Host header. The base URL
+        is required with issuers (`ServiceSettings`); without issuers no call is accepted,
+        whatever its `aud`."""
+        raw = request.scope.get("raw_path")
+        path = raw.decode("latin-1") if raw is not None else request.url.path
+        return f"{self.base_url or ''}{path}"
 
 
 async def answer_hook(

@@ -1,9 +1,9 @@
 """`/cds-services`: discovery, hook calls and feedback (CDS Hooks 2.0.1).
 
 Every call, discovery included, carries the EHR's JWT (`service.cds_hooks.jwt_auth`), checked
-before anything else; a failed check is a bare 401. The API keys of `/predict` play no part here.
-These routes are left out of the OpenAPI document: their contract is the CDS Hooks
-specification (tests/fixtures/cds_hooks holds its JSON schemas).
+before anything else (the body is read after it); a failed check is a bare 401. The API keys of
+`/predict` play no part here. These routes are left out of the OpenAPI document: their contract
+is the CDS Hooks specification (tests/fixtures/cds_hooks holds its JSON schemas).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from service.cds_hooks.responses import discovery
 from service.cds_hooks.schemas import (
     CdsResponse,
     DiscoveryResponse,
-    FeedbackRequest,
+    read_feedback,
     read_hook_request,
 )
-from service.errors import ApiError
+from service.errors import ApiError, field_error
 from service.state import ServiceState
 
 logger = logging.getLogger("medtpe.service")
@@ -59,7 +59,8 @@ def _service(service_id: str) -> CdsService:
     try:
         return get_service(service_id)
     except UnknownServiceError as exc:
-        raise ApiError(404, "not_found", str(exc)) from None
+        detail = field_error(["path", "service_id"], str(exc), "not_found")
+        raise ApiError(404, "not_found", detail) from None
 
 
 @router.get("", response_model=DiscoveryResponse, response_model_exclude_none=True)
@@ -83,9 +84,11 @@ async def call(
 
 @router.post("/{service_id}/feedback")
 async def feedback(
-    service_id: str, body: FeedbackRequest, state: StateDep, caller: CallerDep
+    service_id: str, request: Request, state: StateDep, caller: CallerDep
 ) -> Response:
-    """Record what the user did with cards (counted per outcome in `/metrics`)."""
+    """Record what the user did with cards (counted per outcome in `/metrics`; the body is read
+    after the JWT check)."""
+    body = read_feedback(await request.body())
     service = _service(service_id)
     for item in body.feedback:
         entry = AuditEntry(service.id, event="feedback", issuer=caller.issuer, card=item.card)

