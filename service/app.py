@@ -41,13 +41,14 @@ def create_app(
     state = ServiceState(settings or ServiceSettings(), engine_factory, salt_secret)
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         starting = asyncio.create_task(state.start())
         try:
             yield
         finally:
             starting.cancel()
             state.stop()
+            await app.state.cds_hooks.aclose()
 
     app = FastAPI(
         title="MedTPE prediction service",

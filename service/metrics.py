@@ -152,6 +152,13 @@ class ServiceMetrics:
             ["service", "outcome"],
             registry=reg,
         )
+        self.state_failures = Counter(
+            "medtpe_state_store_failures",
+            "State store operations that failed (claim: the hook call got 503; get, put: the "
+            "score was recomputed).",
+            ["operation"],
+            registry=reg,
+        )
         self.cds_fhir_fetch = Histogram(
             "medtpe_cds_fhir_fetch_seconds",
             "Time of one hook call's fetches from the EHR's FHIR server.",

@@ -70,6 +70,10 @@ class StateStore(Protocol):
         """Store `value` under `key` for `ttl_s` seconds."""
         ...
 
+    async def aclose(self) -> None:
+        """Release connections (at shutdown)."""
+        ...
+
 
 def state_key(kind: str, *parts: str) -> str:
     """The store's key of `parts` in namespace `kind`: each part as its SHA-256 (hex).
@@ -135,16 +139,26 @@ class LocalStore:
         """Forget every value (the claims stay: a `jti` seen stays refused)."""
         self._values.clear()
 
+    async def aclose(self) -> None:
+        """Nothing to release."""
+
 
 class RedisStore:
     """The store on a Redis or Valkey server: one connection pool per event loop."""
 
-    def __init__(self, url: str, timeout_s: float = STATE_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float = STATE_TIMEOUT_S,
+        on_failure: Callable[[str], None] | None = None,
+    ) -> None:
         self.url = url
         self.timeout_s = timeout_s
         self.deadline_s = max(STATE_DEADLINE_S, 2 * timeout_s)
         self.failures: Counter[str] = Counter()
         """Operations that failed, by operation (`claim`, `get`, `put`)."""
+        self.on_failure = on_failure
+        """Told the operation of each failure (the service counts them in `/metrics`)."""
         self._clients: dict[asyncio.AbstractEventLoop, Redis] = {}
         self._down_since: float | None = None
 
@@ -190,6 +204,8 @@ class RedisStore:
                 result = await command(self._client())
         except (RedisError, OSError, TimeoutError) as exc:
             self.failures[operation] += 1
+            if self.on_failure is not None:
+                self.on_failure(operation)
             if self._down_since is None:
                 self._down_since = time.monotonic()
                 logger.warning(
@@ -227,11 +243,14 @@ def _shown(url: str) -> str:
     return parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]).geturl()
 
 
-def open_store(url: str | None, max_values: int) -> StateStore:
-    """The store at `url` (None: this process's memory, at most `max_values` values)."""
+def open_store(
+    url: str | None, max_values: int, on_failure: Callable[[str], None] | None = None
+) -> StateStore:
+    """The store at `url` (None: this process's memory, at most `max_values` values, which
+    never fails); `on_failure` is told the operation of each failure."""
     if url is None:
         return LocalStore(max_values)
-    return RedisStore(url)
+    return RedisStore(url, on_failure=on_failure)
 
 
 SCORE_FORMAT = "score-v1"

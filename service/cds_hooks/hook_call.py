@@ -16,6 +16,7 @@ resources as JSON text (`service.cds_hooks.prefetch`), then the score:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -62,10 +63,13 @@ class CdsHooks:
     _resources: dict[int, ResourceCache] = field(default_factory=dict)
 
     @classmethod
-    def from_settings(cls, settings: ServiceSettings) -> CdsHooks:
+    def from_settings(
+        cls, settings: ServiceSettings, on_state_failure: Callable[[str], None] | None = None
+    ) -> CdsHooks:
         """The hooks of one API process: the replay and score caches in the state store of
-        `state_url` (unset: this process's memory)."""
-        store = open_store(settings.state_url, settings.cds_score_cache_size)
+        `state_url` (unset: this process's memory), each failed store operation told to
+        `on_state_failure`."""
+        store = open_store(settings.state_url, settings.cds_score_cache_size, on_state_failure)
         return cls(
             HookAuthenticator(
                 settings.cds_issuers,
@@ -77,6 +81,10 @@ class CdsHooks:
             str(settings.cds_base_url).rstrip("/") if settings.cds_base_url else None,
             settings.cds_resource_cache_size,
         )
+
+    async def aclose(self) -> None:
+        """Close the state store's connections (at shutdown)."""
+        await self.scores.store.aclose()
 
     def resource_cache(self, mapping: SiteMapping) -> ResourceCache:
         """The process's resource cache of the site mapping (loaded at start-up)."""

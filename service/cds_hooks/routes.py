@@ -44,10 +44,27 @@ HooksDep = Annotated[CdsHooks, Depends(_hooks)]
 
 
 async def _caller(
-    request: Request, hooks: HooksDep, authorization: Annotated[str | None, Header()] = None
+    request: Request,
+    state: StateDep,
+    hooks: HooksDep,
+    authorization: Annotated[str | None, Header()] = None,
 ) -> Caller:
-    """The EHR that signed the call, else `HookUnauthorized` (a bare 401)."""
-    return await hooks.auth.verify(authorization, hooks.audience(request))
+    """The EHR that signed the call, else `HookUnauthorized` (a bare 401); a replay check whose
+    store did not answer is a 503 (audited)."""
+    try:
+        return await hooks.auth.verify(authorization, hooks.audience(request))
+    except ApiError as exc:
+        entry = AuditEntry(_named_service(request), outcome="error", reason=exc.error)
+        write(entry, state.metrics)
+        raise
+
+
+def _named_service(request: Request) -> str:
+    """The service id a `/cds-services` path names, for the audit line (`discovery`, or
+    `unknown` for no such service)."""
+    named = request.url.path.removeprefix("/cds-services").strip("/").split("/")[0]
+    known = {s.id for s in SERVICES}
+    return named if named in known else ("discovery" if not named else "unknown")
 
 
 CallerDep = Annotated[Caller, Depends(_caller)]
@@ -100,16 +117,15 @@ async def feedback(
 
 def install_cds_hooks(app: FastAPI, state: ServiceState) -> None:
     """Mount `/cds-services` and its 401 handler on the app."""
-    app.state.cds_hooks = CdsHooks.from_settings(state.settings)
+    app.state.cds_hooks = CdsHooks.from_settings(
+        state.settings, lambda operation: state.metrics.state_failures.labels(operation).inc()
+    )
     if not state.settings.cds_issuers:
         logger.warning("CDS Hooks: no issuer allowed (MEDTPE_CDS_ISSUERS): every call gets 401")
 
     @app.exception_handler(HookUnauthorized)
     async def _unauthorized(request: Request, exc: HookUnauthorized) -> Response:
-        named = request.url.path.removeprefix("/cds-services").strip("/").split("/")[0]
-        known = {s.id for s in SERVICES}
-        service = named if named in known else ("discovery" if not named else "unknown")
-        entry = AuditEntry(service, jti=exc.jti, outcome="unauthorized")
+        entry = AuditEntry(_named_service(request), jti=exc.jti, outcome="unauthorized")
         entry.reason = exc.reason
         write(entry, state.metrics)
         state.metrics.rejections.labels("unauthorized").inc()

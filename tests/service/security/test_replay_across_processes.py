@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,9 @@ from service.shared_state import STATE_RETRY_AFTER_S
 from tests.support.cds_support import ICU_PATIENT, hook_request, load_bundle, prefetch_of
 from tests.support.ehr import Ehr
 from tests.support.redis_server import RedisServer
-from tests.support.service_support import instant_client, instant_settings
+from tests.support.service_support import instant_client, instant_settings, metric_value
 
+CLAIM_FAILURES = "medtpe_state_store_failures_total"
 BASE = "http://testserver"
 ICU = get_service("medtpe-icu-mortality-patient-view")
 URL = f"/cds-services/{ICU.id}"
@@ -91,19 +93,30 @@ def test_the_score_one_instance_computed_answers_the_other(
 
 
 def test_a_stopped_store_makes_hook_calls_503_until_it_is_back(
-    instances: tuple[TestClient, TestClient], ehr: Ehr, redis_server: RedisServer
+    instances: tuple[TestClient, TestClient],
+    ehr: Ehr,
+    redis_server: RedisServer,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     first, second = instances
     headers = ehr.authorization(BASE + URL)
+    failed_claims = metric_value(first.get("/metrics").text, CLAIM_FAILURES, operation="claim")
     redis_server.stop()
     try:
-        for instance in (first, second):
-            refused = instance.post(URL, json=record(), headers=headers)
-            assert refused.status_code == 503
-            assert refused.headers["retry-after"] == str(STATE_RETRY_AFTER_S)
-            assert refused.json()["error"] == "state_unavailable"
+        with caplog.at_level(logging.INFO, logger="medtpe.audit"):
+            for instance in (first, second):
+                refused = instance.post(URL, json=record(), headers=headers)
+                assert refused.status_code == 503
+                assert refused.headers["retry-after"] == str(STATE_RETRY_AFTER_S)
+                assert refused.json()["error"] == "state_unavailable"
     finally:
         redis_server.start()
+    # counted and audited (without the token)
+    after = metric_value(first.get("/metrics").text, CLAIM_FAILURES, operation="claim")
+    assert after == failed_claims + 1
+    audited = [json.loads(r.getMessage()) for r in caplog.records if r.name == "medtpe.audit"]
+    assert [(a["outcome"], a["reason"]) for a in audited] == [("error", "state_unavailable")] * 2
+    assert headers["Authorization"][7:] not in caplog.text
     # the token was never accepted during the outage: once, and once only, now
     assert first.post(URL, json=record(), headers=headers).status_code == 200
     assert second.post(URL, json=record(), headers=headers).status_code == 401
