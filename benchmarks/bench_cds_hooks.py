@@ -288,7 +288,12 @@ def run_budget(
     return summarize(budget, records)
 
 
-def _p(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
+    """The `q` quantile of `values` (nearest rank).
+
+    >>> percentile([3.0, 1.0, 2.0], 0.5)
+    2.0
+    """
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
@@ -297,8 +302,8 @@ def summarize(budget: int, records: list[dict[str, Any]]) -> dict[str, Any]:
     """Latency percentiles per step, the hook's overhead and the answers compared."""
     latency = {
         step: {
-            "p50_ms": _p([r[f"{step}_s"] for r in records], 0.5) * 1e3,
-            "p95_ms": _p([r[f"{step}_s"] for r in records], 0.95) * 1e3,
+            "p50_ms": percentile([r[f"{step}_s"] for r in records], 0.5) * 1e3,
+            "p95_ms": percentile([r[f"{step}_s"] for r in records], 0.95) * 1e3,
         }
         for step in STEPS
     }
@@ -306,8 +311,9 @@ def summarize(budget: int, records: list[dict[str, Any]]) -> dict[str, Any]:
     def over(base: str) -> dict[str, dict[str, float]]:
         return {
             step: {
-                "p50_ms": _p([r[f"{step}_s"] - r[f"{base}_s"] for r in records], 0.5) * 1e3,
-                "p95_ms": _p([r[f"{step}_s"] - r[f"{base}_s"] for r in records], 0.95) * 1e3,
+                "p50_ms": percentile([r[f"{step}_s"] - r[f"{base}_s"] for r in records], 0.5) * 1e3,
+                "p95_ms": percentile([r[f"{step}_s"] - r[f"{base}_s"] for r in records], 0.95)
+                * 1e3,
             }
             for step in HOOK_STEPS
         }
@@ -316,7 +322,11 @@ def summarize(budget: int, records: list[dict[str, Any]]) -> dict[str, Any]:
 
     def cold_first(base: str) -> dict[str, float]:
         over = [r["hook_cold_s"] - r[f"{base}_s"] for r in first]
-        return {"n": len(first), "p50_ms": _p(over, 0.5) * 1e3, "p95_ms": _p(over, 0.95) * 1e3}
+        return {
+            "n": len(first),
+            "p50_ms": percentile(over, 0.5) * 1e3,
+            "p95_ms": percentile(over, 0.95) * 1e3,
+        }
 
     same_tokens = sum(r["hook_cold"]["tokens"] == r["predict"]["tokens"] for r in records)
     same_bundle = sum(r["predict_bundle"]["tokens"] == r["predict"]["tokens"] for r in records)
@@ -335,10 +345,12 @@ def summarize(budget: int, records: list[dict[str, Any]]) -> dict[str, Any]:
         "hook_cold_overhead_first_of_patient_ms": cold_first("predict"),
         "hook_cold_overhead_vs_bundle_first_of_patient_ms": cold_first("predict_bundle"),
         # every resource mapped in this process (no window, no cache) against the cold hook
-        "mapping_share_of_hook_cold": _p([r["mapping_s"] / r["hook_cold_s"] for r in records], 0.5),
+        "mapping_share_of_hook_cold": percentile(
+            [r["mapping_s"] / r["hook_cold_s"] for r in records], 0.5
+        ),
         # what reading the FHIR record (first pass, the window's validation and mapping) costs
         # /predict over its MEDS events, against the cold hook: its share of the hook's time
-        "fhir_share_of_hook_cold_first_of_patient": _p(
+        "fhir_share_of_hook_cold_first_of_patient": percentile(
             [(r["predict_bundle_s"] - r["predict_s"]) / r["hook_cold_s"] for r in first], 0.5
         ),
         "checks": {

@@ -38,7 +38,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.bench_cds_hooks import SERVICE, TASK, _p, probability, prompt_tokens
+from benchmarks.bench_cds_hooks import SERVICE, TASK, percentile, probability, prompt_tokens
 from benchmarks.results_file import write_results
 from medtpe_core.cds.cards import Score
 from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
@@ -169,7 +169,7 @@ async def state_operations(store: StateStore, n: int, score: Score) -> list[floa
 
 def figures(values: list[float]) -> dict[str, float]:
     """p50 and p95 in milliseconds."""
-    return {"p50_ms": _p(values, 0.5) * 1e3, "p95_ms": _p(values, 0.95) * 1e3}
+    return {"p50_ms": percentile(values, 0.5) * 1e3, "p95_ms": percentile(values, 0.95) * 1e3}
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
