@@ -7,16 +7,16 @@ not what is measured), each served by uvicorn on 127.0.0.1 (`served_in_thread`):
 the `jti`s and scores in memory, `redis` on a redis-server this script starts (127.0.0.1, no
 persistence). Every record is a distinct synthetic ICU record (MEDS events as the tests make
 them, converted to FHIR R4 by `medtpe_core.fhir.from_meds`), so each hook call runs the whole
-path: the `jti` claimed, two score-cache misses, the record mapped and scored, two puts at
-once (four round trips to Redis). Per record: the hook on both instances (which first
-alternates), then `/predict` with the record's Bundle on the `local` instance; each body
-encoded and each JWT signed before the clock starts.
+path: the `jti` claimed, two score-cache misses, the record mapped and scored, the score kept
+under both keys in one pipeline (four round trips to Redis). Per record: the hook on both
+instances (which first alternates), then `/predict` with the record's Bundle on the `local`
+instance; each body encoded and each JWT signed before the clock starts.
 
 Reported: p50/p95 per side, the paired per-record differences (Redis − in-memory, and each
 hook − `/predict`), and on every record whether both hooks' cards give `/predict`'s answer
 (p(yes) to the card's two decimals, the prompt's token counts). Also the state's own part of a
 call, timed alone on each store (`state_operations`: one `jti` claimed through the replay
-cache, two score misses, two scores kept at once, as a hook call on a new record does).
+cache, two score misses, two scores kept in one round trip, as a hook call on a new record does).
 
     .venv/bin/python -m benchmarks.bench_hook_state --records 200 \\
         --out benchmarks/results/bench_hook_state.json
@@ -160,7 +160,7 @@ async def state_operations(store: StateStore, n: int, score: Score) -> list[floa
         for kind in ("sent", "events"):
             assert await scores.get("issuer", "tenant", kind, str(i)) is None
         kinds = ("events", "sent")
-        await asyncio.gather(*(scores.put(score, "issuer", "tenant", k, str(i)) for k in kinds))
+        await scores.put(score, *(("issuer", "tenant", k, str(i)) for k in kinds))
         seconds.append(time.perf_counter() - start)
     if isinstance(store, RedisStore):
         await store.aclose()

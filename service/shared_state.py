@@ -25,7 +25,7 @@ import logging
 import math
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol, TypeVar
 from urllib.parse import urlsplit
 
@@ -66,8 +66,8 @@ class StateStore(Protocol):
         """The live value under `key`, else None."""
         ...
 
-    async def put(self, key: str, value: bytes, ttl_s: float) -> None:
-        """Store `value` under `key` for `ttl_s` seconds."""
+    async def put(self, keys: Sequence[str], value: bytes, ttl_s: float) -> None:
+        """Store `value` under each of `keys` for `ttl_s` seconds (one round trip)."""
         ...
 
     async def aclose(self) -> None:
@@ -126,12 +126,13 @@ class LocalStore:
         self._values.move_to_end(key)
         return value
 
-    async def put(self, key: str, value: bytes, ttl_s: float) -> None:
-        """Store `value`, dropping the least recently used beyond `max_values`."""
+    async def put(self, keys: Sequence[str], value: bytes, ttl_s: float) -> None:
+        """Store `value` under each key, dropping the least recently used beyond `max_values`."""
         if self.max_values <= 0:
             return
-        self._values[key] = (self._clock() + ttl_s, value)
-        self._values.move_to_end(key)
+        for key in keys:
+            self._values[key] = (self._clock() + ttl_s, value)
+            self._values.move_to_end(key)
         while len(self._values) > self.max_values:
             self._values.popitem(last=False)
 
@@ -186,9 +187,9 @@ class RedisStore:
         """`GET key`."""
         return await self._run("get", lambda c: c.get(key))
 
-    async def put(self, key: str, value: bytes, ttl_s: float) -> None:
-        """`SET key value PX ttl`."""
-        await self._run("put", lambda c: c.set(key, value, px=_ms(ttl_s)))
+    async def put(self, keys: Sequence[str], value: bytes, ttl_s: float) -> None:
+        """`SET key value PX ttl` for each key, pipelined: one round trip."""
+        await self._run("put", lambda c: _set_all(c, keys, value, _ms(ttl_s)))
 
     async def aclose(self) -> None:
         """Close this event loop's connections."""
@@ -225,6 +226,14 @@ class RedisStore:
             )
             self._down_since = None
         return result
+
+
+async def _set_all(client: Redis, keys: Sequence[str], value: bytes, ttl_ms: int) -> None:
+    """SET each key to `value` (time to live `ttl_ms`) in one pipeline (not a transaction)."""
+    async with client.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.set(key, value, px=ttl_ms)
+        await pipe.execute()
 
 
 def _ms(seconds: float) -> int:
@@ -286,12 +295,14 @@ class ScoreStore:
         except msgspec.DecodeError:  # not a value this release wrote: a miss
             return None
 
-    async def put(self, score: Score, *parts: str) -> None:
-        """Keep `score` under `parts` (nothing when the store fails)."""
+    async def put(self, score: Score, *keys: tuple[str, ...]) -> None:
+        """Keep `score` under each of `keys` (each a tuple of parts; one round trip; nothing
+        when the store fails)."""
         if not self.enabled:
             return
+        named = [_score_key(parts) for parts in keys]
         try:
-            await self.store.put(_score_key(parts), msgspec.json.encode(score), self.ttl_s)
+            await self.store.put(named, msgspec.json.encode(score), self.ttl_s)
         except StateUnavailable:
             self.skipped += 1
 

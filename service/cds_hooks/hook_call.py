@@ -140,8 +140,7 @@ async def answer_hook(
         if score is None:
             score = await _scored(state, model, task, events, record, prepared, salt)
         kept = [(*caller_key, "sent", sent), *([] if cached else [key])]
-        # at once: one round trip to a shared store
-        await asyncio.gather(*(hooks.scores.put(score, *under) for under in kept))
+        await hooks.scores.put(score, *kept)  # one round trip to a shared store
     bands = state.settings.cds_risk_bands.get(task.name, DEFAULT_BANDS)
     card = risk_card(card_text(score, bands, cached=cached), identity, state.settings)
     audit.card, audit.outcome = card.uuid, "cached" if cached else "card"

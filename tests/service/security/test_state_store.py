@@ -60,10 +60,10 @@ def test_the_local_store_claims_once_until_expiry_and_bounds_its_values() -> Non
 
     async def scenario() -> None:
         assert await store.claim("j", 10) and not await store.claim("j", 10)
-        await store.put("a", b"A", 10)
-        await store.put("b", b"B", 10)
+        await store.put(["a"], b"A", 10)
+        await store.put(["b"], b"B", 10)
         assert await store.get("a") == b"A"  # now the most recently used
-        await store.put("c", b"C", 10)
+        await store.put(["c"], b"C", 10)
         assert [await store.get(k) for k in "abc"] == [b"A", None, b"C"]
         now[0] = 10.5
         assert await store.get("a") is None and len(store) == 1
@@ -73,7 +73,7 @@ def test_the_local_store_claims_once_until_expiry_and_bounds_its_values() -> Non
 
     run(scenario())
     off = LocalStore(max_values=0)
-    run(off.put("a", b"A", 10))
+    run(off.put(["a"], b"A", 10))
     assert run(off.get("a")) is None and run(off.claim("j", 1))
 
 
@@ -95,10 +95,11 @@ def test_a_score_comes_back_equal_from_either_store(
         store = RedisStore(request.getfixturevalue("redis_server").url)
     scores = ScoreStore(store, ttl_s=60)
 
-    async def scenario() -> tuple[Score | None, Score | None, Score | None]:
-        await scores.put(SCORE, "issuer", "tenant", backend)
+    async def scenario() -> tuple[Score | None, ...]:
+        await scores.put(SCORE, ("issuer", "tenant", backend), ("issuer", "tenant", "second"))
         found = (
             await scores.get("issuer", "tenant", backend),
+            await scores.get("issuer", "tenant", "second"),
             await scores.get("issuer", "other-tenant", backend),
             await ScoreStore(store, 60, enabled=False).get("issuer", "tenant", backend),
         )
@@ -106,8 +107,8 @@ def test_a_score_comes_back_equal_from_either_store(
             await store.aclose()
         return found
 
-    kept, other, disabled = run(scenario())
-    assert kept == SCORE and kept.computed_at.tzinfo is not None
+    kept, second, other, disabled = run(scenario())
+    assert kept == second == SCORE and kept.computed_at.tzinfo is not None
     assert other is None and disabled is None
 
 
@@ -118,7 +119,7 @@ def test_a_value_this_release_cannot_read_is_a_miss(redis_server: RedisServer) -
     async def scenario() -> Score | None:
         with Redis.from_url(redis_server.url) as client:
             client.flushdb()
-            await scores.put(SCORE, "k")
+            await scores.put(SCORE, ("k",))
             (key,) = client.keys("medtpe:score:*")
             # what an older release's replica wrote under the same key: not this Score
             client.set(key, b'{"task_title": 1}')
@@ -160,7 +161,7 @@ def test_a_stopped_store_fails_fast_once_logged_and_the_score_cache_goes_on(
         with pytest.raises(StateUnavailable):
             await store.claim(state_key("jti", "i", "during"), 60)
         assert await scores.get("k") is None  # a miss: the caller computes
-        await scores.put(SCORE, "k")  # skipped, no error
+        await scores.put(SCORE, ("k",))  # skipped, no error
         elapsed = time.perf_counter() - start
         await store.aclose()
         return elapsed
