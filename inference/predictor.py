@@ -15,11 +15,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cached_property
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from inference.engine import AnswerConstraint, Completion, Engine, Finish
 from medtpe_core.chat_template import ChatTemplate
-from medtpe_core.meds import MedsEvent, SubjectEvents
+from medtpe_core.meds import SubjectEvents
 from medtpe_core.metrics import compression_rate
 from medtpe_core.prompting import Prompt, build_prompt
 from medtpe_core.tasks import Prediction, Task
@@ -27,6 +27,9 @@ from medtpe_core.tasks.answers import answer_end_ids
 from medtpe_core.tasks.option_probabilities import option_probabilities
 from medtpe_core.tokenizer import MedTPETokenizer
 from medtpe_core.windowing import SLIDING_WINDOW, Windowing
+
+if TYPE_CHECKING:  # the FHIR mapping is needed only by FHIR records
+    from medtpe_core.fhir import FhirRecord
 
 Mode = Literal["medtpe", "original"]
 """`medtpe`: MedTPE ids into the exported checkpoint; `original`: base ids into the base model."""
@@ -63,6 +66,8 @@ class PreparedRecord:
     """A record's prompt, its ids under both tokenizers and the time each step took."""
 
     task: Task
+    events: SubjectEvents
+    """The record's events (a FHIR record's: those read of it, `fhir`)."""
     prompt: Prompt
     prediction_time: datetime | None
     segmentation: Segmentation
@@ -72,6 +77,8 @@ class PreparedRecord:
     tokenize_s: float
     max_input_tokens: int
     """The input budget the prompt was built within (original-tokenizer tokens)."""
+    fhir: FhirRecord | None = None
+    """A FHIR record's mapping (its counts, its display texts), else None."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +116,17 @@ class Answer:
         return sum(bool(sample.trailing) for sample in self.samples)
 
 
+@dataclass(frozen=True)
+class RecordAnswer:
+    """What the inference layer answers for one record: the prepared record, the model's
+    answer and the seconds from the start of the record's work to the answer; each door
+    (`/predict`, `/predict/batch`, a CDS hook, the batch job) builds its own response of it."""
+
+    record: PreparedRecord
+    answer: Answer
+    total_s: float
+
+
 def majority_vote(predictions: Sequence[Prediction | None]) -> Prediction | None:
     """The most frequent answer (ties: the earliest sample); None if no sample gave one."""
     answers = [prediction for prediction in predictions if prediction is not None]
@@ -123,12 +141,10 @@ def _hashable(answer: Prediction | None) -> Any:
     return tuple(answer) if isinstance(answer, list) else answer
 
 
-def default_prediction_time(events: SubjectEvents | Sequence[MedsEvent]) -> datetime | None:
+def default_prediction_time(events: SubjectEvents) -> datetime | None:
     """One minute after the last timed event, on the minute (None when no event has a time); the
     last event's own time when that minute is the calendar's last (9999-12-31 23:59): the events
     up to and including the prediction time are shown, so no event is lost either way."""
-    if not isinstance(events, SubjectEvents):
-        events = SubjectEvents.from_events(events)
     last = events.last_time()
     if last is None:
         return None
@@ -180,7 +196,7 @@ class Predictor:
     def build(
         self,
         task: Task,
-        events: SubjectEvents | Sequence[MedsEvent],
+        events: SubjectEvents,
         prediction_time: datetime | None,
         descriptions: Mapping[str, str] | None = None,
         horizon: datetime | None = None,
@@ -189,8 +205,6 @@ class Predictor:
         `descriptions`: the record's own code descriptions (a FHIR record's display texts), for
         the codes the loaded codes metadata does not describe; `horizon`: the events at or
         before it may be stand-ins (`build_prompt`)."""
-        if not isinstance(events, SubjectEvents):
-            events = SubjectEvents.from_events(events)
         when = prediction_time if prediction_time is not None else default_prediction_time(events)
         prompt = build_prompt(
             task,
@@ -208,7 +222,7 @@ class Predictor:
     def prepare(
         self,
         task: Task,
-        events: SubjectEvents | Sequence[MedsEvent],
+        events: SubjectEvents,
         prediction_time: datetime | None,
         descriptions: Mapping[str, str] | None = None,
         horizon: datetime | None = None,
@@ -224,6 +238,7 @@ class Predictor:
         tokenized = time.perf_counter()
         return PreparedRecord(
             task=task,
+            events=events,
             prompt=prompt,
             prediction_time=when,
             segmentation=segmentation,

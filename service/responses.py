@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from inference.model import LoadedModel
-from inference.predictor import Answer, PreparedRecord, Segmentation
+from inference.predictor import PreparedRecord, RecordAnswer, Segmentation
+from medtpe_core.fhir import FhirRecord
 from medtpe_core.tokenizer import MedTPETokenizer
 from service.schemas import (
+    FhirMapping,
     Latency,
     MergedToken,
     PredictOptions,
     PredictResponse,
+    ResourceMapping,
     TokenCounts,
     TokenizeResponse,
     TokenList,
@@ -18,13 +21,11 @@ from service.schemas import (
 
 
 def predict_response(
-    model: LoadedModel,
-    record: PreparedRecord,
-    answer: Answer,
-    options: PredictOptions,
-    total_s: float,
+    model: LoadedModel, answered: RecordAnswer, options: PredictOptions
 ) -> PredictResponse:
-    """The answer to one record with its token counts, latency breakdown and model identity."""
+    """The answer to one record with its token counts, latency breakdown, model identity and,
+    for a FHIR record, the mapping's counts."""
+    record, answer = answered.record, answered.answer
     seg = record.segmentation
     return PredictResponse(
         task=record.task.name,
@@ -52,9 +53,19 @@ def predict_response(
             render=record.render_s * 1e3,
             tokenize=record.tokenize_s * 1e3,
             generate=answer.generate_s * 1e3,
-            total=total_s * 1e3,
+            total=answered.total_s * 1e3,
         ),
         model=model.identity,
+        fhir=fhir_mapping(record.fhir) if record.fhir is not None else None,
+    )
+
+
+def fhir_mapping(record: FhirRecord) -> FhirMapping:
+    """The response's account of a FHIR record's mapping: subject id and per-type counts."""
+    counts = record.counts.as_dict()
+    return FhirMapping(
+        subject_id=record.subject_id,
+        counts={name: ResourceMapping(**values) for name, values in counts.items()},
     )
 
 

@@ -14,20 +14,18 @@ import asyncio
 import secrets
 import time
 from collections.abc import Coroutine, Iterable, Sequence
-from functools import partial
+from dataclasses import replace
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 
 from inference.model import LoadedModel
 from inference.predictor import Predictor, PreparedRecord
-from medtpe_core.fhir import FhirRecord
-from medtpe_core.meds import SubjectEvents
+from inference.record import FhirResources, MedsRecord
 from medtpe_core.tasks import Task, UnknownTaskError, get_task
 from service.errors import ApiError, field_error
-from service.fhir_input import bundle_record, fhir_mapping
 from service.json_body import FastJsonRoute
-from service.responses import tokenize_response
+from service.responses import predict_response, tokenize_response
 from service.schemas import (
     BUDGET,
     ERROR_RESPONSES,
@@ -38,7 +36,7 @@ from service.schemas import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from service.serving import predict_record, served
+from service.serving import predict_record, prepare, served
 from service.state import ServiceState
 
 T = TypeVar("T")
@@ -201,13 +199,13 @@ async def tokenize(body: TokenizeRequest, state: StateDep) -> TokenizeResponse:
         async with served(state, "tokenize", "text", 1):
             seg = await asyncio.to_thread(model.predictor.segment, body.text)
             return tokenize_response(model.predictor.tokenizer, seg, None)
-    assert task is not None  # the request model requires a task with events
+    assert task is not None  # the request model requires a task with events ...
     predictor = _at_budget(state, model, body.max_input_tokens, ["body", BUDGET])
+    assert body.events is not None  # ... and events
     async with served(state, "tokenize", task.name, 1):
-        record = await asyncio.to_thread(
-            predictor.prepare, task, body.events or [], body.prediction_time
-        )
-        return tokenize_response(model.predictor.tokenizer, record.segmentation, record)
+        record = MedsRecord(body.events, body.prediction_time)
+        prepared = await prepare(predictor, task, record)
+        return tokenize_response(model.predictor.tokenizer, prepared.segmentation, prepared)
 
 
 async def _predict_request(
@@ -219,50 +217,40 @@ async def _predict_request(
     salt: str | None,
     loc: Sequence[str | int],
 ) -> PredictResponse:
-    """A request's record (its events, or its FHIR bundle mapped and prepared in a worker thread)
-    through `predict_record` at the request's budget (`predictor`); a bundle's mapping counts in
-    the response; with `options.both_modes` the other mode's answer, at the same budget, in
-    `other_mode`."""
+    """A request's record prepared by `predictor` (the request's budget) and answered; a
+    bundle's mapping counts in the response; with `options.both_modes` the other mode's answer
+    to the same prompt in `other_mode`."""
     start = time.perf_counter()
-    events, fhir, prepared = await _events(state, predictor, task, request, loc)
-    answer = partial(
-        predict_record,
-        state,
-        task=task,
-        events=events,
-        prediction_time=request.prediction_time,
-        options=request.options,
-        salt=salt,
-        descriptions=fhir.descriptions if fhir is not None else None,
-        horizon=fhir.horizon if fhir is not None else None,
-    )
-    response = await answer(model=model, predictor=predictor, prepared=prepared, start=start)
-    if fhir is not None:
-        response.fhir = fhir_mapping(fhir)
+    prepared = await _prepared(state, predictor, task, request, loc)
+    answered = await predict_record(state, model, prepared, request.options, salt, start)
+    response = predict_response(model, answered, request.options)
     if request.options.both_modes:
         other = state.other_model
         assert other is not None  # `_checked` refused both_modes without it
-        at_budget = other.predictor.at_budget(predictor.max_input_tokens)
-        response.other_mode = await answer(model=other, predictor=at_budget)
+        as_other = replace(prepared, engine_ids=other.predictor.engine_ids(prepared.segmentation))
+        answered = await predict_record(state, other, as_other, request.options, salt)
+        response.other_mode = predict_response(other, answered, request.options)
     return response
 
 
-async def _events(
+async def _prepared(
     state: ServiceState,
     predictor: Predictor,
     task: Task,
     request: PredictRequest,
     loc: Sequence[str | int],
-) -> tuple[SubjectEvents, FhirRecord | None, PreparedRecord | None]:
-    """The request's events, or its FHIR bundle's (mapped and prepared by `predictor` in a worker
-    thread) with the mapping's record and the prepared prompt."""
+) -> PreparedRecord:
+    """The request's record — its events, or its FHIR bundle through the site mapping — as
+    `predictor` prepares it (a bundle it cannot map: a 422 naming entry, resource and field)."""
     if request.bundle is None:
         assert request.events is not None  # the request model requires events or a bundle
-        return request.events, None, None
-    mapping = state.site_mapping()
+        record = MedsRecord(request.events, request.prediction_time)
+        return await prepare(predictor, task, record)
+    where = [*loc, "bundle"]
+    bundle = FhirResources(request.bundle, state.site_mapping(), request.prediction_time)
     try:
-        return await asyncio.to_thread(
-            bundle_record, mapping, predictor, task, request.bundle, request.prediction_time, loc
+        return await prepare(
+            predictor, task, bundle, lambda error: [*where, *(error.loc if error else ["entry"])]
         )
     except ApiError:
         state.metrics.rejections.labels("invalid").inc()

@@ -1,8 +1,8 @@
 """What every route that predicts shares: `served` (admission, deadline, in-flight gauge, latency
-histogram and one log line per request — never record content) and `predict_record` (one
-record through the inference layer: render and tokenize in a worker thread, generate in a
-concurrency slot on the async engine). `/predict`, `/predict/batch` and the CDS hooks all answer
-through them."""
+histogram and one log line per request — never record content), `prepare` (the record the
+request brought, `inference.record`, into its prompt in a worker thread) and `predict_record`
+(the prepared record's answer, generated in a concurrency slot on the async engine).
+`/predict`, `/predict/batch`, `/tokenize` and the CDS hooks all answer through them."""
 
 from __future__ import annotations
 
@@ -10,54 +10,65 @@ import asyncio
 import logging
 import time
 import traceback
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from datetime import datetime
 
 from inference.engine import EngineDead
 from inference.model import LoadedModel
-from inference.predictor import Predictor, PreparedRecord
-from medtpe_core.meds import SubjectEvents
+from inference.predictor import Predictor, PreparedRecord, RecordAnswer
+from inference.record import NoEventsError, PatientRecord
+from medtpe_core.fhir import FhirInputError
 from medtpe_core.tasks import Task
-from service.errors import ApiError
+from service.errors import ApiError, field_error
 from service.limits import QueueFull
-from service.responses import predict_response
-from service.schemas import PredictOptions, PredictResponse
+from service.schemas import PredictOptions
 from service.state import ServiceState
 
 logger = logging.getLogger("medtpe.service")
 
 
+Loc = Sequence[str | int]
+
+
+async def prepare(
+    predictor: Predictor,
+    task: Task,
+    record: PatientRecord,
+    locate: Callable[[FhirInputError | None], Loc] | None = None,
+) -> PreparedRecord:
+    """The record's prompt by `predictor`, prepared in a worker thread; for FHIR resources,
+    input the mapping cannot read or a record without an event of its patient is a 422 at
+    `locate(error)` (`locate(None)` for no event): where the request sent it."""
+    try:
+        return await asyncio.to_thread(record.prepare, predictor, task)
+    except FhirInputError as exc:
+        if locate is None:
+            raise
+        detail = field_error(locate(exc), str(exc), "fhir_input")
+    except NoEventsError as exc:
+        if locate is None:
+            raise
+        detail = field_error(locate(None), str(exc), "fhir_no_events")
+    raise ApiError(422, "invalid_request", detail)
+
+
 async def predict_record(
     state: ServiceState,
     model: LoadedModel,
-    task: Task,
-    events: SubjectEvents,
-    prediction_time: datetime | None,
+    record: PreparedRecord,
     options: PredictOptions,
     salt: str | None,
-    *,
-    predictor: Predictor | None = None,
-    descriptions: Mapping[str, str] | None = None,
-    horizon: datetime | None = None,
-    prepared: PreparedRecord | None = None,
     start: float | None = None,
-) -> PredictResponse:
-    """Render and tokenize (worker thread), then generate within a concurrency slot on the
-    engine of `model` (the served mode's, or with `MEDTPE_COMPARE_MODES` the other mode's
-    `state.other_model`). `predictor`: `model`'s at the request's input budget (default: its
-    served one); `descriptions`: the record's own code descriptions (a FHIR record's display
-    texts); `horizon`: a FHIR record's stand-ins' (`Predictor.build`); `prepared`: the record
-    already prepared by `predictor` (`inference.fhir_prompt`); `start`: when the request's work
-    began (`time.perf_counter()`; default now), for its reported total latency."""
+) -> RecordAnswer:
+    """Generate the answer to a prepared record within a concurrency slot on the engine of
+    `model` (the served mode's, or with `MEDTPE_COMPARE_MODES` the other mode's
+    `state.other_model`); `start`: when the request's work began (`time.perf_counter()`;
+    default now), for its reported total latency."""
     start = time.perf_counter() if start is None else start
-    predictor = model.predictor if predictor is None else predictor
-    record = prepared or await asyncio.to_thread(
-        predictor.prepare, task, events, prediction_time, descriptions, horizon
-    )
     temperature = options.temperature
     if temperature is None:
         temperature = state.settings.temperature
+    predictor = model.predictor
     async with state.admission.slot(), _engine_errors(state):
         answer = await predictor.answer(
             state.running_engine(other_mode=model is state.other_model),
@@ -69,8 +80,8 @@ async def predict_record(
             constrained=options.constrained,
             cache_salt=salt,
         )
-    state.metrics.observe_answer(task.name, predictor.mode, record.segmentation, answer)
-    return predict_response(model, record, answer, options, time.perf_counter() - start)
+    state.metrics.observe_answer(record.task.name, predictor.mode, record.segmentation, answer)
+    return RecordAnswer(record, answer, time.perf_counter() - start)
 
 
 @asynccontextmanager

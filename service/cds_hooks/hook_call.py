@@ -4,13 +4,14 @@ resources as JSON text (`service.cds_hooks.prefetch`), then the score:
 - from the score cache when the same caller sent the very same resources before (a digest of
   their text: nothing is decoded or mapped); the cache is in the state every API process and
   replica shares (service/shared_state.py), and a store that does not answer is a miss;
-- else map them to MEDS events and the prompt (`medtpe_core.fhir`, in a worker thread: every
-  resource gets the first pass, only those the prompt can reach are validated and read,
-  `inference.fhir_prompt`; the process's `ResourceCache` holds what each resource seen before
+- else map them to MEDS events and the prompt (`inference.record.FhirResources`, in a worker
+  thread: every resource gets the first pass, only those the prompt can reach are validated and
+  read; the process's `ResourceCache` holds what each resource seen before
   gave, so a record that grew by a few observations looks only at those), and from the score
   cache when the same caller asked about the same events before;
-- else from the model through `/predict`'s own path (`service.serving.predict_record`, on the
-  async engine: the event loop never waits on it).
+- else from the model through the path every door shares (`service.serving.predict_record`,
+  on the async engine: the event loop never waits on it); the card is built from the inference
+  layer's answer (`RecordAnswer`), never from `/predict`'s response.
 """
 
 from __future__ import annotations
@@ -24,26 +25,23 @@ import meds
 import numpy as np
 from starlette.requests import Request
 
-from inference.fhir_prompt import prepare_fhir
 from inference.model import LoadedModel
-from inference.predictor import Predictor, PreparedRecord
+from inference.predictor import RecordAnswer
+from inference.record import FhirResources
 from medtpe_core.cds.cards import Score, card_text
 from medtpe_core.cds.risk import DEFAULT_BANDS
 from medtpe_core.cds.score_cache import record_digest, texts_digest
 from medtpe_core.cds.services import HOOK_CONTEXT, PATIENT_ID, CdsService
-from medtpe_core.fhir import FhirInputError, FhirRecord, ResourceCache, SiteMapping
-from medtpe_core.fhir.window import FhirWindow
-from medtpe_core.meds import SubjectEvents
-from medtpe_core.tasks import Task, get_task
+from medtpe_core.fhir import ResourceCache, SiteMapping
+from medtpe_core.tasks import get_task
 from service.cds_hooks.audit import AuditEntry
 from service.cds_hooks.jwt_auth import Caller, HookAuthenticator, JwksCache, ReplayCache
-from service.cds_hooks.prefetch import Gathered, gather_resources
+from service.cds_hooks.prefetch import gather_resources
 from service.cds_hooks.responses import risk_card
 from service.cds_hooks.schemas import CdsResponse, HookRequest
-from service.collector import collector_paused
 from service.errors import ApiError, field_error
-from service.schemas import PredictOptions, PredictResponse
-from service.serving import predict_record, served
+from service.schemas import PredictOptions
+from service.serving import predict_record, prepare, served
 from service.settings import ServiceSettings
 from service.shared_state import ScoreStore, open_store
 from service.state import ServiceState
@@ -131,46 +129,22 @@ async def answer_hook(
     if score is None:
         mapping = state.site_mapping()
         cache = hooks.resource_cache(mapping)
-        record, events, prepared = await asyncio.to_thread(
-            _prepared, model.predictor, task, mapping, cache, gathered, patient
-        )
-        key = (*caller_key, "events", task.name, patient, record_digest(events, None, *parts))
+        resources = FhirResources(gathered.resources, mapping, patient_id=patient, cache=cache)
+        prepared = await prepare(model.predictor, task, resources, gathered.locate)
+        digest = record_digest(prepared.events, None, *parts)
+        key = (*caller_key, "events", task.name, patient, digest)
         score = await hooks.scores.get(*key)
         cached = score is not None
         if score is None:
-            score = await _scored(state, model, task, events, record, prepared, salt)
+            async with served(state, "cds_hook", task.name, 1):
+                answered = await predict_record(state, model, prepared, HOOK_OPTIONS, salt)
+            score = _score(model, answered)
         kept = [(*caller_key, "sent", sent), *([] if cached else [key])]
         await hooks.scores.put(score, *kept)  # one round trip to a shared store
     bands = state.settings.cds_risk_bands.get(task.name, DEFAULT_BANDS)
     card = risk_card(card_text(score, bands, cached=cached), identity, state.settings)
     audit.card, audit.outcome = card.uuid, "cached" if cached else "card"
     return CdsResponse(cards=[card])
-
-
-async def _scored(
-    state: ServiceState,
-    model: LoadedModel,
-    task: Task,
-    events: SubjectEvents,
-    record: FhirRecord,
-    prepared: PreparedRecord,
-    salt: str,
-) -> Score:
-    """The model's score of the record (`prepared` by the model's predictor), through
-    `/predict`'s own path."""
-    async with served(state, "cds_hook", task.name, 1):
-        answer = await predict_record(
-            state,
-            model,
-            task,
-            events,
-            None,
-            HOOK_OPTIONS,
-            salt,
-            descriptions=record.descriptions,
-            prepared=prepared,
-        )
-    return _score(task, model, events, record, answer)
 
 
 def _check_call(service: CdsService, body: HookRequest) -> None:
@@ -191,67 +165,36 @@ def _check_call(service: CdsService, body: HookRequest) -> None:
             )
 
 
-def _prepared(
-    predictor: Predictor,
-    task: Task,
-    mapping: SiteMapping,
-    cache: ResourceCache,
-    gathered: Gathered,
-    patient: str,
-) -> tuple[FhirRecord, SubjectEvents, PreparedRecord]:
-    """The record, its MEDS events and the prompt `predictor` prepared of it; input it cannot
-    map is a 422 located in the call (the prefetch key and entry, or the fetch that brought
-    it)."""
-    try:
-        with collector_paused():
-            resources = gathered.resources
-            window = FhirWindow(resources, mapping=mapping, patient_id=patient, cache=cache)
-            prepared, record = prepare_fhir(predictor, task, window, None)
-    except FhirInputError as exc:
-        origin: tuple[str | int, ...] = ("body", "prefetch")
-        if exc.index is not None:
-            origin = gathered.origin(exc.index)
-        loc = [*origin, *exc.loc[1:]] if exc.index is not None else list(origin)
-        raise ApiError(422, "invalid_request", field_error(loc, str(exc), "fhir_input")) from None
-    if prepared is None or not record.rows:
-        where = ("body", "prefetch")
-        detail = field_error(where, f"no event of patient {patient}", "fhir_no_events")
-        raise ApiError(422, "invalid_request", detail)
-    return record, record.subject_events(), prepared
-
-
-def _score(
-    task: Task,
-    model: LoadedModel,
-    events: SubjectEvents,
-    record: FhirRecord,
-    answer: PredictResponse,
-) -> Score:
-    """What the card reports of one answer."""
+def _score(model: LoadedModel, answered: RecordAnswer) -> Score:
+    """What the card reports of one answer to a FHIR record."""
+    record, answer = answered.record, answered.answer
+    task, events, fhir = record.task, record.events, record.fhir
+    assert fhir is not None  # a hook's record is FHIR resources
     option = task.positive_option
     probability = answer.probabilities.get(option) if answer.probabilities and option else None
     clinical = ~np.isnat(events.times) & (np.asarray(events.codes) != meds.birth_code)
     times = events.times[clinical]
     first, last = (_datetime(times.min()), _datetime(times.max())) if len(times) else (None, None)
-    totals = {"resources": record.counts.n_resources}
+    totals = {"resources": fhir.counts.n_resources}
     for name in ("mapped", "unmapped", "skipped"):
-        totals[name] = sum(getattr(c, name) for c in record.counts.by_type.values())
+        totals[name] = sum(getattr(c, name) for c in fhir.counts.by_type.values())
+    seg = record.segmentation
     return Score(
         task_title=task.title,
         question=task.question,
         probability=probability,
-        prediction_time=answer.prediction_time,
-        events_total=answer.events["total"],
-        events_kept=answer.events["kept"],
+        prediction_time=record.prediction_time,
+        events_total=record.prompt.n_events_total,
+        events_kept=record.prompt.n_events_kept,
         first_event=first,
         last_event=last,
         input_budget=model.predictor.max_input_tokens,
-        tokens_original=answer.tokens.original,
-        tokens_medtpe=answer.tokens.medtpe,
-        compression_rate=answer.tokens.compression_rate,
-        model=answer.model.name,
-        mode=answer.model.mode,
-        artefact_id=answer.model.artefact_id,
+        tokens_original=len(seg.original_ids),
+        tokens_medtpe=len(seg.medtpe_ids),
+        compression_rate=seg.compression_rate,
+        model=model.identity.name,
+        mode=model.identity.mode,
+        artefact_id=model.identity.artefact_id,
         computed_at=datetime.now(UTC),
         mapping=totals,
     )

@@ -27,6 +27,7 @@ import httpx
 import msgspec
 
 from medtpe_core.cds.services import CdsService, TemplateError, render_template
+from medtpe_core.fhir import FhirInputError
 from service.cds_hooks.audit import AuditedError
 from service.cds_hooks.fhir_fetch import (
     FetchLimits,
@@ -76,6 +77,13 @@ class Gathered:
         place = bisect.bisect_right([first for first, _, _ in self.places], index) - 1
         first, where, entries = self.places[place]
         return where if entries is None else (*where, "entry", entries[index - first], "resource")
+
+    def locate(self, error: FhirInputError | None) -> Loc:
+        """Where in the call the mapping's `error` lies (the prefetch key and entry, or the
+        fetch that brought the resource); None (no event of the patient): the prefetch."""
+        if error is None or error.index is None:
+            return ("body", "prefetch")
+        return (*self.origin(error.index), *error.loc[1:])
 
 
 _VALUE = msgspec.json.Decoder(FhirValue)

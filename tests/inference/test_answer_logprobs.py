@@ -10,7 +10,7 @@ import pytest
 from inference.engine import AnswerConstraint, Completion
 from inference.predictor import Predictor, answer_constraint
 from medtpe_core.chat_template import ChatTemplate
-from medtpe_core.meds import MedsEvent
+from medtpe_core.meds import MedsEvent, SubjectEvents
 from medtpe_core.tasks import get_task
 from tests.support.service_support import synthetic_events
 from tests.support.tokenizer_support import smollm2_dir, smollm2_medtpe
@@ -31,7 +31,9 @@ def completion(predictor: Predictor, text: str) -> Completion:
 
 
 def test_answer_value_position_without_prefill(predictor: Predictor) -> None:
-    events = [MedsEvent.model_validate(e) for e in synthetic_events(3, 20)]
+    events = SubjectEvents.from_events(
+        [MedsEvent.model_validate(e) for e in synthetic_events(3, 20)]
+    )
     record = predictor.prepare(FREE, events, None)
     text = 'Sure. {"answer": "yes"}'
     output = completion(predictor, text)
@@ -44,7 +46,9 @@ def test_answer_value_position_without_prefill(predictor: Predictor) -> None:
 
 
 def test_first_position_with_the_prefill(predictor: Predictor) -> None:
-    events = [MedsEvent.model_validate(e) for e in synthetic_events(3, 20)]
+    events = SubjectEvents.from_events(
+        [MedsEvent.model_validate(e) for e in synthetic_events(3, 20)]
+    )
     record = predictor.prepare(MORTALITY, events, None)
     assert predictor.value_logprobs(record, completion(predictor, 'no"}')) == {0: 0.0}
 

@@ -17,7 +17,7 @@ from inference.predictor import (
     majority_vote,
 )
 from medtpe_core.chat_template import ChatTemplate
-from medtpe_core.meds import MedsEvent
+from medtpe_core.meds import MedsEvent, SubjectEvents
 from medtpe_core.tasks import get_task
 from service.limits import Admission, QueueFull
 from service.metrics import ServiceMetrics
@@ -72,12 +72,12 @@ def test_admission_slots_bound_concurrency() -> None:
 
 
 @pytest.fixture(scope="module")
-def events() -> list[MedsEvent]:
-    return [MedsEvent.model_validate(e) for e in synthetic_events(7, 80)]
+def events() -> SubjectEvents:
+    return SubjectEvents.from_events([MedsEvent.model_validate(e) for e in synthetic_events(7, 80)])
 
 
 @pytest.mark.parametrize("mode", ["medtpe", "original"])
-def test_prepare_feeds_the_mode_s_ids(mode: str, events: list[MedsEvent]) -> None:
+def test_prepare_feeds_the_mode_s_ids(mode: str, events: SubjectEvents) -> None:
     tokenizer = smollm2_medtpe()
     predictor = Predictor(tokenizer, ChatTemplate.from_model_dir(smollm2_dir()), mode, 512)
     record = predictor.prepare(get_task("icu_mortality"), events, None)
@@ -97,8 +97,8 @@ def test_default_prediction_time_is_just_after_the_last_event() -> None:
         MedsEvent(subject_id=1, time=datetime(2150, 1, 1, 8, 0, 30), code="A"),
         MedsEvent(subject_id=1, time=datetime(2150, 1, 1, 7, 0), code="B"),
     ]
-    assert default_prediction_time(events) == datetime(2150, 1, 1, 8, 1)
-    assert default_prediction_time(events[:1]) is None
+    assert default_prediction_time(SubjectEvents.from_events(events)) == datetime(2150, 1, 1, 8, 1)
+    assert default_prediction_time(SubjectEvents.from_events(events[:1])) is None
 
 
 def test_majority_vote() -> None:

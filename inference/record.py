@@ -1,0 +1,79 @@
+"""The record a prediction is about, built once where it comes in — MEDS events (`/predict`,
+`/tokenize`, the batch jobs) or FHIR resources read through the site mapping (`/predict`'s
+Bundle, a CDS hook's prefetch, a Bulk Data export) — and prepared into the task's prompt in one
+place, whatever door it came through:
+
+    record = MedsRecord(events, prediction_time=None)
+    prepared = record.prepare(predictor, task)   # the prompt, its ids under both tokenizers
+
+Preparing is CPU work (rendering, tokenizing, for FHIR the mapping): call it in a worker thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from inference.collector import collector_paused
+from inference.fhir_prompt import prepare_fhir
+from inference.predictor import Predictor, PreparedRecord
+from medtpe_core.fhir import ResourceCache, SiteMapping
+from medtpe_core.fhir.window import FhirWindow
+from medtpe_core.meds import SubjectEvents
+from medtpe_core.tasks import Task
+
+
+class NoEventsError(ValueError):
+    """The record holds no event of its patient: nothing to predict from."""
+
+
+@dataclass(frozen=True)
+class MedsRecord:
+    """A patient's MEDS events, to be read up to `prediction_time` (None: one minute after the
+    last event)."""
+
+    events: SubjectEvents
+    prediction_time: datetime | None = None
+
+    def prepare(self, predictor: Predictor, task: Task) -> PreparedRecord:
+        """The task prompt of the events within `predictor`'s input budget."""
+        return predictor.prepare(task, self.events, self.prediction_time)
+
+
+@dataclass(frozen=True)
+class FhirResources:
+    """A patient's FHIR resources — a Bundle, or resources (objects or their JSON text) — behind
+    the site `mapping`, read only as far back as the prompt reaches (`inference.fhir_prompt`);
+    `patient_id` picks the patient among several, `cache` keeps what resources seen before gave
+    (`medtpe_core.fhir.ResourceCache`)."""
+
+    resources: Mapping[str, Any] | Sequence[Mapping[str, Any] | bytes]
+    mapping: SiteMapping
+    prediction_time: datetime | None = None
+    patient_id: str | None = None
+    cache: ResourceCache | None = None
+
+    def prepare(self, predictor: Predictor, task: Task) -> PreparedRecord:
+        """The task prompt of the mapped events, with the mapping's record (`fhir`); a
+        resource the mapping cannot read raises its `FhirInputError`, a record without an
+        event of the patient `NoEventsError`. The collector is paused meanwhile
+        (`medtpe_core.fhir` makes many short-lived objects)."""
+        with collector_paused():
+            window = FhirWindow(
+                self.resources,
+                mapping=self.mapping,
+                patient_id=self.patient_id,
+                prediction_time=self.prediction_time,
+                cache=self.cache,
+            )
+            prepared, record = prepare_fhir(predictor, task, window, self.prediction_time)
+        if prepared is None or not record.rows:
+            raise NoEventsError("the record holds no event of the patient")
+        return dataclasses.replace(prepared, fhir=record)
+
+
+PatientRecord = MedsRecord | FhirResources
+"""One patient's record, whichever door it came through."""
