@@ -36,6 +36,11 @@ OTHER_VARIABLES: Mapping[str, str] = {
     TASKS_DIR_ENV: "a directory of extra task files (medtpe_core/tasks/)",
     TASK_ENV: "the default task of `medtpe evaluate` (MEDS-DEV's model.yaml sets it)",
     FUZZ_EXAMPLES_ENV: "examples per operation of the API contract test (tests/)",
+    "MEDTPE_FHIR_CLIENT_ID": "`medtpe predict --fhir-server`'s SMART Backend Services client id",
+    "MEDTPE_FHIR_CLIENT_KEY": "that client's private key, PEM text (never logged)",
+    "MEDTPE_FHIR_CLIENT_KEY_FILE": "that client's private key, a PEM file",
+    "MEDTPE_FHIR_CLIENT_KID": "the `kid` of that key in the client's registered JWK Set",
+    "MEDTPE_FHIR_SCOPE": "the scopes `medtpe predict --fhir-server` asks for",
 }
 """The `MEDTPE_*` environment variables read outside these settings, with what they set."""
 
