@@ -73,6 +73,11 @@ def run_system(
     )
     if system == "ray":
         command += ["--ray", "--ray-cpus", str(args.ray_cpus)]
+    return run_command(command, out)
+
+
+def run_command(command: list[str], out: Path) -> dict[str, Any]:
+    """One `medtpe predict` command writing into `out`, in a fresh process; its figures."""
     out.parent.mkdir(parents=True, exist_ok=True)
     log = out.with_suffix(".log")
     start = time.perf_counter()
