@@ -26,6 +26,7 @@ from batch.bulk_client import (
 from batch.fhir_export import MANIFEST, export_files, patient_bundles, read_lines
 from batch.fhir_http import FhirServerError, HttpSettings
 from batch.smart_backend import KEY_ENV, ClientKey, SmartAuthError, public_jwks
+from medtpe_cli.predict_commands import _fhir_source
 from tests.support.bulk_server import BulkServer, serving_bulk_data
 
 CLIENT = "medtpe-nightly"
@@ -264,3 +265,28 @@ def test_the_token_never_leaves_the_servers_origin(
     export_from_server(client, ExportRequest(), tmp_path / "b", FAST, progress=False)
     downloads = [r for r in server.requests if "/files/" in r["path"]]
     assert downloads and all("Authorization" not in r["headers"] for r in downloads)
+
+
+def test_the_commands_server_options_make_the_export_it_then_reads(
+    server: BulkServer, es_key: ClientKey, tmp_path: Path
+) -> None:
+    client = access(server, es_key, tmp_path)
+    options = {
+        "fhir_dirs": (),
+        "fhir_server": server.base,
+        "export_level": "patient",
+        "group_id": "icu",
+        "export_types": ("Patient",),
+        "since": None,
+        "client_id": CLIENT,
+        "client_key": client.key_path,
+        "client_kid": es_key.kid,
+        "scope": "system/Patient.rs",
+        "fhir_mapping": None,
+        "bucket_mib": 64,
+    }
+    source = _fhir_source(options, tmp_path / "out")
+    assert source.export_dirs == (tmp_path / "out" / "export",) and source.bucket_mib == 64
+    assert exported_ids(tmp_path / "out" / "export") == {"Patient": ["p1", "p2"]}
+    (kick_off,) = [r for r in server.requests if "$export" in r["path"]]
+    assert kick_off["path"].startswith("/fhir/Group/icu/$export?_outputFormat=")
