@@ -27,6 +27,7 @@ from medtpe_core.prompting import build_prompt
 from medtpe_core.render import RENDER_VERSION
 from service.settings import ServiceSettings
 from tests.support.mimic_fhir_fixture import FIXTURE
+from tests.support.paths import ROOT
 from tests.support.render_pins import SHARED_MEDS
 from tests.support.service_support import instant_client
 
@@ -125,3 +126,29 @@ def test_the_artefact_ships_its_build_datasets_descriptions() -> None:
     manifest = json.loads((default_artefact_dir() / "manifest.json").read_text())
     built = manifest["rendering"]
     assert built["descriptions_sha256"] == descriptions_digest(read_code_descriptions(SHARED_MEDS))
+
+
+README = ROOT / "README.md"
+EXAMPLE = ROOT / "docs" / "examples" / "icu-stay-request.json"
+
+
+def key_paths(value: Any, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    """Every path of object keys in a JSON value (lists: their first item's)."""
+    if isinstance(value, dict):
+        return set().union(*({(*prefix, k)} | key_paths(v, (*prefix, k)) for k, v in value.items()))
+    if isinstance(value, list) and value:
+        return key_paths(value[0], prefix)
+    return set()
+
+
+def test_the_readme_s_first_request_answers_as_the_readme_shows(default_api: TestClient) -> None:
+    """The README's first request (a held-out MIMIC-IV ICU stay shipped as a file) through the
+    service with no settings: every field the README's response shows is in the answer, and the
+    compression it exists for is visible (at least 30 % fewer prompt tokens)."""
+    answer = default_api.post("/predict", content=EXAMPLE.read_bytes())
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["tokens"]["compression_rate"] >= 0.30
+    assert body["events"]["kept"] < body["events"]["total"] == 1432
+    shown = README.read_text().split("```json\n", 1)[1].split("```", 1)[0]
+    assert key_paths(json.loads(shown)) <= key_paths(body)
