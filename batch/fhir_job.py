@@ -1,5 +1,5 @@
 """`medtpe predict --fhir DIR`: every patient of a FHIR Bulk Data export scored by the batch job of
-`evaluation.batch`, into the same outputs as a MEDS dataset's (meds-evaluation predictions,
+`batch.job`, into the same outputs as a MEDS dataset's (meds-evaluation predictions,
 per-record answers and failure reasons, `summary.json`).
 
 The export is grouped by patient on disk (`batch.fhir_export`: one pass writes K bucket files,
@@ -42,7 +42,7 @@ from batch.fhir_export import (
     partition_export,
     partition_fingerprint,
 )
-from evaluation.batch import (
+from batch.job import (
     RECORDS_SUFFIX,
     Job,
     Outcome,
@@ -53,13 +53,13 @@ from evaluation.batch import (
     run_plans,
 )
 from inference.engine import EngineFactory
-from inference.engines import start_vllm
+from inference.engine_factories import start_vllm
 from inference.fhir_prompt import prepare_fhir
 from inference.model import ModelConfig
 from inference.predictor import Predictor, PreparedRecord
 from medtpe_core.fhir import FhirInputError, SiteMapping, load_site_mapping
 from medtpe_core.fhir.window import FhirWindow
-from medtpe_core.meds_readers import read_labels
+from medtpe_core.meds import read_labels
 from medtpe_core.tasks import Task
 
 WORK_DIR = ".fhir-work"
@@ -117,7 +117,7 @@ def prepare_patient(
 
 @dataclass(frozen=True)
 class FhirShards:
-    """The `evaluation.batch.ShardPreparer` of a partitioned export: a bucket indexed, each
+    """The `batch.job.ShardPreparer` of a partitioned export: a bucket indexed, each
     record's patient read and prepared (a record's bad data is its failure, never the job's)."""
 
     partition: Partition
@@ -301,7 +301,7 @@ def run_fhir(
     engine_factory: EngineFactory = start_vllm,
 ) -> dict[str, Any]:
     """Score every patient (or label row) of the export (see the module docstring), in this
-    process or on Ray (`ray`: `evaluation.ray_batch.RayResources`); returns (and writes) the
+    process or on Ray (`ray`: `batch.ray_job.RayResources`); returns (and writes) the
     summary."""
     partition, reused = partitioned(source, out_dir)
     job = replace(job, meds_dir=Path(source.export_dirs[-1]))
@@ -317,7 +317,7 @@ def run_fhir(
     if ray is None:
         summary = run_plans(config, job, plans, prepare, out_dir, settings, engine_factory)
     else:
-        from evaluation.ray_batch import run_ray
+        from batch.ray_job import run_ray
 
         summary = run_ray(config, job, out_dir, ray, (plans, prepare), settings)
     clean_up(partition, plans, out_dir)

@@ -37,9 +37,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from batch.job import SUMMARY_FILE
 from benchmarks.bench_predict import _records, agreement, run_command, run_system
 from benchmarks.results_file import write_results
-from evaluation.batch import SUMMARY_FILE
 
 SUBJECT_OFFSET = 100_000_000
 """Copy k's MEDS subject ids are the demo's plus k times this."""
@@ -49,7 +49,7 @@ PATIENT_REFERENCE = re.compile(rb'"Patient/([0-9a-f-]{36})"')
 def write_demo_export(meds: Path, out: Path) -> dict[str, int]:
     """The MEDS dataset's subjects as one NDJSON file per resource type; resources by type."""
     from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
-    from medtpe_core.meds_readers import MedsDataset
+    from medtpe_core.meds import MedsDataset
 
     dataset = MedsDataset.load(meds)
     out.mkdir(parents=True, exist_ok=True)
@@ -160,7 +160,7 @@ def mapping_speed(export: Path, meds: Path, labels: Path, budget: int, work: Pat
     from batch.fhir_job import prepare_patient
     from inference.model import ModelConfig, load_model
     from medtpe_core.fhir import load_site_mapping
-    from medtpe_core.meds_readers import read_labels
+    from medtpe_core.meds import read_labels
     from medtpe_core.tasks import get_task
 
     mapping = load_site_mapping()

@@ -64,8 +64,8 @@ from benchmarks.results_file import write_results
 from medtpe_core.cds.services import get_service
 from medtpe_core.fhir import load_site_mapping, meds_from_fhir
 from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
-from medtpe_core.meds_readers import MedsDataset, read_labels
-from medtpe_core.subject_split import HELD_OUT, subject_split
+from medtpe_core.meds import MedsDataset, read_labels
+from medtpe_core.meds.subject_split import HELD_OUT, subject_split
 from tests.support.cds_support import hook_request, patient_id, prefetch_of
 from tests.support.ehr import Ehr, serving_ehr
 

@@ -24,9 +24,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from evaluation.figures import build_report
+from evaluation.record_result import RecordResult
 from evaluation.records import load_records
-from evaluation.report import build_report
-from evaluation.results import RecordResult
 from evaluation.runner import Sampling, measured
 from evaluation.settings_sweep import EvalSetting, evaluate_settings
 from inference.engine import EngineOptions

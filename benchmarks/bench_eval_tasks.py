@@ -32,17 +32,17 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.external_scores import meds_evaluation_scores
+from evaluation.figures import build_report, with_interval
 from evaluation.predictions import write_predictions
+from evaluation.record_result import RecordResult
 from evaluation.records import EvalRecord, load_records
-from evaluation.report import build_report, with_interval
-from evaluation.results import RecordResult
 from evaluation.runner import Sampling, measured
 from evaluation.settings_sweep import EvalSetting, evaluate_settings
 from evaluation.stored_report import stored_results
 from inference.engine import EngineOptions
 from inference.model import ModelConfig, load_model
-from medtpe_core.labels import LABEL_FUNCTIONS, derive_labels, write_labels
-from medtpe_core.meds_readers import MedsDataset
+from medtpe_core.meds import MedsDataset
+from medtpe_core.meds.labels import LABEL_FUNCTIONS, derive_labels, write_labels
 from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
 from medtpe_core.tasks import Task, get_task
 from training.export import prepare_model_files

@@ -33,13 +33,12 @@ import meds
 from batch.fhir_export import patient_bundles
 from benchmarks.results_file import write_results
 from inference.predictor import Predictor
-from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.fhir import FhirInputError, load_site_mapping, meds_from_fhir
 from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
 from medtpe_core.fhir.parsing import parse_entries
-from medtpe_core.meds import SubjectEvents
-from medtpe_core.meds_readers import MedsDataset, read_labels
+from medtpe_core.meds import MedsDataset, SubjectEvents, read_labels
 from medtpe_core.paths import default_artefact_dir, default_model_dir
+from medtpe_core.prompt import ChatTemplate
 from medtpe_core.tasks import get_task
 from medtpe_core.tokenizer import MedTPETokenizer
 

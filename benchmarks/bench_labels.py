@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.results_file import write_results
-from medtpe_core.labels import LABEL_FUNCTIONS, derive_labels
-from medtpe_core.labels.aces_labels import ACES_CONFIG_DIR, AcesUnavailable, aces_labels
-from medtpe_core.meds_readers import MedsDataset
-from medtpe_core.prediction_point import PredictionPoint
+from medtpe_core.meds import MedsDataset, PredictionPoint
+from medtpe_core.meds.labels import LABEL_FUNCTIONS, derive_labels
+from medtpe_core.meds.labels.aces_labels import ACES_CONFIG_DIR, AcesUnavailable, aces_labels
 from medtpe_core.tasks import get_task
 
 

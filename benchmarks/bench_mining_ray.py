@@ -7,8 +7,8 @@ peak memory and the artefact id of each, in one run.
 
 The shards are the mining benchmark's (`bench_tokenizer_data.write_shards`: the MIMIC-IV demo's
 events once per shard, subjects renumbered, digits rotated; 76 shards are about 508 M SmolLM2
-tokens). Each run is a fresh process (`medtpe_core.build.build_tokenizer_from_meds`, static,
-N = 2); the local Ray cluster is started inside the timed run (`ray_session` with `--cpus`
+tokens). Each run is a fresh process (`medtpe_core.tokenizer.build.build_tokenizer_from_meds`,
+static, N = 2); the local Ray cluster is started inside the timed run (`ray_session` with `--cpus`
 CPUs, no dashboard), the worker processes are spawned inside it; `--repeat` runs the backends
 in turn again (wall times on a shared machine move with its load; the CPU seconds much less).
 Memory: the run's peak RSS summed over its whole process tree (driver, Ray's own processes and
@@ -42,8 +42,8 @@ BACKENDS = ("workers", "ray")
 
 def mine(meds: Path, backend: str, cpus: int, max_n: int, budget: int) -> dict[str, Any]:
     """One mining run of `backend` with `cpus` CPUs (called in a fresh process); its figures."""
-    from medtpe_core.build import build_tokenizer_from_meds
-    from medtpe_core.corpus import CorpusSpec
+    from medtpe_core.tokenizer.build import build_tokenizer_from_meds
+    from medtpe_core.tokenizer.corpus import CorpusSpec
 
     tokenizer = smollm2_tokenizer()
     started = time.perf_counter()

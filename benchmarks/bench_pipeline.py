@@ -208,7 +208,7 @@ def _stats(rows: list[dict[str, float]]) -> dict[str, Any]:
 def _write_bodies(meds: Path, out: Path, n_scale: int) -> tuple[list[str], dict[int, list[str]]]:
     """Request bodies: every labelled stay, and the scaled copies of `n_scale` median stays."""
     from benchmarks.bench_service import to_json_events
-    from medtpe_core.meds_readers import MedsDataset, read_labels
+    from medtpe_core.meds import MedsDataset, read_labels
 
     dataset = MedsDataset.load(meds)
     rows = read_labels(meds / "labels" / "icu_mortality.parquet")

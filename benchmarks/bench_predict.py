@@ -36,10 +36,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from batch.job import RECORDS_SUFFIX, SUMMARY_FILE
 from benchmarks.bench_tokenizer_data import SUBJECT_OFFSET, write_shards
 from benchmarks.process_tree import TreeSampler
 from benchmarks.results_file import write_results
-from evaluation.batch import RECORDS_SUFFIX, SUMMARY_FILE
 from medtpe_cli.command_line import medtpe_command
 
 

@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.bench_render \
         --meds ../shared/data/mimic-iv-demo-meds --base .cache/models/smollm2-135m-instruct \
         [--base ../shared/tokenizers/qwen2.5/tokenizer.json ...] \
-        [--medtpe artifacts/smollm2-135m-icu]
+        [--medtpe artefacts/smollm2-135m-icu]
 
 Prints a markdown table per tokenizer. The "one line per event" row renders the same events
 naively (full timestamp on every line, no grouping, no duplicate counts) for comparison. With
@@ -22,15 +22,12 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.results_file import write_results
-from medtpe_core.base_tokenizer import BaseTokenizer
-from medtpe_core.chat_template import ChatTemplate
-from medtpe_core.meds import SubjectEvents
-from medtpe_core.meds_readers import MedsDataset, read_labels
+from medtpe_core.meds import MedsDataset, SubjectEvents, read_labels
 from medtpe_core.metrics import compression_rate
 from medtpe_core.paths import default_model_dir
-from medtpe_core.prompting import Prompt, build_prompt
-from medtpe_core.render import RenderedRecord, describe_code, event_line, render_record
-from medtpe_core.tokenizer import MedTPETokenizer
+from medtpe_core.prompt import ChatTemplate, Prompt, build_prompt
+from medtpe_core.prompt.render import RenderedRecord, describe_code, event_line, render_record
+from medtpe_core.tokenizer import BaseTokenizer, MedTPETokenizer
 
 
 def naive_text(events: SubjectEvents, descriptions: dict[str, str]) -> str:

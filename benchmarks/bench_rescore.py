@@ -1,7 +1,7 @@
 """Re-scoring a growing record: sliding vs stable window, prompts and the engine's prefix cache.
 
 Every ICU stay of the label file is re-scored hourly over the last `--hours` hours before its
-prediction time, at each budget, under both window policies (`medtpe_core.windowing`):
+prediction time, at each budget, under both window policies (`medtpe_core.prompt.windowing`):
 
 - prompts (all stays, no engine): events kept by each policy (the price of stability) and the
   share of each re-score's MedTPE prompt that repeats the previous hour's prompt token for token
@@ -37,10 +37,9 @@ from benchmarks.results_file import write_results
 from inference.engine import EngineOptions
 from inference.model import LoadedModel, ModelConfig, load_model
 from inference.predictor import Predictor, PreparedRecord
-from medtpe_core.meds import SubjectEvents
-from medtpe_core.meds_readers import MedsDataset, read_labels
+from medtpe_core.meds import MedsDataset, SubjectEvents, read_labels
+from medtpe_core.prompt.windowing import DEFAULT_GRID_HOURS, Windowing, WindowPolicy
 from medtpe_core.tasks import get_task
-from medtpe_core.windowing import DEFAULT_GRID_HOURS, Windowing, WindowPolicy
 from training.export import prepare_model_files
 
 TASK = "icu_mortality"

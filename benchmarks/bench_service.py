@@ -78,8 +78,7 @@ import numpy as np
 import psutil
 
 from benchmarks.results_file import write_results
-from medtpe_core.meds import SubjectEvents
-from medtpe_core.meds_readers import MedsDataset, read_labels
+from medtpe_core.meds import MedsDataset, SubjectEvents, read_labels
 
 TASK = "icu_mortality"
 VLLM_SERVE = "vllm-serve"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from benchmarks.bench_tokenizer_data import QWEN, icu_split, smollm2_tokenizer, unmined_texts
 from benchmarks.results_file import write_results
-from medtpe_core.base_tokenizer import BaseTokenizer
-from medtpe_core.build import METHODS, build_tokenizer
 from medtpe_core.metrics import compression_rate
+from medtpe_core.tokenizer import BaseTokenizer
+from medtpe_core.tokenizer.build import METHODS, build_tokenizer
 
 
 def main() -> None:

@@ -9,11 +9,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from medtpe_core.base_tokenizer import BaseTokenizer
-from medtpe_core.meds_readers import MedsDataset, read_labels
+from medtpe_core.meds import MedsDataset, read_labels
 from medtpe_core.paths import project_root
-from medtpe_core.render import render_record
+from medtpe_core.prompt import render_record
 from medtpe_core.tasks import get_task, list_tasks
+from medtpe_core.tokenizer import BaseTokenizer
 
 SHARED = project_root().parent / "shared"
 MEDS_DIR = SHARED / "data" / "mimic-iv-demo-meds"

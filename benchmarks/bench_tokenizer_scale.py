@@ -6,8 +6,9 @@ Two modes:
     .venv/bin/python -m benchmarks.bench_tokenizer_scale [--tokens 50000000] [--max-n 2]
 
     # the product's sharded path: synthetic MEDS shards, rendered + counted per shard
-    # (`medtpe_core.build.build_tokenizer_from_meds`), once per worker count, each in a fresh
-    # process; results JSON with wall time, tokens/s and peak RSS of the main and worker processes
+    # (`medtpe_core.tokenizer.build.build_tokenizer_from_meds`), once per worker count, each in a
+    # fresh process; results JSON with wall time, tokens/s and peak RSS of the main and worker
+    # processes
     .venv/bin/python -m benchmarks.bench_tokenizer_scale --shards 8 --workers 1 2 \\
         --out benchmarks/results/mining_workers.json
 
@@ -37,10 +38,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from benchmarks.bench_tokenizer_data import icu_split, rotation, smollm2_tokenizer, write_shards
-from medtpe_core.base_tokenizer import BaseTokenizer
-from medtpe_core.build import build_tokenizer, build_tokenizer_from_meds
-from medtpe_core.corpus import CorpusSpec
 from medtpe_core.paths import cache_dir
+from medtpe_core.tokenizer import BaseTokenizer
+from medtpe_core.tokenizer.build import build_tokenizer, build_tokenizer_from_meds
+from medtpe_core.tokenizer.corpus import CorpusSpec
 
 
 def stream(texts: list[str], passes: int) -> Iterator[str]:

@@ -20,9 +20,8 @@ from pathlib import Path
 
 from benchmarks.bench_tokenizer_data import icu_split, smollm2_tokenizer
 from benchmarks.results_file import write_results
-from medtpe_core.base_tokenizer import BaseTokenizer
-from medtpe_core.build import build_tokenizer
-from medtpe_core.tokenizer import MedTPETokenizer
+from medtpe_core.tokenizer import BaseTokenizer, MedTPETokenizer
+from medtpe_core.tokenizer.build import build_tokenizer
 
 
 def best(fn: Callable[[], object], repeats: int) -> float:

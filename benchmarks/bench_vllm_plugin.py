@@ -35,12 +35,11 @@ import httpx
 from tqdm import tqdm
 
 from benchmarks.results_file import write_results
-from medtpe_core.base_tokenizer import BaseTokenizer
-from medtpe_core.chat_template import ChatTemplate
-from medtpe_core.meds_readers import MedsDataset, read_labels
+from medtpe_core.meds import MedsDataset, read_labels
 from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
-from medtpe_core.prompting import build_prompt
+from medtpe_core.prompt import ChatTemplate, build_prompt
 from medtpe_core.tasks import Task, get_task
+from medtpe_core.tokenizer import BaseTokenizer
 from training.default_model import ensure_base_model
 from training.export import ensure_export
 

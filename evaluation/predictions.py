@@ -23,9 +23,9 @@ import meds
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from evaluation.figures import labels_matrix, positive_scores, scored_predictions
+from evaluation.record_result import RecordResult
 from evaluation.records import EvalRecord
-from evaluation.report import labels_matrix, positive_scores, scored_predictions
-from evaluation.results import RecordResult
 from medtpe_core.tasks import Task
 
 PREDICTED_VALUE = "predicted_boolean_value"

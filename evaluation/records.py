@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from medtpe_core.meds import SubjectEvents
-from medtpe_core.meds_readers import MedsDataset, read_labels
-from medtpe_core.prediction_point import LabelValue, PredictionPoint
-from medtpe_core.subject_split import subject_split
+from medtpe_core.meds import MedsDataset, SubjectEvents, read_labels
+from medtpe_core.meds.prediction_point import LabelValue, PredictionPoint
+from medtpe_core.meds.subject_split import subject_split
 from medtpe_core.tasks import Task
 
 
@@ -51,7 +50,7 @@ def load_records(
     limit: int | None = None,
 ) -> list[EvalRecord]:
     """Rows of the label file (file order), restricted to `subjects` and to the subjects of
-    `split` (`medtpe_core.subject_split` over the label file's subjects; None: every subject),
+    `split` (`medtpe_core.meds.subject_split` over the label file's subjects; None: every subject),
     the first `limit`."""
     dataset = MedsDataset.load(meds_dir)
     points = read_labels(labels_path)

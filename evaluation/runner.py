@@ -14,10 +14,10 @@ from dataclasses import dataclass, replace
 
 from tqdm import tqdm
 
+from evaluation.record_result import RecordResult
 from evaluation.records import EvalRecord
-from evaluation.results import RecordResult
 from inference.engine import Engine, EngineFactory
-from inference.engines import start_vllm
+from inference.engine_factories import start_vllm
 from inference.model import LoadedModel, ModelConfig, load_model
 from inference.predictor import Answer, Predictor, PreparedRecord
 from medtpe_core.tasks import Task

@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from evaluation.record_result import RecordResult
 from evaluation.records import EvalRecord
-from evaluation.results import RecordResult
 from evaluation.runner import Sampling, evaluate_mode
 from inference.engine import EngineFactory
-from inference.engines import start_vllm
+from inference.engine_factories import start_vllm
 from inference.model import LoadedModel
 from medtpe_core.tasks import Task
 

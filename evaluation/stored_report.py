@@ -8,12 +8,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from evaluation.evaluation_report import EvaluationReport
 from evaluation.external_scores import meds_evaluation_scores
+from evaluation.figures import build_report, mode_agreement, positive_shift
 from evaluation.predictions import write_predictions
+from evaluation.record_result import RecordResult
 from evaluation.records import load_records
-from evaluation.report import build_report, mode_agreement, positive_shift
-from evaluation.results import RecordResult
+from evaluation.report_schema import EvaluationReport
 from medtpe_core.tasks import get_task
 
 

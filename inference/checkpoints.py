@@ -3,16 +3,16 @@
 Serving never writes a checkpoint: the base checkpoint comes from `medtpe prepare-model` (the
 default model) or from the operator, the exported one (base weights + an artefact's rows and
 tokenizer files) from `medtpe export`, which leaves `EXPORT_STAMP` naming the digest of the
-artefact it was exported from (`medtpe_core.bundle.content_digest`). A missing or stale file is
-a `ModelFilesMissing` naming the command that writes it.
+artefact it was exported from (`medtpe_core.tokenizer.artefact_manifest.content_digest`). A missing
+or stale file is a `ModelFilesMissing` naming the command that writes it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from medtpe_core.bundle import content_digest
 from medtpe_core.paths import default_model_dir
+from medtpe_core.tokenizer.artefact_manifest import content_digest
 
 EXPORT_STAMP = ".medtpe-source"
 """File in an export directory naming the digest of the artefact it was exported from."""

@@ -2,7 +2,7 @@
 
 Everything that generates (the service, the evaluation, the benchmarks) talks to an `Engine`;
 this module is the protocol only and imports no implementation. `inference.vllm_engine.VllmEngine`
-is the real one (`inference.engines` starts or connects it where the program is assembled);
+is the real one (`inference.engine_factories` starts or connects it where the program is assembled);
 `inference.instant_engine.InstantEngine` answers at once, for tests and benchmarks of what lies
 around the engine; the end-to-end tests use vLLM.
 """

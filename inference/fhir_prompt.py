@@ -12,7 +12,7 @@ from datetime import datetime
 from inference.predictor import Predictor, PreparedRecord
 from medtpe_core.fhir import FhirRecord
 from medtpe_core.fhir.window import FhirWindow
-from medtpe_core.prompting import IncompleteWindowError
+from medtpe_core.prompt.task_prompt import IncompleteWindowError
 from medtpe_core.tasks import Task
 
 TOKENS_PER_RESOURCE = 8

@@ -16,19 +16,18 @@ from typing import Any
 from inference.checkpoints import check_base_model, check_export
 from inference.engine import EngineConfig, EngineOptions
 from inference.predictor import Mode, Predictor
-from medtpe_core.bundle import (
+from medtpe_core.declared import Declared, declared, described
+from medtpe_core.meds.readers import read_code_descriptions
+from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
+from medtpe_core.prompt import ChatTemplate, Windowing, WindowPolicy
+from medtpe_core.prompt.task_prompt import DEFAULT_MAX_INPUT_TOKENS
+from medtpe_core.tokenizer import MedTPETokenizer
+from medtpe_core.tokenizer.artefact_manifest import (
     ArtefactBundle,
     RenderingCheck,
     check_rendering,
     unvalidated_budget_message,
 )
-from medtpe_core.chat_template import ChatTemplate
-from medtpe_core.declared import Declared, declared, described
-from medtpe_core.meds_readers import read_code_descriptions
-from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
-from medtpe_core.prompting import DEFAULT_MAX_INPUT_TOKENS
-from medtpe_core.tokenizer import MedTPETokenizer
-from medtpe_core.windowing import Windowing, WindowPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +79,8 @@ class ModelConfig:
         default=64, metadata=described("Tokens generated per answer at most.")
     )
     windowing: Windowing = field(default_factory=Windowing)
-    """Which events of a record over the budget the prompt shows (`medtpe_core.windowing`)."""
+    """Which events of a record over the budget the prompt shows
+    (`medtpe_core.prompt.windowing`)."""
     engine: EngineOptions = field(default_factory=EngineOptions)
 
     @classmethod

@@ -18,15 +18,14 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
 from inference.engine import AnswerConstraint, Completion, Engine, Finish
-from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.meds import SubjectEvents
 from medtpe_core.metrics import compression_rate
-from medtpe_core.prompting import Prompt, build_prompt
+from medtpe_core.prompt import ChatTemplate, Prompt, build_prompt
+from medtpe_core.prompt.windowing import SLIDING_WINDOW, Windowing
 from medtpe_core.tasks import Prediction, Task
 from medtpe_core.tasks.answers import answer_end_ids
 from medtpe_core.tasks.option_probabilities import option_probabilities
 from medtpe_core.tokenizer import MedTPETokenizer
-from medtpe_core.windowing import SLIDING_WINDOW, Windowing
 
 if TYPE_CHECKING:  # the FHIR mapping is needed only by FHIR records
     from medtpe_core.fhir import FhirRecord

@@ -23,8 +23,8 @@ from transformers import BatchEncoding
 from vllm.tokenizers.hf import CachedHfTokenizer, HfTokenizer
 from vllm.tokenizers.protocol import TokenizerLike
 
-from medtpe_core.artefact import MEDTPE_FILE
 from medtpe_core.tokenizer import MedTPETokenizer
+from medtpe_core.tokenizer.artefact_files import MEDTPE_FILE
 
 TOKENIZER_MODE = "medtpe"
 """The `--tokenizer-mode` this plugin registers."""

@@ -98,12 +98,12 @@ def evaluate(
     predictions_out: Path | None,
 ) -> None:
     """Evaluate a task with the original and/or MedTPE tokenizer; writes a JSON report."""
+    from evaluation.figures import build_report, format_table
     from evaluation.predictions import write_predictions
     from evaluation.records import load_records
-    from evaluation.report import build_report, format_table
     from evaluation.runner import Sampling, run_modes
     from inference.model import ModelConfig
-    from medtpe_core.meds_readers import read_dataset_metadata
+    from medtpe_core.meds.readers import read_dataset_metadata
     from medtpe_core.tasks import get_task
     from training.export import prepare_model_files
 

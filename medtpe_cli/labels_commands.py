@@ -23,7 +23,7 @@ from medtpe_cli.options import MEDS_DIR_OPTION
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
     help="An ACES task configuration instead of --task (needs the es-aces package); binary "
-    "labels. medtpe_core/labels/aces/ has one for icu_mortality.",
+    "labels. medtpe_core/meds/labels/aces/ has one for icu_mortality.",
 )
 @click.option(
     "--out",
@@ -38,9 +38,9 @@ def labels(meds_dir: Path, task_name: str | None, aces_config: Path | None, out_
     asks for a prediction from the data up to and including its prediction_time."""
     import pyarrow.parquet as pq
 
-    from medtpe_core.labels import LABEL_FUNCTIONS, derive_labels, write_labels
-    from medtpe_core.labels.aces_labels import AcesUnavailable, aces_labels
-    from medtpe_core.meds_readers import MedsDataset, MedsFormatError
+    from medtpe_core.meds.labels import LABEL_FUNCTIONS, derive_labels, write_labels
+    from medtpe_core.meds.labels.aces_labels import AcesUnavailable, aces_labels
+    from medtpe_core.meds.readers import MedsDataset, MedsFormatError
     from medtpe_core.tasks import get_task
 
     if (task_name is None) == (aces_config is None):

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from medtpe_cli.options import ALL_SPLITS, MEDS_DIR_OPTION, split_option
-from medtpe_core.prompting import DEFAULT_MAX_INPUT_TOKENS
+from medtpe_core.prompt.task_prompt import DEFAULT_MAX_INPUT_TOKENS
 
 
 @click.command("render")
@@ -70,14 +70,13 @@ def render(
 
     from tqdm import tqdm
 
-    from medtpe_core.base_tokenizer import BaseTokenizer
-    from medtpe_core.chat_template import ChatTemplate
-    from medtpe_core.meds_readers import MedsDataset, read_labels
+    from medtpe_core.meds import MedsDataset, read_labels
+    from medtpe_core.meds.prediction_point import write_points
+    from medtpe_core.meds.subject_split import subject_split
     from medtpe_core.paths import default_model_dir
-    from medtpe_core.prediction_point import write_points
-    from medtpe_core.prompting import build_prompt
-    from medtpe_core.subject_split import subject_split
+    from medtpe_core.prompt import ChatTemplate, build_prompt
     from medtpe_core.tasks import UnknownTaskError, get_task
+    from medtpe_core.tokenizer import BaseTokenizer
 
     try:
         task = get_task(task_name)

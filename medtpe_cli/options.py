@@ -14,8 +14,8 @@ import meds
 from inference.engine import Dtype
 from inference.model import ModelConfig
 from inference.predictor import Mode
-from medtpe_core.subject_split import DEFAULT_HELD_OUT, DEFAULT_SEED
-from medtpe_core.windowing import WindowPolicy
+from medtpe_core.meds.subject_split import DEFAULT_HELD_OUT, DEFAULT_SEED
+from medtpe_core.prompt import WindowPolicy
 
 F = TypeVar("F", bound=Callable[..., Any])
 ENV_PREFIX = "MEDTPE_"
@@ -30,7 +30,7 @@ MEDS_DIR_OPTION = click.option(
 """The `--meds DIR` option of the commands that read a MEDS dataset."""
 ALL_SPLITS = "all"
 SPLITS = (meds.train_split, meds.tuning_split, meds.held_out_split, ALL_SPLITS)
-"""`--split` choices: a split of `medtpe_core.subject_split` (the dataset's
+"""`--split` choices: a split of `medtpe_core.meds.subject_split` (the dataset's
 `metadata/subject_splits.parquet`, else a seeded held-out fraction), or every subject."""
 
 

@@ -1,5 +1,5 @@
 """`medtpe predict`: the batch job scoring a whole MEDS dataset into meds-evaluation predictions,
-in this process (`evaluation.batch`) or on a Ray cluster (`--ray`, `evaluation.ray_batch`).
+in this process (`batch.job`) or on a Ray cluster (`--ray`, `batch.ray_job`).
 
 The model settings default to the service's and read the same `MEDTPE_*` variables (budget, answer
 length, KV cache, concurrency, eager engine), so a MEDS-DEV run, which passes only directories,
@@ -84,7 +84,7 @@ RAY_RESOURCE_OPTIONS = options.together(
         help="With --ray alone: CPUs of the local cluster [default: this machine's].",
     ),
 )
-"""The Ray job's resources (`evaluation.ray_batch.RayResources`)."""
+"""The Ray job's resources (`batch.ray_job.RayResources`)."""
 
 
 SERVICE_SETTING_OPTIONS = options.model_options(
@@ -324,7 +324,7 @@ def predict(
 ) -> None:
     """Score every record of a MEDS dataset or a FHIR Bulk Data export into meds-evaluation
     predictions, shard by shard (resumable: shards already written are skipped)."""
-    from evaluation.batch import Job, run_local
+    from batch.job import Job, run_local
     from evaluation.runner import Sampling
     from inference.model import ModelConfig
     from medtpe_core.tasks import get_task
@@ -373,7 +373,7 @@ def predict(
         prepare_model_files(config)
         resources = None
         if ray_address is not None:
-            from evaluation.ray_batch import RayResources
+            from batch.ray_job import RayResources
 
             resources = RayResources(
                 address=ray_address,
@@ -396,7 +396,7 @@ def predict(
         elif resources is None:
             summary = run_local(config, job, out_dir)
         else:
-            from evaluation.ray_batch import run_ray
+            from batch.ray_job import run_ray
 
             summary = run_ray(config, job, out_dir, resources)
     except RayUnavailableError as exc:

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from medtpe_cli.ray_option import ray_option
-from medtpe_core.build import DEFAULT_METHOD, METHODS, default_protected_texts
+from medtpe_core.tokenizer.build import DEFAULT_METHOD, METHODS, default_protected_texts
 
 
 def _jsonl_texts(path: Path) -> Iterator[str]:
@@ -65,10 +65,10 @@ def build_tokenizer(
     out: Path,
 ) -> None:
     """Mine a MedTPE vocabulary from a corpus and write the artefact directory."""
-    from medtpe_core.build import build_tokenizer as build
-    from medtpe_core.build import build_tokenizer_from_meds
-    from medtpe_core.corpus import CorpusSpec
     from medtpe_core.ray_cluster import RayUnavailableError, check_ray_installed
+    from medtpe_core.tokenizer.build import build_tokenizer as build
+    from medtpe_core.tokenizer.build import build_tokenizer_from_meds
+    from medtpe_core.tokenizer.corpus import CorpusSpec
 
     started = time.perf_counter()
     protected = default_protected_texts(base_path)
@@ -143,13 +143,13 @@ def add_byte_fallback(artefact: Path, corpus: Path | None, out: Path) -> None:
     tokenizer.json)."""
     import shutil
 
-    from medtpe_core.build import add_byte_fallback as add
     from medtpe_core.tokenizer import MedTPETokenizer
+    from medtpe_core.tokenizer.build import add_byte_fallback as add
 
     tok = MedTPETokenizer.load(artefact)
     texts = None
     if corpus is not None and corpus.is_dir():
-        from medtpe_core.corpus import iter_meds_corpus_texts
+        from medtpe_core.tokenizer.corpus import iter_meds_corpus_texts
 
         texts = iter_meds_corpus_texts(corpus, tok.base, None)
     elif corpus is not None:

@@ -11,7 +11,7 @@ import click
 
 from inference.model import ModelConfig
 from medtpe_cli.ray_option import ray_option
-from medtpe_core.fidelity import Thresholds
+from medtpe_core.metrics.fidelity import Thresholds
 from training.loss_names import LOSSES
 
 
@@ -100,8 +100,8 @@ def ssft(
 ) -> None:
     """Self-supervised fine-tuning of the new embedding rows on pseudo-labels."""
     from medtpe_core.paths import cache_dir, default_artefact_dir
-    from training.pipeline import read_records, run_ssft, split_by_subject
     from training.ssft import SSFTConfig
+    from training.ssft_pipeline import read_records, run_ssft, split_by_subject
 
     records = read_records(data_path)
     if val_path is not None:
@@ -183,7 +183,7 @@ def extend_vocab(source: Path, out: Path, base: Path | None) -> None:
     evicted; `medtpe export` grows the embedding (and an untied head) to match. The trained rows
     are carried over unchanged, so the ablation isolates replacement itself; the fallback bytes
     keep the rows they have in the replacement checkpoint. No SSFT of the twin itself."""
-    from training.extension import write_extension_artefact
+    from training.without_replacement import write_extension_artefact
 
     twin = write_extension_artefact(source, out, base)
     rows = "rows carried over" if (out / "embeddings.safetensors").is_file() else "no rows"
@@ -288,10 +288,10 @@ def build_artefact(
     gate, write (resumable: re-run the same command after an interruption). A build whose
     MedTPE model fails the fidelity gate at a serving budget exits non-zero and writes nothing
     into --out."""
-    from medtpe_core.chat_template import ChatTemplateError
-    from medtpe_core.meds_readers import MedsFormatError
+    from medtpe_core.meds.readers import MedsFormatError
+    from medtpe_core.prompt.chat_template import ChatTemplateError
+    from medtpe_core.prompt.render import BudgetTooSmallError
     from medtpe_core.ray_cluster import RayUnavailableError, check_ray_installed
-    from medtpe_core.render import BudgetTooSmallError
     from medtpe_core.tasks import UnknownTaskError, get_task
     from training.base_model import BaseModelError
     from training.build_artefact import ArtefactBuild, BuildStateError, FidelityGateError

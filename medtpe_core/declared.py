@@ -1,7 +1,7 @@
 """Options declared once: a dataclass field that carries its help beside its default.
 
 The engine's and the model's options (`inference.engine.EngineOptions`,
-`inference.model.ModelConfig`, `medtpe_core.windowing.Windowing`) are declared as
+`inference.model.ModelConfig`, `medtpe_core.prompt.windowing.Windowing`) are declared as
 `field(default=..., metadata=described("help"))`; the service settings and the CLI read each one's
 default and help with `declared`, so neither copies a default.
 """

@@ -30,7 +30,7 @@ def default_artefact_dir() -> Path:
     env = os.environ.get("MEDTPE_ARTEFACT_DIR")
     if env:
         return Path(env).expanduser().resolve()
-    return project_root() / "artifacts" / DEFAULT_ARTEFACT_NAME
+    return project_root() / "artefacts" / DEFAULT_ARTEFACT_NAME
 
 
 def default_export_dir() -> Path:

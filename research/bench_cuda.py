@@ -64,7 +64,7 @@ QWEN25_15B = {
 
 def _side_by_side(tokenizer: MedTPETokenizer, path: Path) -> list[dict[str, Any]]:
     """Original and MedTPE ids of each rendered prompt of `path` (`medtpe render` output)."""
-    from training.pipeline import read_records
+    from training.ssft_pipeline import read_records
 
     rows = []
     for record in read_records(path):
@@ -375,7 +375,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     steps = parser.add_subparsers(dest="step", required=True)
     ids = steps.add_parser("ids", help="write the bundle (needs the data and tokenizers)")
-    ids.add_argument("--smollm2-medtpe", type=Path, default=Path("artifacts/smollm2-135m-icu"))
+    ids.add_argument("--smollm2-medtpe", type=Path, default=Path("artefacts/smollm2-135m-icu"))
     ids.add_argument("--smollm2-config", type=Path,
                      default=Path(".cache/models/smollm2-135m-instruct"))  # fmt: skip
     ids.add_argument("--smollm2-train", type=Path, required=True, help="`medtpe render` JSONL")

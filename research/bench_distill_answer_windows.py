@@ -23,14 +23,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from medtpe_core.snippets import cut, opening
 from medtpe_core.tokenizer import MedTPETokenizer
+from medtpe_core.tokenizer.snippets import cut, opening
 from training.build_artefact import DISTILL_RUNS, TOKENIZER_DIR
 from training.build_config import build_config
 from training.distill_config import long_stage
 from training.embedding_init import NewRows
 from training.export import base_model_fingerprint, save_rows
-from training.pipeline import read_records
+from training.ssft_pipeline import read_records
 from training.token_distillation import best_rows, distill, summary
 
 DEFAULT_WORK = Path(".cache/artefacts/distill-stretch/.build")
@@ -39,7 +39,7 @@ DEFAULT_WORK = Path(".cache/artefacts/distill-stretch/.build")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--config", type=Path, default=Path("artifacts/smollm2-135m-icu/build.yaml")
+        "--config", type=Path, default=Path("artefacts/smollm2-135m-icu/build.yaml")
     )
     parser.add_argument("--base", type=Path, default=Path(".cache/models/smollm2-135m-instruct"))
     parser.add_argument("--work", type=Path, default=DEFAULT_WORK, help="a kept build work dir")

@@ -4,7 +4,7 @@ Fidelity needs no labels, so every few hours of each held-out ICU stay is a poin
 the patients an artefact's build held out, `held_out_subjects` in its `build_report.json`).
 Three steps:
 
-    python -m research.bench_fidelity points --artefact artifacts/smollm2-135m-icu \\
+    python -m research.bench_fidelity points --artefact artefacts/smollm2-135m-icu \\
         --every-hours 6 --n 120 --out .cache/fidelity/points_120.parquet
     medtpe evaluate ... --labels .cache/fidelity/points_120.parquet --split all \\
         --mode both|original|medtpe --dtype float32|auto --max-input-tokens 4096 --out RUN.json
@@ -21,7 +21,7 @@ also the tied LM head), and the relative error of the hidden state of every laye
 prompt position:
 
     python -m research.bench_fidelity diagnose --points .cache/fidelity/points_24.parquet \
-        --budgets 1024,2048 --rows mean --rows default=artifacts/smollm2-135m-icu \
+        --budgets 1024,2048 --rows mean --rows default=artefacts/smollm2-135m-icu \
         --rows distilled=DIR:base --out research/results/fidelity_points/diagnosis.json
 
 `general` asks whether compression costs the model its language: on general English text
@@ -31,8 +31,8 @@ with each set of rows (the reused ids left out of both distributions):
 
     python -m research.bench_fidelity general --rows mean --rows default=... --out R.json
 
-`layers` reads held-out snippets (`medtpe_core.snippets`, cut from the held-out patients' ICU
-prompts) with the original and each set of rows, and reports the relative error of the hidden
+`layers` reads held-out snippets (`medtpe_core.tokenizer.snippets`, cut from the held-out patients'
+ICU prompts) with the original and each set of rows, and reports the relative error of the hidden
 state of every layer at the aligned positions, split into merged positions (a MedTPE token) and
 plain ones (a shared token after merged ones): where in the network the rows' error sits.
 
@@ -72,9 +72,9 @@ import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
 from benchmarks.results_file import write_results
-from evaluation.results import RecordResult
+from evaluation.record_result import RecordResult
 from evaluation.stored_report import mode_results
-from medtpe_core.fidelity import PairedAnswer, fidelity
+from medtpe_core.metrics.fidelity import PairedAnswer, fidelity
 from medtpe_core.tokenizer import MedTPETokenizer
 from research.fidelity_figures import (
     logit_agreement,
@@ -162,8 +162,8 @@ def diagnose(args: argparse.Namespace) -> None:
     import torch
 
     from inference.predictor import Predictor
-    from medtpe_core.chat_template import ChatTemplate
-    from medtpe_core.meds_readers import MedsDataset, read_labels
+    from medtpe_core.meds import MedsDataset, read_labels
+    from medtpe_core.prompt import ChatTemplate
     from medtpe_core.tasks import get_task
     from training.answer_scoring import RowsModel
 
@@ -452,8 +452,8 @@ def rope_check(args: argparse.Namespace) -> None:
     from inference.engine import EngineOptions
     from inference.predictor import Predictor
     from inference.vllm_engine import bind_cpu_cores
-    from medtpe_core.chat_template import ChatTemplate
-    from medtpe_core.meds_readers import MedsDataset, read_labels
+    from medtpe_core.meds import MedsDataset, read_labels
+    from medtpe_core.prompt import ChatTemplate
     from medtpe_core.rope_stretch import stretched_rope
     from medtpe_core.tasks import get_task
     from training.answer_scoring import TOP_K, RowsModel
@@ -524,9 +524,8 @@ def _answer(p: dict[str, float] | None) -> bool | None:
 def held_out_prompts(args: argparse.Namespace, tokenizer: MedTPETokenizer) -> list[list[int]]:
     """Base ids of the held-out patients' prompts at 24 h (mortality) and 72 h (phenotyping)
     after each ICU admission, at `args.budget` tokens."""
-    from medtpe_core.chat_template import ChatTemplate
-    from medtpe_core.meds_readers import MedsDataset
-    from medtpe_core.prompting import build_prompt
+    from medtpe_core.meds import MedsDataset
+    from medtpe_core.prompt import ChatTemplate, build_prompt
     from medtpe_core.tasks import get_task
 
     report = json.loads((args.artefact / "build_report.json").read_text())
@@ -556,7 +555,7 @@ def layers(args: argparse.Namespace) -> None:
     merged and plain positions apart, for each set of rows."""
     import torch
 
-    from medtpe_core.snippets import cut, draw
+    from medtpe_core.tokenizer.snippets import cut, draw
     from training.answer_scoring import RowsModel
 
     tokenizer = MedTPETokenizer.load(args.artefact)
@@ -800,7 +799,7 @@ def _inputs(step: argparse.ArgumentParser, meds: bool = True, base: bool = True)
         step.add_argument("--meds", type=Path, default=Path("../shared/data/mimic-iv-demo-meds"))
     if base:
         step.add_argument("--base", type=Path, default=Path(".cache/models/smollm2-135m-instruct"))
-    step.add_argument("--artefact", type=Path, default=Path("artifacts/smollm2-135m-icu"))
+    step.add_argument("--artefact", type=Path, default=Path("artefacts/smollm2-135m-icu"))
 
 
 def main(argv: list[str] | None = None) -> None:

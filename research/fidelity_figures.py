@@ -1,5 +1,6 @@
 """Research figures on paired fidelity readings (docs/research/fidelity-log.md): what a drift of
-the answer's probability is made of, beyond the product's own figures (`medtpe_core.fidelity`).
+the answer's probability is made of, beyond the product's own figures
+(`medtpe_core.metrics.fidelity`).
 
 - `paired_difference`, `paired_r_difference`: two artefacts answering the same records, the
   difference of their mean |Δp| or of their logits' correlation with the original's, with a
@@ -18,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from medtpe_core.fidelity import PairedAnswer, bootstrap_figure, weighted_mean
-from medtpe_core.metrics import (
+from medtpe_core.metrics.fidelity import PairedAnswer, bootstrap_figure, weighted_mean
+from medtpe_core.metrics.scores import (
     DEFAULT_RESAMPLES,
     Interval,
     interval,

@@ -19,8 +19,7 @@ from typing import Any
 import meds
 import numpy as np
 
-from medtpe_core.meds import MedsEvent, SubjectEvents
-from medtpe_core.meds_readers import MedsDataset, read_labels
+from medtpe_core.meds import MedsDataset, MedsEvent, SubjectEvents, read_labels
 
 OUT = Path(__file__).resolve().parents[1] / "service" / "static" / "examples" / "examples.json"
 LABEL_ROWS = (0, 10)

@@ -29,7 +29,7 @@ from typing import Any
 
 from prometheus_client import multiprocess
 
-from inference.engines import connect_vllm
+from inference.engine_factories import connect_vllm
 from inference.model import load_model
 from inference.shared_engine import serve_shared_engine
 from service.app import create_app

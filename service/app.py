@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from inference.engine import EngineFactory
-from inference.engines import start_vllm
+from inference.engine_factories import start_vllm
 from service import probes, routes
 from service.cds_hooks.routes import install_cds_hooks
 from service.errors import InternalErrors, install_error_handlers

@@ -5,7 +5,7 @@ FHIR `bundle`'s resources left as JSON text.
 what `json.loads` gives except that
 - a record's `events` array (top-level `events`, or `events` of each of `records`) arrives as the
   `SubjectEvents` that validating it event by event would build
-  (`medtpe_core.meds_json.decode_events`); the request models take such columns as they are
+  (`medtpe_core.meds.json_events.decode_events`); the request models take such columns as they are
   (`service.schemas.Events`);
 - a record's `bundle` arrives with each entry's `resource` as its undecoded JSON text (`bytes`),
   as a CDS hook's prefetch does (`service.cds_hooks.prefetch`): `medtpe_core.fhir` decodes only
@@ -35,7 +35,7 @@ from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 
-from medtpe_core.meds_json import decode_events
+from medtpe_core.meds.json_events import decode_events
 
 EVENTS_FIELD = "events"
 BUNDLE_FIELD = "bundle"

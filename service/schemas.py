@@ -23,7 +23,13 @@ from pydantic_core import InitErrorDetails, PydanticCustomError, core_schema
 
 from inference.model import ModelIdentity
 from medtpe_core.fhir.parsing import BUNDLE_TYPES
-from medtpe_core.meds import MAX_EVENTS_PER_RECORD, IsoTime, JsonInt, MedsEvent, SubjectEvents
+from medtpe_core.meds.events import (
+    MAX_EVENTS_PER_RECORD,
+    IsoTime,
+    JsonInt,
+    MedsEvent,
+    SubjectEvents,
+)
 from medtpe_core.tasks import Prediction, list_tasks
 
 TASK_NAMES = list_tasks()

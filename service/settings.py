@@ -21,8 +21,8 @@ from inference.engine import DistributedBackend, Dtype
 from inference.model import ModelConfig
 from inference.predictor import Mode
 from medtpe_core.cds.risk import DEFAULT_TASK_BANDS, RiskBands
+from medtpe_core.prompt import WindowPolicy
 from medtpe_core.tasks import TASKS_DIR_ENV, UnknownTaskError, get_task
-from medtpe_core.windowing import WindowPolicy
 from service.cds_hooks.jwt_auth import JWKS_GRACE_S, CdsIssuer
 from service.shared_state import STATE_URL_SCHEMES
 

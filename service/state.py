@@ -11,11 +11,11 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 
 from inference.engine import Engine, EngineFactory
-from inference.engines import start_vllm
+from inference.engine_factories import start_vllm
 from inference.model import LoadedModel, load_model
 from inference.predictor import Predictor
 from medtpe_core.fhir import SiteMapping, load_site_mapping
-from medtpe_core.prompting import min_input_tokens
+from medtpe_core.prompt.task_prompt import min_input_tokens
 from service.errors import ApiError
 from service.limits import Admission
 from service.metrics import ServiceMetrics

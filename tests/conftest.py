@@ -13,10 +13,9 @@ from filelock import FileLock
 from hypothesis import HealthCheck, settings
 from starlette.testclient import TestClient
 
-from medtpe_core.base_tokenizer import BaseTokenizer
-from medtpe_core.chat_template import ChatTemplate
-from medtpe_core.meds_readers import MedsDataset
-from medtpe_core.render import render_record
+from medtpe_core.meds import MedsDataset
+from medtpe_core.prompt import ChatTemplate, render_record
+from medtpe_core.tokenizer import BaseTokenizer
 from tests.support.cds_support import FHIR_TOKEN, ICU_BUNDLE
 from tests.support.ehr import Ehr, serving_ehr
 from tests.support.fhir_server import running_fhir_server

@@ -1,7 +1,8 @@
 """The layers' import rules, checked on the code and on a fresh interpreter: serving (`inference`,
 `service`) imports nothing from `training`, at module level or inside a function; the engine
 protocol (`inference.engine`) imports no engine implementation; `research` (the studies'
-workbenches) may import every layer, and nothing but its own tests imports it."""
+workbenches) may import every layer, and nothing but its own tests imports it. The core
+(`medtpe_core`) imports no layer above it (nor torch or vLLM) and has no import circle."""
 
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def test_importing_inference_and_service_leaves_training_out() -> None:
             "service.api_processes",
             "inference.model",
             "inference.predictor",
-            "inference.engines",
+            "inference.engine_factories",
             "inference.instant_engine",
             "inference.vllm_engine",
             "medtpe_cli.service_commands",
@@ -96,7 +97,9 @@ def test_importing_inference_and_service_leaves_training_out() -> None:
 
 
 def test_the_engine_protocol_and_the_fake_engine_load_without_vllm() -> None:
-    loaded = loaded_after(["inference.engine", "inference.engines", "inference.instant_engine"])
+    loaded = loaded_after(
+        ["inference.engine", "inference.engine_factories", "inference.instant_engine"]
+    )
     assert "vllm" not in loaded and "training" not in loaded
 
 
@@ -122,3 +125,69 @@ def test_the_batch_layer_sits_between_the_library_and_the_command_line() -> None
         if any(name.split(".")[0] == "batch" for name in imported_modules(path))
     }
     assert above == set()
+
+
+CORE = "medtpe_core"
+ABOVE_THE_CORE = (
+    "training",
+    "inference",
+    "service",
+    "evaluation",
+    "batch",
+    "medtpe_cli",
+    "research",
+    "benchmarks",
+    "torch",
+    "vllm",
+)
+
+
+def test_the_core_imports_no_layer_above_it() -> None:
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(
+            name for name in imported_modules(path) if name.split(".")[0] in ABOVE_THE_CORE
+        )
+        for path in sorted((ROOT / CORE).rglob("*.py"))
+    }
+    assert {path: names for path, names in offenders.items() if names} == {}
+
+
+def core_graph() -> dict[str, set[str]]:
+    """Each core module and the core modules its file imports, lazily or not (a package's
+    `__init__` under the package's name; `from a import b` imports `a.b` where that is a module,
+    else `a`)."""
+    files = {
+        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
+        for path in (ROOT / CORE).rglob("*.py")
+    }
+    graph = {}
+    for name, path in files.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                for alias in node.names:
+                    submodule = f"{node.module}.{alias.name}"
+                    targets.add(submodule if submodule in files else node.module)
+        graph[name] = (targets & files.keys()) - {name}
+    return graph
+
+
+def test_the_core_has_no_import_circle() -> None:
+    graph = core_graph()
+    finished: set[str] = set()
+
+    def circle(name: str, path: list[str]) -> list[str]:
+        """A circle through `name` reached by `path` ([] when none)."""
+        if name in path:
+            return [*path[path.index(name) :], name]
+        if name in finished:
+            return []
+        for target in sorted(graph[name]):
+            if found := circle(target, [*path, name]):
+                return found
+        finished.add(name)
+        return []
+
+    assert [found for name in sorted(graph) if (found := circle(name, []))] == []

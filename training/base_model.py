@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from medtpe_core.artefact import MEDTPE_FILE
-from medtpe_core.base_tokenizer import BaseTokenizer
-from medtpe_core.chat_template import ChatTemplate, ChatTemplateError
+from medtpe_core.prompt.chat_template import ChatTemplate, ChatTemplateError
+from medtpe_core.tokenizer import BaseTokenizer
+from medtpe_core.tokenizer.artefact_files import MEDTPE_FILE
 
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"

@@ -12,7 +12,7 @@ the gate answers held-out windows at every serving budget in both modes and hold
 to the thresholds (`training.fidelity_gate`): a build that fails it stops before `write`
 (non-zero exit, nothing written into the output directory, the work dir kept), one that passes
 writes the artefact with a manifest naming the budgets it was validated at
-(`medtpe_core.bundle`).
+(`medtpe_core.tokenizer.artefact_manifest`).
 
 Each finished step's result is recorded in `<work>/state.json` (default work dir:
 `<out>/.build/`); a re-run with the same settings skips the finished steps (SSFT itself resumes
@@ -36,24 +36,24 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from inference.engine import EngineFactory
-from inference.engines import start_vllm
+from inference.engine_factories import start_vllm
 from inference.model import ModelConfig, model_context_length
-from medtpe_core.build import build_tokenizer_from_meds, default_protected_texts
-from medtpe_core.bundle import (
+from medtpe_core.meds import PredictionPoint
+from medtpe_core.meds.readers import read_code_descriptions
+from medtpe_core.meds.subject_split import subject_split
+from medtpe_core.metrics.fidelity import Thresholds
+from medtpe_core.prompt.render import RENDER_VERSION
+from medtpe_core.tasks.answers import ANSWER_END
+from medtpe_core.tokenizer.artefact_manifest import (
     DESCRIPTIONS_FILE,
     MANIFEST_FILE,
     ROWS_FILE,
     ArtefactBundle,
     content_digest,
 )
-from medtpe_core.corpus import CorpusSpec
-from medtpe_core.fidelity import Thresholds
-from medtpe_core.meds_readers import read_code_descriptions
-from medtpe_core.prediction_point import PredictionPoint
-from medtpe_core.render import RENDER_VERSION
-from medtpe_core.subject_split import subject_split
-from medtpe_core.tasks.answers import ANSWER_END
-from medtpe_core.tokenizer import PLAIN_TAIL, MedTPETokenizer
+from medtpe_core.tokenizer.build import build_tokenizer_from_meds, default_protected_texts
+from medtpe_core.tokenizer.corpus import CorpusSpec
+from medtpe_core.tokenizer.medtpe_tokenizer import PLAIN_TAIL, MedTPETokenizer
 from training.base_model import BaseModelInfo, check_artefact_base, inspect_base_model
 from training.build_config import BuildConfig, BuildConfigError, to_dict
 from training.build_data import (
@@ -67,9 +67,9 @@ from training.build_data import (
 from training.build_report import REPORT_FILE, compression
 from training.distill_config import DistillConfig, long_stage
 from training.embedding_init import NewRows
-from training.pipeline import SUMMARY_FILE, cached_examples, examples_path, read_records
 from training.pseudo_labels import BUILD_KV_CACHE_GIB
 from training.ssft import HISTORY_FILE, SSFTConfig
+from training.ssft_pipeline import SUMMARY_FILE, cached_examples, examples_path, read_records
 from training.token_distillation import HISTORY_FILE as DISTILL_HISTORY
 from training.token_distillation import DistillResult, distill, summary
 
@@ -227,7 +227,7 @@ class ArtefactBuild:
         return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self.info).items()}
 
     def split(self) -> dict[str, Any]:
-        """Subjects split (`medtpe_core.subject_split`: the dataset's subject_splits.parquet,
+        """Subjects split (`medtpe_core.meds.subject_split`: the dataset's subject_splits.parquet,
         else `held_out` of them with `seed`); the SSFT windows sampled; the mining corpus's
         label file."""
         config = self.config
@@ -370,10 +370,10 @@ class ArtefactBuild:
         """One distillation over snippets of `settings.snippet_tokens` cut from the `encoded`
         prompts (led by the chat template's opening; a prompt's last snippet ends at its
         answer position), resumed from `runs/<run>`; its result and record. The snippets are
-        merged throughout and drawn (`medtpe_core.snippets.draw`): they train rows, which a
-        plain tail never holds; with `last_windows`, each prompt's last window in the
+        merged throughout and drawn (`medtpe_core.tokenizer.snippets.draw`): they train rows, which
+        a plain tail never holds; with `last_windows`, each prompt's last window in the
         artefact's own encoding (its plain tail unmerged, as served), the first ones in order."""
-        from medtpe_core.snippets import coverage, cut, draw, opening
+        from medtpe_core.tokenizer.snippets import coverage, cut, draw, opening
 
         length, seed = settings.snippet_tokens, self.config.seed
         tail = None if last_windows else 0
@@ -439,7 +439,7 @@ class ArtefactBuild:
 
     def ssft(self, loss: str) -> dict[str, Any]:
         """SSFT with `loss` in its own copy of the tokenizer artefact (resumes a checkpoint)."""
-        from training.pipeline import run_ssft
+        from training.ssft_pipeline import run_ssft
 
         config = self.config
         artefact = self.work / f"artefact-{loss}"

@@ -13,9 +13,9 @@ import yaml
 
 from inference.engine import Dtype
 from inference.model import ModelConfig
-from medtpe_core.build import DEFAULT_METHOD, METHODS
-from medtpe_core.fidelity import Thresholds
-from medtpe_core.subject_split import DEFAULT_HELD_OUT
+from medtpe_core.meds.subject_split import DEFAULT_HELD_OUT
+from medtpe_core.metrics.fidelity import Thresholds
+from medtpe_core.tokenizer.build import DEFAULT_METHOD, METHODS
 from training.distill_config import DistillConfig
 from training.loss_names import LOSSES
 

@@ -15,18 +15,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
-from medtpe_core.base_tokenizer import BaseTokenizer
-from medtpe_core.chat_template import ChatTemplate
-from medtpe_core.corpus import CorpusSpec
-from medtpe_core.meds_readers import (
+from medtpe_core.meds.prediction_point import PredictionPoint, write_points
+from medtpe_core.meds.readers import (
     MedsDataset,
     MedsFormatError,
     data_shards,
     read_prediction_times,
 )
-from medtpe_core.prediction_point import PredictionPoint, write_points
-from medtpe_core.prompting import build_prompt
+from medtpe_core.prompt import ChatTemplate, build_prompt
 from medtpe_core.tasks import get_task
+from medtpe_core.tokenizer import BaseTokenizer
+from medtpe_core.tokenizer.corpus import CorpusSpec
 from training.build_config import BuildConfig, Windows
 
 SUBJECT_ID = "subject_id"

@@ -21,7 +21,7 @@ constituent's row (`training.embedding_init`), or the rows of the build's `init_
 @dataclass(frozen=True)
 class DistillConfig:
     """Distillation settings (defaults: snippets only, plain RoPE; the default artefact's own
-    are in `artifacts/smollm2-135m-icu/build.yaml`)."""
+    are in `artefacts/smollm2-135m-icu/build.yaml`)."""
 
     snippets: int = 2400
     """Training snippets drawn (frequency-aware) from the training split's prompts."""

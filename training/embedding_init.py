@@ -24,7 +24,7 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from medtpe_core.tokenizer import NewToken
+    from medtpe_core.tokenizer.medtpe_tokenizer import NewToken
 
 DEFAULT_ALPHA = 0.5
 INIT_METHODS = ("mean", "last")

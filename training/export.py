@@ -25,8 +25,8 @@ import torch
 from safetensors.torch import load_file, safe_open, save_file
 
 from inference.checkpoints import EXPORT_STAMP, export_is_current
-from medtpe_core.bundle import content_digest
 from medtpe_core.rope_stretch import stretched_rope
+from medtpe_core.tokenizer.artefact_manifest import content_digest
 from training.atomic import atomic_directory
 from training.default_model import ensure_base_model
 from training.embedding_init import NewRows, has_tied_embeddings

@@ -2,7 +2,7 @@
 model and by the MedTPE model at each serving budget, through the service's own path (the
 export written first, then `inference.model.load_model`, `Predictor`, the engine and its stop
 rule, the service's default decoding: answer prefill, greedy, 64 new tokens), and the paired
-figures of `medtpe_core.fidelity` held against the build's thresholds.
+figures of `medtpe_core.metrics.fidelity` held against the build's thresholds.
 
 One engine per mode serves every budget (its context fits the largest); prefix caching is off,
 so each answer pays its whole prompt as a first request would. Both run in the build's
@@ -17,15 +17,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from evaluation.figures import MODES, aligned, paired_answers
+from evaluation.record_result import RecordResult
 from evaluation.records import EvalRecord
-from evaluation.report import MODES, aligned, paired_answers
-from evaluation.results import RecordResult
 from evaluation.runner import Sampling, evaluate_mode, measured
 from inference.engine import EngineFactory
 from inference.model import ModelConfig, load_model
-from medtpe_core.fidelity import Thresholds, fidelity
-from medtpe_core.meds_readers import MedsDataset, data_shards
-from medtpe_core.prediction_point import PredictionPoint
+from medtpe_core.meds import PredictionPoint
+from medtpe_core.meds.readers import MedsDataset, data_shards
+from medtpe_core.metrics.fidelity import Thresholds, fidelity
 from medtpe_core.tasks import get_task
 from training.export import ensure_export
 

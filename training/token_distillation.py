@@ -2,8 +2,8 @@
 the MedTPE model reading a snippet must produce, at every point where both have read the same
 text, the hidden state the original model produces reading the original tokens.
 
-Short snippets (`medtpe_core.snippets`: ~64 original tokens, cut at shared ends, drawn so every
-new token is seen in enough contexts) instead of whole 8k-token prompts: one snippet holds
+Short snippets (`medtpe_core.tokenizer.snippets`: ~64 original tokens, cut at shared ends, drawn so
+every new token is seen in enough contexts) instead of whole 8k-token prompts: one snippet holds
 dozens of MedTPE tokens, and each is trained in many contexts for the price of a few long
 windows. The teacher (base model, original ids) runs once per snippet and its hidden states at
 the aligned positions are cached (`{split}-teacher-{digest}.pt`); the student trains only the
@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 from tqdm.auto import tqdm
 
-from medtpe_core.snippets import Snippet
+from medtpe_core.tokenizer.snippets import Snippet
 from training.distill_config import FINAL_LAYER, DistillConfig, matched_layers
 from training.embedding_init import INIT_METHODS, NewRows
 from training.embedding_split import SplitEmbedding

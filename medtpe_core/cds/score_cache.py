@@ -19,7 +19,7 @@ from datetime import datetime
 import msgspec
 import numpy as np
 
-from medtpe_core.meds import SubjectEvents
+from medtpe_core.meds.events import SubjectEvents
 
 
 def record_digest(events: SubjectEvents, prediction_time: datetime | None, *parts: str) -> str:
@@ -27,7 +27,7 @@ def record_digest(events: SubjectEvents, prediction_time: datetime | None, *part
 
     Cost: one pass over the columns' bytes (about a millisecond for 10,000 events).
 
-    >>> from medtpe_core.meds import MedsEvent
+    >>> from medtpe_core.meds.events import MedsEvent
     >>> e = SubjectEvents.from_events([MedsEvent(subject_id=1, time=None, code="A")])
     >>> record_digest(e, None, "t") == record_digest(e, None, "t") != record_digest(e, None, "u")
     True

@@ -23,7 +23,7 @@ from typing import Any
 import meds
 import numpy as np
 
-from medtpe_core.meds import SubjectEvents
+from medtpe_core.meds.events import SubjectEvents
 
 MIMIC_CODE_SYSTEMS = "http://mimic.mit.edu/fhir/mimic/CodeSystem/"
 """Base URL of the MIMIC-IV-on-FHIR code systems (the older base ends in the same names)."""

@@ -50,7 +50,7 @@ from fhir.resources.R4B.resource import Resource
 
 from medtpe_core.fhir.parsing import Entry, FhirInputError, Item, parse_resource, resource_items
 from medtpe_core.fhir.site_mapping import MAPPED_TYPES, Rule, SiteMapping
-from medtpe_core.meds import (
+from medtpe_core.meds.events import (
     MAX_SUBJECT_ID,
     MedsEvent,
     SubjectEvents,
@@ -146,7 +146,7 @@ class FhirRecord:
     def horizon(self) -> datetime | None:
         """The newest stand-in's time (None: every resource was read): a prompt of this record
         is the whole record's when it shows and depends on no event at or before it
-        (`medtpe_core.prompting.build_prompt`'s `horizon`)."""
+        (`medtpe_core.prompt.task_prompt.build_prompt`'s `horizon`)."""
         return max(self.stand_ins) if self.stand_ins else None
 
     @property

@@ -4,7 +4,7 @@ mapped; they are counted.
 
     window = FhirWindow(resources, mapping=mapping, patient_id=patient)
     record = window.record(n)  # the n newest resources read, the older ones stand-ins
-    # a prompt with `horizon=record.horizon` (`medtpe_core.prompting.build_prompt`) raises
+    # a prompt with `horizon=record.horizon` (`medtpe_core.prompt.task_prompt.build_prompt`) raises
     # `IncompleteWindowError` when it could show or depend on a stand-in: read more
     record = window.record(2 * n)  # (`inference.fhir_prompt` does this)
 
@@ -27,7 +27,7 @@ than anything the prompt shows, and it never changes the answer. A code's descri
 from the first read resource that describes it.
 
 The prompt is byte-identical to that of the whole record whenever the prompt builder accepts
-the record's `horizon` (`medtpe_core.prompting`).
+the record's `horizon` (`medtpe_core.prompt.task_prompt`).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from medtpe_core.fhir.mapping import (
     _Read,
 )
 from medtpe_core.fhir.parsing import parse_resource, resource_head
-from medtpe_core.meds import to_naive_utc
+from medtpe_core.meds.events import to_naive_utc
 
 
 def _first_pass(data: object, index: int, in_bundle: bool) -> _Read:

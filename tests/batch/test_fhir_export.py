@@ -21,7 +21,7 @@ from batch.fhir_export import (
 )
 from medtpe_core.fhir import load_site_mapping
 from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
-from medtpe_core.meds_readers import MedsDataset
+from medtpe_core.meds import MedsDataset
 from tests.support.bulk_server import resources_by_type, write_export
 from tests.support.mimic_fhir_fixture import FIXTURE
 from tests.support.paths import FIXTURES

@@ -29,7 +29,7 @@ from batch.fhir_job import (
     prepare_patient,
     run_fhir,
 )
-from evaluation.batch import Job
+from batch.job import Job
 from evaluation.runner import Sampling
 from inference.engine import EngineConfig
 from inference.instant_engine import InstantEngine
@@ -38,7 +38,7 @@ from medtpe_cli.predict_commands import predict
 from medtpe_core.cds.services import get_service
 from medtpe_core.fhir import load_site_mapping
 from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
-from medtpe_core.meds_readers import MedsDataset, read_labels
+from medtpe_core.meds import MedsDataset, read_labels
 from medtpe_core.tasks import get_task
 from service.settings import ServiceSettings
 from tests.support.bulk_server import resources_by_type, write_export

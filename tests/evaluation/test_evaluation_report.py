@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from evaluation.report import (
+from evaluation.figures import (
     as_target,
     build_report,
     format_table,
@@ -20,9 +20,9 @@ from evaluation.report import (
     resample_weights,
     summarise_mode,
 )
-from evaluation.results import RecordResult
-from medtpe_core.metrics import f1
-from medtpe_core.prediction_point import record_key
+from evaluation.record_result import RecordResult
+from medtpe_core.meds.prediction_point import record_key
+from medtpe_core.metrics.scores import f1
 from medtpe_core.tasks import get_task
 
 MORTALITY = get_task("icu_mortality")

@@ -1,4 +1,4 @@
-"""The typed evaluation report (`evaluation.evaluation_report.EvaluationReport`): a built report
+"""The typed evaluation report (`evaluation.report_schema.EvaluationReport`): a built report
 survives `to_json` / `from_json` unchanged with the fidelity block first, and every report file
 in `benchmarks/results/` and `research/results/` loads, including those written before the
 bootstrap intervals, and is written back with the same keys (the top level in the same order)
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from evaluation.evaluation_report import EvaluationReport, ModeSummary
-from evaluation.report import build_report, format_table
+from evaluation.figures import build_report, format_table
+from evaluation.report_schema import EvaluationReport, ModeSummary
 from medtpe_core.metrics import Interval
 from tests.evaluation.test_evaluation_report import MEDTPE, MORTALITY, ORIGINAL
 from tests.support.paths import ROOT

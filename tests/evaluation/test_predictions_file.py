@@ -15,12 +15,11 @@ import pytest
 from meds_evaluation.evaluate import evaluate_binary_classification
 from meds_evaluation.schema import PredictionSchema
 
+from evaluation.figures import summarise_mode
 from evaluation.predictions import predictions_table, write_predictions
+from evaluation.record_result import RecordResult
 from evaluation.records import EvalRecord
-from evaluation.report import summarise_mode
-from evaluation.results import RecordResult
-from medtpe_core.meds import MedsEvent, SubjectEvents
-from medtpe_core.prediction_point import PredictionPoint
+from medtpe_core.meds import MedsEvent, PredictionPoint, SubjectEvents
 from medtpe_core.tasks import get_task
 
 WHEN = datetime(2150, 3, 2, 8)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from evaluation.record_result import RecordResult
 from evaluation.records import load_records
-from evaluation.results import RecordResult
 from evaluation.runner import Sampling
 from evaluation.settings_sweep import EvalSetting, evaluate_settings
 from inference.engine import EngineConfig, EngineFactory

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from evaluation.figures import build_report
+from evaluation.record_result import RecordResult
 from evaluation.records import load_records
-from evaluation.report import build_report
-from evaluation.results import RecordResult
 from evaluation.stored_report import compare_runs, mode_results, stored_results
 from medtpe_cli.main import cli
 from medtpe_core.tasks import get_task

@@ -9,8 +9,8 @@ import pytest
 
 from inference.engine import AnswerConstraint, Completion
 from inference.predictor import Predictor, answer_constraint
-from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.meds import MedsEvent, SubjectEvents
+from medtpe_core.prompt import ChatTemplate
 from medtpe_core.tasks import get_task
 from tests.support.service_support import synthetic_events
 from tests.support.tokenizer_support import smollm2_dir, smollm2_medtpe

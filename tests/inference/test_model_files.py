@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from inference.checkpoints import EXPORT_STAMP, ModelFilesMissing, check_export
-from medtpe_core.bundle import content_digest
 from medtpe_core.paths import default_model_dir
+from medtpe_core.tokenizer.artefact_manifest import content_digest
 from service.settings import ServiceSettings
 from tests.support.service_support import build_test_artefact, instant_client, instant_settings
 

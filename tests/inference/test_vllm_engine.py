@@ -17,9 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from evaluation.figures import build_report
+from evaluation.record_result import RecordResult
 from evaluation.records import EvalRecord, load_records
-from evaluation.report import build_report
-from evaluation.results import RecordResult
 from evaluation.runner import Sampling, evaluate_mode, measured
 from inference.cpu_cores import SMALL_MACHINE_CORES
 from inference.engine import EngineDead, Finish

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from inference.cpu_dtype import engine_dtype
-from medtpe_core.chat_template import ChatTemplate
+from medtpe_core.prompt import ChatTemplate
 from medtpe_core.tokenizer import MedTPETokenizer
 from training.pseudo_labels import greedy_generate
 

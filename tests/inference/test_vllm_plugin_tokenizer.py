@@ -23,8 +23,8 @@ from vllm.v1.engine.detokenizer import FastIncrementalDetokenizer, IncrementalDe
 
 from inference.vllm_plugin import register
 from inference.vllm_tokenizer import MedTPEEncoding, load_medtpe_tokenizer
-from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.paths import default_artefact_dir
+from medtpe_core.prompt import ChatTemplate
 from tests.support.properties import examples
 from tests.support.tokenizer_support import EDGE_CASES, MIXED_TEXT
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from medtpe_core.fidelity import PairedAnswer, Thresholds, fidelity
+from medtpe_core.metrics.fidelity import PairedAnswer, Thresholds, fidelity
 from medtpe_core.tasks import get_task
 from medtpe_core.tasks.answers import (
     ANSWER_END,

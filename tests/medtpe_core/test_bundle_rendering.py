@@ -1,6 +1,6 @@
-"""An artefact's rendering record (`medtpe_core.bundle`): the code descriptions table it ships and
-the renderer's version in its manifest, checked when it is loaded and against what a model
-renders with."""
+"""An artefact's rendering record (`medtpe_core.tokenizer.artefact_manifest`): the code descriptions
+table it ships and the renderer's version in its manifest, checked when it is loaded and against
+what a model renders with."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from medtpe_core.bundle import (
+from medtpe_core.meds.readers import read_code_descriptions, write_code_descriptions
+from medtpe_core.paths import default_artefact_dir
+from medtpe_core.prompt.render import RENDER_VERSION
+from medtpe_core.tokenizer.artefact_manifest import (
     DESCRIPTIONS_FILE,
     DIGESTED_FILES,
     MANIFEST_FILE,
@@ -21,9 +24,6 @@ from medtpe_core.bundle import (
     content_digest,
     descriptions_digest,
 )
-from medtpe_core.meds_readers import read_code_descriptions, write_code_descriptions
-from medtpe_core.paths import default_artefact_dir
-from medtpe_core.render import RENDER_VERSION
 
 DEFAULT_ID = "097017eb45c3"
 """The default artefact's id: its merges, unchanged by the table added beside them."""

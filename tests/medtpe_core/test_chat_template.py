@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from medtpe_core.chat_template import ChatTemplate, ChatTemplateError
+from medtpe_core.prompt.chat_template import ChatTemplate, ChatTemplateError
 from tests.support.paths import FIXTURES
 
 transformers = pytest.importorskip("transformers")

@@ -22,7 +22,7 @@ from medtpe_core.fhir import (
     meds_from_fhir,
 )
 from medtpe_core.meds import SubjectEvents
-from medtpe_core.render import render_record
+from medtpe_core.prompt import render_record
 from service.json_body import decode_body
 from tests.support.clinosim_bundles import read_bundles
 from tests.support.paths import ROOT

@@ -17,10 +17,8 @@ import pytest
 
 from medtpe_core.fhir import load_site_mapping, meds_from_fhir
 from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
-from medtpe_core.meds import SubjectEvents
-from medtpe_core.meds_readers import MedsDataset, read_labels
-from medtpe_core.prediction_point import PredictionPoint
-from medtpe_core.render import render_record
+from medtpe_core.meds import MedsDataset, PredictionPoint, SubjectEvents, read_labels
+from medtpe_core.prompt import render_record
 from tests.support.mimic_fhir_fixture import FIXTURE
 from tests.support.paths import SHARED
 

@@ -13,8 +13,6 @@ from typing import Any
 
 import pytest
 
-from medtpe_core.base_tokenizer import BaseTokenizer
-from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.fhir import (
     FhirInputError,
     FhirRecord,
@@ -25,10 +23,11 @@ from medtpe_core.fhir import (
 from medtpe_core.fhir import window as window_module
 from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
 from medtpe_core.fhir.window import FhirWindow
-from medtpe_core.meds_readers import MedsDataset, read_labels
-from medtpe_core.prompting import IncompleteWindowError, build_prompt
+from medtpe_core.meds import MedsDataset, read_labels
+from medtpe_core.prompt import ChatTemplate, Windowing, WindowPolicy
+from medtpe_core.prompt.task_prompt import IncompleteWindowError, build_prompt
 from medtpe_core.tasks import get_task
-from medtpe_core.windowing import Windowing, WindowPolicy
+from medtpe_core.tokenizer import BaseTokenizer
 from tests.support import render_pins
 from tests.support.mimic_fhir_fixture import FIXTURE
 

@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from medtpe_cli.labels_commands import labels
-from medtpe_core.labels import derive_labels, label_table
-from medtpe_core.labels.phenotypes import phenotype_map
-from medtpe_core.meds_readers import MedsDataset, read_labels
+from medtpe_core.meds import MedsDataset, read_labels
+from medtpe_core.meds.labels import derive_labels, label_table
+from medtpe_core.meds.labels.phenotypes import phenotype_map
 from medtpe_core.tasks import get_task
 from tests.support.meds_fixtures import write_table
 from tests.support.paths import ROOT
@@ -178,7 +178,7 @@ def test_aces_configuration_gives_the_same_icu_mortality_labels(
     stays_dir: Path, dataset: MedsDataset, tmp_path: Path
 ) -> None:
     pytest.importorskip("aces", reason="es-aces (the labels extra) is not installed")
-    config = ROOT / "medtpe_core/labels/aces/icu_mortality.yaml"
+    config = ROOT / "medtpe_core/meds/labels/aces/icu_mortality.yaml"
     out = tmp_path / "aces.parquet"
     result = CliRunner().invoke(
         labels, ["--meds", str(stays_dir), "--aces-config", str(config), "--out", str(out)]

@@ -13,8 +13,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from medtpe_core.meds import MAX_SUBJECT_ID, MedsEvent, SubjectEvents
-from medtpe_core.meds_json import decode_events
+from medtpe_core.meds.events import MAX_SUBJECT_ID, MedsEvent, SubjectEvents
+from medtpe_core.meds.json_events import decode_events
 from service.json_body import decode_body
 from service.schemas import BatchRequest, PredictRequest, TokenizeRequest
 from tests.support.service_support import synthetic_events

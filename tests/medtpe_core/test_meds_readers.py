@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from medtpe_core.meds_readers import MedsDataset, MedsFormatError, read_labels
+from medtpe_core.meds.readers import MedsDataset, MedsFormatError, read_labels
 from tests.support.meds_fixtures import (
     DESCRIPTIONS,
     PREDICTION_TIME,

@@ -13,9 +13,9 @@ from click.testing import CliRunner
 
 from evaluation.records import load_records
 from medtpe_cli.meds_commands import render
-from medtpe_core.meds_readers import MedsDataset, read_subject_splits
-from medtpe_core.prediction_point import read_points
-from medtpe_core.render import render_record
+from medtpe_core.meds.prediction_point import read_points
+from medtpe_core.meds.readers import MedsDataset, read_subject_splits
+from medtpe_core.prompt import render_record
 from medtpe_core.tasks import get_task
 from tests.support.meds_fixtures import train_tokenizer, write_meds_dataset, write_subject_splits
 from tests.support.paths import FIXTURES

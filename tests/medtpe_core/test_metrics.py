@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import average_precision_score, brier_score_loss
 
-from medtpe_core.metrics import (
+from medtpe_core.metrics.scores import (
     Interval,
     agreement,
     auprc_scores,

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from inference.predictor import Predictor
-from medtpe_core.chat_template import ChatTemplate
+from medtpe_core.prompt import ChatTemplate
 from medtpe_core.tasks import Task, get_task
 from medtpe_core.tasks.option_probabilities import (
     matching_option,

@@ -13,11 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.meds import MedsEvent
-from medtpe_core.prompting import build_prompt
-from medtpe_core.snippets import cut
-from medtpe_core.tokenizer import PLAIN_TAIL, MedTPETokenizer
+from medtpe_core.prompt import ChatTemplate, build_prompt
+from medtpe_core.tokenizer.medtpe_tokenizer import PLAIN_TAIL, MedTPETokenizer
+from medtpe_core.tokenizer.snippets import cut
 from tests.support.properties import examples
 from tests.support.tokenizer_support import FALLBACK_CHARS, MIXED_TEXT, smollm2_dir, smollm2_medtpe
 

@@ -1,4 +1,4 @@
-"""The labelled prediction point (`medtpe_core.prediction_point`): one type for a label file's
+"""The labelled prediction point (`medtpe_core.meds.prediction_point`): one type for a label file's
 row, an evaluation record's identity and a build window, read and written as JSON lines."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-from medtpe_core.labels import write_labels
-from medtpe_core.meds_readers import read_labels
-from medtpe_core.prediction_point import (
+from medtpe_core.meds import read_labels
+from medtpe_core.meds.labels import write_labels
+from medtpe_core.meds.prediction_point import (
     PredictionPoint,
     read_points,
     record_key,

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from medtpe_core.encoding import merge_depth
 from medtpe_core.tokenizer import MedTPETokenizer
+from medtpe_core.tokenizer.encoding import merge_depth
 from tests.support.paths import ROOT
 from tests.support.prefix_stability import last_pretoken_start, stable_prefix_length
 from tests.support.tokenizer_support import (
@@ -22,7 +22,7 @@ from tests.support.tokenizer_support import (
     smollm2_medtpe,
 )
 
-DEFAULT_ARTEFACT = ROOT / "artifacts" / "smollm2-135m-icu"
+DEFAULT_ARTEFACT = ROOT / "artefacts" / "smollm2-135m-icu"
 RECORD_LINES = st.lists(st.sampled_from(icu_records(2, seed=3)[0].splitlines()), max_size=8).map(
     "\n".join
 )

@@ -9,12 +9,12 @@ import meds
 import numpy as np
 import pytest
 
-from medtpe_core.base_tokenizer import BaseTokenizer
-from medtpe_core.chat_template import ChatTemplate
-from medtpe_core.meds import MAX_EVENTS_PER_RECORD, MedsEvent, SubjectEvents
-from medtpe_core.prompting import build_prompt, min_input_tokens
-from medtpe_core.render import BudgetTooSmallError
+from medtpe_core.meds.events import MAX_EVENTS_PER_RECORD, MedsEvent, SubjectEvents
+from medtpe_core.prompt import ChatTemplate
+from medtpe_core.prompt.render import BudgetTooSmallError
+from medtpe_core.prompt.task_prompt import build_prompt, min_input_tokens
 from medtpe_core.tasks import list_tasks
+from medtpe_core.tokenizer import BaseTokenizer
 from tests.support.service_support import synthetic_events
 from tests.support.tokenizer_support import smollm2_dir
 

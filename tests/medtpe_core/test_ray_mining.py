@@ -16,10 +16,10 @@ ray = pytest.importorskip("ray", reason="needs the `ray` extra (pip install 'med
 from click.testing import CliRunner  # noqa: E402
 
 from medtpe_cli.main import cli  # noqa: E402
-from medtpe_core.corpus import CorpusSpec  # noqa: E402
-from medtpe_core.mining import NgramCounts  # noqa: E402
-from medtpe_core.sharded_mining import MiningJob, count_meds_corpus  # noqa: E402
 from medtpe_core.tokenizer import MedTPETokenizer  # noqa: E402
+from medtpe_core.tokenizer.corpus import CorpusSpec  # noqa: E402
+from medtpe_core.tokenizer.mining import NgramCounts  # noqa: E402
+from medtpe_core.tokenizer.sharded_mining import MiningJob, count_meds_corpus  # noqa: E402
 from tests.support.meds_fixtures import corpus_tokenizer_file, write_sharded_data  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # one local Ray cluster at a time

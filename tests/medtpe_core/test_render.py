@@ -8,9 +8,13 @@ from datetime import datetime, timedelta
 import numpy as np
 import pytest
 
-from medtpe_core.meds import MedsEvent, SubjectEvents
-from medtpe_core.meds_readers import MedsDataset
-from medtpe_core.render import BudgetTooSmallError, describe_code, format_value, render_record
+from medtpe_core.meds import MedsDataset, MedsEvent, SubjectEvents
+from medtpe_core.prompt.render import (
+    BudgetTooSmallError,
+    describe_code,
+    format_value,
+    render_record,
+)
 from tests.support.meds_fixtures import (
     DESCRIPTIONS,
     PREDICTION_TIME,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from medtpe_core.base_tokenizer import BaseTokenizer
-from medtpe_core.meds_readers import MedsDataset
-from medtpe_core.prompting import build_prompt
-from medtpe_core.render import BudgetTooSmallError
+from medtpe_core.meds import MedsDataset
+from medtpe_core.prompt import build_prompt
+from medtpe_core.prompt.render import BudgetTooSmallError
 from medtpe_core.tasks import UnknownTaskError, get_task
+from medtpe_core.tokenizer import BaseTokenizer
 from tests.support.meds_fixtures import PREDICTION_TIME, validated_events, write_meds_dataset
 from tests.support.paths import FIXTURES
 from tests.support.tokenizer_support import smollm2_dir, smollm2_medtpe

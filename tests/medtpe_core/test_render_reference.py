@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from medtpe_core.base_tokenizer import BaseTokenizer
 from medtpe_core.meds import MedsEvent, SubjectEvents
-from medtpe_core.piece_tokens import piece_tokens
-from medtpe_core.render import BudgetTooSmallError, render_record
+from medtpe_core.prompt.piece_tokens import piece_tokens
+from medtpe_core.prompt.render import BudgetTooSmallError, render_record
+from medtpe_core.tokenizer import BaseTokenizer
 from tests.support import render_reference
 from tests.support.properties import examples
 from tests.support.tokenizer_support import smollm2_dir

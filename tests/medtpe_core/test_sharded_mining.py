@@ -13,13 +13,12 @@ import pytest
 from click.testing import CliRunner
 
 from medtpe_cli.main import cli
-from medtpe_core.base_tokenizer import BaseTokenizer
-from medtpe_core.corpus import CorpusSpec, iter_meds_corpus_texts
-from medtpe_core.meds_readers import MedsDataset, MedsFormatError
-from medtpe_core.mining import NgramCounter
-from medtpe_core.render import render_record
-from medtpe_core.sharded_mining import MiningJob, count_meds_corpus
-from medtpe_core.tokenizer import MedTPETokenizer
+from medtpe_core.meds.readers import MedsDataset, MedsFormatError
+from medtpe_core.prompt import render_record
+from medtpe_core.tokenizer import BaseTokenizer, MedTPETokenizer
+from medtpe_core.tokenizer.corpus import CorpusSpec, iter_meds_corpus_texts
+from medtpe_core.tokenizer.mining import NgramCounter
+from medtpe_core.tokenizer.sharded_mining import MiningJob, count_meds_corpus
 from tests.support.meds_fixtures import (
     PREDICTION_TIME,
     corpus_tokenizer_file,

@@ -1,5 +1,5 @@
-"""`medtpe_core.snippets`: snippets cut where both tokenizers agree are exact slices of both
-encodings, their aligned positions read the same text, and the frequency-aware draw covers
+"""`medtpe_core.tokenizer.snippets`: snippets cut where both tokenizers agree are exact slices of
+both encodings, their aligned positions read the same text, and the frequency-aware draw covers
 every new token the pool holds."""
 
 from __future__ import annotations
@@ -9,8 +9,16 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from medtpe_core.snippets import OPENING_LIMIT, Snippet, coverage, cut, draw, new_ids_in, opening
 from medtpe_core.tokenizer import MedTPETokenizer
+from medtpe_core.tokenizer.snippets import (
+    OPENING_LIMIT,
+    Snippet,
+    coverage,
+    cut,
+    draw,
+    new_ids_in,
+    opening,
+)
 from tests.support.properties import examples
 from tests.support.tokenizer_support import MIXED_TEXT, icu_records, smollm2_medtpe
 

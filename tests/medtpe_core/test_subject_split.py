@@ -1,4 +1,4 @@
-"""The one subject split (`medtpe_core.subject_split`): a dataset's
+"""The one subject split (`medtpe_core.meds.subject_split`): a dataset's
 `metadata/subject_splits.parquet` when it has one, otherwise the seeded held-out fraction that
 built the default artefact (pinned here on fixed lists)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from medtpe_core.subject_split import (
+from medtpe_core.meds.subject_split import (
     HELD_OUT,
     SPLITS_FILE_SOURCE,
     TRAIN,

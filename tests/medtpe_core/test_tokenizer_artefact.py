@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from medtpe_core import MedTPETokenizer
-from medtpe_core.artefact import ArtefactMismatchError
-from medtpe_core.base_tokenizer import BaseTokenizer
-from medtpe_core.mining import NgramCounter, select_static
+from medtpe_core.tokenizer import BaseTokenizer
+from medtpe_core.tokenizer.artefact_files import ArtefactMismatchError
+from medtpe_core.tokenizer.mining import NgramCounter, select_static
 from tests.support.tokenizer_support import (
     icu_records,
     small_medtpe,

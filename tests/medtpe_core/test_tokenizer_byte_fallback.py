@@ -10,10 +10,10 @@ from click.testing import CliRunner
 from tokenizers import Tokenizer
 
 from medtpe_cli.main import cli
-from medtpe_core.base_tokenizer import UTF8_BYTES, BaseTokenizer, bytes_to_unicode
-from medtpe_core.build import add_byte_fallback
-from medtpe_core.replacement import MergeGraph, single_char_ids
 from medtpe_core.tokenizer import MedTPETokenizer
+from medtpe_core.tokenizer.base import UTF8_BYTES, BaseTokenizer, bytes_to_unicode
+from medtpe_core.tokenizer.build import add_byte_fallback
+from medtpe_core.tokenizer.replacement import MergeGraph, single_char_ids
 from tests.support.paths import SHARED
 from tests.support.tokenizer_support import (
     PROTECTED_TEXT,

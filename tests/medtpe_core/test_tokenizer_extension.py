@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from medtpe_core.extension import SOURCE_SETTING, extension_twin, fresh_ids
 from medtpe_core.tokenizer import MedTPETokenizer
+from medtpe_core.tokenizer.without_replacement import SOURCE_SETTING, extension_twin, fresh_ids
 from tests.support.properties import examples
 from tests.support.tokenizer_support import (
     ANY_TEXT,

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from medtpe_core.replacement import MergeGraph, single_char_ids
 from medtpe_core.tokenizer import MedTPETokenizer
+from medtpe_core.tokenizer.replacement import MergeGraph, single_char_ids
 from tests.support.tokenizer_support import (
     ENGLISH,
     PROTECTED_TEXT,

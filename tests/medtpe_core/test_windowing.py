@@ -10,11 +10,11 @@ import meds
 import numpy as np
 import pytest
 
-from medtpe_core.base_tokenizer import BaseTokenizer
-from medtpe_core.encoding import merge_depth
-from medtpe_core.meds_readers import MedsDataset
-from medtpe_core.prompting import Prompt, build_prompt
-from medtpe_core.windowing import Windowing, WindowPolicy, stable_starts
+from medtpe_core.meds import MedsDataset
+from medtpe_core.prompt import Prompt, build_prompt
+from medtpe_core.prompt.windowing import Windowing, WindowPolicy, stable_starts
+from medtpe_core.tokenizer import BaseTokenizer
+from medtpe_core.tokenizer.encoding import merge_depth
 from tests.support.meds_fixtures import T0, write_meds_dataset
 from tests.support.paths import FIXTURES
 from tests.support.prefix_stability import last_pretoken_start

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from medtpe_core.fidelity import fidelity
+from medtpe_core.metrics.fidelity import fidelity
 from research.fidelity_figures import (
     logit_agreement,
     logit_shift,

@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 from medtpe_core.cds.services import SERVICES, get_service
 from medtpe_core.fhir import load_site_mapping, meds_from_fhir
 from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
-from medtpe_core.meds_readers import MedsDataset, read_labels
+from medtpe_core.meds import MedsDataset, read_labels
 from medtpe_core.tasks import get_task
 from service.cds_hooks.prefetch import FHIR_UNAVAILABLE_TEXT
 from service.cds_hooks.schemas import FeedbackRequest

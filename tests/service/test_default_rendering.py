@@ -18,13 +18,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from inference.model import load_model
-from medtpe_core.base_tokenizer import BaseTokenizer
-from medtpe_core.bundle import descriptions_digest
-from medtpe_core.chat_template import ChatTemplate
-from medtpe_core.meds_readers import MedsDataset, read_code_descriptions, read_labels
+from medtpe_core.meds.readers import MedsDataset, read_code_descriptions, read_labels
 from medtpe_core.paths import default_artefact_dir, default_model_dir
-from medtpe_core.prompting import build_prompt
-from medtpe_core.render import RENDER_VERSION
+from medtpe_core.prompt import ChatTemplate, build_prompt
+from medtpe_core.prompt.render import RENDER_VERSION
+from medtpe_core.tokenizer import BaseTokenizer
+from medtpe_core.tokenizer.artefact_manifest import descriptions_digest
 from service.settings import ServiceSettings
 from tests.support.mimic_fhir_fixture import FIXTURE
 from tests.support.paths import ROOT

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from medtpe_core.meds import MAX_EVENTS_PER_RECORD, SubjectEvents
+from medtpe_core.meds.events import MAX_EVENTS_PER_RECORD, SubjectEvents
 from service.schemas import PredictRequest
 from tests.support.meds_fixtures import GOOD_EVENT, error_locs
 

@@ -12,7 +12,7 @@ import meds
 import pytest
 
 from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
-from medtpe_core.meds_readers import MedsDataset, read_labels
+from medtpe_core.meds import MedsDataset, read_labels
 from tests.service.test_service import post
 from tests.support.mimic_fhir_fixture import FIXTURE
 from tests.support.paths import FIXTURES

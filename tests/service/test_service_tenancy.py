@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY, Counter
 
-from medtpe_core.windowing import Windowing, WindowPolicy
+from medtpe_core.prompt import Windowing, WindowPolicy
 from service.metrics import ServiceMetrics
 from service.settings import ServiceSettings
 from tests.support.service_support import (

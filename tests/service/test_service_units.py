@@ -16,8 +16,8 @@ from inference.predictor import (
     default_prediction_time,
     majority_vote,
 )
-from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.meds import MedsEvent, SubjectEvents
+from medtpe_core.prompt import ChatTemplate
 from medtpe_core.tasks import get_task
 from service.limits import Admission, QueueFull
 from service.metrics import ServiceMetrics

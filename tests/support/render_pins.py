@@ -18,11 +18,9 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
-from medtpe_core.base_tokenizer import BaseTokenizer
-from medtpe_core.chat_template import ChatTemplate
 from medtpe_core.meds import MedsEvent, SubjectEvents
-from medtpe_core.prompting import build_prompt
-from medtpe_core.render import render_record
+from medtpe_core.prompt import ChatTemplate, build_prompt, render_record
+from medtpe_core.tokenizer import BaseTokenizer
 from tests.support.meds_fixtures import DESCRIPTIONS, PREDICTION_TIME, subject_rows
 from tests.support.paths import FIXTURES, SHARED
 from tests.support.service_support import synthetic_events
@@ -124,7 +122,7 @@ def compute_fixture_pins() -> dict[str, dict[str, dict[str, object]]]:
 
 def compute_shared_pins(meds: Path) -> dict[str, dict[str, dict[str, object]]]:
     """Pins of every ICU label row of a MEDS dataset (key: `subject_id@prediction_time`)."""
-    from medtpe_core.meds_readers import MedsDataset, read_labels
+    from medtpe_core.meds import MedsDataset, read_labels
 
     dataset = MedsDataset.load(meds)
     tokenizer, chat = base_tokenizer(), template()

@@ -14,8 +14,8 @@ from datetime import datetime
 
 import numpy as np
 
-from medtpe_core.meds import SubjectEvents, to_naive_utc
-from medtpe_core.render import (
+from medtpe_core.meds.events import SubjectEvents, to_naive_utc
+from medtpe_core.prompt.render import (
     STATIC_HEADER,
     BudgetTooSmallError,
     RenderedRecord,

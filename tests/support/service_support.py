@@ -87,12 +87,11 @@ def build_test_artefact(model_dir: Path, out_dir: Path, budget: int = 400) -> Pa
     (no SSFT): a stand-in with the default artefact's layout."""
     from transformers import AutoModelForCausalLM
 
-    from medtpe_core.base_tokenizer import BaseTokenizer
-    from medtpe_core.build import build_tokenizer
-    from medtpe_core.chat_template import ChatTemplate
     from medtpe_core.meds import MedsEvent
-    from medtpe_core.prompting import build_prompt
+    from medtpe_core.prompt import ChatTemplate, build_prompt
     from medtpe_core.tasks import get_task, list_tasks
+    from medtpe_core.tokenizer import BaseTokenizer
+    from medtpe_core.tokenizer.build import build_tokenizer
     from training.embedding_init import init_new_rows
     from training.export import model_fingerprint, save_rows
 
@@ -195,7 +194,7 @@ def service_env(service_files: tuple[Path, Path], **overrides: str) -> dict[str,
 def validated(artefact: Path) -> bool:
     """Whether the artefact carries a manifest (the default one does; the stand-in built on a
     clone without the default's rows was never validated, so its services allow that)."""
-    from medtpe_core.bundle import MANIFEST_FILE
+    from medtpe_core.tokenizer.artefact_manifest import MANIFEST_FILE
 
     return (artefact / MANIFEST_FILE).is_file()
 

@@ -13,10 +13,9 @@ from pathlib import Path
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from medtpe_core.base_tokenizer import BaseTokenizer
-from medtpe_core.build import build_tokenizer
-from medtpe_core.extension import extension_twin
-from medtpe_core.tokenizer import MedTPETokenizer
+from medtpe_core.tokenizer import BaseTokenizer, MedTPETokenizer
+from medtpe_core.tokenizer.build import build_tokenizer
+from medtpe_core.tokenizer.without_replacement import extension_twin
 from tests.support.paths import FIXTURES, ROOT
 
 TOKENIZER_FIXTURES = FIXTURES / "tokenizers"

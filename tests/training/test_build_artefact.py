@@ -22,16 +22,16 @@ import training.examples  # noqa: E402
 import training.pseudo_labels  # noqa: E402
 from inference.instant_engine import InstantEngine  # noqa: E402
 from medtpe_cli.main import cli  # noqa: E402
-from medtpe_core.build import build_tokenizer  # noqa: E402
-from medtpe_core.bundle import (  # noqa: E402
+from medtpe_core.meds.readers import read_code_descriptions  # noqa: E402
+from medtpe_core.tokenizer import MedTPETokenizer  # noqa: E402
+from medtpe_core.tokenizer.artefact_manifest import (  # noqa: E402
     DESCRIPTIONS_FILE,
     MANIFEST_FILE,
     ArtefactBundle,
     Rendering,
 )
-from medtpe_core.corpus import iter_meds_corpus_texts  # noqa: E402
-from medtpe_core.meds_readers import read_code_descriptions  # noqa: E402
-from medtpe_core.tokenizer import MedTPETokenizer  # noqa: E402
+from medtpe_core.tokenizer.build import build_tokenizer  # noqa: E402
+from medtpe_core.tokenizer.corpus import iter_meds_corpus_texts  # noqa: E402
 from tests.support.meds_fixtures import train_tokenizer, write_meds_dataset  # noqa: E402
 from tests.support.model_fixtures import tiny_llama  # noqa: E402
 from training import build_artefact as build_module  # noqa: E402
@@ -96,7 +96,7 @@ class FixedAnswers:
 def engine(base_dir: Path, monkeypatch: pytest.MonkeyPatch) -> FixedAnswers:
     """Fixed pseudo-labels, and the gate's answers from an engine that answers at once (both
     modes the same: the gate passes)."""
-    from medtpe_core.base_tokenizer import BaseTokenizer
+    from medtpe_core.tokenizer import BaseTokenizer
 
     base = BaseTokenizer.load(base_dir)
     fake = FixedAnswers([*base.encode('yes"}'), base.tokenizer.token_to_id("<|im_end|>")])

@@ -1,6 +1,6 @@
 """The default artefact's split is reproducible: its build settings
-(`artifacts/smollm2-135m-icu/build.yaml`) over the shared demo data's ICU windows give exactly
-the held-out patients its `build_report.json` names, through `medtpe_core.subject_split`."""
+(`artefacts/smollm2-135m-icu/build.yaml`) over the shared demo data's ICU windows give exactly
+the held-out patients its `build_report.json` names, through `medtpe_core.meds.subject_split`."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from medtpe_core.subject_split import subject_split
+from medtpe_core.meds.subject_split import subject_split
 from tests.support.paths import ROOT, SHARED
 from training.build_config import build_config
 from training.build_data import prediction_times
 
-ARTEFACT = ROOT / "artifacts" / "smollm2-135m-icu"
+ARTEFACT = ROOT / "artefacts" / "smollm2-135m-icu"
 DEMO = SHARED / "data" / "mimic-iv-demo-meds"
 
 

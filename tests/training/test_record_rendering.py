@@ -7,9 +7,14 @@ import json
 import shutil
 from pathlib import Path
 
-from medtpe_core.bundle import DESCRIPTIONS_FILE, MANIFEST_FILE, ArtefactBundle, Rendering
-from medtpe_core.meds_readers import read_code_descriptions
+from medtpe_core.meds.readers import read_code_descriptions
 from medtpe_core.paths import default_artefact_dir
+from medtpe_core.tokenizer.artefact_manifest import (
+    DESCRIPTIONS_FILE,
+    MANIFEST_FILE,
+    ArtefactBundle,
+    Rendering,
+)
 from tests.support.mimic_fhir_fixture import FIXTURE
 from training.build_artefact import record_rendering
 

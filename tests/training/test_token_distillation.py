@@ -15,9 +15,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from medtpe_core.build import build_tokenizer  # noqa: E402
-from medtpe_core.snippets import cut  # noqa: E402
 from medtpe_core.tokenizer import MedTPETokenizer  # noqa: E402
+from medtpe_core.tokenizer.build import build_tokenizer  # noqa: E402
+from medtpe_core.tokenizer.snippets import cut  # noqa: E402
 from tests.support.model_fixtures import tiny_llama, tiny_llama_model  # noqa: E402
 from training.distill_config import DistillConfig, long_stage, matched_layers  # noqa: E402
 from training.embedding_init import init_new_rows  # noqa: E402

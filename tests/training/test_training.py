@@ -16,9 +16,9 @@ transformers = pytest.importorskip("transformers")
 from click.testing import CliRunner  # noqa: E402
 
 from medtpe_cli.main import cli  # noqa: E402
-from medtpe_core.build import build_tokenizer  # noqa: E402
-from medtpe_core.extension import extension_twin  # noqa: E402
 from medtpe_core.tokenizer import MedTPETokenizer  # noqa: E402
+from medtpe_core.tokenizer.build import build_tokenizer  # noqa: E402
+from medtpe_core.tokenizer.without_replacement import extension_twin  # noqa: E402
 from tests.support.model_fixtures import tiny_llama, tiny_llama_model  # noqa: E402
 from training import ssft as ssft_module  # noqa: E402
 from training.embedding_init import DEFAULT_ALPHA, init_new_rows, mean_row_norm  # noqa: E402
@@ -31,8 +31,8 @@ from training.export import (  # noqa: E402
     write_rows_into,
 )
 from training.losses import DensePositions, final_hidden, teacher_hidden  # noqa: E402
-from training.pipeline import run_ssft, split_by_subject  # noqa: E402
 from training.ssft import SSFTConfig, train_ssft  # noqa: E402
+from training.ssft_pipeline import run_ssft, split_by_subject  # noqa: E402
 
 CORPUS = [
     f"{t} Heart Rate [bpm] {80 + i}; Arterial Blood Pressure systolic [mmHg] {110 + i}; "

@@ -1,0 +1,19 @@
+"""MEDS data: events, datasets read with pyarrow, label files, the project's subject split.
+
+    from medtpe_core.meds import MedsDataset, read_labels
+
+    dataset = MedsDataset.load("mimic-iv-demo-meds")
+    for point in read_labels("mimic-iv-demo-meds/labels/icu_mortality.parquet"):
+        events = dataset.events(point.subject_id)  # SubjectEvents, static events first
+
+Modules: `events` (`MedsEvent`, the columnar `SubjectEvents`), `json_events` (a JSON array of
+events straight into columns), `readers` (datasets, code descriptions, label files, splits),
+`prediction_point` (a label file's row), `subject_split` (the one train / held-out split),
+`labels` (label files of the built-in tasks derived from events, or from ACES).
+"""
+
+from medtpe_core.meds.events import MedsEvent, SubjectEvents
+from medtpe_core.meds.prediction_point import PredictionPoint
+from medtpe_core.meds.readers import MedsDataset, read_labels
+
+__all__ = ["MedsDataset", "MedsEvent", "PredictionPoint", "SubjectEvents", "read_labels"]
