@@ -6,8 +6,8 @@ The export is grouped by patient on disk (`batch.fhir_export`: one pass writes K
 chosen by a hash of the patient id); each bucket is one output shard (`bucket-00007.parquet`,
 `bucket-00007.records.pq`) whose records a `FhirShards` prepares: the bucket read and grouped,
 each patient's resources through the site mapping and the prompt builder exactly as `/predict`
-reads a Bundle and a CDS hook its prefetch (`medtpe_core.fhir.window.FhirWindow` and
-`inference.fhir_prompt.prepare_fhir`), so a patient's prompt is byte for byte theirs.
+reads a Bundle and a CDS hook its prefetch (the same record object,
+`inference.record.FhirResources`), so a patient's prompt is byte for byte theirs.
 
 A record is a patient at each `--times` time, or a label file's row (its `subject_id` is the MEDS
 subject id the mapping gives the patient: a `Patient.identifier` of the mapping's subject systems,
@@ -54,11 +54,10 @@ from batch.job import (
 )
 from inference.engine import EngineFactory
 from inference.engine_factories import start_vllm
-from inference.fhir_prompt import prepare_fhir
 from inference.model import ModelConfig
 from inference.predictor import Predictor, PreparedRecord
+from inference.record import FhirResources, NoEventsError
 from medtpe_core.fhir import FhirInputError, SiteMapping, load_site_mapping
-from medtpe_core.fhir.window import FhirWindow
 from medtpe_core.meds import read_labels
 from medtpe_core.tasks import Task
 
@@ -102,17 +101,18 @@ def prepare_patient(
     patient: str,
     resources: PatientResources,
     prediction_time: datetime | None,
-) -> tuple[PreparedRecord | None, int]:
-    """A patient's prompt from their resources as `/predict` builds one from a Bundle (None when
-    they give no event up to `prediction_time`), and the record's subject id; the mapping's
-    `FhirInputError` is raised."""
-    window = FhirWindow(
-        resources.texts, mapping=mapping, patient_id=patient, prediction_time=prediction_time
-    )
-    prepared, record = prepare_fhir(predictor, task, window, prediction_time)
-    if not record.rows:
-        prepared = None
-    return prepared, record.subject_id
+) -> tuple[PreparedRecord | None, int | None]:
+    """A patient's prompt from their resources as `/predict` builds one from a Bundle and a hook
+    from its prefetch (`inference.record.FhirResources`), and the record's subject id; (None,
+    None) when they give no event up to `prediction_time`; the mapping's `FhirInputError` is
+    raised."""
+    record = FhirResources(resources.texts, mapping, prediction_time, patient_id=patient)
+    try:
+        prepared = record.prepare(predictor, task)
+    except NoEventsError:
+        return None, None
+    assert prepared.fhir is not None  # FHIR resources' record
+    return prepared, prepared.fhir.subject_id
 
 
 @dataclass(frozen=True)

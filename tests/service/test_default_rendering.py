@@ -144,7 +144,8 @@ def test_the_readme_s_first_request_answers_as_the_readme_shows(default_api: Tes
     """The README's first request (a held-out MIMIC-IV ICU stay shipped as a file) through the
     service with no settings: every field the README's response shows is in the answer, and the
     compression it exists for is visible (at least 30 % fewer prompt tokens)."""
-    answer = default_api.post("/predict", content=EXAMPLE.read_bytes())
+    json_type = {"content-type": "application/json"}
+    answer = default_api.post("/predict", content=EXAMPLE.read_bytes(), headers=json_type)
     assert answer.status_code == 200, answer.text
     body = answer.json()
     assert body["tokens"]["compression_rate"] >= 0.30
