@@ -33,7 +33,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -41,6 +41,7 @@ from urllib.parse import parse_qs, urlsplit
 import jwt
 
 from batch.fhir_export import referenced_id
+from tests.support.http_thread import serving_in_thread
 
 ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
 ALGORITHMS = ["RS384", "ES384"]
@@ -407,12 +408,6 @@ def smart_configuration(server: BulkServer) -> dict[str, Any]:
 @contextmanager
 def serving_bulk_data(server: BulkServer) -> Iterator[BulkServer]:
     """`server` on 127.0.0.1 (a free port) while the block runs; `server.url` is set."""
-    http = ThreadingHTTPServer(("127.0.0.1", 0), _handler(server))
-    server.url = f"http://127.0.0.1:{http.server_address[1]}"
-    thread = threading.Thread(target=http.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving_in_thread(_handler(server)) as http:
+        server.url = f"http://127.0.0.1:{http.server_address[1]}"
         yield server
-    finally:
-        http.shutdown()
-        http.server_close()

@@ -4,18 +4,19 @@ HTTP on 127.0.0.1 (a thread), and the JWTs it signs for each call (PyJWT)."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import jwt
 from cryptography.hazmat.primitives.asymmetric import ec
 from jwt.algorithms import ECAlgorithm
+
+from tests.support.http_thread import serving_in_thread
 
 ISSUER = "https://ehr.test.invalid"
 TENANT = "tenant-a"
@@ -81,13 +82,7 @@ def serving_ehr() -> Iterator[Ehr]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    ehr = Ehr(jwks_url=f"http://127.0.0.1:{server.server_address[1]}/jwks")
-    document["jwks"] = json.dumps(ehr.jwks()).encode()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving_in_thread(Handler) as server:
+        ehr = Ehr(jwks_url=f"http://127.0.0.1:{server.server_address[1]}/jwks")
+        document["jwks"] = json.dumps(ehr.jwks()).encode()
         yield ehr
-    finally:
-        server.shutdown()
-        server.server_close()

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
+
+from tests.support.http_thread import serving_in_thread
 
 STREAM_SEND_BUFFER = 32 * 1024
 """Socket send buffer of a streamed answer: a client that stops reading stops the sending soon."""
@@ -100,16 +101,9 @@ def hostile_fhir() -> Iterator[HostileFhir]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    fhir = HostileFhir(f"http://127.0.0.1:{server.server_address[1]}")
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving_in_thread(Handler) as server:
+        fhir = HostileFhir(f"http://127.0.0.1:{server.server_address[1]}")
         yield fhir
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def audit_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
