@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from batch.job import SUMMARY_FILE
-from benchmarks.bench_predict import _records, agreement, run_command, run_system
+from benchmarks.bench_predict import agreement, run_command, run_records, run_system
 from benchmarks.results_file import write_results
 
 SUBJECT_OFFSET = 100_000_000
@@ -231,7 +231,7 @@ def agreements(work: Path) -> dict[str, Any]:
         if {a, b} <= done
     }
     if {"meds", "fhir"} <= done:
-        meds, fhir = (_records(work / f"predict-{s}") for s in ("meds", "fhir"))
+        meds, fhir = (run_records(work / f"predict-{s}") for s in ("meds", "fhir"))
         found["token_counts_differ"] = [
             {
                 "record": r,

@@ -109,7 +109,8 @@ def run_command(command: list[str], out: Path) -> dict[str, Any]:
     }
 
 
-def _records(out: Path) -> dict[int, dict[str, Any]]:
+def run_records(out: Path) -> dict[int, dict[str, Any]]:
+    """A `medtpe predict` run's per-record rows (`*.records.pq` under `out`) by record number."""
     tables = [pq.read_table(p) for p in sorted(out.rglob(f"*{RECORDS_SUFFIX}"))]
     return {r["record"]: r for r in pa.concat_tables(tables).to_pylist()}
 
@@ -117,7 +118,7 @@ def _records(out: Path) -> dict[int, dict[str, Any]]:
 def agreement(first: Path, second: Path) -> dict[str, Any]:
     """How two runs' records compare: same prediction, answer text and token counts, same
     p(yes) to the last bit, and the largest p(yes) difference."""
-    a, b = _records(first), _records(second)
+    a, b = run_records(first), run_records(second)
     common = [r for r in a if r in b]
 
     def same(*keys: str) -> int:
