@@ -198,8 +198,11 @@ async def _together(jobs: Mapping[str, Coroutine[None, None, T]]) -> dict[str, T
     try:
         async with asyncio.TaskGroup() as group:
             tasks = {key: group.create_task(job) for key, job in jobs.items()}
-    except* FhirFetchError as failed:
-        raise failed.exceptions[0] from None
+    except ExceptionGroup as failed:  # not `except*`: Python 3.11.2 re-wraps what it raises
+        first = next((e for e in failed.exceptions if isinstance(e, FhirFetchError)), None)
+        if first is None:
+            raise
+        raise first from None
     return {key: task.result() for key, task in tasks.items()}
 
 
