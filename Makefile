@@ -41,8 +41,9 @@ serve: model
 	$(BIN)/medtpe serve --host $(HOST) --port $(PORT)
 
 # Prometheus and promtool for the deployment tests, headless Chromium and its WebDriver for the
-# compression page's browser test, redis-server for the shared-state tests (Debian packages),
-# each only when missing.
+# compression page's browser test, redis-server for the shared-state tests, PostgreSQL's server
+# for the ledger tests (tests start their own: initdb and pg_ctl on a free port) (Debian
+# packages), each only when missing.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_INSTALL := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends
 deps-system:
@@ -52,6 +53,8 @@ deps-system:
 	  { $(SUDO) apt-get update -q && $(APT_INSTALL) chromium chromium-driver; }
 	command -v redis-server >/dev/null || \
 	  { $(SUDO) apt-get update -q && $(APT_INSTALL) redis-server; }
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+	  { $(SUDO) apt-get update -q && $(APT_INSTALL) postgresql; }
 
 # Validators of the deployment files (hadolint, kubernetes-validate, docker compose).
 DEPLOY_STAMP := $(VENV)/.deploy-tools
