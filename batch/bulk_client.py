@@ -21,6 +21,13 @@ elsewhere is refused, a file elsewhere is fetched without it when the manifest s
 token (`requiresAccessToken: false`) and refused when they do; redirects are followed by hand, at
 most `MAX_REDIRECTS`, the token only on hops to the server's origin. A 401 gets one new token and
 one more try; 429 / 503 wait `Retry-After` (bounded); an OperationOutcome is the error's text.
+
+Nothing of the manifest is trusted: before any download every entry is checked
+(`check_manifest`: `type` one of FHIR R4's resource types, `url` an HTTPS URL (loopback: HTTP)
+that the token may reach, `count` a whole number), a bad one refused with a `ManifestError`
+naming its field, and the export not done. Local file names are made by the client (the checked
+type and its own index), never taken from the manifest, and every file written is checked to
+resolve inside the export directory (a symbolic link planted there is refused).
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from batch.fhir_http import (
     resolve,
     retry_after_s,
 )
+from batch.fhir_resource_types import R4_RESOURCE_TYPES
 from batch.smart_backend import ClientKey, SmartBackendAuth
 from medtpe_core.fhir.mapping import READ_TYPES
 
@@ -73,6 +81,10 @@ class ExportFailedError(FhirServerError):
 
 class ExportGoneError(ExportFailedError):
     """The status URL is no longer known to the server (expired or cancelled export)."""
+
+
+class ManifestError(ExportFailedError):
+    """The server's manifest holds what the client refuses (the message names the field)."""
 
 
 @dataclass(frozen=True)
@@ -235,11 +247,7 @@ class BulkDataClient:
 
     def _manifest(self, reply: Reply) -> dict[str, Any]:
         manifest = reply.json()
-        outputs = manifest.get("output") if isinstance(manifest, dict) else None
-        if not isinstance(outputs, list) or not all(
-            isinstance(o, dict) and isinstance(o.get("url"), str) for o in outputs
-        ):
-            raise ExportFailedError("the export's manifest has no list of output files")
+        check_manifest(manifest, self.base)
         return manifest
 
     def cancel(self, status_url: str) -> None:
@@ -258,12 +266,14 @@ class BulkDataClient:
     ) -> Path:
         """One output file into `target` (`.ndjson`; `.ndjson.gz` when sent gzip encoded),
         resuming a `.part` left by an earlier run; the file's path."""
+        for suffix in (".part", ".gz.part"):
+            inside(target.parent, target.name + suffix)
         for suffix in ("", ".gz"):
-            done = target.with_name(target.name + suffix)
+            done = inside(target.parent, target.name + suffix)
             if done.is_file():
                 return done
         if requires_token and origin(url) != self.origin:
-            raise FhirServerError(
+            raise ManifestError(
                 f"the manifest asks for the access token at {url}, not the FHIR server's "
                 "origin: refused"
             )
@@ -363,7 +373,7 @@ class BulkDataClient:
         start = time.perf_counter()
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        state_path = directory / STATE_FILE
+        state_path = inside(directory, STATE_FILE)
         wanted = {"base": self.base, "request": asdict(request)}
         state: dict[str, Any] = {}
         if state_path.is_file():
@@ -393,7 +403,7 @@ class BulkDataClient:
         return self._result(directory, state, downloaded, resumed, start)
 
     def _download_all(self, manifest: dict[str, Any], directory: Path, progress: bool) -> int:
-        requires_token = bool(manifest.get("requiresAccessToken", True))
+        requires_token = check_manifest(manifest, self.base)
         local: dict[str, Any] = {
             k: manifest.get(k) for k in ("transactionTime", "request", "requiresAccessToken")
         }
@@ -403,17 +413,16 @@ class BulkDataClient:
             for key in ("output", "error"):
                 entries = []
                 for entry in manifest.get(key) or []:
-                    kind = str(entry.get("type") or "OperationOutcome")
-                    name = f"{kind}.{per_type[kind]:03d}.ndjson"
+                    kind = entry.get("type") or "OperationOutcome"  # checked: an R4 type
+                    name = f"{kind}.{per_type[kind]:03d}.ndjson"  # made here, never the server's
                     if key == "error":
                         name = f"error.{name}"
                     per_type[kind] += 1
                     url = resolve(self.base, entry["url"])
-                    check_secure(url, "an output file")
-                    path = self.download(url, directory / name, requires_token, bar)
+                    path = self.download(url, inside(directory, name), requires_token, bar)
                     entries.append({**entry, "url": path.name})
                 local[key] = entries
-        _write_json(directory / MANIFEST, local)  # last: the directory is complete
+        _write_json(inside(directory, MANIFEST), local)  # last: the directory is complete
         return _bytes_in(directory) - before
 
     def _result(
@@ -440,6 +449,63 @@ class _Retry(Exception):
     def __init__(self, status: int, wait: float) -> None:
         super().__init__(status)
         self.status, self.wait = status, wait
+
+
+def check_manifest(manifest: Any, base: str) -> bool:
+    """Refuse a manifest (`ManifestError` naming the field) unless every `output` and `error`
+    entry has a `type` of FHIR R4's resource types (an `error` entry may leave it out), a `url`
+    that resolves against `base` to HTTPS (loopback: HTTP) on the FHIR server's origin when the
+    files need the token, and a `count`, if any, that is a whole number; whether the files need
+    the access token (`requiresAccessToken`, true when absent)."""
+    if not isinstance(manifest, dict):
+        raise ManifestError("the export's manifest is no JSON object: refused")
+    requires_token = manifest.get("requiresAccessToken", True)
+    if not isinstance(requires_token, bool):
+        raise ManifestError(_refused("requiresAccessToken", requires_token, "is no boolean"))
+    if not isinstance(manifest.get("output"), list):
+        raise ManifestError("the export's manifest has no list of output files (output)")
+    if not isinstance(manifest.get("error", []), list):
+        raise ManifestError(_refused("error", manifest["error"], "is no list"))
+    for key in ("output", "error"):
+        for index, entry in enumerate(manifest.get(key) or []):
+            where = f"{key}[{index}]"
+            if not isinstance(entry, dict):
+                raise ManifestError(_refused(where, entry, "is no JSON object"))
+            kind = entry.get("type", "OperationOutcome" if key == "error" else None)
+            if not (isinstance(kind, str) and kind in R4_RESOURCE_TYPES):
+                raise ManifestError(_refused(f"{where}.type", kind, "is no FHIR R4 resource type"))
+            count = entry.get("count", 0)
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise ManifestError(_refused(f"{where}.count", count, "is no whole number"))
+            url = entry.get("url")
+            try:
+                if not isinstance(url, str):
+                    raise ValueError("no string")
+                absolute = resolve(base, url)
+                check_secure(absolute, "the file")
+            except (ValueError, FhirServerError) as exc:
+                raise ManifestError(_refused(f"{where}.url", url, f"is refused ({exc})")) from None
+            if requires_token and origin(absolute) != origin(base):
+                raise ManifestError(
+                    f"the manifest asks for the access token at {absolute} ({where}.url), not the "
+                    "FHIR server's origin: refused"
+                )
+    return requires_token
+
+
+def _refused(field: str, value: Any, why: str) -> str:
+    shown = repr(value)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return f"the export's manifest: {field} {shown} {why}: refused"
+
+
+def inside(directory: Path, name: str) -> Path:
+    """`directory / name`, refused (`FhirServerError`) unless it resolves to a file directly in
+    `directory` (a name with a separator, `..`, or a symbolic link leading elsewhere)."""
+    path = Path(directory) / name
+    if Path(name).name != name or path.resolve().parent != Path(directory).resolve():
+        raise FhirServerError(f"{path} is not a file of {directory}: refused")
+    return path
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

@@ -21,9 +21,16 @@ read in order (a base export, then `_since` increments) give each patient's curr
 The pass records each Patient's MEDS subject id (`meds_from_fhir` of the Patient alone, as the
 whole record gives it).
 
-Never a crash on the data: a line that is no JSON object with a `resourceType`, a mapped resource
-that names no patient, or a malformed patient reference is counted and written to an issues file
-with its file and line; resources of types the mapping does not read are counted per type.
+Never a crash on the data: a line that is no JSON object with a `resourceType` (not UTF-8, not
+JSON, nested deeper than `MAX_JSON_DEPTH`, longer than `MAX_LINE_BYTES`), a mapped resource that
+names no patient, a malformed patient reference, a Patient the mapping cannot read, or a file that
+breaks off (a damaged gzip stream: its lines before the break are read) is counted and written to
+an issues file with its file and line, and the pass goes on; resources of types the mapping does
+not read are counted per type (types FHIR R4 does not name together, as `(other)`). The depth is
+checked on the bytes before any JSON parser sees a line, so no parser's recursion is reached.
+A bucket file is a sequence of length-prefixed records (`_RECORD`: the lengths and positions, then
+the patient id, the resource key, the shared references and the line's bytes as they are), so no
+byte of a resource can break it; the ids it holds are FHIR ids (`FHIR_ID`), checked.
 
     partition = partition_export(export_files(Path("export")), Path("work"), mapping=mapping)
     for patient, resources in partition.patients_of(0):
@@ -52,10 +59,12 @@ from typing import IO, Any, NamedTuple
 from urllib.parse import urlparse
 
 import msgspec
+import numpy as np
 from tqdm import tqdm
 
 from batch.defaults import DEFAULT_BUCKET_MIB
-from medtpe_core.fhir import FhirInputError, SiteMapping, load_site_mapping, meds_from_fhir
+from batch.fhir_resource_types import R4_RESOURCE_TYPES
+from medtpe_core.fhir import SiteMapping, load_site_mapping, meds_from_fhir
 from medtpe_core.fhir.mapping import READ_TYPES
 
 MANIFEST = "manifest.json"
@@ -65,6 +74,11 @@ SHARED_TYPES = frozenset({"Medication", "Location"})
 """Resources of no patient that patients' resources reference and the mapping reads."""
 MAX_LINE_BYTES = 16 * 1024 * 1024
 """A longer line is counted as unreadable and skipped (no resource the mapping reads is near)."""
+MAX_JSON_DEPTH = 100
+"""A line nested deeper (arrays and objects) is counted as unreadable and skipped, before it is
+parsed (FHIR resources nest about ten deep; a QuestionnaireResponse's items some more)."""
+OTHER_TYPE = "(other)"
+"""`not_read`'s count of resources whose `resourceType` FHIR R4 does not name."""
 GZIP_RATIO = 8
 """The assumed inflation of a gzip file whose trailer cannot tell its size (over 4 GiB)."""
 FHIR_ID = re.compile(r"[A-Za-z0-9\-.]{1,64}")
@@ -130,6 +144,21 @@ def estimated_bytes(path: Path) -> int:
     return inflated if inflated >= size else size * GZIP_RATIO
 
 
+_JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
+_DEPTH_STEP = np.zeros(256, np.int8)
+_DEPTH_STEP[list(b"[{")] = 1
+_DEPTH_STEP[list(b"]}")] = -1
+
+
+def nested_deeper_than(text: bytes, limit: int) -> bool:
+    """Whether JSON `text` nests arrays and objects more than `limit` deep (brackets inside
+    strings not counted), found without parsing it: no recursion, linear in its length."""
+    if text.count(b"[") + text.count(b"{") <= limit:
+        return False
+    outside = np.frombuffer(_JSON_STRING.sub(b"", text), np.uint8)
+    return bool(outside.size) and int(np.cumsum(_DEPTH_STEP[outside], dtype=np.int64).max()) > limit
+
+
 def read_lines(path: Path) -> Iterator[tuple[int, bytes | None]]:
     """(line number from 1, the line without its end) of an NDJSON file, gzip read as a stream;
     a line over `MAX_LINE_BYTES` is given as None (and skipped to its end)."""
@@ -193,7 +222,7 @@ def _shared_references(head: _Head) -> list[str]:
             )
             if location:
                 found.append(f"Location/{location}")
-    return [key for key in found if "\t" not in key and " " not in key]
+    return [key for key in found if FHIR_ID.fullmatch(key.split("/", 1)[1])]
 
 
 class Line(NamedTuple):
@@ -315,20 +344,29 @@ class PatientResources:
         return {"resourceType": "Bundle", "type": "searchset", "entry": entries}
 
 
+_RECORD = struct.Struct("<IIIQII")
+"""A bucket record's head: the lengths of the patient id and the resource key, the file index and
+line number, the lengths of the shared references and of the line; the four follow it."""
+
+
+def bucket_record(
+    patient: bytes, key: bytes, file: int, line: int, refs: bytes, text: bytes
+) -> bytes:
+    """One bucket record (`_RECORD` then its four byte strings, as they are)."""
+    head = _RECORD.pack(len(patient), len(key), file, line, len(refs), len(text))
+    return b"".join((head, patient, key, refs, text))
+
+
 def _bucket_of(patient: str, n_buckets: int) -> int:
     return zlib.crc32(patient.encode()) % n_buckets
 
 
 def subject_of(patient: str, patient_text: bytes | None, mapping: SiteMapping) -> int:
     """A patient's MEDS subject id as its whole record gives it (`meds_from_fhir`): from its
-    Patient resource when it has one (an unreadable one: from the id, the record then fails
-    with its error), else from the referenced id."""
-    if patient_text is not None:
-        try:
-            return meds_from_fhir([patient_text], mapping=mapping, patient_id=patient).subject_id
-        except FhirInputError:
-            pass
-    return meds_from_fhir([], mapping=mapping, patient_id=patient).subject_id
+    Patient resource when it has one, else from the referenced id. The mapping's errors on the
+    Patient resource are raised (the caller falls back on `subject_of(patient, None, ...)`)."""
+    texts = [patient_text] if patient_text is not None else []
+    return meds_from_fhir(texts, mapping=mapping, patient_id=patient).subject_id
 
 
 @dataclass(frozen=True)
@@ -343,7 +381,7 @@ class Partition:
 
     def bucket_path(self, bucket: int) -> Path:
         """Where bucket `bucket` lies."""
-        return self.work_dir / f"bucket-{bucket:05d}.tsv"
+        return self.work_dir / f"bucket-{bucket:05d}.bin"
 
     def subjects(self) -> dict[str, int]:
         """Every patient's subject id, by patient id (sorted by id)."""
@@ -372,25 +410,28 @@ class Partition:
 
 
 class Bucket:
-    """One bucket file opened for reading by patient: an index of where each patient's rows lie
-    (runs of adjacent rows, 16 bytes each, made in one read of the file), their resources read
-    when asked for. Memory: the index and the patient read, not the bucket."""
+    """One bucket file opened for reading by patient: an index of where each patient's records
+    lie (runs of adjacent records, 16 bytes each, made in one read of the file), their resources
+    read when asked for. Memory: the index and the patient read, not the bucket."""
 
     def __init__(self, partition: Partition, bucket: int) -> None:
         self.partition = partition
         self.runs: dict[bytes, array[int]] = {}
         with partition.bucket_path(bucket).open("rb") as file:
             position = 0
-            for row in file:
-                patient = row[: row.index(b"\t")]
+            while head := file.read(_RECORD.size):
+                patient_len, key_len, _, _, refs_len, text_len = _RECORD.unpack(head)
+                patient = file.read(patient_len)
+                file.seek(key_len + refs_len + text_len, os.SEEK_CUR)
+                length = _RECORD.size + patient_len + key_len + refs_len + text_len
                 runs = self.runs.get(patient)
                 if runs is None:
-                    self.runs[patient] = array("q", (position, len(row)))
+                    self.runs[patient] = array("q", (position, length))
                 elif runs[-2] + runs[-1] == position:
-                    runs[-1] += len(row)
+                    runs[-1] += length
                 else:
-                    runs.extend((position, len(row)))
-                position += len(row)
+                    runs.extend((position, length))
+                position += length
         self.fd = os.open(partition.bucket_path(bucket), os.O_RDONLY)
         self.shared = SharedResources(partition.work_dir / SHARED_FILE)
 
@@ -418,11 +459,21 @@ class Bucket:
         own: dict[str | int, Line] = {}
         number = 0
         for start, length in zip(runs[::2], runs[1::2], strict=True):
-            for row in os.pread(self.fd, length, start).splitlines():
-                _, key, index, line, refs, text = row.split(b"\t", 5)
-                name: str | int = key.decode() if key != b"-" else number
+            data = os.pread(self.fd, length, start)
+            at = 0
+            while at < len(data):
+                patient_len, key_len, index, line, refs_len, text_len = _RECORD.unpack_from(
+                    data, at
+                )
+                at += _RECORD.size + patient_len
+                key = data[at : at + key_len].decode()
+                refs = data[at + key_len : at + key_len + refs_len].decode()
+                at += key_len + refs_len
+                text = data[at : at + text_len]
+                at += text_len
+                name: str | int = key or number
                 own.pop(name, None)
-                own[name] = Line(int(index), int(line), tuple(refs.decode().split()), text)
+                own[name] = Line(index, line, tuple(refs.split()), text)
                 number += 1
         lines = list(own.values())
         keys = list(dict.fromkeys(key for line in lines for key in line.refs))
@@ -493,22 +544,30 @@ class _Pass:
             return
         if not text.strip():
             return
+        if nested_deeper_than(text, MAX_JSON_DEPTH):
+            self.issues.add(name, number, f"unreadable: nested over {MAX_JSON_DEPTH} deep")
+            return
         try:
             head = _HEAD.decode(text)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             self.issues.add(name, number, f"unreadable: not a JSON object ({exc})")
+            return
+        except UnicodeDecodeError as exc:
+            self.issues.add(name, number, f"unreadable: not UTF-8 (byte {exc.start})")
             return
         resource_type = head.resourceType
         if not isinstance(resource_type, str):
             self.issues.add(name, number, "unreadable: no resourceType")
             return
         if resource_type not in READ_TYPES:
-            self.not_read[resource_type] += 1
+            self.not_read[resource_type if resource_type in R4_RESOURCE_TYPES else OTHER_TYPE] += 1
             return
         resource_id = head.id if isinstance(head.id, str) else None
         if resource_type in SHARED_TYPES:
-            if resource_id is None:
-                self.issues.add(name, number, "no id: a shared resource without one", resource_type)
+            if resource_id is None or not FHIR_ID.fullmatch(resource_id):
+                self.issues.add(
+                    name, number, "no id: a shared resource without a FHIR id", resource_type
+                )
                 return
             self.pending_shared.append((f"{resource_type}/{resource_id}", index, number, text))
             self.shared_counts[resource_type] += 1
@@ -528,19 +587,28 @@ class _Pass:
             self.issues.add(name, number, f"no patient: {patient[:80]!r} is no FHIR id")
             return
         if resource_type == "Patient":
-            self.subjects[patient] = subject_of(patient, text, self.mapping)
+            self.subjects[patient] = self.patient_subject(patient, text, name, number)
         else:
             self.referenced.add(patient)
         refs = " ".join(_shared_references(head)).encode()
         key = (
             f"{resource_type}/{resource_id}"
             if resource_id and FHIR_ID.fullmatch(resource_id)
-            else "-"
+            else ""
         )
         bucket = self.buckets[self.partition.bucket_of(patient)]
-        row = b"\t".join((patient.encode(), key.encode(), b"%d\t%d" % (index, number), refs, text))
-        bucket.write(row + b"\n")
+        bucket.write(bucket_record(patient.encode(), key.encode(), index, number, refs, text))
         self.grouped[resource_type] += 1
+
+    def patient_subject(self, patient: str, text: bytes, name: str, number: int) -> int:
+        """A Patient's subject id; one the mapping cannot read is an issue, and the subject id
+        the patient's id gives (the patient's record then fails with the mapping's error)."""
+        try:
+            return subject_of(patient, text, self.mapping)
+        except Exception as exc:  # the mapping's error on one resource never stops the pass
+            reason = f"unmappable: the Patient: {type(exc).__name__}: {exc}"[:500]
+            self.issues.add(name, number, reason, "Patient")
+            return subject_of(patient, None, self.mapping)
 
     def flush_shared(self) -> None:
         self.shared.put_many(self.pending_shared)
@@ -582,7 +650,7 @@ def partition_export(
     work_dir.mkdir(parents=True, exist_ok=True)
     (work_dir / PARTITION_FILE).unlink(missing_ok=True)
     (work_dir / SHARED_FILE).unlink(missing_ok=True)
-    for old in work_dir.glob("bucket-*.tsv"):
+    for old in work_dir.glob("bucket-*.*"):
         old.unlink()
     start = time.perf_counter()
     names = tuple(str(f.path) for f in files)
@@ -597,12 +665,20 @@ def partition_export(
         ) as bar:
             for index, file in enumerate(files):
                 read = 0
-                for number, text in read_lines(file.path):
-                    state.line(index, number, text)
-                    size = len(text) + 1 if text is not None else MAX_LINE_BYTES
-                    counts.bytes += size
-                    bar.update(size)
-                    read = number
+                try:
+                    for number, text in read_lines(file.path):
+                        read = number
+                        try:
+                            state.line(index, number, text)
+                        except Exception as exc:  # one line never stops the pass
+                            reason = f"unreadable: {type(exc).__name__}: {exc}"[:500]
+                            issues.add(names[index], number, reason)
+                        size = len(text) + 1 if text is not None else MAX_LINE_BYTES
+                        counts.bytes += size
+                        bar.update(size)
+                except (OSError, EOFError, zlib.error) as exc:  # a damaged or truncated gzip file
+                    reason = f"unreadable: the file breaks off: {type(exc).__name__}: {exc}"[:500]
+                    issues.add(names[index], read + 1, reason)
                 counts.lines += read
                 if file.count is not None and file.count != read:
                     counts.manifest_counts[names[index]] = [file.count, read]

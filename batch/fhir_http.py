@@ -20,6 +20,10 @@ MAX_JSON_BYTES = 16 * 1024 * 1024
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 """Hosts reached over plain HTTP (tests, a server's sidecar); any other needs HTTPS."""
 DEFAULT_PORTS = {"http": 80, "https": 443}
+MAX_HEADER_DIGITS = 9
+"""The most digits of a numeric header read (`Retry-After` seconds; more waits the default)."""
+MAX_HTTP_DATE_CHARS = 64
+"""The longest `Retry-After` read as an HTTP date (longer: the default wait)."""
 RETRIED_STATUSES = frozenset({429, 503})
 """Statuses retried after the server's `Retry-After`."""
 
@@ -70,14 +74,15 @@ def resolve(base: str, reference: str) -> str:
 
 
 def retry_after_s(headers: httpx.Headers, settings: HttpSettings) -> float:
-    """The wait a response asks for (`Retry-After` seconds or HTTP date), within the caps."""
+    """The wait a response asks for (`Retry-After` seconds or HTTP date), within the caps; any
+    other value (`²`, a number of 5,000 digits, a bad date) waits the default."""
     value = headers.get("Retry-After")
     wait = settings.default_wait_s
     if value:
         value = value.strip()
-        if value.isdigit():
+        if is_ascii_number(value, MAX_HEADER_DIGITS):
             wait = float(value)
-        else:
+        elif len(value) <= MAX_HTTP_DATE_CHARS:
             try:
                 when = email.utils.parsedate_to_datetime(value)
             except (TypeError, ValueError):
@@ -87,6 +92,12 @@ def retry_after_s(headers: httpx.Headers, settings: HttpSettings) -> float:
                     when = when.replace(tzinfo=UTC)
                 wait = (when - datetime.now(UTC)).total_seconds()
     return min(max(wait, 0.0), settings.max_wait_s)
+
+
+def is_ascii_number(text: str, max_digits: int) -> bool:
+    """Whether `text` is 1 to `max_digits` ASCII digits (`str.isdigit` also accepts `²` and other
+    digits `int()` refuses)."""
+    return 0 < len(text) <= max_digits and text.isascii() and text.isdigit()
 
 
 def read_capped(response: httpx.Response, limit: int) -> bytes:

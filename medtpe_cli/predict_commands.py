@@ -41,7 +41,8 @@ def _partition(value: str | None) -> tuple[int, int] | None:
     if value is None:
         return None
     index, _, count = value.partition("/")
-    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+    numbers = index.isascii() and count.isascii() and index.isdigit() and count.isdigit()
+    if not (numbers and len(index) <= 9 and len(count) <= 9 and int(index) < int(count)):
         raise click.BadParameter(f"{value!r} is not I/N with 0 <= I < N", param_hint="--partition")
     return int(index), int(count)
 
@@ -325,7 +326,6 @@ def predict(
     """Score every record of a MEDS dataset or a FHIR Bulk Data export into meds-evaluation
     predictions, shard by shard (resumable: shards already written are skipped)."""
     from batch.job import Job, run_local
-    from evaluation.runner import Sampling
     from inference.model import ModelConfig
     from medtpe_core.tasks import get_task
     from training.export import prepare_model_files
@@ -348,12 +348,7 @@ def predict(
         split=options.split_name(split),
         partition=_partition(partition),
         limit=limit,
-        sampling=Sampling(
-            n_samples=n_samples,
-            temperature=options.sampling_temperature(n_samples, temperature),
-            max_new_tokens=max_new_tokens,
-            constrained=constrained,
-        ),
+        sampling=options.sampling(n_samples, temperature, max_new_tokens, constrained),
         concurrency=concurrency,
     )
     config = ModelConfig.from_options(
