@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from batch.bulk_client import (
@@ -27,18 +26,10 @@ from batch.fhir_export import MANIFEST, export_files, patient_bundles, read_line
 from batch.fhir_http import FhirServerError, HttpSettings
 from batch.smart_backend import KEY_ENV, ClientKey, SmartAuthError, public_jwks
 from medtpe_cli.predict_commands import _fhir_source
-from tests.support.bulk_server import BulkServer, serving_bulk_data
+from tests.support.bulk_server import BulkServer, pem, server_access, serving_bulk_data
 
 CLIENT = "medtpe-nightly"
 FAST = ExportSettings(http=HttpSettings(default_wait_s=0.01, max_wait_s=0.05, retries=3))
-
-
-def pem(key: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
 
 
 def patient(number: int, updated: str) -> list[dict[str, Any]]:
@@ -89,9 +80,7 @@ def server(es_key: ClientKey, rsa_key: ClientKey) -> Iterator[BulkServer]:
 
 
 def access(server: BulkServer, key: ClientKey, tmp_path: Path) -> ServerAccess:
-    path = tmp_path / f"{key.kid}.pem"
-    path.write_bytes(pem(key.key))
-    return ServerAccess(server.base, CLIENT, path, key.kid)
+    return server_access(server, CLIENT, key, tmp_path)
 
 
 def exported_ids(directory: Path) -> dict[str, list[str]]:

@@ -39,8 +39,12 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+from batch.bulk_client import ServerAccess
 from batch.fhir_export import referenced_id
+from batch.smart_backend import ClientKey
 from tests.support.http_thread import serving_in_thread
 
 ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
@@ -403,6 +407,25 @@ def smart_configuration(server: BulkServer) -> dict[str, Any]:
         "scopes_supported": ["system/*.rs"],
         "capabilities": ["client-confidential-asymmetric"],
     }
+
+
+def pem(key: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey) -> bytes:
+    """A private key as unencrypted PKCS#8 PEM."""
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def server_access(
+    server: BulkServer, client_id: str, key: ClientKey, key_dir: Path
+) -> ServerAccess:
+    """How the client `client_id` reaches `server` with `key` (written as a PEM file in
+    `key_dir`)."""
+    path = key_dir / f"{key.kid}.pem"
+    path.write_bytes(pem(key.key))
+    return ServerAccess(server.base, client_id, path, key.kid)
 
 
 @contextmanager
