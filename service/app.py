@@ -1,5 +1,8 @@
 """The FastAPI application: the API routes, the CDS Hooks service (`/cds-services`),
-`/healthz`, `/readyz`, `/metrics` and the compression page (`/ui/`, service/ui.py).
+`/healthz`, `/readyz`, `/metrics`, the API's description (`/openapi.json`, `/docs`, `/redoc`,
+service/api_docs.py) and the compression page (`/ui/`, service/ui.py). Every log line of the
+process has its secrets masked (`medtpe_core.secret_masking`, the settings' keys and URL
+passwords registered).
 
 The engine starts in the background when the app starts (the prepared model files checked and
 loaded, engine start, one warm-up generation), so `/healthz` answers at once and `/readyz` turns
@@ -20,10 +23,12 @@ from fastapi.openapi.utils import get_openapi
 
 from inference.engine import EngineFactory
 from inference.engine_factories import start_vllm
+from medtpe_core.secret_masking import install_log_masking
 from service import probes, routes
+from service.api_docs import install_api_docs
 from service.cds_hooks.routes import install_cds_hooks
 from service.errors import InternalErrors, install_error_handlers
-from service.limits import BodySizeLimit
+from service.limits import BodyLimits
 from service.schemas import API_KEY_SCHEMES, BUDGET
 from service.settings import ServiceSettings
 from service.state import ServiceState
@@ -38,7 +43,9 @@ def create_app(
     """The service app; the engine (vLLM unless `engine_factory` says otherwise) starts with the
     app, in the background, and stops with it. `salt_secret` keys the callers' cache salts
     (service/tenancy.py; None: drawn now)."""
-    state = ServiceState(settings or ServiceSettings(), engine_factory, salt_secret)
+    settings = settings or ServiceSettings()
+    install_log_masking(settings.secrets())
+    state = ServiceState(settings, engine_factory, salt_secret)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -55,17 +62,27 @@ def create_app(
         version="0.1.0",
         summary="Clinical predictions from MEDS events with losslessly compressed prompts.",
         lifespan=lifespan,
+        openapi_url=None,  # served by service.api_docs, behind the API key
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.service = state
     install_error_handlers(app, state.metrics)
+    rejections = state.metrics.rejections
     app.add_middleware(
-        BodySizeLimit,
-        max_bytes=state.settings.max_request_bytes,
-        on_reject=state.metrics.rejections.labels("too_large").inc,
+        BodyLimits,
+        max_bytes=settings.max_request_bytes,
+        deadline_s=settings.request_timeout_s,
+        on_reject=lambda reason: rejections.labels(reason).inc(),
     )
-    app.add_middleware(InternalErrors, on_error=state.metrics.errors.labels("internal").inc)
+    app.add_middleware(
+        InternalErrors,
+        on_error=state.metrics.errors.labels("internal").inc,
+        on_disconnect=rejections.labels("client_disconnected").inc,
+    )
     app.include_router(routes.router)
     app.include_router(probes.router)
+    install_api_docs(app)
     install_cds_hooks(app, state)
     install_ui(app)
     app.openapi = partial(_openapi, app, state)  # type: ignore[method-assign]

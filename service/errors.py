@@ -1,7 +1,7 @@
 """API errors: one exception type carrying status, error code and detail, one JSON body shape
 (`{"error": code, "detail": ...}`), the handlers that count rejections by reason, and the last
 resort (`InternalErrors`): an exception no handler answers is a generic 500, logged by type and
-route only."""
+route only; a client gone before its body arrived is counted as the client's doing."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.metrics import ServiceMetrics
@@ -25,9 +26,10 @@ _HTTP_CODES = {
     401: "unauthorized",
     404: "not_found",
     405: "method_not_allowed",
+    408: "body_timeout",
     413: "too_large",
 }
-_HTTP_LOCS = {400: "body", 404: "path", 405: "method", 413: "body"}
+_HTTP_LOCS = {400: "body", 404: "path", 405: "method", 408: "body", 413: "body"}
 """Where the request is wrong, by the status Starlette or FastAPI answered."""
 INTERNAL_BODY = {"error": "internal", "detail": "internal error"}
 
@@ -70,11 +72,16 @@ class InternalErrors:
     """The last resort, inside Starlette's own: an exception nothing answered becomes a 500
     with a generic body, logged with its type and route only (its message and the request may
     hold record content), and counted as `internal`; never raised further (so the server logs
-    nothing of it either)."""
+    nothing of it either). A client that disconnected before its body was complete
+    (`ClientDisconnect`) gets no answer and is counted by `on_disconnect`: the client's doing,
+    not an internal error."""
 
-    def __init__(self, app: ASGIApp, on_error: Callable[[], None]) -> None:
+    def __init__(
+        self, app: ASGIApp, on_error: Callable[[], None], on_disconnect: Callable[[], None]
+    ) -> None:
         self.app = app
         self.on_error = on_error
+        self.on_disconnect = on_disconnect
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Run the app; answer an escaped exception with the 500, if nothing was sent yet."""
@@ -90,6 +97,8 @@ class InternalErrors:
 
         try:
             await self.app(scope, receive, tracking_send)
+        except ClientDisconnect:
+            self.on_disconnect()
         except Exception as exc:
             route = scope.get("route")
             where = getattr(route, "path", "unrouted")

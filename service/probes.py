@@ -1,5 +1,7 @@
-"""Unauthenticated endpoints for orchestrators and Prometheus: `/healthz`, `/readyz`, `/metrics`.
-All three read the instance's status from `ServiceState.status`."""
+"""Endpoints for orchestrators and Prometheus: `/healthz` and `/readyz` (always open) and
+`/metrics` (with `MEDTPE_API_KEYS` or `MEDTPE_METRICS_KEYS` set, a bearer token of either is
+required unless `MEDTPE_METRICS_PUBLIC=true`). All three read the instance's status from
+`ServiceState.status`."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ from dataclasses import asdict
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from service.schemas import HEALTH_RESPONSES, METRICS_RESPONSES, READY_RESPONSES
+from service.routes import caller_key
+from service.schemas import HEALTH_RESPONSES, METRICS_RESPONSES, READY_RESPONSES, TASK_NAMES
 from service.state import ServiceState
 
 _UNHEALTHY = ("failed", "engine_dead")
@@ -36,10 +39,10 @@ async def readyz(request: Request) -> JSONResponse:
     With the model loaded: its identity, the input budgets its artefact was validated at, the
     budget served, the modes it answers in (two with `MEDTPE_COMPARE_MODES=true`) and how it
     renders records against the artefact's build (`rendering`: whose code descriptions, whether
-    they and the renderer's version match the build's, their digest)."""
+    they and the renderer's version match the build's, their digest); always the task names."""
     state = _state(request)
     status = state.status
-    body: dict[str, object] = {"status": status}
+    body: dict[str, object] = {"status": status, "tasks": TASK_NAMES}
     if state.failure is not None:
         body["detail"] = state.failure
     if state.model is not None:
@@ -53,7 +56,12 @@ async def readyz(request: Request) -> JSONResponse:
 
 @router.get("/metrics", response_class=Response, responses=METRICS_RESPONSES)
 async def metrics(request: Request) -> Response:
-    """Prometheus exposition of the `medtpe_*` and the engine's `vllm:*` metrics."""
+    """Prometheus exposition of the `medtpe_*` and the engine's `vllm:*` metrics (a bearer
+    token of `MEDTPE_API_KEYS` or `MEDTPE_METRICS_KEYS` when either is set, unless
+    `MEDTPE_METRICS_PUBLIC=true`; 401 otherwise)."""
     state = _state(request)
+    settings = state.settings
+    if not settings.metrics_public:
+        caller_key(state, request, [*settings.api_keys, *settings.metrics_keys])
     state.publish_status()
     return Response(state.metrics.render(), media_type=state.metrics.content_type)

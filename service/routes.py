@@ -54,10 +54,13 @@ AUTHORIZATION_HEADER = "authorization"
 _BEARER = "bearer "
 
 
-def caller_key(state: ServiceState, request: Request) -> str | None:
-    """The caller's API key from `Authorization: Bearer KEY` or `X-API-Key: KEY`, when API keys
-    are configured (None when authentication is off); else a 401 naming the header."""
-    keys = state.settings.api_keys
+def caller_key(
+    state: ServiceState, request: Request, accepted: Sequence[str] | None = None
+) -> str | None:
+    """The caller's key from `Authorization: Bearer KEY` or `X-API-Key: KEY`, when keys are
+    configured (`accepted`, default the API keys; None when authentication is off); else a 401
+    naming the header."""
+    keys = state.settings.api_keys if accepted is None else accepted
     if not keys:
         return None
     given = request.headers.get(API_KEY_HEADER)
@@ -196,6 +199,10 @@ async def tokenize(body: TokenizeRequest, state: StateDep) -> TokenizeResponse:
     model = state.loaded(need_engine=False)
     task = _task(state, body.task, ["body", "task"]) if body.task is not None else None
     if body.text is not None:
+        limit = state.settings.max_tokenize_text_bytes
+        if len(body.text) > limit // 4 and len(body.text.encode()) > limit:
+            msg = f"at most {limit} UTF-8 bytes (MEDTPE_MAX_TOKENIZE_TEXT_BYTES)"
+            raise _invalid(state, ["body", "text"], msg, "too_long")
         async with served(state, "tokenize", "text", 1):
             seg = await asyncio.to_thread(model.predictor.segment, body.text)
             return tokenize_response(model.predictor.tokenizer, seg, None)

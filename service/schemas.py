@@ -33,6 +33,12 @@ from medtpe_core.meds.events import (
 from medtpe_core.tasks import Prediction, list_tasks
 
 TASK_NAMES = list_tasks()
+MAX_TASK_CHARS = 64
+"""Longest task name accepted (`task`); the names themselves are shorter."""
+MAX_EVENT_CODE_BYTES = 1024
+"""Longest event `code`, in UTF-8 bytes."""
+MAX_EVENT_TEXT_BYTES = 64 * 1024
+"""Longest event `text_value`, in UTF-8 bytes."""
 BUDGET = "max_input_tokens"
 """The name of the per-request input budget field (`PredictOptions`, `TokenizeRequest`)."""
 _TASK_FIELD = {"enum": TASK_NAMES}
@@ -74,7 +80,7 @@ def _columns(value: object, validate: ValidatorFunctionWrapHandler) -> object:
     them (`service.json_body`), else validated event by event and converted. Events of several
     subjects are refused at the first event whose `subject_id` differs from the first event's."""
     if isinstance(value, SubjectEvents):
-        return value
+        return _within_text_caps(value)
     events: list[MedsEvent] = validate(value)
     subject_id = events[0].subject_id
     other = next((i for i, e in enumerate(events) if e.subject_id != subject_id), None)
@@ -88,7 +94,28 @@ def _columns(value: object, validate: ValidatorFunctionWrapHandler) -> object:
         where = (other, "subject_id")
         detail = InitErrorDetails(type=error, loc=where, input=events[other].subject_id)
         raise ValidationError.from_exception_data("events", [detail])
-    return SubjectEvents.from_events(events)
+    return _within_text_caps(SubjectEvents.from_events(events))
+
+
+def _over(text: str | None, limit: int) -> bool:
+    """Whether `text` holds more than `limit` UTF-8 bytes (encoded only when it might)."""
+    return text is not None and len(text) * 4 > limit and len(text.encode()) > limit
+
+
+def _within_text_caps(events: SubjectEvents) -> SubjectEvents:
+    """`events`, once no `code` holds over `MAX_EVENT_CODE_BYTES` bytes and no `text_value` over
+    `MAX_EVENT_TEXT_BYTES`; else a validation error naming the field (`[..., events, code]`: the
+    events are sorted by time by now, so no request index is at hand)."""
+    for field, column, limit in (
+        ("code", events.codes, MAX_EVENT_CODE_BYTES),
+        ("text_value", events.text_values, MAX_EVENT_TEXT_BYTES),
+    ):
+        if any(_over(text, limit) for text in column):
+            message = "an event's {field} holds more than {limit} UTF-8 bytes"
+            error = PydanticCustomError("too_long", message, {"field": field, "limit": limit})
+            detail = InitErrorDetails(type=error, loc=(field,), input="")
+            raise ValidationError.from_exception_data("events", [detail])
+    return events
 
 
 class _EventColumns:
@@ -183,7 +210,9 @@ class PredictRequest(_Strict):
         },
     )
 
-    task: str = Field(description="Task name.", json_schema_extra=_TASK_FIELD)
+    task: str = Field(
+        description="Task name.", max_length=MAX_TASK_CHARS, json_schema_extra=_TASK_FIELD
+    )
     events: Events | None = Field(
         None,
         description="The record's MEDS events, all with the same `subject_id` (422 otherwise, "
@@ -326,9 +355,15 @@ class TokenizeRequest(_Strict):
         },
     )
 
-    text: str | None = Field(None, json_schema_extra=_left_out_not_null)
+    text: str | None = Field(
+        None,
+        description="A text to segment: at most `MEDTPE_MAX_TOKENIZE_TEXT_BYTES` UTF-8 bytes "
+        "(64 KiB by default; 422 beyond).",
+        json_schema_extra=_left_out_not_null,
+    )
     task: str | None = Field(
         None,
+        max_length=MAX_TASK_CHARS,
         json_schema_extra=lambda schema: _left_out_not_null(schema) or schema.update(_TASK_FIELD),
     )
     events: Events | None = Field(None, json_schema_extra=_left_out_not_null)
@@ -448,11 +483,12 @@ API_KEY_SCHEMES: dict[str, dict[str, Any]] = {
 with keys configured."""
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: _error("Malformed HTTP request."),
+    400: _error("Malformed HTTP request (a `Content-Length` that is no byte count included)."),
     401: _error(
         "No valid API key (when keys are configured).",
         **{"WWW-Authenticate": "`Bearer`"},
     ),
+    408: _error("Request body not received within `MEDTPE_REQUEST_TIMEOUT_S` (`body_timeout`)."),
     413: _error("Request body over `MEDTPE_MAX_REQUEST_BYTES`."),
     422: _error(
         "Invalid request: `error` is `invalid_request` or `unknown_task`, `detail` locates each "
@@ -483,6 +519,7 @@ class HealthStatus(BaseModel):
     max_input_tokens: int | None = Field(
         None, description="Readiness, model loaded: the input budget served."
     )
+    tasks: list[str] | None = Field(None, description="Readiness: the task names.")
     modes: list[str] | None = Field(
         None,
         description="Readiness, model loaded: the modes `/predict` answers in (the second with "

@@ -10,11 +10,11 @@ import difflib
 import ipaddress
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AnyHttpUrl, Field, field_validator, model_validator
+from pydantic import AnyHttpUrl, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from inference.engine import DistributedBackend, Dtype
@@ -22,6 +22,7 @@ from inference.model import ModelConfig
 from inference.predictor import Mode
 from medtpe_core.cds.risk import DEFAULT_TASK_BANDS, RiskBands
 from medtpe_core.prompt import WindowPolicy
+from medtpe_core.secret_masking import mask_secrets, url_secrets
 from medtpe_core.tasks import TASKS_DIR_ENV, UnknownTaskError, get_task
 from service.cds_hooks.jwt_auth import JWKS_GRACE_S, CdsIssuer
 from service.shared_state import STATE_URL_SCHEMES
@@ -102,10 +103,38 @@ class ServiceSettings(BaseSettings):
     request_timeout_s: float = Field(
         300.0, gt=0, description="Generation deadline per request (queue wait included); 504."
     )
-    max_request_bytes: int = Field(8 * 1024 * 1024, gt=0, description="Request body limit; 413.")
+    max_request_bytes: int = Field(
+        8 * 1024 * 1024,
+        gt=0,
+        description="Request body limit, by `Content-Length` or as the body arrives; 413. A body "
+        "not in full within `MEDTPE_REQUEST_TIMEOUT_S` of the request's start is cut: 408.",
+    )
+    max_tokenize_text_bytes: int = Field(
+        64 * 1024,
+        gt=0,
+        description="Longest `text` of `/tokenize`, in UTF-8 bytes; 422 at `[body, text]` (its "
+        "answer lists every token twice: about 14 times the text's size).",
+    )
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
+        repr=False,
         description="Comma-separated accepted API keys; empty turns authentication off.",
+    )
+    metrics_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        repr=False,
+        description="Comma-separated bearer tokens accepted at `/metrics` only (Prometheus' "
+        "scrape token), beside `MEDTPE_API_KEYS`; with either set, `/metrics` needs one.",
+    )
+    metrics_public: bool = Field(
+        False,
+        description="Serve `/metrics` without a key even when `MEDTPE_API_KEYS` or "
+        "`MEDTPE_METRICS_KEYS` is set (a network only Prometheus reaches).",
+    )
+    public_docs: bool = Field(
+        False,
+        description="Serve `/openapi.json`, `/docs` and `/redoc` without a key even when "
+        "`MEDTPE_API_KEYS` is set; false: they need one, as the API does.",
     )
     allow_anonymous: bool = Field(
         False,
@@ -227,20 +256,50 @@ class ServiceSettings(BaseSettings):
         "process, so a record asked about again only reads its new resources (about 2 KB each; "
         "0: none).",
     )
+    cds_card_ttl_s: float = Field(
+        86400.0,
+        gt=0,
+        description="CDS Hooks: how long a card's id is kept as issued: feedback is taken only "
+        "for cards this service issued to the same issuer and tenant within that time.",
+    )
+    cds_issued_cards: int = Field(
+        50_000,
+        gt=0,
+        description="CDS Hooks without `MEDTPE_STATE_URL`: issued card ids kept per API process "
+        "(about 0.3 KB each; the oldest forgotten first).",
+    )
+    cds_max_feedback_items: int = Field(
+        100, gt=0, description="CDS Hooks: most feedback items in one call; more: 422."
+    )
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "metrics_keys", mode="before")
     @classmethod
-    def _split_keys(cls, value: object) -> object:
+    def _split_keys(cls, value: object, info: ValidationInfo) -> object:
         """Accept `a,b,c` from the environment; separators or blanks without a key are refused
         (they would turn authentication off)."""
         if isinstance(value, str):
             keys = [key.strip() for key in value.split(",") if key.strip()]
             if value and not keys:
+                name = f"{ENV_PREFIX}{info.field_name}".upper()
                 raise ValueError(
-                    f"{API_KEYS_ENV}={value!r} holds separators or blanks but no key; leave "
-                    "it empty or unset to turn authentication off"
+                    f"{name}={value!r} holds separators or blanks but no key; leave it empty or "
+                    "unset to turn it off"
                 )
             return keys
+        return value
+
+    @field_validator("cds_issuers")
+    @classmethod
+    def _jwks_over_https(cls, value: dict[str, CdsIssuer]) -> dict[str, CdsIssuer]:
+        """An issuer's JWK Set comes over https (or from this machine): over plain http anyone
+        on the path could swap the keys and mint the EHR's tokens."""
+        for issuer, config in value.items():
+            url = config.jwks_url
+            if url.scheme != "https" and not is_loopback(url.host or ""):
+                raise ValueError(
+                    f"MEDTPE_CDS_ISSUERS: the JWK Set URL of {issuer!r} must be https:// (plain "
+                    "http only on a loopback address): anyone between could replace its keys"
+                )
         return value
 
     @field_validator("cds_risk_bands")
@@ -322,6 +381,20 @@ class ServiceSettings(BaseSettings):
                     "lists the settings)"
                 )
         return self
+
+    def secrets(self) -> list[str]:
+        """The secret values among these settings: API and metrics keys, and the passwords and
+        tokens of every URL setting (`medtpe_core.secret_masking` keeps them out of the log)."""
+        found = [*self.api_keys, *self.metrics_keys]
+        for name, value in self:
+            if name.endswith("_url") and value is not None:
+                found += url_secrets(str(value))
+        return found
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        """The fields as `repr` shows them: keys left out (`repr=False`), URLs masked."""
+        for name, value in super().__repr_args__():
+            yield name, mask_secrets(value) if isinstance(value, str) else value
 
     def model(self) -> ModelConfig:
         """What to load and how to run the engine: every setting named as a model or engine

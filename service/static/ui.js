@@ -1,5 +1,5 @@
-// The compression page. It calls the public API only (GET /readyz and /openapi.json, POST
-// /tokenize and /predict), so what it shows is what any client gets. The API key and the record
+// The compression page. It calls the public API only (GET /readyz, POST /tokenize and
+// /predict), so what it shows is what any client gets. The API key and the record
 // live in this page's memory: never in the URL, localStorage, sessionStorage, IndexedDB or cookies.
 "use strict";
 
@@ -92,8 +92,14 @@ function fillBudgets(ready) {
 }
 
 async function loadTasks() {
-  const document_ = await callApi("openapi.json");
-  const tasks = document_.components.schemas.PredictRequest.properties.task.enum;
+  let ready;
+  try {
+    ready = await callApi("readyz");
+  } catch (error) {
+    if (!(error instanceof ApiError) || !error.body) throw error;
+    ready = error.body; // not ready yet: its answer names the tasks all the same
+  }
+  const tasks = ready.tasks;
   $("task").replaceChildren(...tasks.map((task) => new Option(task, task)));
 }
 
