@@ -45,13 +45,14 @@ from batch.fhir_export import (
 from batch.job import (
     RECORDS_SUFFIX,
     Job,
-    Outcome,
     Request,
     ShardPlan,
     failed,
+    limited,
     pending,
     run_plans,
 )
+from batch.rows import RecordRow
 from inference.engine import EngineFactory
 from inference.engine_factories import start_vllm
 from inference.model import ModelConfig
@@ -79,6 +80,11 @@ class FhirShardPlan(ShardPlan):
     patients: tuple[str, ...] = ()
     bucket: int | None = None
     """The bucket's index (None: label rows of no patient)."""
+
+    def up_to(self, last: int) -> FhirShardPlan:
+        """This plan with only its records (and their patients) at positions up to `last`."""
+        rows = [r for r in zip(self.requests, self.patients, strict=True) if r[0].record <= last]
+        return replace(self, requests=tuple(r for r, _ in rows), patients=tuple(p for _, p in rows))
 
 
 @cache
@@ -125,7 +131,7 @@ class FhirShards:
 
     def __call__(
         self, predictor: Predictor, task: Task, plan: ShardPlan
-    ) -> Iterator[tuple[Request, PreparedRecord | Outcome]]:
+    ) -> Iterator[tuple[Request, PreparedRecord | RecordRow]]:
         if not plan.requests:
             return
         assert isinstance(plan, FhirShardPlan)
@@ -137,7 +143,7 @@ class FhirShards:
 
     def _prepare(
         self, predictor: Predictor, task: Task, plan: FhirShardPlan, bucket: Bucket | None
-    ) -> Iterator[tuple[Request, PreparedRecord | Outcome]]:
+    ) -> Iterator[tuple[Request, PreparedRecord | RecordRow]]:
         mapping = _mapping(self.mapping_path)
         for request, patient in zip(plan.requests, plan.patients, strict=True):
             resources = bucket.resources(patient) if bucket is not None else None
@@ -192,7 +198,7 @@ def plan_buckets(partition: Partition, job: Job) -> list[FhirShardPlan]:
     plans = [_plan(f"bucket-{k:05d}", partition, k, rows) for k, rows in enumerate(by_bucket)]
     if orphans:
         plans.append(_plan(NO_EVENTS_SHARD, partition, None, orphans))
-    return _limited(plans, partition, job.limit)
+    return limited(plans, job.limit)
 
 
 def _plan(
@@ -206,25 +212,6 @@ def _plan(
         patients=tuple(p for _, p in rows),
         bucket=bucket,
     )
-
-
-def _limited(
-    plans: list[FhirShardPlan], partition: Partition, limit: int | None
-) -> list[FhirShardPlan]:
-    """The plans restricted to their first `limit` records (by record position)."""
-    if limit is None:
-        return plans
-    kept = sorted(r.record for p in plans for r in p.requests)[:limit]
-    last = kept[-1] if kept else -1
-    return [
-        _plan(
-            p.name,
-            partition,
-            p.bucket,
-            [row for row in zip(p.requests, p.patients, strict=True) if row[0].record <= last],
-        )
-        for p in plans
-    ]
 
 
 @dataclass(frozen=True)
@@ -304,7 +291,6 @@ def run_fhir(
     process or on Ray (`ray`: `batch.ray_job.RayResources`); returns (and writes) the
     summary."""
     partition, reused = partitioned(source, out_dir)
-    job = replace(job, meds_dir=Path(source.export_dirs[-1]))
     plans = plan_buckets(partition, job)
     if reused and not all(
         partition.bucket_path(p.bucket).is_file()

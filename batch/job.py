@@ -6,9 +6,9 @@ each of the given times. Per MEDS data shard `data/<name>.parquet` the job write
 
 - `<out>/<name>.parquet`: meds-evaluation's predictions (`subject_id`, `prediction_time`,
   `predicted_boolean_value`, `predicted_boolean_probability`, and `boolean_value` when the labels
-  carry it), as `evaluation.predictions` writes them; exactly those columns, since
+  carry it), as `batch.rows.predictions_table` writes them; exactly those columns, since
   meds-evaluation rejects any other;
-- `<out>/<name>.records.pq`: one row per record (parquet; a suffix that MEDS-DEV's
+- `<out>/<name>.records.pq`: one row per record (`batch.rows.RecordRow`; a suffix that MEDS-DEV's
   `**/*.parquet` glob skips): its position, answer text, token counts under both tokenizers and,
   for a record that could not be scored, the reason (`error`).
 
@@ -31,10 +31,10 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Self, TypeVar
 
 import meds
 import pyarrow as pa
@@ -42,14 +42,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from evaluation.predictions import PREDICTED_VALUE, results_table
-from evaluation.record_result import RecordResult
-from evaluation.runner import Sampling, sampled_answer
+from batch.rows import RecordRow, predictions_table, records_table
 from inference.engine import Engine, EngineDead, EngineFactory
 from inference.engine_factories import start_vllm
 from inference.model import LoadedModel, ModelConfig, load_model
 from inference.predictor import Predictor, PreparedRecord
-from medtpe_core.meds.prediction_point import record_key
+from inference.record import MedsRecord
+from inference.sampling import Sampling
 from medtpe_core.meds.readers import MedsDataset, data_shards, read_labels
 from medtpe_core.meds.subject_split import subject_split
 from medtpe_core.metrics import compression_rate
@@ -83,12 +82,18 @@ class ShardPlan:
     path: Path | None
     requests: tuple[Request, ...]
 
+    def up_to(self, last: int) -> Self:
+        """This plan with only its records at positions up to `last`."""
+        return replace(self, requests=tuple(r for r in self.requests if r.record <= last))
+
 
 @dataclass(frozen=True)
 class Job:
     """What to score and how (generation settings as the service's defaults)."""
 
-    meds_dir: Path
+    meds_dir: Path | None
+    """The MEDS dataset whose shards are scored; None when the records come from elsewhere (a
+    FHIR export, `batch.fhir_job`)."""
     task: Task
     labels: Path | None = None
     times: tuple[datetime | None, ...] = (None,)
@@ -100,66 +105,16 @@ class Job:
     array, joblib) share the shards of one `--out`; label rows without events go with i = 0."""
     limit: int | None = None
     sampling: Sampling = field(default_factory=Sampling)
-    """Generation settings, as `medtpe evaluate`'s."""
+    """How each answer is decoded, as `medtpe evaluate`'s (the answer options' probabilities
+    asked for: `p_positive`)."""
     concurrency: int = 16
     """Records in flight to one engine at a time."""
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """One record's result: a row of the records file."""
-
-    record: int
-    subject_id: int
-    prediction_time: datetime | None
-    label: Prediction | None
-    prediction: Prediction | None
-    format_ok: bool
-    p_positive: float | None
-    answer: str | None
-    error: str | None
-    n_tokens_original: int | None
-    n_tokens_medtpe: int | None
-    generate_s: float
-
-    def row(self) -> dict[str, Any]:
-        """The records-file row (label and prediction as JSON text)."""
-        data = asdict(self)
-        data["label"] = None if self.label is None else json.dumps(self.label)
-        data["prediction"] = None if self.prediction is None else json.dumps(self.prediction)
-        return data
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Outcome:
-        """The inverse of `row`."""
-        data = dict(row)
-        for name in ("label", "prediction"):
-            data[name] = None if data[name] is None else json.loads(data[name])
-        return cls(**data)
-
-
-RECORDS_SCHEMA = pa.schema(
-    [
-        ("record", pa.int64()),
-        ("subject_id", pa.int64()),
-        ("prediction_time", pa.timestamp("us")),
-        ("label", pa.string()),
-        ("prediction", pa.string()),
-        ("format_ok", pa.bool_()),
-        ("p_positive", pa.float64()),
-        ("answer", pa.string()),
-        ("error", pa.string()),
-        ("n_tokens_original", pa.int64()),
-        ("n_tokens_medtpe", pa.int64()),
-        ("generate_s", pa.float64()),
-    ]
-)
-
-
-def failed(request: Request, reason: str, prepared: PreparedRecord | None = None) -> Outcome:
-    """The outcome of a record that could not be scored, with its reason."""
+def failed(request: Request, reason: str, prepared: PreparedRecord | None = None) -> RecordRow:
+    """The row of a record that could not be scored, with its reason."""
     seg = prepared.segmentation if prepared is not None else None
-    return Outcome(
+    return RecordRow(
         record=request.record,
         subject_id=request.subject_id,
         prediction_time=prepared.prediction_time if prepared else request.prediction_time,
@@ -196,6 +151,7 @@ def _shard_subjects(shard: Path) -> list[int]:
 def plan_shards(job: Job) -> list[ShardPlan]:
     """The records of each data shard (reading only the shards' `subject_id` column), in shard
     order; with labels, the label rows whose subject is in no shard as a last plan `_no_events`."""
+    assert job.meds_dir is not None, "a MEDS job"
     shards = data_shards(job.meds_dir)
     points = read_labels(job.labels) if job.labels is not None else []
     by_split = None
@@ -240,18 +196,19 @@ def plan_shards(job: Job) -> list[ShardPlan]:
                         record += 1
             if shard in mine:
                 plans.append(ShardPlan(shard_name(job.meds_dir, shard), shard, tuple(requests)))
-    return _limited(plans, job.limit)
+    return limited(plans, job.limit)
 
 
-def _limited(plans: list[ShardPlan], limit: int | None) -> list[ShardPlan]:
+P = TypeVar("P", bound=ShardPlan)
+
+
+def limited(plans: list[P], limit: int | None) -> list[P]:
     """The plans restricted to their first `limit` records (by record position)."""
     if limit is None:
         return plans
     kept = sorted(r.record for p in plans for r in p.requests)[:limit]
     last = kept[-1] if kept else -1
-    return [
-        ShardPlan(p.name, p.path, tuple(r for r in p.requests if r.record <= last)) for p in plans
-    ]
+    return [p.up_to(last) for p in plans]
 
 
 # --- scoring --------------------------------------------------------------------------------
@@ -259,9 +216,10 @@ def _limited(plans: list[ShardPlan], limit: int | None) -> list[ShardPlan]:
 
 def prepare_shard(
     predictor: Predictor, task: Task, meds_dir: Path, plan: ShardPlan
-) -> Iterator[tuple[Request, PreparedRecord | Outcome]]:
-    """Each request of the shard with its prompt and ids (the service's `Predictor.prepare`), or
-    its failure; the shard's events are read when the first record is asked for."""
+) -> Iterator[tuple[Request, PreparedRecord | RecordRow]]:
+    """Each request of the shard with its prompt and ids (the record object every door prepares,
+    `inference.record.MedsRecord`), or its failure; the shard's events are read when the first
+    record is asked for."""
     if not plan.requests:
         return
     dataset = MedsDataset.load(meds_dir, shards=[plan.path]) if plan.path is not None else None
@@ -274,24 +232,24 @@ def prepare_shard(
             yield request, failed(request, NO_EVENTS)
             continue
         try:
-            yield request, predictor.prepare(task, events, request.prediction_time)
+            yield request, MedsRecord(events, request.prediction_time).prepare(predictor, task)
         except Exception as exc:  # a record's bad data never stops the job
             yield request, failed(request, _reason("prepare", exc))
 
 
 async def answer_record(
     engine: Engine, predictor: Predictor, job: Job, request: Request, prepared: PreparedRecord
-) -> Outcome:
-    """The record's answer through `Predictor.answer` (first-token option probabilities asked
-    for); a generation error other than a dead engine becomes the record's failure."""
+) -> RecordRow:
+    """The record's answer through `Predictor.answer` with the job's sampling; a generation
+    error other than a dead engine becomes the record's failure."""
     try:
-        answer = await sampled_answer(engine, predictor, prepared, job.sampling)
+        answer = await predictor.answer(engine, prepared, job.sampling)
     except EngineDead:
         raise
     except Exception as exc:
         return failed(request, _reason("generate", exc), prepared)
     seg = prepared.segmentation
-    return Outcome(
+    return RecordRow(
         record=request.record,
         subject_id=request.subject_id,
         prediction_time=prepared.prediction_time,
@@ -311,17 +269,17 @@ async def answer_all(
     engine: Engine,
     predictor: Predictor,
     job: Job,
-    items: Iterable[tuple[Request, PreparedRecord | Outcome]],
+    items: Iterable[tuple[Request, PreparedRecord | RecordRow]],
     on_done: Callable[[], object] = lambda: None,
-) -> list[Outcome]:
-    """The outcomes of `items`, in their order, with up to `job.concurrency` records in the
+) -> list[RecordRow]:
+    """The rows of `items`, in their order, with up to `job.concurrency` records in the
     engine at once; `items` is consumed lazily, so the next record is prepared while the
     engine generates."""
     slots = asyncio.Semaphore(job.concurrency)
 
-    async def one(request: Request, item: PreparedRecord | Outcome) -> Outcome:
+    async def one(request: Request, item: PreparedRecord | RecordRow) -> RecordRow:
         try:
-            if isinstance(item, Outcome):
+            if isinstance(item, RecordRow):
                 return item
             return await answer_record(engine, predictor, job, request, item)
         finally:
@@ -336,44 +294,6 @@ async def answer_all(
 
 
 # --- output ---------------------------------------------------------------------------------
-
-
-def records_table(outcomes: Sequence[Outcome]) -> pa.Table:
-    """The records file of `outcomes`, in record order."""
-    rows = [o.row() for o in sorted(outcomes, key=lambda o: o.record)]
-    return pa.Table.from_pylist(rows, schema=RECORDS_SCHEMA)
-
-
-def predictions_table(task: Task, outcomes: Sequence[Outcome], labelled: bool) -> pa.Table:
-    """meds-evaluation predictions of `outcomes` in record order (`evaluation.predictions`'
-    columns and conventions; a record without a prediction time has no row). Without labels:
-    no `boolean_value`, and a null predicted value where the record could not be scored."""
-    timed = sorted((o for o in outcomes if o.prediction_time is not None), key=lambda o: o.record)
-    results = [
-        RecordResult(
-            key=record_key(o.subject_id, o.prediction_time),
-            label=o.label,
-            prediction=o.prediction,
-            format_ok=o.format_ok,
-            latency_s=o.generate_s,
-            generate_s=o.generate_s,
-            n_tokens=o.n_tokens_medtpe or 0,
-            n_tokens_original=o.n_tokens_original or 0,
-            p_positive=o.p_positive,
-        )
-        for o in timed
-    ]
-    table = results_table(
-        task, [o.subject_id for o in timed], [o.prediction_time for o in timed], results
-    )
-    if labelled:
-        return table
-    per_record = 1 if task.label_type == "binary" else len(task.labels)
-    scored = pa.array([o.format_ok for o in timed for _ in range(per_record)], pa.bool_())
-    predicted = pc.if_else(scored, table.column(PREDICTED_VALUE), pa.scalar(None, pa.bool_()))
-    column = table.schema.get_field_index(PREDICTED_VALUE)
-    table = table.set_column(column, PREDICTED_VALUE, predicted)
-    return table.drop_columns([meds.LabelSchema.boolean_value_name])
 
 
 def predictions_path(out_dir: Path, name: str) -> Path:
@@ -400,11 +320,11 @@ def write_atomically(table: pa.Table, path: Path) -> None:
 
 
 def write_shard(
-    out_dir: Path, name: str, task: Task, outcomes: Sequence[Outcome], labelled: bool
+    out_dir: Path, name: str, task: Task, rows: Sequence[RecordRow], labelled: bool
 ) -> None:
     """A shard's records file, then its predictions file (the completion mark)."""
-    write_atomically(records_table(outcomes), records_path(out_dir, name))
-    write_atomically(predictions_table(task, outcomes, labelled), predictions_path(out_dir, name))
+    write_atomically(records_table(rows), records_path(out_dir, name))
+    write_atomically(predictions_table(task, rows, labelled), predictions_path(out_dir, name))
 
 
 def failure_kind(error: str) -> str:
@@ -450,14 +370,14 @@ def job_settings(job: Job, model: LoadedModel) -> dict[str, Any]:
     """The settings a run records in its summary."""
     return {
         "task": job.task.name,
-        "meds": str(job.meds_dir),
+        "meds": None if job.meds_dir is None else str(job.meds_dir),
         "labels": None if job.labels is None else str(job.labels),
         "times": None if job.labels is not None else [str(t or "last") for t in job.times],
         "split": job.split,
         "partition": None if job.partition is None else "/".join(map(str, job.partition)),
         "limit": job.limit,
         "max_input_tokens": model.predictor.max_input_tokens,
-        **asdict(job.sampling),
+        **job.sampling.as_dict(),
         "concurrency": job.concurrency,
         "model": asdict(model.identity),
     }
@@ -472,7 +392,7 @@ def pending(plans: Sequence[ShardPlan], out_dir: Path) -> list[ShardPlan]:
 
 
 ShardPreparer = Callable[
-    [Predictor, Task, ShardPlan], Iterable[tuple[Request, PreparedRecord | Outcome]]
+    [Predictor, Task, ShardPlan], Iterable[tuple[Request, PreparedRecord | RecordRow]]
 ]
 """Each request of a shard with its prepared prompt or its failure: `MedsShards` for a MEDS
 dataset's shards; other inputs bring their own (`batch.fhir_job`). Pickled to Ray's actors."""
@@ -486,7 +406,7 @@ class MedsShards:
 
     def __call__(
         self, predictor: Predictor, task: Task, plan: ShardPlan
-    ) -> Iterator[tuple[Request, PreparedRecord | Outcome]]:
+    ) -> Iterator[tuple[Request, PreparedRecord | RecordRow]]:
         return prepare_shard(predictor, task, self.meds_dir, plan)
 
 
@@ -561,9 +481,9 @@ async def _score_plans(
     with tqdm(total=total, desc="predict", unit="record") as progress:
         for plan in plans:
             items = prepare(predictor, job.task, plan)
-            outcomes = (
+            rows = (
                 await answer_all(engine, predictor, job, items, lambda: progress.update())
                 if engine is not None
                 else []
             )
-            write_shard(out_dir, plan.name, job.task, outcomes, job.labels is not None)
+            write_shard(out_dir, plan.name, job.task, rows, job.labels is not None)

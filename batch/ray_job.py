@@ -47,7 +47,6 @@ import pyarrow.parquet as pq
 from batch.job import (
     Job,
     MedsShards,
-    Outcome,
     ShardPlan,
     ShardPreparer,
     answer_all,
@@ -55,14 +54,13 @@ from batch.job import (
     pending,
     plan_shards,
     predictions_path,
-    predictions_table,
     records_path,
-    records_table,
     run_figures,
     summarise,
     write_atomically,
     write_shard,
 )
+from batch.rows import RecordRow, predictions_table, records_table
 from inference.engine_factories import start_vllm
 from inference.model import ModelConfig, load_model
 from medtpe_core.ray_cluster import LOCAL, ray_session
@@ -118,10 +116,10 @@ class GenerateAnswers:
     def __call__(self, batch: dict[str, Any]) -> pa.Table:
         """The records file rows of a batch, with their shard."""
         items = [pickle.loads(item) for item in batch["item"]]
-        outcomes = self.loop.run_until_complete(
+        rows = self.loop.run_until_complete(
             answer_all(self.engine, self.predictor, self.job, items)
         )
-        table = records_table(outcomes)
+        table = records_table(rows)
         shards = dict(zip(batch["record"].tolist(), batch[SHARD].tolist(), strict=True))
         return table.append_column(
             SHARD, pa.array([shards[o] for o in table["record"].to_pylist()])
@@ -136,8 +134,8 @@ def _predictions(batch: pa.Table, job: Job) -> pa.Table:
     parts = []
     for shard in sorted(set(batch[SHARD].to_pylist())):
         rows = batch.filter(pc.equal(batch[SHARD], shard)).drop_columns([SHARD])
-        outcomes = [Outcome.from_row(r) for r in rows.to_pylist()]
-        table = predictions_table(job.task, outcomes, job.labels is not None)
+        records = [RecordRow.from_row(r) for r in rows.to_pylist()]
+        table = predictions_table(job.task, records, job.labels is not None)
         parts.append(table.append_column(SHARD, pa.array([shard] * table.num_rows, pa.int64())))
     return pa.concat_tables(parts)
 
@@ -157,7 +155,10 @@ def run_ray(
     """Score every pending shard on Ray Data (see the module docstring); returns (and writes)
     the summary. `shards`: other plans than the MEDS dataset's and their preparer (the job's
     settings in the summary updated by `settings`)."""
-    plans, prepare = shards or (plan_shards(job), MedsShards(job.meds_dir))
+    if shards is None:
+        assert job.meds_dir is not None, "a MEDS job, or its shards"
+        shards = plan_shards(job), MedsShards(job.meds_dir)
+    plans, prepare = shards
     todo = pending(plans, out_dir)
     model = load_model(config)  # the prepared files checked once, here
     start = time.perf_counter()

@@ -27,10 +27,11 @@ from typing import Any
 from evaluation.figures import build_report
 from evaluation.record_result import RecordResult
 from evaluation.records import load_records
-from evaluation.runner import Sampling, measured
+from evaluation.runner import measured
 from evaluation.settings_sweep import EvalSetting, evaluate_settings
 from inference.engine import EngineOptions
 from inference.model import ModelConfig, load_model
+from inference.sampling import Sampling
 from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
 from medtpe_core.tasks import get_task
 from training.export import prepare_model_files

@@ -36,11 +36,12 @@ from evaluation.figures import build_report, with_interval
 from evaluation.predictions import write_predictions
 from evaluation.record_result import RecordResult
 from evaluation.records import EvalRecord, load_records
-from evaluation.runner import Sampling, measured
+from evaluation.runner import measured
 from evaluation.settings_sweep import EvalSetting, evaluate_settings
 from evaluation.stored_report import stored_results
 from inference.engine import EngineOptions
 from inference.model import ModelConfig, load_model
+from inference.sampling import Sampling
 from medtpe_core.meds import MedsDataset
 from medtpe_core.meds.labels import LABEL_FUNCTIONS, derive_labels, write_labels
 from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
@@ -106,7 +107,9 @@ async def run_mode(
             name=setting,
             task=get_task(name).model_copy(update={"prefill_answer": spec["prefill"]}),
             records=records,
-            sampling=Sampling(1, spec["temperature"], config.max_new_tokens, spec["constrained"]),
+            sampling=Sampling(
+                1, spec["temperature"], config.max_new_tokens, constrained=spec["constrained"]
+            ),
         )
         for setting in settings
         for spec in [SETTINGS[setting]]

@@ -91,7 +91,7 @@ def mimic_part(meds_root: Path, budget: int, every: int = 1) -> dict[str, Any]:
                 "map_s": map_s,
                 "parse_s": parse_s,
                 "prepare_s": prepare_s,
-                "same_ids": by_fhir.engine_ids == by_meds.engine_ids,
+                "same_ids": by_fhir.segmentation == by_meds.segmentation,
                 "same_text": by_fhir.prompt.record_text == by_meds.prompt.record_text,
             }
         )

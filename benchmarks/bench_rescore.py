@@ -37,6 +37,7 @@ from benchmarks.results_file import write_results
 from inference.engine import EngineOptions
 from inference.model import LoadedModel, ModelConfig, load_model
 from inference.predictor import Predictor, PreparedRecord
+from inference.sampling import Sampling
 from medtpe_core.meds import MedsDataset, SubjectEvents, read_labels
 from medtpe_core.prompt.windowing import DEFAULT_GRID_HOURS, Windowing, WindowPolicy
 from medtpe_core.tasks import get_task
@@ -44,6 +45,8 @@ from training.export import prepare_model_files
 
 TASK = "icu_mortality"
 PREFIX_CACHE_METRICS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
+RESCORE = Sampling(max_new_tokens=8)
+"""One greedy answer of at most 8 tokens, p(yes) asked for."""
 
 
 def rescore_times(prediction_time: datetime, hours: int) -> list[datetime]:
@@ -89,7 +92,7 @@ def prompt_figures(chains: list[list[PreparedRecord]]) -> dict[str, Any]:
     """Events kept and the share of each re-score's prompt repeating the previous one."""
     kept = [r.prompt.n_events_kept for chain in chains for r in chain]
     shared = [
-        common_prefix(prev.engine_ids, cur.engine_ids) / len(cur.engine_ids)
+        common_prefix(prev.ids("medtpe"), cur.ids("medtpe")) / len(cur.ids("medtpe"))
         for chain in chains
         for prev, cur in itertools.pairwise(chain)
     ]
@@ -140,14 +143,11 @@ async def run_chain(
     rows = []
     for i, record in enumerate(chain):
         before = prefix_cache_counters()
-        warm = await predictor.answer(
-            engine, record, n_samples=1, temperature=0.0, max_new_tokens=8,
-            probabilities=True, cache_salt=salt,
-        )  # fmt: skip
+        warm = await predictor.answer(engine, record, RESCORE, cache_salt=salt)
         after = prefix_cache_counters()
         row = {
             "hour": i,
-            "prompt_tokens": len(record.engine_ids),
+            "prompt_tokens": len(record.ids(predictor.mode)),
             "events_kept": record.prompt.n_events_kept,
             "warm_s": round(warm.generate_s, 3),
             "answer": warm.prediction,
@@ -156,10 +156,7 @@ async def run_chain(
             "cache_hits": after[1] - before[1],
         }
         if i:  # a re-score: the same record cold, for comparison
-            cold = await predictor.answer(
-                engine, record, n_samples=1, temperature=0.0, max_new_tokens=8,
-                probabilities=True, cache_salt=uuid.uuid4().hex,
-            )  # fmt: skip
+            cold = await predictor.answer(engine, record, RESCORE, cache_salt=uuid.uuid4().hex)
             row["cold_s"] = round(cold.generate_s, 3)
         rows.append(row)
     return rows
@@ -211,7 +208,8 @@ async def engine_phase(
 
     engine = await asyncio.to_thread(VllmEngine.start, loaded.engine_config)
     try:
-        await engine.warm_up(next(iter(next(iter(chains.values())).values()))[0][0].engine_ids)
+        first = next(iter(next(iter(chains.values())).values()))[0][0]
+        await engine.warm_up(first.ids(loaded.predictor.mode))
         for budget, by_policy in chains.items():
             rows: dict[str, list[dict[str, Any]]] = {policy: [] for policy in by_policy}
             n_stays = len(next(iter(by_policy.values())))

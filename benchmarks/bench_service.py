@@ -229,7 +229,7 @@ def original_prompts(args: argparse.Namespace, bodies: list[dict[str, Any]]) -> 
     for body in bodies:
         request = PredictRequest.model_validate(decode_body(json.dumps(body).encode()))
         record = predictor.prepare(get_task(request.task), request.events, request.prediction_time)
-        ids.append(record.engine_ids)
+        ids.append(record.ids(predictor.mode))
         prefixes.append(record.prompt.response_prefix)
     config = model.engine_config
     return OriginalPrompts(

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from evaluation.record_result import RecordResult
+from evaluation.record_result import RecordResult, ScoredRecord
 from evaluation.report_schema import EvaluationReport, Fidelity, ModeSummary
 from medtpe_core.meds.prediction_point import subject_of
 from medtpe_core.metrics.fidelity import PairedAnswer, fidelity
@@ -50,12 +50,12 @@ def as_target(task: Task, value: Prediction | None) -> bool | list[bool]:
     return [label in chosen for label in task.labels]
 
 
-def labels_matrix(task: Task, results: Sequence[RecordResult]) -> np.ndarray:
+def labels_matrix(task: Task, results: Sequence[ScoredRecord]) -> np.ndarray:
     """The records' labels as F1 input (rows, or rows x labels)."""
     return np.array([as_target(task, r.label) for r in results], dtype=bool)
 
 
-def scored_predictions(task: Task, results: Sequence[RecordResult]) -> np.ndarray:
+def scored_predictions(task: Task, results: Sequence[ScoredRecord]) -> np.ndarray:
     """The records' predictions as F1 input, an unparsed answer wrong on every label."""
     return np.array(
         [
@@ -68,7 +68,7 @@ def scored_predictions(task: Task, results: Sequence[RecordResult]) -> np.ndarra
     )
 
 
-def positive_scores(results: Sequence[RecordResult]) -> np.ndarray:
+def positive_scores(results: Sequence[ScoredRecord]) -> np.ndarray:
     """`p_positive` per record, `UNSCORED_PROBABILITY` where there is none."""
     return np.array(
         [UNSCORED_PROBABILITY if r.p_positive is None else r.p_positive for r in results]

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from evaluation.figures import labels_matrix, positive_scores, scored_predictions
-from evaluation.record_result import RecordResult
+from evaluation.record_result import RecordResult, ScoredRecord
 from evaluation.records import EvalRecord
 from medtpe_core.tasks import Task
 
@@ -52,9 +52,10 @@ def results_table(
     task: Task,
     subjects: Sequence[int],
     times: Sequence[datetime],
-    ordered: Sequence[RecordResult],
+    ordered: Sequence[ScoredRecord],
 ) -> pa.Table:
-    """The predictions of `ordered` results, the i-th for `subjects[i]` at `times[i]`."""
+    """The predictions of `ordered` results (their label, prediction, format and p_positive),
+    the i-th for `subjects[i]` at `times[i]`."""
     labels = labels_matrix(task, ordered)
     predicted = scored_predictions(task, ordered)
     subjects, times = list(subjects), list(times)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from tqdm import tqdm
 
@@ -19,36 +19,11 @@ from evaluation.records import EvalRecord
 from inference.engine import Engine, EngineFactory
 from inference.engine_factories import start_vllm
 from inference.model import LoadedModel, ModelConfig, load_model
-from inference.predictor import Answer, Predictor, PreparedRecord
+from inference.predictor import Predictor
+from inference.record import MedsRecord
+from inference.sampling import Sampling
 from medtpe_core.tasks import Task
 from medtpe_core.tasks.option_probabilities import positive_probability
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Generation settings shared by every mode of one evaluation."""
-
-    n_samples: int = 1
-    temperature: float = 0.0
-    max_new_tokens: int = 64
-    constrained: bool = False
-    """Structured outputs: every answer well-formed (`Predictor.answer(constrained=True)`)."""
-
-
-async def sampled_answer(
-    engine: Engine, predictor: Predictor, prepared: PreparedRecord, sampling: Sampling
-) -> Answer:
-    """`Predictor.answer` of a prepared record with `sampling`'s settings, the answer options'
-    probabilities asked for (first-token logprobs)."""
-    return await predictor.answer(
-        engine,
-        prepared,
-        n_samples=sampling.n_samples,
-        temperature=sampling.temperature,
-        max_new_tokens=sampling.max_new_tokens,
-        probabilities=True,
-        constrained=sampling.constrained,
-    )
 
 
 async def evaluate_mode(
@@ -58,14 +33,16 @@ async def evaluate_mode(
     records: Sequence[EvalRecord],
     sampling: Sampling,
 ) -> list[RecordResult]:
-    """Answer each record in turn (after one warm-up request) and time it; the answer options'
-    probabilities come from the same request (first-token logprobs)."""
+    """Answer each record in turn (after one warm-up request), through the record object every
+    door prepares (`inference.record.MedsRecord`), and time it; the answer options'
+    probabilities come from the same request (first-token logprobs, with
+    `sampling.probabilities`)."""
     await engine.warm_up(predictor.engine_ids(predictor.segment("Hello")))
     results = []
     for record in tqdm(records, desc=f"evaluate {predictor.mode}", unit="record"):
         start = time.perf_counter()
-        prepared = predictor.prepare(task, record.events, record.prediction_time)
-        answer = await sampled_answer(engine, predictor, prepared, sampling)
+        prepared = MedsRecord(record.events, record.prediction_time).prepare(predictor, task)
+        answer = await predictor.answer(engine, prepared, sampling)
         latency = time.perf_counter() - start
         results.append(
             RecordResult(
@@ -75,7 +52,7 @@ async def evaluate_mode(
                 format_ok=answer.format_ok,
                 latency_s=latency,
                 generate_s=answer.generate_s,
-                n_tokens=len(prepared.engine_ids),
+                n_tokens=len(prepared.ids(predictor.mode)),
                 n_tokens_original=len(prepared.segmentation.original_ids),
                 load_avg_1m=os.getloadavg()[0],
                 votes=[sample.prediction for sample in answer.samples],

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 
 from evaluation.record_result import RecordResult
 from evaluation.records import EvalRecord
-from evaluation.runner import Sampling, evaluate_mode
+from evaluation.runner import evaluate_mode
 from inference.engine import EngineFactory
 from inference.engine_factories import start_vllm
 from inference.model import LoadedModel
+from inference.sampling import Sampling
 from medtpe_core.tasks import Task
 
 

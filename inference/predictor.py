@@ -18,6 +18,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
 from inference.engine import AnswerConstraint, Completion, Engine, Finish
+from inference.sampling import Sampling
 from medtpe_core.meds import SubjectEvents
 from medtpe_core.metrics import compression_rate
 from medtpe_core.prompt import ChatTemplate, Prompt, build_prompt
@@ -59,10 +60,15 @@ class Segmentation:
         """1 - MedTPE tokens / original tokens."""
         return compression_rate(len(self.original_ids), len(self.medtpe_ids))
 
+    def ids(self, mode: Mode) -> list[int]:
+        """The ids a `mode` engine gets: MedTPE ids in `medtpe` mode, base ids in `original`."""
+        return self.medtpe_ids if mode == "medtpe" else self.original_ids
+
 
 @dataclass(frozen=True)
 class PreparedRecord:
-    """A record's prompt, its ids under both tokenizers and the time each step took."""
+    """A record's prompt, its ids under both tokenizers and the time each step took; mode-free:
+    `ids(mode)` are what an engine of either mode gets."""
 
     task: Task
     events: SubjectEvents
@@ -70,14 +76,16 @@ class PreparedRecord:
     prompt: Prompt
     prediction_time: datetime | None
     segmentation: Segmentation
-    engine_ids: list[int]
-    """The ids the engine gets: MedTPE ids in `medtpe` mode, base ids in `original` mode."""
     render_s: float
     tokenize_s: float
     max_input_tokens: int
     """The input budget the prompt was built within (original-tokenizer tokens)."""
     fhir: FhirRecord | None = None
     """A FHIR record's mapping (its counts, its display texts), else None."""
+
+    def ids(self, mode: Mode) -> list[int]:
+        """The prompt's ids for an engine of `mode` (`Segmentation.ids`)."""
+        return self.segmentation.ids(mode)
 
 
 @dataclass(frozen=True)
@@ -190,7 +198,7 @@ class Predictor:
 
     def engine_ids(self, segmentation: Segmentation) -> list[int]:
         """The ids this mode feeds the engine: MedTPE ids, or base ids in `original` mode."""
-        return segmentation.medtpe_ids if self.mode == "medtpe" else segmentation.original_ids
+        return segmentation.ids(self.mode)
 
     def build(
         self,
@@ -241,7 +249,6 @@ class Predictor:
             prompt=prompt,
             prediction_time=when,
             segmentation=segmentation,
-            engine_ids=self.engine_ids(segmentation),
             render_s=rendered - start,
             tokenize_s=tokenized - rendered,
             max_input_tokens=self.max_input_tokens,
@@ -286,21 +293,16 @@ class Predictor:
     async def answer(
         self,
         engine: Engine,
-        record: PreparedRecord,
+        prepared: PreparedRecord,
+        sampling: Sampling,
         *,
-        n_samples: int,
-        temperature: float,
-        max_new_tokens: int,
-        probabilities: bool = False,
         cache_salt: str | None = None,
-        constrained: bool = False,
     ) -> Answer:
-        """Generate (ending at the answer object's end: `stop_ids` in free decoding, the grammar
-        under a constraint), decode and read each answer under the answer contract; majority
-        vote over `n_samples` answers; with
-        `probabilities`, the answer options' probabilities from the answer value's first token;
-        with `constrained`, decoding restricted to well-formed answers (`answer_constraint`);
-        `cache_salt` keeps the engine's cached prefixes apart per caller (tenant).
+        """Generate `prepared`'s ids in this mode (ending at the answer object's end: `stop_ids`
+        in free decoding, the grammar under `sampling.constrained`), decode and read each answer
+        under the answer contract; majority vote over `sampling.n_samples` answers; with
+        `sampling.probabilities`, the answer options' probabilities from the answer value's first
+        token; `cache_salt` keeps the engine's cached prefixes apart per caller (tenant).
 
         At temperature 0 every sample would be the same greedy answer, so one is generated and
         counted `n_samples` times. With the prefill, the value's first token is the first
@@ -309,34 +311,38 @@ class Predictor:
         `{"answer": "` is used (None when it wrote none).
         """
         start = time.perf_counter()
-        n = n_samples if temperature > 0 else 1
-        want_logprobs = probabilities and bool(record.task.answer_options)
+        task = prepared.task
+        n = sampling.n_samples if sampling.temperature > 0 else 1
+        want_logprobs = sampling.probabilities and bool(task.answer_options)
         outputs = await engine.generate(
-            record.engine_ids,
+            prepared.ids(self.mode),
             n=n,
-            temperature=temperature,
-            max_new_tokens=max_new_tokens,
+            temperature=sampling.temperature,
+            max_new_tokens=sampling.max_new_tokens,
+            seed=sampling.seed,
             top_logprobs=OPTION_TOP_K if want_logprobs else None,
             cache_salt=cache_salt,
-            constraint=answer_constraint(record.task) if constrained else None,
+            constraint=answer_constraint(task) if sampling.constrained else None,
             # a constraint's grammar ends the answer itself; vLLM's grammar refuses the end of
             # sequence after a stop id it has not accepted, so the stop rule is for free decoding
-            stop_ids=frozenset() if constrained else self.stop_ids,
+            stop_ids=frozenset() if sampling.constrained else self.stop_ids,
         )
         generate_s = time.perf_counter() - start
         samples = []
         for output in outputs:
             # the answer as the model gave it: the prefilled start of the turn + what it generated
-            text = record.prompt.response_prefix + self.decode(output.ids)
-            parsed = record.task.parse_answer(text)
+            text = prepared.prompt.response_prefix + self.decode(output.ids)
+            parsed = task.parse_answer(text)
             samples.append(Sample(*parsed[:2], text, parsed.trailing, output.finish))
-        if n < n_samples:
-            samples = samples * n_samples
+        if n < sampling.n_samples:
+            samples = samples * sampling.n_samples
         prediction = majority_vote([s.prediction for s in samples])
         voters = [s for s in samples if s.prediction is not None and s.prediction == prediction]
         format_ok = bool(voters) and all(s.format_ok for s in voters)
         n_generated = sum(len(output.ids) for output in outputs)
-        option_probs = self.option_probabilities(
-            record.task, self.value_logprobs(record, outputs[0])
+        option_probs = (
+            self.option_probabilities(task, self.value_logprobs(prepared, outputs[0]))
+            if want_logprobs
+            else None
         )
         return Answer(prediction, format_ok, samples, generate_s, n_generated, option_probs)

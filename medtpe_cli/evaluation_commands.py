@@ -101,7 +101,7 @@ def evaluate(
     from evaluation.figures import build_report, format_table
     from evaluation.predictions import write_predictions
     from evaluation.records import load_records
-    from evaluation.runner import Sampling, run_modes
+    from evaluation.runner import run_modes
     from inference.model import ModelConfig
     from medtpe_core.meds.readers import read_dataset_metadata
     from medtpe_core.tasks import get_task
@@ -118,12 +118,7 @@ def evaluate(
     )
     if not records:
         raise click.UsageError("no labelled records to evaluate")
-    sampling = Sampling(
-        n_samples=n_samples,
-        temperature=options.sampling_temperature(n_samples, temperature),
-        max_new_tokens=max_new_tokens,
-        constrained=constrained,
-    )
+    sampling = options.sampling(n_samples, temperature, max_new_tokens, constrained)
     configs = [
         ModelConfig.from_options(
             **options.model_files(model_dir, artefact_dir, export_dir),

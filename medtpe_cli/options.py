@@ -14,6 +14,7 @@ import meds
 from inference.engine import Dtype
 from inference.model import ModelConfig
 from inference.predictor import Mode
+from inference.sampling import Sampling
 from medtpe_core.meds.subject_split import DEFAULT_HELD_OUT, DEFAULT_SEED
 from medtpe_core.prompt import WindowPolicy
 
@@ -87,14 +88,18 @@ SAMPLING_OPTIONS = together(
         help="Constrain decoding to well-formed answers (vLLM structured outputs).",
     ),
 )
-"""`--n-samples`, `--temperature` (see `sampling_temperature`) and `--constrained/--free`."""
+"""`--n-samples`, `--temperature` and `--constrained/--free` (see `sampling`)."""
 
 
-def sampling_temperature(n_samples: int, temperature: float | None) -> float:
-    """`--temperature`, or its default: 0 (greedy) for one sample, 0.7 for majority voting."""
-    if temperature is not None:
-        return temperature
-    return 0.0 if n_samples == 1 else 0.7
+def sampling(
+    n_samples: int, temperature: float | None, max_new_tokens: int, constrained: bool
+) -> Sampling:
+    """The decoding of `SAMPLING_OPTIONS` and `--max-new-tokens`, the answer options'
+    probabilities asked for; `--temperature`'s default: 0 (greedy) for one sample, 0.7 for
+    majority voting."""
+    if temperature is None:
+        temperature = 0.0 if n_samples == 1 else 0.7
+    return Sampling(n_samples, temperature, max_new_tokens, constrained=constrained)
 
 
 MODEL_OPTION_FLAGS: dict[str, tuple[str, str, click.ParamType | None, str | None]] = {

@@ -341,7 +341,7 @@ def predict(
         raise click.UsageError("--split and --partition read MEDS shards: not with FHIR input")
     task = get_task(task_name)
     job = Job(
-        meds_dir=meds_dir or out_dir,
+        meds_dir=meds_dir,
         task=task,
         labels=labels_path,
         times=tuple(_prediction_time(t) for t in times) or (None,),

@@ -14,7 +14,6 @@ import asyncio
 import secrets
 import time
 from collections.abc import Coroutine, Iterable, Sequence
-from dataclasses import replace
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request
@@ -36,7 +35,7 @@ from service.schemas import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from service.serving import predict_record, prepare, served
+from service.serving import predict_record, prepare, served, served_sampling
 from service.state import ServiceState
 
 T = TypeVar("T")
@@ -229,13 +228,13 @@ async def _predict_request(
     to the same prompt in `other_mode`."""
     start = time.perf_counter()
     prepared = await _prepared(state, predictor, task, request, loc)
-    answered = await predict_record(state, model, prepared, request.options, salt, start)
+    sampling = request.options.sampling(served_sampling(state.settings))
+    answered = await predict_record(state, model, prepared, sampling, salt, start)
     response = predict_response(model, answered, request.options)
     if request.options.both_modes:
         other = state.other_model
         assert other is not None  # `_checked` refused both_modes without it
-        as_other = replace(prepared, engine_ids=other.predictor.engine_ids(prepared.segmentation))
-        answered = await predict_record(state, other, as_other, request.options, salt)
+        answered = await predict_record(state, other, prepared, sampling, salt)
         response.other_mode = predict_response(other, answered, request.options)
     return response
 

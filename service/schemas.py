@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -22,6 +23,7 @@ from pydantic.json_schema import WithJsonSchema
 from pydantic_core import InitErrorDetails, PydanticCustomError, core_schema
 
 from inference.model import ModelIdentity
+from inference.sampling import Sampling
 from medtpe_core.fhir.parsing import BUNDLE_TYPES
 from medtpe_core.meds.events import (
     MAX_EVENTS_PER_RECORD,
@@ -195,6 +197,18 @@ class PredictOptions(_Strict):
         "prompt, in `other_mode`; only on an instance started with `MEDTPE_COMPARE_MODES=true` "
         "(`modes` of `/readyz` lists two), 422 otherwise.",
     )
+
+    def sampling(self, served: Sampling) -> Sampling:
+        """The request's decoding: these options over the instance's `served` decoding (its
+        temperature where none is given, its answer length)."""
+        temperature = served.temperature if self.temperature is None else self.temperature
+        return replace(
+            served,
+            n_samples=self.n_samples,
+            temperature=temperature,
+            probabilities=self.return_probabilities,
+            constrained=self.constrained,
+        )
 
 
 class PredictRequest(_Strict):

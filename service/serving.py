@@ -1,7 +1,8 @@
 """What every route that predicts shares: `served` (admission, deadline, in-flight gauge, latency
 histogram and one log line per request — never record content), `prepare` (the record the
 request brought, `inference.record`, into its prompt in a worker thread) and `predict_record`
-(the prepared record's answer, generated in a concurrency slot on the async engine).
+(the prepared record's answer, decoded as its `inference.sampling.Sampling` says, in a
+concurrency slot on the async engine).
 `/predict`, `/predict/batch`, `/tokenize` and the CDS hooks all answer through them."""
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from inference.engine import EngineDead
 from inference.model import LoadedModel
 from inference.predictor import Predictor, PreparedRecord, RecordAnswer
 from inference.record import NoEventsError, PatientRecord
+from inference.sampling import Sampling
 from medtpe_core.fhir import FhirInputError
 from medtpe_core.tasks import Task
 from service.errors import ApiError, field_error
 from service.limits import QueueFull
-from service.schemas import PredictOptions
+from service.settings import ServiceSettings
 from service.state import ServiceState
 
 logger = logging.getLogger("medtpe.service")
@@ -52,32 +54,32 @@ async def prepare(
     raise ApiError(422, "invalid_request", detail)
 
 
+def served_sampling(settings: ServiceSettings) -> Sampling:
+    """The instance's decoding: one answer at its temperature (`MEDTPE_TEMPERATURE`), at most
+    `MEDTPE_MAX_NEW_TOKENS` long, the answer options' probabilities asked for."""
+    return Sampling(temperature=settings.temperature, max_new_tokens=settings.max_new_tokens)
+
+
 async def predict_record(
     state: ServiceState,
     model: LoadedModel,
     record: PreparedRecord,
-    options: PredictOptions,
+    sampling: Sampling,
     salt: str | None,
     start: float | None = None,
 ) -> RecordAnswer:
-    """Generate the answer to a prepared record within a concurrency slot on the engine of
-    `model` (the served mode's, or with `MEDTPE_COMPARE_MODES` the other mode's
-    `state.other_model`); `start`: when the request's work began (`time.perf_counter()`;
-    default now), for its reported total latency."""
+    """Generate the answer to a prepared record, decoded as `sampling` says, within a
+    concurrency slot on the engine of `model` (the served mode's, or with
+    `MEDTPE_COMPARE_MODES` the other mode's `state.other_model`: the record's ids in that
+    mode); `start`: when the request's work began (`time.perf_counter()`; default now), for its
+    reported total latency."""
     start = time.perf_counter() if start is None else start
-    temperature = options.temperature
-    if temperature is None:
-        temperature = state.settings.temperature
     predictor = model.predictor
     async with state.admission.slot(), _engine_errors(state):
         answer = await predictor.answer(
             state.running_engine(other_mode=model is state.other_model),
             record,
-            n_samples=options.n_samples,
-            temperature=temperature,
-            max_new_tokens=state.settings.max_new_tokens,
-            probabilities=options.return_probabilities,
-            constrained=options.constrained,
+            sampling,
             cache_salt=salt,
         )
     state.metrics.observe_answer(record.task.name, predictor.mode, record.segmentation, answer)

@@ -20,9 +20,10 @@ from typing import Any
 from evaluation.figures import MODES, aligned, paired_answers
 from evaluation.record_result import RecordResult
 from evaluation.records import EvalRecord
-from evaluation.runner import Sampling, evaluate_mode, measured
+from evaluation.runner import evaluate_mode, measured
 from inference.engine import EngineFactory
 from inference.model import ModelConfig, load_model
+from inference.sampling import Sampling
 from medtpe_core.meds import PredictionPoint
 from medtpe_core.meds.readers import MedsDataset, data_shards
 from medtpe_core.metrics.fidelity import Thresholds, fidelity
@@ -30,7 +31,8 @@ from medtpe_core.tasks import get_task
 from training.export import ensure_export
 
 SERVICE_SAMPLING = Sampling()
-"""The service's default decoding (greedy, 64 new tokens, free, the task's prefill)."""
+"""The service's default decoding (greedy, 64 new tokens, free, the task's prefill), the answer
+options' probabilities asked for."""
 
 
 def gate_records(meds: Path, windows: Sequence[PredictionPoint]) -> dict[str, list[EvalRecord]]:

@@ -40,14 +40,10 @@ from service.cds_hooks.prefetch import gather_resources
 from service.cds_hooks.responses import risk_card
 from service.cds_hooks.schemas import CdsResponse, HookRequest
 from service.errors import ApiError, field_error
-from service.schemas import PredictOptions
-from service.serving import predict_record, prepare, served
+from service.serving import predict_record, prepare, served, served_sampling
 from service.settings import ServiceSettings
 from service.shared_state import ScoreStore, open_store
 from service.state import ServiceState
-
-HOOK_OPTIONS = PredictOptions(return_probabilities=True)
-"""How a hook asks the model: `/predict`'s defaults, with the answer options' probabilities."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +133,8 @@ async def answer_hook(
         cached = score is not None
         if score is None:
             async with served(state, "cds_hook", task.name, 1):
-                answered = await predict_record(state, model, prepared, HOOK_OPTIONS, salt)
+                sampling = served_sampling(state.settings)  # p(yes) asked for: the card shows it
+                answered = await predict_record(state, model, prepared, sampling, salt)
             score = _score(model, answered)
         kept = [(*caller_key, "sent", sent), *([] if cached else [key])]
         await hooks.scores.put(score, *kept)  # one round trip to a shared store

@@ -30,10 +30,10 @@ from batch.fhir_job import (
     run_fhir,
 )
 from batch.job import Job
-from evaluation.runner import Sampling
 from inference.engine import EngineConfig
 from inference.instant_engine import InstantEngine
 from inference.model import load_model
+from inference.sampling import Sampling
 from medtpe_cli.predict_commands import predict
 from medtpe_core.cds.services import get_service
 from medtpe_core.fhir import load_site_mapping
@@ -310,4 +310,4 @@ def test_shared_demo_stays_from_the_export_get_the_prompt_of_their_meds_events(
         by_meds = predictor.prepare(TASK, dataset.events(point.subject_id), point.prediction_time)
         assert prepared is not None and subject == point.subject_id
         assert prepared.prompt.text == by_meds.prompt.text, point
-        assert prepared.engine_ids == by_meds.engine_ids, point
+        assert prepared.segmentation == by_meds.segmentation, point

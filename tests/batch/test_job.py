@@ -15,9 +15,9 @@ from click.testing import CliRunner
 from meds_evaluation.schema import PredictionSchema
 
 from batch.job import NO_EVENTS, UNPARSED, Job, run_local
-from evaluation.runner import Sampling
 from inference.engine import Completion, EngineConfig
 from inference.instant_engine import InstantEngine
+from inference.sampling import Sampling
 from medtpe_cli.predict_commands import predict
 from medtpe_core.tasks import get_task
 from tests.support.meds_fixtures import PREDICTION_TIME, write_meds_dataset

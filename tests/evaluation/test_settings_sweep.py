@@ -12,11 +12,11 @@ import pytest
 
 from evaluation.record_result import RecordResult
 from evaluation.records import load_records
-from evaluation.runner import Sampling
 from evaluation.settings_sweep import EvalSetting, evaluate_settings
 from inference.engine import EngineConfig, EngineFactory
 from inference.instant_engine import InstantEngine
 from inference.model import LoadedModel, load_model
+from inference.sampling import Sampling
 from medtpe_core.tasks import get_task
 from tests.support.meds_fixtures import write_meds_dataset
 from tests.support.service_support import engine_test_config

@@ -20,11 +20,12 @@ import pytest
 from evaluation.figures import build_report
 from evaluation.record_result import RecordResult
 from evaluation.records import EvalRecord, load_records
-from evaluation.runner import Sampling, evaluate_mode, measured
+from evaluation.runner import evaluate_mode, measured
 from inference.cpu_cores import SMALL_MACHINE_CORES
 from inference.engine import EngineDead, Finish
 from inference.model import load_model
 from inference.predictor import Predictor
+from inference.sampling import Sampling
 from inference.vllm_engine import VllmEngine
 from medtpe_core.tasks import Task, get_task
 from tests.support.meds_fixtures import write_meds_dataset
@@ -120,9 +121,9 @@ async def stop_rule_ends_the_answer(
     """The stop rule inside the engine: with `stop_ids` the answer is the free answer cut right
     after its first stop id (kept), and says it stopped there."""
     prepared = predictor.prepare(task, record.events, record.prediction_time)
-    [free] = await engine.generate(prepared.engine_ids, max_new_tokens=16)
+    [free] = await engine.generate(prepared.ids(predictor.mode), max_new_tokens=16)
     [stopped] = await engine.generate(
-        prepared.engine_ids, max_new_tokens=16, stop_ids=predictor.stop_ids
+        prepared.ids(predictor.mode), max_new_tokens=16, stop_ids=predictor.stop_ids
     )
     first = next(k for k, token in enumerate(free.ids) if token in predictor.stop_ids)
     assert stopped.ids == free.ids[: first + 1] and stopped.finish is Finish.STOP

@@ -86,8 +86,8 @@ def test_prepare_feeds_the_mode_s_ids(mode: str, events: SubjectEvents) -> None:
     assert seg.original_ids == tokenizer.base_encode(record.prompt.text, special_tokens=True)
     assert seg.medtpe_ids == tokenizer.encode(record.prompt.text, special_tokens=True)
     assert len(seg.medtpe_ids) < len(seg.original_ids)
-    assert record.engine_ids == (seg.medtpe_ids if mode == "medtpe" else seg.original_ids)
-    assert predictor.decode(record.engine_ids) == record.prompt.text
+    assert record.ids(mode) == (seg.medtpe_ids if mode == "medtpe" else seg.original_ids)
+    assert predictor.decode(record.ids(mode)) == record.prompt.text
     assert record.prediction_time == default_prediction_time(events)
 
 
