@@ -11,6 +11,7 @@ import gzip
 import hashlib
 import json
 import string
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -437,27 +438,18 @@ HOSTILE_LINES = (
 ).filter(lambda line: b"valid" not in line)
 
 
-@settings(
-    max_examples=examples(25),
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-@given(
-    inserted=st.lists(
-        st.tuples(
-            st.sampled_from(["Patient", "Observation", "Junk"]), st.integers(0, 3), HOSTILE_LINES
-        ),
-        max_size=12,
+INSERTED = st.lists(
+    st.tuples(
+        st.sampled_from(["Patient", "Observation", "Junk"]), st.integers(0, 6), HOSTILE_LINES
     ),
-    gzipped=st.binary(max_size=64),
+    max_size=12,
 )
-def test_any_bytes_in_an_export_leave_every_valid_patient_scored(
-    service: ServiceSettings,
-    tmp_path_factory: pytest.TempPathFactory,
-    inserted: list[tuple[str, int, bytes]],
-    gzipped: bytes,
-) -> None:
-    root = tmp_path_factory.mktemp("hostile")
+"""Hostile lines, each with the file and the position it is inserted at."""
+
+
+def hostile_export(root: Path, inserted: list[tuple[str, int, bytes]], gzipped: bytes) -> Path:
+    """An export of the valid patients with `inserted` lines among theirs, a junk file and a
+    `.ndjson.gz` file of `gzipped` bytes."""
     export = root / "export"
     export.mkdir()
     files: dict[str, list[bytes]] = {"Patient": [], "Observation": [], "Junk": []}
@@ -469,6 +461,53 @@ def test_any_bytes_in_an_export_leave_every_valid_patient_scored(
     for kind, found in files.items():
         (export / f"{kind}.000.ndjson").write_bytes(b"".join(line + b"\n" for line in found))
     (export / "Junk.001.ndjson.gz").write_bytes(gzipped)
+    return export
+
+
+def check_issues(issues: Path, export: Path) -> None:
+    for row in issues.read_text().splitlines():
+        issue = json.loads(row)
+        assert Path(issue["file"]).parent == export and issue["line"] >= 1
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(inserted=INSERTED, gzipped=st.binary(max_size=64))
+def test_any_bytes_in_an_export_leave_each_valid_patient_exactly_their_resources(
+    inserted: list[tuple[str, int, bytes]], gzipped: bytes
+) -> None:
+    with tempfile.TemporaryDirectory() as temporary:
+        root = Path(temporary)
+        export = hostile_export(root, inserted, gzipped)
+        before = snapshot(root, root / "work")
+        partition = partition_export(
+            export_files(export), root / "work", mapping=MAPPING, progress=False
+        )
+        grouped = {
+            patient: resources.texts
+            for bucket in range(partition.n_buckets)
+            for patient, resources in partition.patients_of(bucket)
+        }
+        for patient in VALID:
+            own = [lines[0] for lines in resource_lines(patient).values()]
+            assert sorted(grouped[patient]) == sorted(own)
+        assert snapshot(root, root / "work") == before
+        check_issues(root / "work" / ISSUES_FILE, export)
+
+
+@settings(
+    max_examples=examples(6),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(inserted=INSERTED, gzipped=st.binary(max_size=64))
+def test_any_bytes_in_an_export_leave_every_valid_patient_scored(
+    service: ServiceSettings,
+    tmp_path_factory: pytest.TempPathFactory,
+    inserted: list[tuple[str, int, bytes]],
+    gzipped: bytes,
+) -> None:
+    root = tmp_path_factory.mktemp("hostile")
+    export = hostile_export(root, inserted, gzipped)
     out = root / "out"
     before = snapshot(root, out)
     run_fhir(
@@ -480,8 +519,6 @@ def test_any_bytes_in_an_export_leave_every_valid_patient_scored(
     )
     errors = scored(out)
     for patient, subject in valid_subjects().items():
-        assert errors.get(subject) is None and subject in errors, (patient, errors.get(subject))
+        assert subject in errors and errors[subject] is None, (patient, errors.get(subject))
     assert snapshot(root, out) == before
-    for row in (out / ISSUES_FILE).read_text().splitlines():
-        issue = json.loads(row)
-        assert Path(issue["file"]).parent == export and issue["line"] >= 1
+    check_issues(out / ISSUES_FILE, export)
