@@ -1,0 +1,218 @@
+"""Predictions written back to the EHR (`ledger.fhir_resources`, `batch.write_back`): every
+resource valid under `fhir.resources`' R4B models; against a FHIR server of the tests' own over
+real HTTP (tests/support/transaction_server.py, SMART Backend Services): a first run creates one
+RiskAssessment and one Provenance per prediction in Bundles of bounded size, a rerun creates
+nothing, and the token goes to that server only."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
+from fhir.resources.R4B.bundle import Bundle
+from fhir.resources.R4B.device import Device
+from fhir.resources.R4B.documentreference import DocumentReference
+from fhir.resources.R4B.provenance import Provenance
+from fhir.resources.R4B.riskassessment import RiskAssessment
+
+from batch.fhir_http import FhirServerError, HttpSettings
+from batch.smart_backend import ClientKey, public_jwks
+from batch.write_back import (
+    WRITE_BACK_SCOPE,
+    FhirWriter,
+    WriteBackError,
+    write_back,
+)
+from ledger.fhir_resources import (
+    AIAST,
+    MAX_BUNDLE_ENTRIES,
+    PREDICTION_ID_SYSTEM,
+    ModelRef,
+    WrittenPrediction,
+    outcome_concept,
+    system_action,
+    transaction_bundles,
+)
+from medtpe_core.tasks import get_task
+from tests.support.bulk_server import pem, server_access
+from tests.support.transaction_server import TransactionServer, serving_transactions
+
+CLIENT = "medtpe-write-back"
+FAST = HttpSettings(default_wait_s=0.01, max_wait_s=0.05, retries=1)
+MODEL = ModelRef(
+    name="smollm2-135m-instruct",
+    mode="medtpe",
+    artefact_id="097017eb45c3",
+    product_version="0.1.0",
+    card_digest="c" * 64,
+    card_url="https://cds.example.org/model-card.xml",
+    card_xml=b"<AppliedModelCard/>",
+)
+
+
+def predictions(n: int, task: str = "icu_mortality") -> list[WrittenPrediction]:
+    start = datetime(2150, 1, 1, 3, 14)
+    return [
+        WrittenPrediction(
+            prediction_id=f"pred-{task}-{k:04d}",
+            patient_id=f"p{k}",
+            prediction_time=start + timedelta(hours=k),
+            task=get_task(task),
+            prediction=k % 2 == 0,
+            p_positive=0.5 + k / 100,
+            recorded=datetime(2026, 11, 27, 2, 0, tzinfo=UTC),
+        )
+        for k in range(n)
+    ]
+
+
+@pytest.fixture(scope="module")
+def key() -> ClientKey:
+    return ClientKey.from_pem(pem(ec.generate_private_key(ec.SECP384R1())))
+
+
+@pytest.fixture
+def server(key: ClientKey) -> Iterator[TransactionServer]:
+    fhir = TransactionServer({}, clients={CLIENT: public_jwks(key)}, max_entries=10)
+    with serving_transactions(fhir) as served:
+        yield served
+
+
+def test_every_resource_is_valid_r4_with_the_ai_transparency_labels() -> None:
+    items = [
+        *predictions(3),
+        WrittenPrediction(
+            "pred-pheno",
+            "p9",
+            datetime(2150, 1, 2),
+            get_task("phenotyping"),
+            ["Shock", "Septicemia (except in labor)"],
+            None,
+            datetime(2026, 11, 27, tzinfo=UTC),
+        ),
+    ]
+    (bundle,) = transaction_bundles(items, MODEL)
+    Bundle.model_validate(bundle)
+    models = {
+        "RiskAssessment": RiskAssessment,
+        "Provenance": Provenance,
+        "Device": Device,
+        "DocumentReference": DocumentReference,
+    }
+    for entry in bundle["entry"]:
+        resource = entry["resource"]
+        models[resource["resourceType"]].model_validate(resource)
+    risks = [
+        e["resource"] for e in bundle["entry"] if e["resource"]["resourceType"] == "RiskAssessment"
+    ]
+    first = risks[0]
+    assert first["status"] == "final" and first["subject"] == {"reference": "Patient/p0"}
+    assert first["occurrenceDateTime"] == "2150-01-01T03:14:00+00:00"
+    assert first["identifier"] == [
+        {"system": PREDICTION_ID_SYSTEM, "value": "pred-icu_mortality-0000"}
+    ]
+    assert first["meta"]["security"] == [AIAST]
+    assert first["prediction"][0]["outcome"] == outcome_concept(get_task("icu_mortality"))
+    assert first["prediction"][0]["probabilityDecimal"] == 0.5
+    assert first["method"]["coding"][0]["code"] == "icu_mortality"
+    assert [p["outcome"]["text"] for p in risks[3]["prediction"]] == [
+        "Shock",
+        "Septicemia (except in labor)",
+    ]
+    entry = bundle["entry"][2]
+    assert entry["request"] == {
+        "method": "POST",
+        "url": "RiskAssessment",
+        "ifNoneExist": f"identifier={PREDICTION_ID_SYSTEM}|pred-icu_mortality-0000",
+    }
+    provenance = bundle["entry"][3]["resource"]
+    assert provenance["target"] == [{"reference": entry["fullUrl"]}]
+    assert provenance["agent"][0]["who"]["reference"] == bundle["entry"][0]["fullUrl"]
+    assert provenance["entity"][0]["what"]["reference"] == bundle["entry"][1]["fullUrl"]
+    # the CDS hook's systemActions create the same RiskAssessment, standing alone
+    action = system_action(items[0], MODEL)
+    assert action["type"] == "create"
+    RiskAssessment.model_validate(action["resource"])
+    assert "reference" not in action["resource"]["performer"]
+    assert action["resource"]["identifier"] == first["identifier"]
+
+
+def test_bundles_are_bounded() -> None:
+    bundles = list(transaction_bundles(predictions(250), MODEL))
+    assert [len(b["entry"]) for b in bundles] == [MAX_BUNDLE_ENTRIES, MAX_BUNDLE_ENTRIES, 106]
+    with pytest.raises(ValueError, match="room for 4 entries"):
+        list(transaction_bundles(predictions(1), MODEL, max_entries=3))
+
+
+def test_a_first_run_creates_each_prediction_once_and_a_rerun_nothing(
+    server: TransactionServer, key: ClientKey, tmp_path: Path
+) -> None:
+    access = replace(server_access(server, CLIENT, key, tmp_path), scope=WRITE_BACK_SCOPE)
+    items = predictions(9)
+    first = write_back(access, items, MODEL, settings=FAST, max_entries=6)
+    assert first.bundles == 5 and first.predictions == 9
+    assert dict(first.created) == {
+        "RiskAssessment": 9,
+        "Provenance": 9,
+        "Device": 1,
+        "DocumentReference": 1,
+    }
+    assert dict(first.existing) == {"Device": 4, "DocumentReference": 4}
+    assert len(server.transactions) == 5 and max(server.transactions) <= 6
+    risks = server.of_type("RiskAssessment")
+    provenances = server.of_type("Provenance")
+    (device,) = server.of_type("Device")
+    (card,) = server.of_type("DocumentReference")
+    assert len(risks) == len(provenances) == 9
+    risk_refs = {f"RiskAssessment/{r['id']}" for r in risks}
+    for provenance in provenances:  # references rewritten to what the server stored
+        Provenance.model_validate(provenance)
+        assert provenance["target"][0]["reference"] in risk_refs
+        assert provenance["agent"][0]["who"]["reference"] == f"Device/{device['id']}"
+        assert provenance["entity"][0]["what"]["reference"] == f"DocumentReference/{card['id']}"
+    assert {r["performer"]["reference"] for r in risks} == {f"Device/{device['id']}"}
+
+    again = write_back(access, items, MODEL, settings=FAST, max_entries=6)
+    assert dict(again.created) == {}
+    assert dict(again.existing) == {
+        "RiskAssessment": 9,
+        "Provenance": 9,
+        "Device": 5,
+        "DocumentReference": 5,
+    }
+    assert len(server.of_type("RiskAssessment")) == len(server.of_type("Provenance")) == 9
+    # a later run with two new predictions adds exactly those
+    more = write_back(access, predictions(11), MODEL, settings=FAST, max_entries=6)
+    assert more.created["RiskAssessment"] == more.created["Provenance"] == 2
+    assert len(server.of_type("RiskAssessment")) == 11
+    # every transaction carried a valid token
+    posts = [r for r in server.requests if r["path"] == "/fhir"]
+    assert len(posts) == 5 + 5 + 6 and all(r["token"] for r in posts)
+
+
+def test_the_token_goes_to_the_fhir_server_only(
+    server: TransactionServer, key: ClientKey, tmp_path: Path
+) -> None:
+    decoy = TransactionServer({}, clients={CLIENT: public_jwks(key)})
+    with serving_transactions(decoy):
+        server.redirect_to = decoy.base
+        access = server_access(server, CLIENT, key, tmp_path)
+        with pytest.raises(WriteBackError, match=r"redirect .*not followed"):
+            write_back(access, predictions(2), MODEL, settings=FAST)
+        assert decoy.requests == []
+    assert server.store == {}
+    with pytest.raises(FhirServerError, match="is not HTTPS"):
+        FhirWriter("http://ehr.example.org/fhir", None)  # type: ignore[arg-type]
+
+
+def test_the_servers_refusal_is_reported_with_its_operation_outcome(
+    server: TransactionServer, key: ClientKey, tmp_path: Path
+) -> None:
+    access = server_access(server, CLIENT, key, tmp_path)
+    with pytest.raises(WriteBackError, match="HTTP 400: error: too-costly: more than 10 entries"):
+        write_back(access, predictions(6), MODEL, settings=FAST, max_entries=14)
+    assert server.store == {}

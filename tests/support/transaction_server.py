@@ -1,0 +1,151 @@
+"""A FHIR server for the write-back tests, served over real HTTP on 127.0.0.1 (a thread): the
+Bulk Data test server's SMART Backend Services (`tests.support.bulk_server`: its
+`.well-known/smart-configuration` and token endpoint) and `POST /fhir` with a transaction Bundle,
+processed as FHIR R4 says (http.html#transaction):
+
+- every resource is validated with `fhir.resources`' R4B models (an invalid one: 400 with an
+  OperationOutcome, nothing stored);
+- `POST` with `ifNoneExist: identifier=system|value`: 200 and the resource found when one of that
+  type has the identifier (conditional create), else 201 and a new id; `PUT Type/id`: 200 when it
+  exists (updated), else 201 (update as create);
+- references to an entry's `fullUrl` are rewritten to the resource created or found;
+- all or nothing; more than `max_entries` entries: 400.
+
+`redirect_to` makes it answer every transaction with a 307 to that URL. Every request is logged
+as the Bulk Data server logs it (`requests`: method, path, whether it carried a valid token, its
+headers); `transactions` holds each transaction Bundle's number of entries.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+from urllib.parse import urlsplit
+
+from fhir.resources.R4B import get_fhir_model_class
+from pydantic import ValidationError
+
+from tests.support.bulk_server import BulkServer, outcome
+from tests.support.bulk_server import _handler as bulk_handler
+from tests.support.http_thread import serving_in_thread
+
+
+@dataclass
+class TransactionServer(BulkServer):
+    """The store and switches (see the module docstring)."""
+
+    max_entries: int = 1000
+    redirect_to: str | None = None
+    store: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    transactions: list[int] = field(default_factory=list)
+    """The entries of each transaction Bundle received."""
+
+    def of_type(self, kind: str) -> list[dict[str, Any]]:
+        """The stored resources of one type."""
+        return [r for (k, _), r in sorted(self.store.items()) if k == kind]
+
+    def _find(self, kind: str, condition: str) -> str | None:
+        name, _, token = condition.partition("=")
+        if name != "identifier":
+            raise ValueError(f"unsupported condition {condition!r}")
+        system, _, value = token.partition("|")
+        for (k, rid), resource in self.store.items():
+            if k == kind and any(
+                i.get("system") == system and i.get("value") == value
+                for i in resource.get("identifier", [])
+            ):
+                return rid
+        return None
+
+    def transaction(self, bundle: Any) -> tuple[int, dict[str, Any]]:
+        """The transaction-response of a Bundle (or an error and its OperationOutcome)."""
+        if not isinstance(bundle, dict) or bundle.get("type") != "transaction":
+            return 400, outcome("error", "invalid", "not a transaction Bundle")
+        entries = bundle.get("entry") or []
+        if len(entries) > self.max_entries:
+            return 400, outcome("error", "too-costly", f"more than {self.max_entries} entries")
+        try:
+            get_fhir_model_class("Bundle").model_validate(bundle)
+            for entry in entries:
+                resource = entry["resource"]
+                get_fhir_model_class(resource["resourceType"]).model_validate(resource)
+        except (ValidationError, KeyError) as exc:
+            return 400, outcome("error", "invalid", str(exc)[:2000])
+        with self.lock:
+            return 200, self._apply(entries)
+
+    def _apply(self, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        placed: dict[str, str] = {}
+        plan = []
+        for entry in entries:
+            resource, request = entry["resource"], entry["request"]
+            kind = resource["resourceType"]
+            if request["method"] == "PUT":
+                rid = request["url"].split("/", 1)[1]
+                status = "200 OK" if (kind, rid) in self.store else "201 Created"
+            else:
+                condition = request.get("ifNoneExist")
+                found = self._find(kind, condition) if condition else None
+                rid = found or secrets.token_hex(8)
+                status = "200 OK" if found else "201 Created"
+            placed[entry["fullUrl"]] = f"{kind}/{rid}"
+            plan.append((kind, rid, status, resource))
+        response = []
+        for kind, rid, status, resource in plan:
+            if status.startswith("201") or resource.get("id") == rid:
+                stored = _rewrite(resource, placed) | {"id": rid}
+                self.store[(kind, rid)] = stored
+            response.append({"response": {"status": status, "location": f"{kind}/{rid}"}})
+        return {"resourceType": "Bundle", "type": "transaction-response", "entry": response}
+
+
+def _rewrite(value: Any, placed: dict[str, str]) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: (placed.get(v, v) if k == "reference" else _rewrite(v, placed))
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_rewrite(v, placed) for v in value]
+    return value
+
+
+def _handler(server: TransactionServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(bulk_handler(server)):  # type: ignore[misc]
+        """The Bulk Data server's handler (token endpoint, SMART configuration, `_send`,
+        `_log`) with transactions at `POST /fhir`."""
+
+        def do_POST(self) -> None:
+            if urlsplit(self.path).path != "/fhir":
+                super().do_POST()
+                return
+            valid = self._log()
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            try:
+                bundle = json.loads(body)
+            except ValueError:
+                bundle = None
+            if isinstance(bundle, dict):
+                with server.lock:
+                    server.transactions.append(len(bundle.get("entry") or []))
+            if not valid:
+                self._send(401, outcome("error", "login", "a valid token is required"))
+            elif server.redirect_to is not None:
+                self._send(307, None, {"Location": server.redirect_to})
+            else:
+                self._send(*server.transaction(bundle))
+
+    return Handler
+
+
+@contextmanager
+def serving_transactions(server: TransactionServer) -> Iterator[TransactionServer]:
+    """`server` on 127.0.0.1 (a free port) while the block runs; `server.url` is set."""
+    with serving_in_thread(_handler(server)) as http:
+        server.url = f"http://127.0.0.1:{http.server_address[1]}"
+        yield server
