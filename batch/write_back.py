@@ -17,15 +17,20 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from itertools import islice
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import httpx
+import pyarrow.parquet as pq
 
 from batch.bulk_client import ServerAccess
 from batch.fhir_http import FhirServerError, HttpSettings, check_secure, fetch
+from batch.job import records_path
+from batch.rows import RecordRow
 from batch.smart_backend import ClientKey, SmartBackendAuth
 from ledger.fhir_resources import (
     MAX_BUNDLE_ENTRIES,
@@ -34,6 +39,10 @@ from ledger.fhir_resources import (
     WrittenPrediction,
     transaction_bundle,
 )
+from medtpe_core.tasks import Task
+
+if TYPE_CHECKING:
+    from batch.fhir_job import FhirShardPlan
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +184,41 @@ def _count(result: WriteBackResult, entries: Sequence[dict[str, Any]], statuses:
             result.existing[kind] += 1
         else:
             raise WriteBackError(f"the server answered {status} for a {kind} of the transaction")
+
+
+def fhir_job_predictions(
+    out_dir: Path,
+    plans: Sequence[FhirShardPlan],
+    task: Task,
+    receipts: Mapping[int, tuple[str, datetime]],
+) -> Iterator[WrittenPrediction]:
+    """The answered records of a FHIR job's shards written under `out_dir` (`batch.fhir_job`:
+    a records file per plan), each with the FHIR Patient id its plan gives it and its ledger
+    receipt (`receipts`: record -> (prediction id, when it was computed)); records without an
+    answer or a probability are left out; an answered record without a receipt is a
+    `ValueError` (nothing is written back that the ledger does not hold)."""
+    for plan in plans:
+        path = records_path(out_dir, plan.name)
+        if not path.is_file():
+            continue
+        patients = {r.record: p for r, p in zip(plan.requests, plan.patients, strict=True)}
+        for values in pq.read_table(path).to_pylist():
+            row = RecordRow.from_row(values)
+            answered = row.prediction is not None or row.p_positive is not None
+            if not answered or row.prediction_time is None or row.record not in patients:
+                continue
+            if row.record not in receipts:
+                raise ValueError(f"record {row.record} has no ledger receipt: not written back")
+            prediction_id, recorded = receipts[row.record]
+            yield WrittenPrediction(
+                prediction_id=prediction_id,
+                patient_id=patients[row.record],
+                prediction_time=row.prediction_time,
+                task=task,
+                prediction=row.prediction,
+                p_positive=row.p_positive,
+                recorded=recorded,
+            )
 
 
 def write_back(

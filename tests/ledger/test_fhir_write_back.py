@@ -11,6 +11,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 from fhir.resources.R4B.bundle import Bundle
@@ -20,11 +21,15 @@ from fhir.resources.R4B.provenance import Provenance
 from fhir.resources.R4B.riskassessment import RiskAssessment
 
 from batch.fhir_http import FhirServerError, HttpSettings
+from batch.fhir_job import FhirShardPlan
+from batch.job import Request, records_path
+from batch.rows import RecordRow, records_table
 from batch.smart_backend import ClientKey, public_jwks
 from batch.write_back import (
     WRITE_BACK_SCOPE,
     FhirWriter,
     WriteBackError,
+    fhir_job_predictions,
     write_back,
 )
 from ledger.fhir_resources import (
@@ -216,3 +221,32 @@ def test_the_servers_refusal_is_reported_with_its_operation_outcome(
     with pytest.raises(WriteBackError, match="HTTP 400: error: too-costly: more than 10 entries"):
         write_back(access, predictions(6), MODEL, settings=FAST, max_entries=14)
     assert server.store == {}
+
+
+def test_a_fhir_jobs_answered_records_with_their_patients_and_receipts(tmp_path: Path) -> None:
+    task = get_task("icu_mortality")
+    when = datetime(2150, 1, 1, 6, 0)
+
+    def row(record: int, prediction: bool | None, p: float | None, error: str | None):
+        return RecordRow(
+            record, 900 + record, when, None, prediction, p is not None, p, None, error, 10, 6, 0.0
+        )
+
+    rows = [row(0, True, 0.7, None), row(1, None, None, "generate: boom"), row(2, None, 0.4, "x")]
+    plan = FhirShardPlan(
+        "bucket-00000",
+        None,
+        tuple(Request(r.record, r.subject_id, when) for r in rows),
+        patients=("pa", "pb", "pc"),
+    )
+    pending = FhirShardPlan("bucket-00001", None, (Request(3, 903, when),), patients=("pd",))
+    pq.write_table(records_table(rows), records_path(tmp_path, plan.name))
+    at = datetime(2026, 11, 27, tzinfo=UTC)
+    receipts = {0: ("id-0", at), 2: ("id-2", at)}
+    written = list(fhir_job_predictions(tmp_path, [plan, pending], task, receipts))
+    assert [(w.prediction_id, w.patient_id, w.prediction, w.p_positive) for w in written] == [
+        ("id-0", "pa", True, 0.7),
+        ("id-2", "pc", None, 0.4),
+    ]
+    with pytest.raises(ValueError, match="record 2 has no ledger receipt"):
+        list(fhir_job_predictions(tmp_path, [plan], task, {0: ("id-0", at)}))
