@@ -14,7 +14,8 @@ import pytest
 from click.testing import CliRunner
 from meds_evaluation.schema import PredictionSchema
 
-from batch.job import NO_EVENTS, UNPARSED, Job, run_local
+from batch.fhir_job import FhirShardPlan
+from batch.job import NO_EVENTS, UNPARSED, Job, Request, ShardPlan, limited, plan_shards, run_local
 from inference.engine import Completion, EngineConfig
 from inference.instant_engine import InstantEngine
 from inference.sampling import Sampling
@@ -221,3 +222,19 @@ def test_partitions_share_one_out(
     assert names == sorted(p.relative_to(parts) for p in parts.rglob("*.parquet"))
     for name in names:
         assert pq.read_table(whole / name).equals(pq.read_table(parts / name))
+
+
+def test_limit_keeps_the_first_records_of_every_kind_of_plan(meds: Path) -> None:
+    plans = plan_shards(_job(meds, limit=3))
+    assert [[r.subject_id for r in p.requests] for p in plans] == [[1, 2], [3], []]
+    assert all(type(p) is ShardPlan for p in plans)
+    # a FHIR bucket's plan keeps each kept record's patient beside it
+    requests = tuple(Request(k, 10 + k, None) for k in (4, 0, 2))
+    bucket = FhirShardPlan("bucket-00000", None, requests, patients=("d", "a", "c"), bucket=0)
+    other = FhirShardPlan("bucket-00001", None, (Request(1, 11, None),), ("b",), bucket=1)
+    kept = limited([bucket, other], 2)
+    assert [(p.requests, p.patients, p.bucket) for p in kept] == [
+        ((Request(0, 10, None),), ("a",), 0),
+        ((Request(1, 11, None),), ("b",), 1),
+    ]
+    assert limited([bucket], None) == [bucket]
