@@ -15,19 +15,25 @@ else the id); rows of no patient of the export are written as failures (`_no_eve
 
 Resumable: the partition lies in `<out>/.fhir-work/` with the fingerprint of the export's files and
 the mapping; a second run with the same ones reuses it and skips the shards already written (the
-predictions file is written last). When every shard is written the bucket files are removed. The
-lines left out (unreadable, of no patient) are in `<out>/fhir_issues.ndjson` with file and line.
+predictions file is written last). When every shard is written the bucket files are removed.
+
+`<out>/fhir_issues.ndjson` lists, each with its file and line, the lines the grouping left out
+(unreadable, of no patient, a Patient the mapping cannot read) and then each record the mapping
+refused (`unmappable`: the resource the error names, else the patient's first resource), rebuilt
+at the end of every run from the grouping's list and one list per shard in the work directory.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from batch.defaults import DEFAULT_BUCKET_MIB
 from batch.fhir_export import (
@@ -64,6 +70,8 @@ from medtpe_core.tasks import Task
 
 WORK_DIR = ".fhir-work"
 """The partition's directory under `--out`."""
+GROUPING_ISSUES = "grouping-issues.ndjson"
+"""The grouping's issues in the work directory (the start of `<out>/fhir_issues.ndjson`)."""
 NO_PATIENT = "no events: the export holds no resource of the patient"
 NO_FHIR_EVENTS = "no events: the patient's resources give no event up to the prediction time"
 NO_EVENTS_SHARD = "_no_events"
@@ -98,6 +106,48 @@ def fhir_failure(error: FhirInputError, resources: PatientResources, partition: 
     if error.index is not None and 0 <= error.index < len(resources.lines):
         where = f"{partition.where(resources.lines[error.index])}: "
     return f"fhir: {type(error).__name__}: {where}{error}"
+
+
+def shard_issues(partition: Partition, shard: str) -> Path:
+    """Where the records of `shard` the mapping refused are listed."""
+    return partition.work_dir / f"issues-{shard}.ndjson"
+
+
+def note_unmappable(
+    issues: IO[str] | None,
+    partition: Partition,
+    patient: str,
+    resources: PatientResources,
+    index: int | None,
+    reason: str,
+) -> None:
+    """List a record the mapping refused: the file and line of the resource at `index` (else the
+    patient's first), the patient and the reason."""
+    if issues is None or not resources.lines:
+        return
+    if index is None or not 0 <= index < len(resources.lines):
+        index = 0
+    line = resources.lines[index]
+    issue = {
+        "file": partition.files[line.file],
+        "line": line.line,
+        "reason": f"unmappable: {reason}"[:500],
+        "patient": patient,
+    }
+    issues.write(json.dumps(issue) + "\n")
+
+
+def gather_issues(partition: Partition, out_dir: Path) -> None:
+    """`<out>/fhir_issues.ndjson`: the grouping's issues, then each shard's (in shard order)."""
+    parts = [partition.work_dir / GROUPING_ISSUES]
+    parts += sorted(partition.work_dir.glob(shard_issues(partition, "*").name))
+    target = Path(out_dir) / ISSUES_FILE
+    tmp = target.with_name(f".{target.name}.tmp")
+    with tmp.open("wb") as out:
+        for part in parts:
+            if part.is_file():
+                out.write(part.read_bytes())
+    os.replace(tmp, target)
 
 
 def prepare_patient(
@@ -136,13 +186,21 @@ class FhirShards:
             return
         assert isinstance(plan, FhirShardPlan)
         with ExitStack() as stack:
-            bucket = None
+            bucket: Bucket | None = None
+            issues: IO[str] | None = None
             if plan.bucket is not None:
                 bucket = stack.enter_context(Bucket(self.partition, plan.bucket))
-            yield from self._prepare(predictor, task, plan, bucket)
+                path = shard_issues(self.partition, plan.name)
+                issues = stack.enter_context(path.open("w", encoding="utf-8"))
+            yield from self._prepare(predictor, task, plan, bucket, issues)
 
     def _prepare(
-        self, predictor: Predictor, task: Task, plan: FhirShardPlan, bucket: Bucket | None
+        self,
+        predictor: Predictor,
+        task: Task,
+        plan: FhirShardPlan,
+        bucket: Bucket | None,
+        issues: IO[str] | None,
     ) -> Iterator[tuple[Request, PreparedRecord | RecordRow]]:
         mapping = _mapping(self.mapping_path)
         for request, patient in zip(plan.requests, plan.patients, strict=True):
@@ -155,10 +213,14 @@ class FhirShards:
                     predictor, task, mapping, patient, resources, request.prediction_time
                 )
             except FhirInputError as exc:
-                yield request, failed(request, fhir_failure(exc, resources, self.partition))
+                reason = fhir_failure(exc, resources, self.partition)
+                note_unmappable(issues, self.partition, patient, resources, exc.index, reason)
+                yield request, failed(request, reason)
                 continue
             except Exception as exc:  # a record's bad data never stops the job
-                yield request, failed(request, f"prepare: {type(exc).__name__}: {exc}")
+                reason = f"prepare: {type(exc).__name__}: {exc}"
+                note_unmappable(issues, self.partition, patient, resources, None, reason)
+                yield request, failed(request, reason)
                 continue
             if prepared is None:
                 yield request, failed(request, NO_FHIR_EVENTS)
@@ -243,13 +305,16 @@ def partitioned(
         raise ExportChangedError(
             f"{out_dir} holds predictions of another export or site mapping: give a new --out"
         )
+    if partition_fingerprint(work) != key:  # another export's lists of refused records
+        for old in work.glob("issues-*.ndjson"):
+            old.unlink()
     partition = partition_export(
         files,
         work,
         mapping=_mapping(source.mapping_path),
         bucket_bytes=source.bucket_mib * 1024 * 1024,
         key=key,
-        issues_path=Path(out_dir) / ISSUES_FILE,
+        issues_path=work / GROUPING_ISSUES,
         progress=progress,
     )
     return partition, False
@@ -300,11 +365,14 @@ def run_fhir(
         partition, reused = partitioned(source, out_dir, reuse=False)
     prepare = FhirShards(partition, source.mapping_path)
     settings = fhir_settings(source, partition, reused)
-    if ray is None:
-        summary = run_plans(config, job, plans, prepare, out_dir, settings, engine_factory)
-    else:
-        from batch.ray_job import run_ray
+    try:
+        if ray is None:
+            summary = run_plans(config, job, plans, prepare, out_dir, settings, engine_factory)
+        else:
+            from batch.ray_job import run_ray
 
-        summary = run_ray(config, job, out_dir, ray, (plans, prepare), settings)
+            summary = run_ray(config, job, out_dir, ray, (plans, prepare), settings)
+    finally:
+        gather_issues(partition, out_dir)
     clean_up(partition, plans, out_dir)
     return summary

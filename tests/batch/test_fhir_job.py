@@ -226,7 +226,12 @@ def test_outputs_failures_resumption_and_a_changed_export(
     export_counts = summary["this_run"]["fhir_export"]
     assert export_counts["patients"] == len(bundles) and export_counts["files"] >= 7
     assert export_counts["partition_reused"] is False
-    assert (out / "fhir_issues.ndjson").is_file()
+    # the refused record listed with the file and line of the resource the mapping names
+    issues = [json.loads(row) for row in (out / "fhir_issues.ndjson").read_text().splitlines()]
+    (unmappable,) = [i for i in issues if i["reason"].startswith("unmappable:")]
+    assert unmappable["reason"] == f"unmappable: {broken}"
+    assert unmappable["patient"] == patient_id(bundles[-2])  # the broken patient
+    assert f"{unmappable['file']}:{unmappable['line']}" == where
     assert not list((out / ".fhir-work").glob("bucket-*"))  # done: the buckets removed
 
     # a second run writes nothing, starts no engine
