@@ -18,6 +18,24 @@ from medtpe_core.tokenizer.artefact_manifest import ArtefactBundle
 from service.schemas import TASK_NAMES
 
 CARD_PATH = "/model-card.xml"
+NOT_LOADED = {
+    "description": "No model is loaded yet (`Retry-After`).",
+    "content": {"application/json": {"schema": {"type": "object"}}},
+}
+JSON_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The card: CHAI's sections (`card`), the facts (`facts`), its URL.",
+        "content": {"application/json": {"schema": {"type": "object"}}},
+    },
+    503: NOT_LOADED,
+}
+XML_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "CHAI Applied Model Card XML (https://mc.chai.org/v0.2/schema.xsd).",
+        "content": {"application/xml": {"schema": {"type": "string"}}},
+    },
+    503: NOT_LOADED,
+}
 router = APIRouter()
 
 
@@ -59,14 +77,14 @@ def _not_loaded() -> JSONResponse:
     return JSONResponse({"detail": "no model is loaded yet"}, 503, headers={"Retry-After": "5"})
 
 
-@router.get("/model-card")
+@router.get("/model-card", response_class=JSONResponse, responses=JSON_RESPONSES)
 async def model_card(request: Request) -> Response:
     """The served model's card (JSON: CHAI's sections under `card`, the facts under `facts`)."""
     served = served_card(request)
     return _not_loaded() if served is None else JSONResponse(served[0])
 
 
-@router.get(CARD_PATH)
+@router.get(CARD_PATH, response_class=Response, responses=XML_RESPONSES)
 async def model_card_as_xml(request: Request) -> Response:
     """The served model's card as CHAI Applied Model Card XML (schema v0.2)."""
     served = served_card(request)

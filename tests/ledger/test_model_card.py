@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import xmlschema
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from ledger.model_card import (
@@ -157,3 +159,14 @@ def test_the_routes_serve_the_loaded_models_card(
     xml = instant_api.get("/model-card.xml")
     assert xml.status_code == 200 and xml.headers["content-type"] == "application/xml"
     chai_schema.validate(xml.text)
+
+
+def test_before_a_model_is_loaded_the_card_is_a_503() -> None:
+    app = FastAPI()
+    app.include_router(router)
+    app.state.service = SimpleNamespace(model=None)
+    with TestClient(app) as client:
+        for path in ("/model-card", "/model-card.xml"):
+            answer = client.get(path)
+            assert answer.status_code == 503 and answer.headers["retry-after"] == "5"
+            assert answer.json() == {"detail": "no model is loaded yet"}
