@@ -202,7 +202,7 @@ def test_metrics_after_traffic(api: Api) -> None:
     api.post("/predict", json=record(9))  # unauthorized
     post(api, "/predict", record(9) | {"task": "x"})  # unknown task
     post(api, "/predict", record(9) | {"events": []})  # invalid
-    text = api.get("/metrics").text
+    text = api.get("/metrics", headers=AUTH).text
     m = metric_value
     assert (
         m(text, "medtpe_request_latency_seconds_count", endpoint="predict", task="icu_mortality")

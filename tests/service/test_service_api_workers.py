@@ -76,7 +76,7 @@ def server(
     log = tmp_path_factory.mktemp("api-workers") / "service.log"
     with running_service(env, log) as process:
         for _ in range(int(300 / READY_POLL_S)):
-            pids = ready_pids(httpx.get(process.url + "/metrics").text)
+            pids = ready_pids(httpx.get(process.url + "/metrics", headers=HEADERS).text)
             if len(pids) == N_PROCESSES and all(v == 1.0 for v in pids.values()):
                 break
             time.sleep(READY_POLL_S)
@@ -95,7 +95,7 @@ def post(
 
 def test_two_api_processes_share_one_engine(server: ServiceProcess) -> None:
     """Runs first: the counts include both processes' warm-ups and nothing else."""
-    pids = ready_pids(httpx.get(server.url + "/metrics").text)
+    pids = ready_pids(httpx.get(server.url + "/metrics", headers=HEADERS).text)
     supervisor = psutil.Process(server.process.pid)
     assert {psutil.Process(pid).ppid() for pid in pids} == {supervisor.pid}
     assert len(server.engine_core_pids()) == 1
@@ -110,7 +110,7 @@ def test_two_api_processes_share_one_engine(server: ServiceProcess) -> None:
     # any process answers /metrics with the sums over both; the one engine saw every
     # generation of both processes (their warm-ups included)
     for _ in range(4):
-        text = httpx.get(server.url + "/metrics").text
+        text = httpx.get(server.url + "/metrics", headers=HEADERS).text
         count = "medtpe_request_latency_seconds_count"
         assert metric_value(text, count, endpoint="predict") == N_PREDICT
         assert metric_value(text, count, endpoint="tokenize") == N_TOKENIZE
@@ -126,7 +126,7 @@ def test_two_api_processes_share_one_engine(server: ServiceProcess) -> None:
     hits_before = metric_value(text, HITS)
     repeats = [post(server, "/predict", 1000) for _ in range(N_REPEATS)]
     prompt_tokens = repeats[0].json()["tokens"]["medtpe"]
-    hits = metric_value(httpx.get(server.url + "/metrics").text, HITS)
+    hits = metric_value(httpx.get(server.url + "/metrics", headers=HEADERS).text, HITS)
     full_blocks = (prompt_tokens - 1) // BLOCK_TOKENS * BLOCK_TOKENS
     assert full_blocks > 0, prompt_tokens
     assert hits - hits_before >= (N_REPEATS - 1) * full_blocks, (hits - hits_before, prompt_tokens)
@@ -134,7 +134,7 @@ def test_two_api_processes_share_one_engine(server: ServiceProcess) -> None:
 
 def counters(client: httpx.Client) -> tuple[float, float]:
     """vLLM's cumulative (prefix-cache queries, hits) in tokens, from the service's /metrics."""
-    text = client.get("/metrics").text
+    text = client.get("/metrics", headers=HEADERS).text
     return metric_value(text, QUERIES), metric_value(text, HITS)
 
 
@@ -159,7 +159,7 @@ def predict(client: httpx.Client, key: str, events: list[dict], when: datetime) 
 
 
 def test_vllm_metrics_are_exposed(server: ServiceProcess) -> None:
-    text = httpx.get(server.url + "/metrics", timeout=30).text
+    text = httpx.get(server.url + "/metrics", headers=HEADERS, timeout=30).text
     for family in (QUERIES, HITS, "vllm:time_to_first_token_seconds_bucket"):
         assert family in text
     assert "vllm:kv_cache_usage_perc" in text and "medtpe_engine_ready" in text
@@ -211,7 +211,9 @@ def test_sigterm_drains_a_request_in_flight(server: ServiceProcess) -> None:
     )
     slow.start()
     for _ in range(3000):
-        if metric_value(httpx.get(server.url + "/metrics").text, "medtpe_inflight_requests"):
+        if metric_value(
+            httpx.get(server.url + "/metrics", headers=HEADERS).text, "medtpe_inflight_requests"
+        ):
             break
         threading.Event().wait(0.01)
     children = psutil.Process(server.process.pid).children(recursive=True)

@@ -66,7 +66,10 @@ def test_a_stop_answers_requests_beyond_the_grace_503(service_server: ServicePro
     thread = threading.Thread(target=call)
     thread.start()
     deadline = time.monotonic() + 60
-    while metric_value(httpx.get(url + "/metrics").text, "medtpe_inflight_requests") < 1:
+    while (
+        metric_value(httpx.get(url + "/metrics", headers=HEADERS).text, "medtpe_inflight_requests")
+        < 1
+    ):
         assert "batch" not in result, result["batch"].text
         assert time.monotonic() < deadline, "the batch never went in flight"
         time.sleep(0.02)
@@ -77,7 +80,9 @@ def test_a_stop_answers_requests_beyond_the_grace_503(service_server: ServicePro
         time.sleep(0.02)
     late = httpx.post(url + "/predict", json=LONG_BATCH["records"][0], headers=HEADERS, timeout=60)
     refused = metric_value(
-        httpx.get(url + "/metrics").text, "medtpe_rejections_total", reason="shutting_down"
+        httpx.get(url + "/metrics", headers=HEADERS).text,
+        "medtpe_rejections_total",
+        reason="shutting_down",
     )
     thread.join()
     answered_after = time.monotonic() - stopped_at

@@ -19,6 +19,7 @@ from starlette.testclient import TestClient
 from service.settings import ServiceSettings
 from service.ui import STATIC_DIR
 from tests.support.service_support import (
+    AUTH,
     SERVICE_API_KEY,
     Api,
     instant_settings,
@@ -107,7 +108,7 @@ def test_a_request_budget_cuts_the_prompt_and_is_checked(api: Api) -> None:
 
 
 def test_the_document_states_the_budget_range(instant_api: TestClient) -> None:
-    schemas = instant_api.get("/openapi.json").json()["components"]["schemas"]
+    schemas = instant_api.get("/openapi.json", headers=AUTH).json()["components"]["schemas"]
     tokenize = schemas["TokenizeRequest"]["properties"]["max_input_tokens"]
     (number,) = [
         s

@@ -219,5 +219,5 @@ def test_the_last_resort_is_a_generic_500_naming_only_type_and_route(
     assert "internal error ValueError on POST /broken/{name}" in logged
     assert "record content" not in logged and "cds-patient-1" not in logged
     assert "secret body" not in logged and "Traceback" not in caplog.text
-    metrics = TestClient(app).get("/metrics").text
+    metrics = TestClient(app).get("/metrics", headers=AUTH).text
     assert metric_value(metrics, "medtpe_errors_total", reason="internal") == 1

@@ -22,7 +22,7 @@ from service.shared_state import STATE_RETRY_AFTER_S
 from tests.support.cds_support import ICU_PATIENT, hook_request, load_bundle, prefetch_of
 from tests.support.ehr import Ehr
 from tests.support.redis_server import RedisServer
-from tests.support.service_support import instant_client, instant_settings, metric_value
+from tests.support.service_support import AUTH, instant_client, instant_settings, metric_value
 
 CLAIM_FAILURES = "medtpe_state_store_failures_total"
 BASE = "http://testserver"
@@ -100,7 +100,9 @@ def test_a_stopped_store_makes_hook_calls_503_until_it_is_back(
 ) -> None:
     first, second = instances
     headers = ehr.authorization(BASE + URL)
-    failed_claims = metric_value(first.get("/metrics").text, CLAIM_FAILURES, operation="claim")
+    failed_claims = metric_value(
+        first.get("/metrics", headers=AUTH).text, CLAIM_FAILURES, operation="claim"
+    )
     redis_server.stop()
     try:
         with caplog.at_level(logging.INFO, logger="medtpe.audit"):
@@ -112,7 +114,9 @@ def test_a_stopped_store_makes_hook_calls_503_until_it_is_back(
     finally:
         redis_server.start()
     # counted and audited (without the token)
-    after = metric_value(first.get("/metrics").text, CLAIM_FAILURES, operation="claim")
+    after = metric_value(
+        first.get("/metrics", headers=AUTH).text, CLAIM_FAILURES, operation="claim"
+    )
     assert after == failed_claims + 1
     audited = [json.loads(r.getMessage()) for r in caplog.records if r.name == "medtpe.audit"]
     assert [(a["outcome"], a["reason"]) for a in audited] == [("error", "state_unavailable")] * 2

@@ -213,7 +213,7 @@ def test_tokenize_goes_through_admission_and_the_deadline(
 
 def test_the_document_states_how_to_send_a_key(client: TestClient) -> None:
     """(Without keys it states none: the contract test's `ignored_auth` check would fail.)"""
-    document = client.get("/openapi.json").json()
+    document = client.get("/openapi.json", headers=AUTH).json()
     assert document["components"]["securitySchemes"] == API_KEY_SCHEMES
     for path in API_PATHS:
         security = document["paths"][path]["post"]["security"]
