@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from ledger.model_card import card_digest
 from medtpe_core.tasks import Prediction, Task
 
 PREDICTION_ID_SYSTEM = "urn:medtpe:prediction-id"
@@ -87,6 +88,21 @@ class ModelRef:
     """Where the card is published (`GET /model-card.xml`)."""
     card_xml: bytes | None = None
     """The card's CHAI XML, attached to the DocumentReference (None: only its URL)."""
+
+    @classmethod
+    def of_card(cls, card: Mapping[str, Any], xml: bytes | None = None) -> ModelRef:
+        """The model a card (`ledger.model_card.build_model_card`) describes, with the card's
+        digest, URL and (`xml`) its CHAI XML to attach."""
+        facts = card["facts"]
+        return cls(
+            name=facts["model"],
+            mode=facts["mode"],
+            artefact_id=facts["artefact_id"],
+            product_version=facts["product_version"],
+            card_digest=card_digest(card),
+            card_url=card.get("url"),
+            card_xml=xml,
+        )
 
     @property
     def identifier(self) -> str:

@@ -6,6 +6,7 @@ nothing, and the token goes to that server only."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -42,10 +43,14 @@ from ledger.fhir_resources import (
     system_action,
     transaction_bundles,
 )
+from ledger.model_card import build_model_card, card_digest
+from ledger.model_card_xml import model_card_xml
 from medtpe_core.tasks import get_task
+from medtpe_core.tokenizer.artefact_manifest import ArtefactBundle
 from tests.support.bulk_server import pem, server_access
 from tests.support.transaction_server import TransactionServer, serving_transactions
 
+ROOT = Path(__file__).resolve().parents[2]
 CLIENT = "medtpe-write-back"
 FAST = HttpSettings(default_wait_s=0.01, max_wait_s=0.05, retries=1)
 MODEL = ModelRef(
@@ -250,3 +255,30 @@ def test_a_fhir_jobs_answered_records_with_their_patients_and_receipts(tmp_path:
     ]
     with pytest.raises(ValueError, match="record 2 has no ledger receipt"):
         list(fhir_job_predictions(tmp_path, [plan], task, {0: ("id-0", at)}))
+
+
+def test_the_card_written_is_the_served_models_card() -> None:
+    bundle = ArtefactBundle.from_pretrained(ROOT / "artefacts" / "smollm2-135m-icu")
+    card = build_model_card(
+        bundle,
+        model_name="smollm2-135m-instruct",
+        mode="medtpe",
+        max_input_tokens=8128,
+        tasks=[get_task("icu_mortality")],
+        card_url="https://cds.example.org/model-card.xml",
+    )
+    xml = model_card_xml(card)
+    model = ModelRef.of_card(card, xml)
+    assert (model.name, model.mode, model.artefact_id) == (
+        "smollm2-135m-instruct",
+        "medtpe",
+        "097017eb45c3",
+    )
+    (written,) = transaction_bundles(predictions(1), model)
+    device, document = (e["resource"] for e in written["entry"][:2])
+    assert document["identifier"][0]["value"] == card_digest(card)
+    (content,) = document["content"]
+    assert content["attachment"]["url"] == "https://cds.example.org/model-card.xml"
+    assert base64.b64decode(content["attachment"]["data"]) == xml
+    assert device["url"] == "https://cds.example.org/model-card.xml"
+    DocumentReference.model_validate(document)
