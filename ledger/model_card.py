@@ -188,9 +188,9 @@ def _usefulness(evaluations: Sequence[Mapping[str, Any]], build: Mapping[str, An
         for mode, figures in entry["modes"].items():
             for name in ("auroc", "auprc"):
                 if name in figures:
-                    built = f", artefact {entry['artefact_id']}" if mode == "medtpe" else ""
+                    evaluated = f", artefact {entry['artefact_id']}" if mode == "medtpe" else ""
                     label = (
-                        f"{entry['task']} {name.upper()}, {mode}{built} "
+                        f"{entry['task']} {name.upper()}, {mode}{evaluated} "
                         f"({entry['n_records']} stays, {entry['date']})"
                     )
                     results.append({"Label": label, "ValueJson": _interval(figures[name])})
@@ -246,7 +246,7 @@ def _no_figure(what: str) -> dict[str, str]:
     return {"Label": f"{what}: none measured", "ValueJson": _single(0, "figures")}
 
 
-def _safety(bundle: ArtefactBundle):
+def _safety(bundle: ArtefactBundle, built: str):
     results = []
     for budget, figures in sorted(bundle.validated.items()):
         n = figures.get("n_records")
@@ -254,7 +254,7 @@ def _safety(bundle: ArtefactBundle):
             results.append(
                 {
                     "Label": f"same answer as the model without MedTPE, {budget} tokens ({n} "
-                    "held-out windows)",
+                    f"held-out windows, {built})",
                     "ValueJson": _interval(figures["same_answer"]),
                 }
             )
@@ -262,7 +262,7 @@ def _safety(bundle: ArtefactBundle):
             results.append(
                 {
                     "Label": f"mean |Δp(yes)| against the model without MedTPE, {budget} tokens "
-                    f"({figures.get('delta_p_n', n)} answered windows)",
+                    f"({figures.get('delta_p_n', n)} answered windows, {built})",
                     "ValueJson": _interval(figures["delta_p_mean"]),
                 }
             )
@@ -327,6 +327,7 @@ def build_model_card(
     build = _read_json(bundle.path / BUILD_REPORT_FILE)
     evaluation = _read_json(bundle.path / EVALUATION_FILE) or {}
     evaluations = list(evaluation.get("evaluations") or [])
+    built = evaluation.get("artefact_date") or "date not recorded"
     version = product_version()
     task_lines = "\n".join(f"- {t.title} ({t.name}): {t.question}" for t in tasks)
     budgets = bundle.validated_budgets
@@ -344,7 +345,7 @@ def build_model_card(
         },
         "ReleaseInfo": {
             "ReleaseStage": RELEASE_STAGE,
-            "ReleaseDate": (evaluation.get("artefact_date") or "not recorded"),
+            "ReleaseDate": built,
             "ReleaseVersion": f"medtpe {version}, artefact {bundle.artefact_id}",
             "GlobalAvailability": "Open source; self-hosted by each deploying organisation.",
             "EHRCompatibility": {"EHR": ["FHIR R4 (Bundles, Bulk Data export)", "CDS Hooks 2.0"]},
@@ -412,7 +413,7 @@ def build_model_card(
         "KeyMetrics": {
             "UsefulnessUsabilityEfficacy": _usefulness(evaluations, build),
             "FairnessEquity": _fairness(),
-            "SafetyReliability": _safety(bundle),
+            "SafetyReliability": _safety(bundle, built),
         },
         "Resources": {
             "EvaluationReferences": "docs/benchmarks.md (Evaluation: clinical metrics; "

@@ -88,7 +88,7 @@ def test_the_card_comes_from_the_artefact_and_its_reports(bundle: ArtefactBundle
     # the gate's figures with their records, at each validated budget
     safety = card["card"]["KeyMetrics"]["SafetyReliability"]["Results"]["MetricResult"]
     labels = [r["Label"] for r in safety]
-    assert any("8192 tokens (15 answered windows)" in label for label in labels)
+    assert any("8192 tokens (15 answered windows, 2026-11-27)" in label for label in labels)
     delta = json.loads(safety[1]["ValueJson"])
     assert delta["kind"] == "estimate_ci"
     assert delta["estimate"] == round(manifest["validated"]["4096"]["delta_p_mean"]["value"], 4)
