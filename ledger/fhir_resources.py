@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -72,6 +73,8 @@ RiskAssessment and its Provenance)."""
 SHARED_ENTRIES = 2
 """Entries every Bundle repeats (the Device and the card's DocumentReference)."""
 FHIR_ID_CHARS = 64
+FHIR_ID = re.compile(r"[A-Za-z0-9\-.]{1,64}")
+"""A FHIR resource id (R4 `id`)."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,12 @@ class WrittenPrediction:
     """p("yes") where computed (binary tasks)."""
     recorded: datetime
     """When the answer was computed (the ledger row's time)."""
+
+    def __post_init__(self) -> None:
+        if not FHIR_ID.fullmatch(self.patient_id):
+            raise ValueError(f"patient_id {self.patient_id[:80]!r} is no FHIR id")
+        if not self.prediction_id:
+            raise ValueError("prediction_id is empty")
 
 
 def _instant(when: datetime) -> str:

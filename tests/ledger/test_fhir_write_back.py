@@ -282,3 +282,9 @@ def test_the_card_written_is_the_served_models_card() -> None:
     assert base64.b64decode(content["attachment"]["data"]) == xml
     assert device["url"] == "https://cds.example.org/model-card.xml"
     DocumentReference.model_validate(document)
+
+
+@pytest.mark.parametrize("patient", ["", "p/1", "../Patient/x", "a" * 65, "p 1"])
+def test_a_patient_id_that_is_no_fhir_id_is_refused(patient: str) -> None:
+    with pytest.raises(ValueError, match="is no FHIR id"):
+        replace(predictions(1)[0], patient_id=patient)
