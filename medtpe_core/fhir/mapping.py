@@ -22,8 +22,9 @@ A coding no rule takes is kept with the mapping's generic `unmapped` code (plus 
 the value has a unit) and its display as description, and counted as unmapped. Events after
 `prediction_time` are dropped (MEDS: up to and including it is used).
 
-The subject id: an integer `Patient.identifier` of a `subject_identifier_systems` system, else an
-integer `Patient.id`, else the first 48 bits of the SHA-256 of `Patient.id` (stable, JSON-safe).
+The subject id: an integer (ASCII digits, at most 2**53 - 1) `Patient.identifier` of a
+`subject_identifier_systems` system, else an integer `Patient.id`, else the first 48 bits of the
+SHA-256 of `Patient.id` (stable, JSON-safe).
 
 Cost: linear in the resources; nearly all of it is `fhir.resources` validation
 (`medtpe_core.fhir.parsing`). With a `ResourceCache`, a resource given as JSON text (`bytes`) that
@@ -221,8 +222,15 @@ def _subject_id(patient_id: str | None, identifiers: Sequence[Any], mapping: Sit
     return int.from_bytes(digest[:6], "big")
 
 
+_MAX_SUBJECT_DIGITS = len(str(MAX_SUBJECT_ID))
+
+
 def _is_int(text: str | None) -> bool:
-    return bool(text) and text.isdigit() and int(text) <= MAX_SUBJECT_ID
+    """Whether `text` is a subject id: ASCII digits only (`str.isdigit` also takes `²`, which
+    `int` refuses), no longer than the largest id, at most `MAX_SUBJECT_ID`."""
+    if not text or len(text) > _MAX_SUBJECT_DIGITS or not (text.isascii() and text.isdigit()):
+        return False
+    return int(text) <= MAX_SUBJECT_ID
 
 
 class _Slots(dict[str, str]):

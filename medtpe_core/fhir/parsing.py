@@ -59,7 +59,7 @@ class FhirInputError(ValueError):
         if index is not None:
             loc = ["entry", index, "resource"] if in_bundle else [index]
         if field:
-            loc.extend(int(p) if p.isdigit() else p for p in field.split("."))
+            loc.extend(int(p) if p.isascii() and p.isdigit() else p for p in field.split("."))
         self.loc = loc
         self.message = message
 

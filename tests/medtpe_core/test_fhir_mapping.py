@@ -88,6 +88,7 @@ def test_patient_birth_and_gender_never_death() -> None:
     ]
 
 
+PATIENT_IDS = "http://mimic.mit.edu/fhir/mimic/identifier/patient"
 ABC_HASH = int.from_bytes(hashlib.sha256(b"abc").digest()[:6], "big")
 """The subject id of Patient.id `abc`: the first 48 bits of its SHA-256."""
 
@@ -98,6 +99,16 @@ ABC_HASH = int.from_bytes(hashlib.sha256(b"abc").digest()[:6], "big")
         ({"id": "42"}, 42),
         ({"id": "abc"}, ABC_HASH),
         ({"id": "abc", "identifier": [{"system": "urn:x:mrn", "value": "7"}]}, ABC_HASH),
+        # digits `int` refuses or that no JSON number holds exactly: the id's hash, never an error
+        (
+            {"id": "abc", "identifier": [{"system": PATIENT_IDS, "value": "²"}]},
+            ABC_HASH,
+        ),
+        (
+            {"id": "abc", "identifier": [{"system": PATIENT_IDS, "value": "9" * 5000}]},
+            ABC_HASH,
+        ),
+        ({"id": "9" * 60}, int.from_bytes(hashlib.sha256(b"9" * 60).digest()[:6], "big")),
     ],
 )
 def test_subject_id_from_identifier_id_or_hash(patient: dict, subject_id: int) -> None:
@@ -105,6 +116,13 @@ def test_subject_id_from_identifier_id_or_hash(patient: dict, subject_id: int) -
     record = meds_from_fhir(bundle(patient=patient), mapping=MAPPING)
     assert record.subject_id == subject_id
     assert all(e.subject_id == subject_id for e in record.events)
+
+
+def test_a_referenced_patient_id_of_other_digits_is_hashed() -> None:
+    """`²` is a digit to `str.isdigit` but not to `int`: the id is hashed, never an error."""
+    resource = observation(subject={"reference": "Patient/²"})
+    record = meds_from_fhir([resource], mapping=MAPPING)
+    assert record.subject_id == int.from_bytes(hashlib.sha256("²".encode()).digest()[:6], "big")
 
 
 @pytest.mark.parametrize("base", [MIMIC, OLD_MIMIC])
