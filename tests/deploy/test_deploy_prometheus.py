@@ -1,16 +1,19 @@
 """A real Prometheus (Debian's `prometheus` binary) scrapes the running service.
 
 Prometheus runs on loopback with a random free port and its own data directory; its
-configuration is deploy/prometheus.yml with the scrape target pointed at the service that the
-service tests start with the real vLLM engine (the session fixture `service_server` of
-tests/conftest.py), a 1 s scrape interval, and the real alert rules.
-The test sends /predict requests and reads the latency histogram back through Prometheus' HTTP
-API, then runs the Grafana dashboard's queries against it.
+configuration is deploy/prometheus.yml with the scrape target pointed at the service, its
+bearer token (the credentials file) one the service accepts at /metrics, a 1 s scrape interval,
+and the real alert rules. First against the service on the instant engine: it scrapes with the
+token, and a job without it is refused. Then against the service the service tests start with
+the real vLLM engine (the session fixture `service_server` of tests/conftest.py): the test sends
+/predict requests and reads the latency histogram back through Prometheus' HTTP API, then runs
+the Grafana dashboard's queries against it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import socket
@@ -27,9 +30,13 @@ import pytest
 import yaml
 
 from tests.support.deploy_support import DEPLOY, require_tool, substitute_grafana_macros
-from tests.support.service_support import SERVICE_API_KEY, ServiceProcess, synthetic_events
-
-pytestmark = [pytest.mark.slow, pytest.mark.engine]
+from tests.support.service_support import (
+    SERVICE_API_KEY,
+    ServiceProcess,
+    instant_settings,
+    served_in_thread,
+    synthetic_events,
+)
 
 SCRAPE_INTERVAL_S = 1
 PROMETHEUS_START_TIMEOUT_S = 60
@@ -80,8 +87,11 @@ class Prometheus:
         return None
 
 
-def prometheus_config(service_url: str, data: Path) -> Path:
-    """deploy/prometheus.yml, pointed at the service, scraping every second."""
+def prometheus_config(
+    service_url: str, data: Path, token: str, without_token: bool = False
+) -> Path:
+    """deploy/prometheus.yml, pointed at the service, scraping every second with `token` in
+    its credentials file; `without_token`: a second job, `medtpe_no_token`, sends none."""
     config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
     config["global"].update(
         scrape_interval=f"{SCRAPE_INTERVAL_S}s", evaluation_interval=f"{SCRAPE_INTERVAL_S}s"
@@ -90,25 +100,29 @@ def prometheus_config(service_url: str, data: Path) -> Path:
     (job,) = config["scrape_configs"]
     job["scrape_timeout"] = f"{SCRAPE_INTERVAL_S}s"
     job["static_configs"] = [{"targets": [urlsplit(service_url).netloc]}]
+    assert job["authorization"]["type"] == "Bearer"
+    credentials = data / "metrics-token"
+    credentials.write_text(token + "\n")
+    job["authorization"]["credentials_file"] = str(credentials)
+    if without_token:
+        bare = copy.deepcopy(job)
+        del bare["authorization"]
+        config["scrape_configs"].append(bare | {"job_name": "medtpe_no_token"})
     path = data / "prometheus.yml"
     path.write_text(yaml.safe_dump(config))
     return path
 
 
-@pytest.fixture(scope="module")
-def prometheus(
-    service_server: ServiceProcess, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Prometheus]:
-    host = urlsplit(service_server.url).hostname
-    assert host in {"127.0.0.1", "localhost"}, "the service under test listens on loopback"
-    data = tmp_path_factory.mktemp("prometheus")
+@contextlib.contextmanager
+def running_prometheus(config: Path, data: Path) -> Iterator[Prometheus]:
+    """Prometheus with `config`, its data under `data`, on a free loopback port, until ready."""
     port = free_port()
     log = data / "prometheus.log"
     with log.open("w") as log_file:
         process = subprocess.Popen(
             [
                 require_tool("prometheus"),
-                f"--config.file={prometheus_config(service_server.url, data)}",
+                f"--config.file={config}",
                 f"--storage.tsdb.path={data / 'tsdb'}",
                 f"--web.listen-address=127.0.0.1:{port}",
             ],
@@ -133,6 +147,51 @@ def prometheus(
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def test_prometheus_scrapes_with_the_token_and_nothing_else_is_let_in(
+    service_files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The service on the instant engine, with API keys and a metrics token: Prometheus' job
+    with deploy/prometheus.yml's credentials file is up; the same job without it is down
+    (401); the token opens /metrics only."""
+    token = "scrape-token-of-the-test"
+    settings = instant_settings(service_files, metrics_keys=[token])
+    with served_in_thread(settings) as url:
+        assert httpx.get(url + "/metrics").status_code == 401
+        assert (
+            httpx.post(url + "/tokenize", json={"text": "a"}, headers=bearer(token)).status_code
+            == 401
+        )
+        config = prometheus_config(url, tmp_path, token, without_token=True)
+        with running_prometheus(config, tmp_path) as prometheus:
+            wait_for(
+                "both jobs to be scraped",
+                lambda: len(prometheus.query("up")) == 2,
+                SCRAPE_WAIT_S,
+                prometheus.log,
+            )
+            assert prometheus.value("up", {"job": "medtpe"}) == 1
+            assert prometheus.value("up", {"job": "medtpe_no_token"}) == 0
+            assert prometheus.value("medtpe_engine_ready", {"job": "medtpe"}) == 1
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture(scope="module")
+def prometheus(
+    service_server: ServiceProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Prometheus]:
+    """Prometheus scraping `service_server` with one of its API keys as the token."""
+    host = urlsplit(service_server.url).hostname
+    assert host in {"127.0.0.1", "localhost"}, "the service under test listens on loopback"
+    data = tmp_path_factory.mktemp("prometheus")
+    with running_prometheus(
+        prometheus_config(service_server.url, data, SERVICE_API_KEY), data
+    ) as p:
+        yield p
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +223,8 @@ def predicted(prometheus: Prometheus, service_server: ServiceProcess) -> dict[st
     return labels
 
 
+@pytest.mark.slow
+@pytest.mark.engine
 def test_probe_paths_answer(service_server: ServiceProcess) -> None:
     """The paths of the container health check and the Kubernetes probes."""
     with httpx.Client(base_url=service_server.url, timeout=30) as service:
@@ -171,6 +232,8 @@ def test_probe_paths_answer(service_server: ServiceProcess) -> None:
         assert service.get("/readyz").status_code == 200
 
 
+@pytest.mark.slow
+@pytest.mark.engine
 def test_prometheus_reads_back_the_latency_histogram(
     prometheus: Prometheus, predicted: dict[str, str]
 ) -> None:
@@ -190,6 +253,8 @@ def test_prometheus_reads_back_the_latency_histogram(
     assert p50 is not None and math.isfinite(p50) and p50 > 0
 
 
+@pytest.mark.slow
+@pytest.mark.engine
 def test_dashboard_queries_answer_from_the_real_metrics(
     prometheus: Prometheus, predicted: dict[str, str]
 ) -> None:
@@ -214,6 +279,8 @@ def test_dashboard_queries_answer_from_the_real_metrics(
     assert predicted["task"] in tasks
 
 
+@pytest.mark.slow
+@pytest.mark.engine
 def test_alert_rules_load_and_evaluate(prometheus: Prometheus, predicted: dict[str, str]) -> None:
     def evaluated() -> list[dict[str, Any]]:
         response = prometheus.client.get(f"{prometheus.url}/api/v1/rules")

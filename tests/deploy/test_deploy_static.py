@@ -262,6 +262,12 @@ def test_build_context_holds_what_the_dockerfile_copies() -> None:
 
 COMPOSE_API_KEYS = "compose-key-1,compose-key-2"
 """The keys the compose tests run it with: the file requires `MEDTPE_API_KEYS`."""
+COMPOSE_REQUIRED = {
+    "MEDTPE_API_KEYS": COMPOSE_API_KEYS,
+    "MEDTPE_METRICS_KEY": "compose-scrape-token",
+    "GRAFANA_ADMIN_PASSWORD": "compose-grafana-password",
+}
+"""Every variable the compose file requires, with the values its tests give."""
 
 
 def compose_command(*files: str) -> list[str]:
@@ -278,18 +284,19 @@ def compose_command(*files: str) -> list[str]:
 def compose_config(*files: str) -> dict[str, Any]:
     """The compose model as docker compose normalises and validates it (no daemon needed), with
     API keys in the environment."""
-    env = os.environ | {"MEDTPE_API_KEYS": COMPOSE_API_KEYS}
-    return json.loads(run_tool(compose_command(*files), env=env))
+    return json.loads(run_tool(compose_command(*files), env=os.environ | COMPOSE_REQUIRED))
 
 
-def test_compose_requires_api_keys() -> None:
-    """The service listens on 0.0.0.0 in its container: compose stops without keys, naming
-    the variable."""
-    env = {k: v for k, v in os.environ.items() if k != "MEDTPE_API_KEYS"}
+@pytest.mark.parametrize("variable", sorted(COMPOSE_REQUIRED))
+def test_compose_requires_its_secrets(variable: str) -> None:
+    """The service listens on 0.0.0.0 in its container: compose stops without its API keys, the
+    token Prometheus scrapes with, or Grafana's admin password (no default), naming the
+    variable."""
+    env = {k: v for k, v in (os.environ | COMPOSE_REQUIRED).items() if k != variable}
     command = compose_command("docker-compose.yml")
     refused = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert refused.returncode != 0
-    assert "MEDTPE_API_KEYS" in refused.stderr
+    assert variable in refused.stderr
 
 
 def bind_mounts(service: dict[str, Any]) -> dict[str, Path]:
@@ -316,6 +323,7 @@ def test_compose_service_matches_the_image_and_settings(
     settings = settings_from_environment(medtpe["environment"], monkeypatch)
     assert settings.kv_cache_gib is not None  # the CPU engine needs an explicit KV cache size
     assert settings.api_keys == COMPOSE_API_KEYS.split(",")
+    assert settings.metrics_keys == [COMPOSE_REQUIRED["MEDTPE_METRICS_KEY"]]
     for service in config["services"].values():
         for host_path in bind_mounts(service).values():
             assert host_path.exists() and host_path.is_relative_to(DEPLOY), host_path
@@ -364,11 +372,52 @@ def test_compose_prometheus_and_grafana_are_wired_to_the_deploy_files() -> None:
     assert 9090 in [p["target"] for p in services["prometheus"]["ports"]]
 
 
+def test_compose_prometheus_scrapes_with_the_services_metrics_token() -> None:
+    """The secret compose mounts in Prometheus is the token the service accepts at /metrics,
+    at the credentials file deploy/prometheus.yml names."""
+    config = compose_config("docker-compose.yml")
+    (job,) = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())["scrape_configs"]
+    auth = job["authorization"]
+    assert auth["type"] == "Bearer" and "credentials" not in auth  # never in the file itself
+    (secret,) = config["services"]["prometheus"]["secrets"]
+    assert secret["target"] == auth["credentials_file"]
+    source = config["secrets"][secret["source"]]
+    assert source["environment"] == "MEDTPE_METRICS_KEY"
+    token = COMPOSE_REQUIRED[source["environment"]]
+    assert config["services"]["medtpe"]["environment"]["MEDTPE_METRICS_KEYS"] == token
+
+
+def test_compose_publishes_prometheus_and_grafana_on_loopback_only() -> None:
+    services = compose_config("docker-compose.yml")["services"]
+    for name in ("prometheus", "grafana"):
+        ports = services[name]["ports"]
+        assert ports and all(p.get("host_ip") == "127.0.0.1" for p in ports), (name, ports)
+    grafana = services["grafana"]["environment"]
+    assert grafana["GF_SECURITY_ADMIN_PASSWORD"] == COMPOSE_REQUIRED["GRAFANA_ADMIN_PASSWORD"]
+
+
 # --------------------------------------------------------------------------------- Prometheus
 
 
-def test_promtool_checks_the_config_and_its_rules() -> None:
-    output = run_tool([require_tool("promtool"), "check", "config", "deploy/prometheus.yml"])
+def promtool_config(scrape_configs: list[dict[str, Any]], tmp_path: Path) -> Path:
+    """A Prometheus configuration holding `scrape_configs`, their credentials files (which
+    promtool checks exist) pointed at a token file under `tmp_path`."""
+    token = tmp_path / "token"
+    token.write_text("scrape-token\n")
+    config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+    config["rule_files"] = [str(DEPLOY / name) for name in config["rule_files"]]
+    config["scrape_configs"] = scrape_configs
+    for job in scrape_configs:
+        job["authorization"]["credentials_file"] = str(token)
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_promtool_checks_the_config_and_its_rules(tmp_path: Path) -> None:
+    jobs = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())["scrape_configs"]
+    config = promtool_config(jobs, tmp_path)
+    output = run_tool([require_tool("promtool"), "check", "config", str(config)])
     assert "SUCCESS" in output
 
 
@@ -593,9 +642,40 @@ def test_deployment_probes_resources_and_volume(
     assert settings.kv_cache_gib is None  # one GPU per pod: vLLM's share of its memory
     assert float(config["data"]["MEDTPE_SHUTDOWN_GRACE_S"]) < pod["terminationGracePeriodSeconds"]
 
-    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
-    assert annotations["prometheus.io/port"] == str(SERVICE_PORT)
-    assert annotations["prometheus.io/path"] == "/metrics"
+    # /metrics needs a token: no annotation invites a scrape job that sends none
+    annotations = deployment["spec"]["template"]["metadata"].get("annotations", {})
+    assert not any(name.startswith("prometheus.io/") for name in annotations)
+
+
+def test_the_cluster_scrape_job_sends_the_token_the_pods_accept(tmp_path: Path) -> None:
+    """deploy/k8s/prometheus-scrape.yml is a valid scrape job (promtool) for the pods'
+    `http` port, sending the Secret that the pods read as MEDTPE_METRICS_KEYS (required)."""
+    (job,) = yaml.safe_load((K8S / "prometheus-scrape.yml").read_text())
+    deployment = k8s_documents()["Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    (metrics_keys,) = [e for e in container["env"] if e["name"] == "MEDTPE_METRICS_KEYS"]
+    secret = metrics_keys["valueFrom"]["secretKeyRef"]
+    assert "optional" not in secret
+    mounted = Path(job["authorization"]["credentials_file"])
+    assert (mounted.parent.name, mounted.name) == (secret["name"], secret["key"])
+    assert job["metrics_path"] == "/metrics" and job["authorization"]["type"] == "Bearer"
+    keeps = {
+        rule["source_labels"][0]: rule["regex"]
+        for rule in job["relabel_configs"]
+        if rule.get("action") == "keep"
+    }
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    label = "__meta_kubernetes_pod_label_app_kubernetes_io_name"
+    assert keeps[label] == pod_labels["app.kubernetes.io/name"]
+    assert keeps["__meta_kubernetes_pod_container_port_name"] in {
+        p["name"] for p in container["ports"]
+    }
+    # Debian's promtool is built without Kubernetes discovery: the rest of the job is checked,
+    # its discovery swapped for a static target
+    assert job.pop("kubernetes_sd_configs") == [{"role": "pod"}]
+    job["static_configs"] = [{"targets": [f"medtpe:{SERVICE_PORT}"]}]
+    config = promtool_config([job], tmp_path)
+    assert "SUCCESS" in run_tool([require_tool("promtool"), "check", "config", str(config)])
 
 
 def test_service_and_autoscaler_target_the_deployment(metric_names: set[str]) -> None:
@@ -649,3 +729,19 @@ def test_ingress_routes_a_record_to_one_replica_by_consistent_hash(
     assert int(annotations["nginx.ingress.kubernetes.io/proxy-read-timeout"]) > (
         settings.request_timeout_s
     )
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_slow_clients_are_cut_at_the_ingress(version: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """nginx buffers the whole body before the service sees it, and the controller's timeouts
+    (deploy/k8s/ingress-nginx-timeouts.yml, a valid ConfigMap) cut slow headers and bodies well
+    within the service's own request deadline."""
+    annotations = k8s_documents()["Ingress"]["metadata"]["annotations"]
+    assert annotations["nginx.ingress.kubernetes.io/proxy-request-buffering"] == "on"
+    assert int(annotations["nginx.ingress.kubernetes.io/proxy-connect-timeout"]) <= 10
+    controller = yaml.safe_load((K8S / "ingress-nginx-timeouts.yml").read_text())
+    kubernetes_validate.validate(controller, version, strict=True)
+    data = controller["data"]
+    settings = settings_from_environment(k8s_documents()["ConfigMap"]["data"], monkeypatch)
+    for name in ("client-header-timeout", "client-body-timeout"):
+        assert 0 < int(data[name]) < settings.request_timeout_s, name
