@@ -28,16 +28,17 @@ SHA-256 of `Patient.id` (stable, JSON-safe).
 
 Cost: linear in the resources; nearly all of it is `fhir.resources` validation
 (`medtpe_core.fhir.parsing`). With a `ResourceCache`, a resource given as JSON text (`bytes`) that
-the cache has seen is neither validated nor read again: what it gave is kept under its exact
-text (a CDS hook re-asked about a patient after new observations arrived validates only those).
-A resource whose reading looked at another one (a Condition's encounter, a referenced Medication
-or Location) keeps its validated model and is read again for each record.
+the cache has seen is neither validated nor read again: what it gave is kept under the digest of
+its exact text (a CDS hook re-asked about a patient after new observations arrived validates
+only those). A resource whose reading looked at another one (a Condition's encounter, a
+referenced Medication or Location) keeps its validated model and is read again for each record.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -973,17 +974,21 @@ def _status(resource: Any) -> str | None:
 
 
 class ResourceCache:
-    """What each resource given as JSON text gave under one site mapping, kept under that exact
-    text (an equal text is the same resource: no digest, no collision), for `meds_from_fhir`.
-    The least recently used go first beyond `max_resources`; safe to share between threads.
+    """What each resource given as JSON text gave under one site mapping, kept under the BLAKE2b
+    digest of that exact text (128 bits: an equal digest is the same resource), for
+    `meds_from_fhir`. Bounded in bytes: the least recently used go first while the estimated
+    bytes kept (`nbytes`: each entry's events, texts and kept R4B model, `read_bytes`) exceed
+    `max_bytes` (0: keep nothing); an entry larger than the bound is not kept. Safe to share
+    between threads.
 
-    Memory: about 1.8 KB per resource (its text and what it gave; measured on MIMIC-IV demo
-    ICU stays)."""
+    Memory: about 1 KB per Observation, 3 to 4 KB per kept Patient or Encounter model (MIMIC-IV
+    demo ICU stays); the texts themselves are not kept."""
 
-    def __init__(self, mapping: SiteMapping, max_resources: int) -> None:
+    def __init__(self, mapping: SiteMapping, max_bytes: int) -> None:
         self.mapping = mapping
-        self.max_resources = max_resources
-        self._reads: OrderedDict[bytes, _Read] = OrderedDict()
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self._reads: OrderedDict[bytes, tuple[_Read, int]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -991,23 +996,65 @@ class ResourceCache:
 
     def get_many(self, texts: Sequence[bytes | None]) -> list[_Read | None]:
         """What each text gave (None: not kept, or no text)."""
+        keys = [_digest(text) if text is not None else None for text in texts]
         with self._lock:
-            found = [self._reads.get(text) if text is not None else None for text in texts]
-            for text, read in zip(texts, found, strict=True):
-                if text is not None and read is not None:
-                    self._reads.move_to_end(text)
-        return found
+            found = [self._reads.get(key) if key is not None else None for key in keys]
+            for key, kept in zip(keys, found, strict=True):
+                if key is not None and kept is not None:
+                    self._reads.move_to_end(key)
+        return [kept[0] if kept is not None else None for kept in found]
 
     def put_many(self, reads: Sequence[tuple[bytes, _Read]]) -> None:
-        """Keep these, dropping the least recently used beyond the size limit."""
-        if self.max_resources <= 0:
+        """Keep these, dropping the least recently used beyond the byte bound."""
+        if self.max_bytes <= 0:
             return
+        sized = [(_digest(text), read, read_bytes(read)) for text, read in reads]
         with self._lock:
-            for text, read in reads:
-                self._reads[text] = read
-                self._reads.move_to_end(text)
-            while len(self._reads) > self.max_resources:
-                self._reads.popitem(last=False)
+            for key, read, size in sized:
+                if size > self.max_bytes:
+                    continue
+                old = self._reads.pop(key, None)
+                if old is not None:
+                    self.nbytes -= old[1]
+                self._reads[key] = (read, size)
+                self.nbytes += size
+            while self.nbytes > self.max_bytes:
+                _, (_, size) = self._reads.popitem(last=False)
+                self.nbytes -= size
+
+
+def _digest(text: bytes) -> bytes:
+    return hashlib.blake2b(text, digest_size=16).digest()
+
+
+_ENTRY_BYTES = 600
+"""A cache entry's fixed cost: its key, its slot in the index, the `_Read` and its tuples."""
+_EVENT_BYTES = 200
+"""An event's fixed cost: its tuple, time and number (its texts are counted apart)."""
+
+
+def read_bytes(read: _Read) -> int:
+    """The estimated bytes a `ResourceCache` entry of `read` keeps alive."""
+    size = _ENTRY_BYTES + len(read.events or ()) * _EVENT_BYTES
+    for event in read.events or ():
+        size += sys.getsizeof(event.code) + (sys.getsizeof(event.text) if event.text else 0)
+    for code, description in read.described:
+        size += sys.getsizeof(code) + sys.getsizeof(description)
+    for name, reference in read.references:
+        size += sys.getsizeof(name) + sys.getsizeof(reference)
+    return size + (_object_bytes(read.resource) if read.resource is not None else 0)
+
+
+def _object_bytes(value: object) -> int:
+    """`sys.getsizeof` of a validated model and everything it holds (models, lists, texts)."""
+    size = sys.getsizeof(value)
+    if isinstance(value, list | tuple):
+        return size + sum(_object_bytes(item) for item in value)
+    fields = getattr(value, "__dict__", None)
+    if isinstance(fields, dict):
+        size += sys.getsizeof(fields)
+        size += sum(_object_bytes(item) for item in fields.values() if item is not None)
+    return size
 
 
 def _cached_items(

@@ -38,7 +38,7 @@ def test_the_record_is_the_same_with_and_without_the_cache_and_from_text_or_obje
     bundle = load_bundle()
     resources = [e["resource"] for e in bundle["entry"]]
     plain = meds_from_fhir(resources, mapping=MAPPING, patient_id=ICU_PATIENT)
-    cache = ResourceCache(MAPPING, 10_000)
+    cache = ResourceCache(MAPPING, 2**24)
     first = meds_from_fhir(texts(bundle), mapping=MAPPING, patient_id=ICU_PATIENT, cache=cache)
     again = meds_from_fhir(texts(bundle), mapping=MAPPING, patient_id=ICU_PATIENT, cache=cache)
     assert as_tuple(first) == as_tuple(again) == as_tuple(plain)
@@ -51,7 +51,7 @@ def test_the_record_is_the_same_with_and_without_the_cache_and_from_text_or_obje
 
 def test_a_grown_record_reads_only_its_new_resources() -> None:
     bundle = load_bundle()
-    cache = ResourceCache(MAPPING, 10_000)
+    cache = ResourceCache(MAPPING, 2**24)
     meds_from_fhir(texts(bundle), mapping=MAPPING, patient_id=ICU_PATIENT, cache=cache)
     grown = copy.deepcopy(bundle)
     newest = max(
@@ -89,7 +89,7 @@ def test_a_reading_that_looks_at_another_resource_is_done_again_for_each_record(
         "subject": {"reference": "Patient/p1"},
         "encounter": {"reference": "Encounter/e1"},
     }  # no onset: the encounter's end
-    cache = ResourceCache(MAPPING, 100)
+    cache = ResourceCache(MAPPING, 2**20)
     for end in ("2150-01-05T00:00:00Z", "2150-01-09T00:00:00Z"):
         resources = [msgspec.json.encode(r) for r in (patient, _encounter(end), condition)]
         record = meds_from_fhir(resources, mapping=MAPPING, cache=cache)
@@ -106,7 +106,7 @@ def test_bad_text_is_refused_naming_the_field_and_nothing_is_kept() -> None:
         "effectiveDateTime": "2150-01-01T08:00:00Z",
         "valueQuantity": {"value": "high"},
     }
-    cache = ResourceCache(MAPPING, 100)
+    cache = ResourceCache(MAPPING, 2**20)
     for resources in ([observation], [msgspec.json.encode(observation)], [b"[1, 2]"]):
         with pytest.raises(FhirInputError) as caught:
             meds_from_fhir(resources, mapping=MAPPING, patient_id="p1", cache=cache)
@@ -114,10 +114,40 @@ def test_bad_text_is_refused_naming_the_field_and_nothing_is_kept() -> None:
     assert len(cache) == 0
 
 
-def test_a_cache_holds_one_mapping_and_its_size() -> None:
+def test_a_cache_holds_one_mapping_within_its_bytes() -> None:
     bundle = load_bundle()
-    cache = ResourceCache(MAPPING, 5)
+    whole = ResourceCache(MAPPING, 2**24)
+    meds_from_fhir(texts(bundle), mapping=MAPPING, patient_id=ICU_PATIENT, cache=whole)
+    assert len(whole) == len(bundle["entry"])
+    bound = whole.nbytes // 3
+    cache = ResourceCache(MAPPING, bound)
     meds_from_fhir(texts(bundle), mapping=MAPPING, patient_id=ICU_PATIENT, cache=cache)
-    assert len(cache) == 5
+    assert 0 < len(cache) < len(bundle["entry"]) and 0 < cache.nbytes <= bound
     with pytest.raises(ValueError, match="another site mapping"):
         meds_from_fhir(texts(bundle), mapping=load_site_mapping(), cache=cache)
+
+
+def test_long_texts_are_kept_by_digest_and_counted_in_bytes() -> None:
+    """A resource's text is never a key (a long note would be kept whole): its digest is; what
+    a text gives counts towards the bound, and what alone exceeds it is not kept."""
+    note = [{"text": "n" * 200_000}]
+    observations = [
+        {
+            "resourceType": "Observation",
+            "id": f"o{i}",
+            "status": "final",
+            "code": {"coding": [{"system": "http://loinc.org", "code": "8867-4"}]},
+            "subject": {"reference": "Patient/p1"},
+            "effectiveDateTime": "2150-01-01T08:00:00Z",
+            "note": note,
+        }
+        for i in range(20)
+    ]
+    long_value = {**observations[0], "id": "long", "valueString": "v" * 300_000, "note": None}
+    resources = [msgspec.json.encode(r) for r in [*observations, long_value]]
+    cache = ResourceCache(MAPPING, 64 * 1024)
+    record = meds_from_fhir(resources, mapping=MAPPING, patient_id="p1", cache=cache)
+    assert len(record.rows) == 21
+    assert len(cache) == 20  # the 300 KB value alone is over the bound
+    assert cache.nbytes <= 64 * 1024 and cache.nbytes < 20 * 4096
+    assert all(len(key) == 16 for key in cache._reads)

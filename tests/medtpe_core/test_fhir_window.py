@@ -164,7 +164,7 @@ def test_a_re_asked_window_reads_no_resource_the_cache_holds(
     """Asked again with a resource cache, the window counts the resources the cache holds read
     among the newest: it validates none of them again and no older one in their place."""
     texts = [json.dumps(entry["resource"]).encode() for entry in stay["entry"]]
-    cache = ResourceCache(MAPPING, 100_000)
+    cache = ResourceCache(MAPPING, 2**26)
     cold = FhirWindow(texts, mapping=MAPPING, cache=cache).record(16)
     validated: list[int] = []
     real = window_module.parse_resource
