@@ -266,7 +266,7 @@ class ServiceSettings(BaseSettings):
         50_000,
         gt=0,
         description="CDS Hooks without `MEDTPE_STATE_URL`: issued card ids kept per API process "
-        "(about 0.3 KB each; the oldest forgotten first).",
+        "(about 0.35 KB each; the oldest forgotten first).",
     )
     cds_max_feedback_items: int = Field(
         100, gt=0, description="CDS Hooks: most feedback items in one call; more: 422."

@@ -1,6 +1,6 @@
 """State that every API process and replica of an instance must see alike: the CDS Hooks replay
-cache (each `jti` accepted once) and score cache, behind one small async interface
-(`StateStore`) with two backends.
+cache (each `jti` accepted once), score cache and issued cards (`IssuedCards`: feedback is
+taken for those only), behind one small async interface (`StateStore`) with two backends.
 
 - `LocalStore` (`MEDTPE_STATE_URL` unset): this process's memory. Right for one API process;
   an instance with several (`MEDTPE_API_WORKERS` > 1) and CDS issuers refuses to start without a
@@ -10,7 +10,8 @@ cache (each `jti` accepted once) and score cache, behind one small async interfa
   atomic `SET key 1 NX PX ttl`: the first writer wins, every later one is refused.
 
 Keys are namespaced and hashed (`state_key`: `medtpe:jti:{sha256(issuer)}:{sha256(jti)}`,
-`medtpe:score:{sha256(...)}`), so no issuer, token or patient identifier is stored in clear.
+`medtpe:score:{sha256(...)}`, `medtpe:card:{sha256(...)}`), so no issuer, token or patient
+identifier is stored in clear.
 Every Redis operation is bounded: connect and read timeouts of `STATE_TIMEOUT_S`, no retry, the
 whole operation within `STATE_DEADLINE_S`. A store that cannot answer raises `StateUnavailable`
 (logged once per outage, failures counted per operation): the replay check then fails closed
@@ -20,6 +21,7 @@ whole operation within `STATE_DEADLINE_S`. A store that cannot answer raises `St
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import math
@@ -36,6 +38,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from medtpe_core.cds.cards import Score
+from service.errors import ApiError
 
 logger = logging.getLogger("medtpe.service")
 
@@ -55,6 +58,12 @@ class StateUnavailable(Exception):
     """The state store did not answer in time (or refused the operation)."""
 
 
+def state_unavailable(detail: str) -> ApiError:
+    """The 503 of a call that needed the store when it did not answer (`Retry-After`)."""
+    retry = {"Retry-After": str(STATE_RETRY_AFTER_S)}
+    return ApiError(503, "state_unavailable", f"{detail}; try again later", headers=retry)
+
+
 class StateStore(Protocol):
     """Keys with a time to live, shared by whoever uses the same store."""
 
@@ -64,6 +73,10 @@ class StateStore(Protocol):
 
     async def get(self, key: str) -> bytes | None:
         """The live value under `key`, else None."""
+        ...
+
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """The live value under each of `keys` (None where there is none; one round trip)."""
         ...
 
     async def put(self, keys: Sequence[str], value: bytes, ttl_s: float) -> None:
@@ -126,6 +139,10 @@ class LocalStore:
         self._values.move_to_end(key)
         return value
 
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """`get` of each key."""
+        return [await self.get(key) for key in keys]
+
     async def put(self, keys: Sequence[str], value: bytes, ttl_s: float) -> None:
         """Store `value` under each key, dropping the least recently used beyond `max_values`."""
         if self.max_values <= 0:
@@ -186,6 +203,10 @@ class RedisStore:
     async def get(self, key: str) -> bytes | None:
         """`GET key`."""
         return await self._run("get", lambda c: c.get(key))
+
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """`MGET keys`."""
+        return await self._run("get", lambda c: c.mget(list(keys)))
 
     async def put(self, keys: Sequence[str], value: bytes, ttl_s: float) -> None:
         """`SET key value PX ttl` for each key, pipelined: one round trip."""
@@ -310,3 +331,36 @@ class ScoreStore:
 def _score_key(parts: tuple[str, ...]) -> str:
     """`medtpe:score:{sha256}` of the parts (unit-separated) and `SCORE_FORMAT`."""
     return state_key("score", "\x1f".join((SCORE_FORMAT, *parts)))
+
+
+CARD_FORMAT = "card-v1"
+"""Part of every issued card's key (as `SCORE_FORMAT` is of a score's)."""
+
+
+class IssuedCards:
+    """The cards this service issued, per caller and service, kept `ttl_s` seconds: feedback is
+    taken for those only. A card is kept under one key (the SHA-256 of caller, card uuid and
+    `CARD_FORMAT`) holding the service's id."""
+
+    def __init__(self, store: StateStore, ttl_s: float) -> None:
+        self.store = store
+        self.ttl_s = ttl_s
+
+    async def issue(self, caller: Sequence[str], service: str, card: str) -> None:
+        """Keep `card` as issued to `caller` (its identifying parts) by `service`; a store that
+        fails keeps nothing (its failure is counted by the store), and the card is answered:
+        feedback on it will be refused."""
+        with contextlib.suppress(StateUnavailable):
+            await self.store.put([_card_key(caller, card)], service.encode(), self.ttl_s)
+
+    async def unknown(self, caller: Sequence[str], service: str, cards: Sequence[str]) -> list[int]:
+        """The indices of `cards` that `service` did not issue to `caller` (or whose time to
+        live is over); one round trip. `StateUnavailable` when the store does not answer."""
+        kept = await self.store.get_many([_card_key(caller, card) for card in cards])
+        mine = service.encode()
+        return [i for i, value in enumerate(kept) if value != mine]
+
+
+def _card_key(caller: Sequence[str], card: str) -> str:
+    """`medtpe:card:{sha256}` of the caller's parts, the card uuid and `CARD_FORMAT`."""
+    return state_key("card", "\x1f".join((CARD_FORMAT, *caller, card)))

@@ -61,10 +61,11 @@ class AuditedError(ApiError):
         self.log_detail = log_detail
 
 
-def write(entry: AuditEntry, metrics: ServiceMetrics) -> None:
-    """Log the line and count the call by service and outcome."""
+def write(entry: AuditEntry, metrics: ServiceMetrics | None) -> None:
+    """Log the line and count the call by service and outcome (not without `metrics`: a call
+    naming no service of the discovery list, whose path must not become a label)."""
     audit_logger.info(entry.line())
-    if entry.event == "hook":
+    if entry.event == "hook" and metrics is not None:
         metrics.cds_calls.labels(entry.service, entry.outcome).inc()
 
 

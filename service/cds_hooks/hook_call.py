@@ -1,5 +1,7 @@
-"""One hook call from request to card: check the call against its service, gather the FHIR
-resources as JSON text (`service.cds_hooks.prefetch`), then the score:
+"""One hook call from request to card: check the call against its service, then, served as one
+request (`service.serving.served`: admission control, the request deadline, the latency metric),
+gather the FHIR resources as JSON text (`service.cds_hooks.prefetch`: what the client left out
+is fetched from its FHIR server), then the score:
 
 - from the score cache when the same caller sent the very same resources before (a digest of
   their text: nothing is decoded or mapped); the cache is in the state every API process and
@@ -12,6 +14,9 @@ resources as JSON text (`service.cds_hooks.prefetch`), then the score:
 - else from the model through the path every door shares (`service.serving.predict_record`,
   on the async engine: the event loop never waits on it); the card is built from the inference
   layer's answer (`RecordAnswer`), never from `/predict`'s response.
+
+The score becomes the call's card in one place (`_issued_card`), which keeps the card's id as
+issued to the caller (`service.shared_state.IssuedCards`: feedback is taken for those only).
 """
 
 from __future__ import annotations
@@ -33,25 +38,27 @@ from medtpe_core.cds.risk import DEFAULT_BANDS
 from medtpe_core.cds.score_cache import record_digest, texts_digest
 from medtpe_core.cds.services import HOOK_CONTEXT, PATIENT_ID, CdsService
 from medtpe_core.fhir import ResourceCache, SiteMapping
-from medtpe_core.tasks import get_task
+from medtpe_core.tasks import Task, get_task
 from service.cds_hooks.audit import AuditEntry
 from service.cds_hooks.jwt_auth import Caller, HookAuthenticator, JwksCache, ReplayCache
 from service.cds_hooks.prefetch import gather_resources
 from service.cds_hooks.responses import risk_card
-from service.cds_hooks.schemas import CdsResponse, HookRequest
+from service.cds_hooks.schemas import Card, CdsResponse, HookRequest
 from service.errors import ApiError, field_error
 from service.serving import predict_record, prepare, served, served_sampling
 from service.settings import ServiceSettings
-from service.shared_state import ScoreStore, open_store
+from service.shared_state import IssuedCards, LocalStore, ScoreStore, open_store
 from service.state import ServiceState
 
 
 @dataclass(frozen=True)
 class CdsHooks:
-    """What the hook routes hold: the JWT check, the score cache and the resource cache."""
+    """What the hook routes hold: the JWT check, the score cache, the issued cards and the
+    resource cache."""
 
     auth: HookAuthenticator
     scores: ScoreStore
+    cards: IssuedCards
     base_url: str | None
     max_resources: int
     _resources: dict[int, ResourceCache] = field(default_factory=dict)
@@ -62,8 +69,10 @@ class CdsHooks:
     ) -> CdsHooks:
         """The hooks of one API process: the replay and score caches in the state store of
         `state_url` (unset: this process's memory), each failed store operation told to
-        `on_state_failure`."""
+        `on_state_failure`; the issued cards there too (unset: at most `cds_issued_cards` in
+        this process's memory)."""
         store = open_store(settings.state_url, settings.cds_score_cache_size, on_state_failure)
+        cards = store if settings.state_url else LocalStore(settings.cds_issued_cards)
         return cls(
             HookAuthenticator(
                 settings.cds_issuers,
@@ -72,6 +81,7 @@ class CdsHooks:
                 ReplayCache(store),
             ),
             ScoreStore(store, settings.cds_score_cache_ttl_s, settings.cds_score_cache_size > 0),
+            IssuedCards(cards, settings.cds_card_ttl_s),
             str(settings.cds_base_url).rstrip("/") if settings.cds_base_url else None,
             settings.cds_resource_cache_size,
         )
@@ -106,42 +116,79 @@ async def answer_hook(
     caller: Caller,
     audit: AuditEntry,
 ) -> CdsResponse:
-    """The call's card (`audit` gets the model, the card and the outcome)."""
+    """The call's card (`audit` gets the model, the card and the outcome): the whole call, the
+    FHIR fetch and the mapping included, served as one request (`served`: refused at once when
+    admission control has no room, cut at the request deadline, timed in the latency metric)."""
     _check_call(service, body)
     model = state.loaded(need_engine=True)
     audit.model, audit.artefact = model.identity.name, model.identity.artefact_id
     task = get_task(service.task)
+    async with served(state, "cds_hook", task.name, 1):
+        score, cached = await _scored(state, hooks, model, task, service, body, caller)
+        card = await _issued_card(state, hooks, model, service, caller, (score, cached))
+    audit.card, audit.outcome = card.uuid, "cached" if cached else "card"
+    return CdsResponse(cards=[card])
+
+
+async def _scored(
+    state: ServiceState,
+    hooks: CdsHooks,
+    model: LoadedModel,
+    task: Task,
+    service: CdsService,
+    body: HookRequest,
+    caller: Caller,
+) -> tuple[Score, bool]:
+    """The score of the call's record, and whether it came from the score cache."""
     gathered = await gather_resources(service, body, caller, state.settings)
     if gathered.fetch_s:
         state.metrics.cds_fhir_fetch.observe(gathered.fetch_s)
     patient = str(body.context[PATIENT_ID])
     salt = state.salts.of(f"cds-hooks\x1f{caller.issuer}\x1f{caller.tenant or ''}")
-    caller_key = (caller.issuer, caller.tenant or "")  # the same in every replica
+    caller_key = _caller_key(caller)  # the same in every replica
     identity = model.identity
     parts = (task.name, identity.artefact_id, identity.mode, str(model.predictor.max_input_tokens))
     sent = await asyncio.to_thread(texts_digest, gathered.resources, patient, *parts)
     score = await hooks.scores.get(*caller_key, "sent", sent)
+    if score is not None:
+        return score, True
+    mapping = state.site_mapping()
+    cache = hooks.resource_cache(mapping)
+    resources = FhirResources(gathered.resources, mapping, patient_id=patient, cache=cache)
+    prepared = await prepare(model.predictor, task, resources, gathered.locate)
+    digest = record_digest(prepared.events, None, *parts)
+    key = (*caller_key, "events", task.name, patient, digest)
+    score = await hooks.scores.get(*key)
     cached = score is not None
     if score is None:
-        mapping = state.site_mapping()
-        cache = hooks.resource_cache(mapping)
-        resources = FhirResources(gathered.resources, mapping, patient_id=patient, cache=cache)
-        prepared = await prepare(model.predictor, task, resources, gathered.locate)
-        digest = record_digest(prepared.events, None, *parts)
-        key = (*caller_key, "events", task.name, patient, digest)
-        score = await hooks.scores.get(*key)
-        cached = score is not None
-        if score is None:
-            async with served(state, "cds_hook", task.name, 1):
-                sampling = served_sampling(state.settings)  # p(yes) asked for: the card shows it
-                answered = await predict_record(state, model, prepared, sampling, salt)
-            score = _score(model, answered)
-        kept = [(*caller_key, "sent", sent), *([] if cached else [key])]
-        await hooks.scores.put(score, *kept)  # one round trip to a shared store
-    bands = state.settings.cds_risk_bands.get(task.name, DEFAULT_BANDS)
-    card = risk_card(card_text(score, bands, cached=cached), identity, state.settings)
-    audit.card, audit.outcome = card.uuid, "cached" if cached else "card"
-    return CdsResponse(cards=[card])
+        sampling = served_sampling(state.settings)  # p(yes) asked for: the card shows it
+        answered = await predict_record(state, model, prepared, sampling, salt)
+        score = _score(model, answered)
+    kept = [(*caller_key, "sent", sent), *([] if cached else [key])]
+    await hooks.scores.put(score, *kept)  # one round trip to a shared store
+    return score, cached
+
+
+async def _issued_card(
+    state: ServiceState,
+    hooks: CdsHooks,
+    model: LoadedModel,
+    service: CdsService,
+    caller: Caller,
+    scored: tuple[Score, bool],
+) -> Card:
+    """The card of a score (and whether it came from the cache), kept as issued to `caller` by
+    `service` (for its feedback)."""
+    score, cached = scored
+    bands = state.settings.cds_risk_bands.get(service.task, DEFAULT_BANDS)
+    card = risk_card(card_text(score, bands, cached=cached), model.identity, state.settings)
+    await hooks.cards.issue(_caller_key(caller), service.id, card.uuid)
+    return card
+
+
+def _caller_key(caller: Caller) -> tuple[str, str]:
+    """Who the call is from, as the shared state keys it: issuer and tenant."""
+    return caller.issuer, caller.tenant or ""
 
 
 def _check_call(service: CdsService, body: HookRequest) -> None:

@@ -36,13 +36,12 @@ from pydantic import (
 )
 
 from service.cds_hooks.fhir_fetch import ServerBase
-from service.errors import ApiError
 from service.shared_state import (
-    STATE_RETRY_AFTER_S,
     LocalStore,
     StateStore,
     StateUnavailable,
     state_key,
+    state_unavailable,
 )
 
 logger = logging.getLogger("medtpe.service")
@@ -256,12 +255,7 @@ class HookAuthenticator:
         try:
             first = await self.replays.first_use(claims["iss"], claims["jti"], float(claims["exp"]))
         except StateUnavailable:
-            raise ApiError(
-                503,
-                "state_unavailable",
-                "the replay check's state store did not answer; try again later",
-                headers={"Retry-After": str(STATE_RETRY_AFTER_S)},
-            ) from None
+            raise state_unavailable("the replay check's state store did not answer") from None
         if not first:
             raise HookUnauthorized("replayed_jti", jti)
         tenant = claims.get("tenant")

@@ -9,7 +9,7 @@ is the CDS Hooks specification (tests/fixtures/cds_hooks holds its JSON schemas)
 from __future__ import annotations
 
 import logging
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.responses import Response
@@ -26,9 +26,13 @@ from service.cds_hooks.schemas import (
     read_hook_request,
 )
 from service.errors import ApiError, field_error
+from service.shared_state import StateUnavailable, state_unavailable
 from service.state import ServiceState
 
 logger = logging.getLogger("medtpe.service")
+UNKNOWN = "unknown"
+"""The service label of a call naming no service of the discovery list."""
+UNKNOWN_CARD = "unknown_card"
 
 
 def _state(request: Request) -> ServiceState:
@@ -64,7 +68,7 @@ def _named_service(request: Request) -> str:
     `unknown` for no such service)."""
     named = request.url.path.removeprefix("/cds-services").strip("/").split("/")[0]
     known = {s.id for s in SERVICES}
-    return named if named in known else ("discovery" if not named else "unknown")
+    return named if named in known else ("discovery" if not named else UNKNOWN)
 
 
 CallerDep = Annotated[Caller, Depends(_caller)]
@@ -73,9 +77,12 @@ router = APIRouter(prefix="/cds-services", include_in_schema=False)
 
 
 def _service(service_id: str) -> CdsService:
+    """The service of the discovery list the path names, else 404 (audited, not counted: a
+    path is never a metric label)."""
     try:
         return get_service(service_id)
     except UnknownServiceError as exc:
+        write(AuditEntry(UNKNOWN, outcome="invalid", reason="not_found"), None)
         detail = field_error(["path", "service_id"], str(exc), "not_found")
         raise ApiError(404, "not_found", detail) from None
 
@@ -92,27 +99,50 @@ async def call(
 ) -> CdsResponse:
     """A hook call: one risk card for the patient in context (the body is read after the JWT
     check, its prefetch kept as JSON text: `read_hook_request`)."""
+    service = _service(service_id)
     body = read_hook_request(await request.body())
-    entry = AuditEntry(service_id, hookInstance=body.hookInstance, issuer=caller.issuer)
+    entry = AuditEntry(service.id, hookInstance=body.hookInstance, issuer=caller.issuer)
     entry.tenant, entry.jti = caller.tenant, caller.jti
     with audited(entry, state.metrics):
-        return await answer_hook(state, hooks, _service(service_id), body, caller, entry)
+        return await answer_hook(state, hooks, service, body, caller, entry)
 
 
 @router.post("/{service_id}/feedback")
 async def feedback(
-    service_id: str, request: Request, state: StateDep, caller: CallerDep
+    service_id: str, request: Request, state: StateDep, hooks: HooksDep, caller: CallerDep
 ) -> Response:
     """Record what the user did with cards (counted per outcome in `/metrics`; the body is read
-    after the JWT check)."""
-    body = read_feedback(await request.body())
+    after the JWT check): at most `MEDTPE_CDS_MAX_FEEDBACK_ITEMS` items, each about a card this
+    service issued to the caller (`IssuedCards`); otherwise nothing is counted and the answer
+    is a 422 naming each item's card that was not."""
     service = _service(service_id)
+    body = read_feedback(await request.body(), state.settings.cds_max_feedback_items)
+    cards = [item.card for item in body.feedback]
+    try:
+        unknown = await hooks.cards.unknown((caller.issuer, caller.tenant or ""), service.id, cards)
+    except StateUnavailable:
+        raise state_unavailable("the issued cards' store did not answer") from None
+    if unknown:
+        entry = AuditEntry(service.id, event="feedback", issuer=caller.issuer, jti=caller.jti)
+        entry.tenant, entry.outcome, entry.reason = caller.tenant, "invalid", UNKNOWN_CARD
+        write(entry, state.metrics)  # one line for the call: no line, no count per item
+        raise ApiError(422, "invalid_request", _unknown_cards(service, unknown))
     for item in body.feedback:
         entry = AuditEntry(service.id, event="feedback", issuer=caller.issuer, card=item.card)
         entry.tenant, entry.jti, entry.outcome = caller.tenant, caller.jti, item.outcome.value
         write(entry, state.metrics)
         state.metrics.cds_feedback.labels(service.id, item.outcome.value).inc()
     return Response(status_code=200)
+
+
+def _unknown_cards(service: CdsService, items: list[int]) -> list[dict[str, Any]]:
+    """The 422 detail naming the card of each feedback item in `items`."""
+    message = f"no card of {service.id} issued to this caller within MEDTPE_CDS_CARD_TTL_S"
+    return [
+        error
+        for i in items
+        for error in field_error(("body", "feedback", i, "card"), message, UNKNOWN_CARD)
+    ]
 
 
 def install_cds_hooks(app: FastAPI, state: ServiceState) -> None:

@@ -106,6 +106,7 @@ class HookRequest(_Request):
 _MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _PREFETCH = msgspec.json.Decoder(dict[str, msgspec.Raw] | None)
 PREFETCH = "prefetch"
+FEEDBACK = "feedback"
 
 
 def read_hook_request(body: bytes) -> HookRequest:
@@ -142,13 +143,19 @@ def _prefetch(raw: msgspec.Raw) -> object:
     return None if prefetch is None else {key: bytes(value) for key, value in prefetch.items()}
 
 
-def read_feedback(body: bytes) -> FeedbackRequest:
+def read_feedback(body: bytes, max_items: int) -> FeedbackRequest:
     """The feedback request in a request body (read after the JWT check), else a
-    `RequestValidationError` locating what is wrong."""
+    `RequestValidationError` locating what is wrong: more than `max_items` items at
+    `["body", "feedback"]`, counted before any item is validated."""
     try:
         data = strict_loads(body)
     except UnreadableBody as exc:
         raise exc.validation_error() from None
+    items = data.get(FEEDBACK) if isinstance(data, dict) else None
+    if isinstance(items, list) and len(items) > max_items:
+        message = f"at most {max_items} feedback items per call (MEDTPE_CDS_MAX_FEEDBACK_ITEMS)"
+        error = {"type": "too_long", "loc": ("body", FEEDBACK), "msg": message}
+        raise RequestValidationError([error])
     return _validated(FeedbackRequest, data)
 
 

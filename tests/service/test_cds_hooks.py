@@ -223,11 +223,11 @@ def test_feedback_is_counted_per_outcome(client: TestClient, ehr: Ehr) -> None:
         "overrideReason": {"reason": card["overrideReasons"][0], "userComment": "seen"},
         "outcomeTimestamp": "2026-11-25T10:06:00Z",
     }
-    before = client.get("/metrics").text
+    before = client.get("/metrics", headers=API_KEY).text
     body = {"feedback": [accepted, overridden, overridden]}
     answer = client.post(url, json=body, headers=ehr.authorization(BASE + url))
     assert answer.status_code == 200
-    after = client.get("/metrics").text
+    after = client.get("/metrics", headers=API_KEY).text
     for outcome, n in (("accepted", 1), ("overridden", 2)):
         labels = {"service": ICU.id, "outcome": outcome}
         was = metric_value(before, "medtpe_cds_feedback_total", **labels)
