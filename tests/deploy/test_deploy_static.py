@@ -264,7 +264,7 @@ COMPOSE_API_KEYS = "compose-key-1,compose-key-2"
 """The keys the compose tests run it with: the file requires `MEDTPE_API_KEYS`."""
 COMPOSE_REQUIRED = {
     "MEDTPE_API_KEYS": COMPOSE_API_KEYS,
-    "MEDTPE_METRICS_KEY": "compose-scrape-token",
+    "MEDTPE_METRICS_KEYS": "compose-scrape-token",
     "GRAFANA_ADMIN_PASSWORD": "compose-grafana-password",
 }
 """Every variable the compose file requires, with the values its tests give."""
@@ -323,7 +323,7 @@ def test_compose_service_matches_the_image_and_settings(
     settings = settings_from_environment(medtpe["environment"], monkeypatch)
     assert settings.kv_cache_gib is not None  # the CPU engine needs an explicit KV cache size
     assert settings.api_keys == COMPOSE_API_KEYS.split(",")
-    assert settings.metrics_keys == [COMPOSE_REQUIRED["MEDTPE_METRICS_KEY"]]
+    assert settings.metrics_keys == [COMPOSE_REQUIRED["MEDTPE_METRICS_KEYS"]]
     for service in config["services"].values():
         for host_path in bind_mounts(service).values():
             assert host_path.exists() and host_path.is_relative_to(DEPLOY), host_path
@@ -382,7 +382,7 @@ def test_compose_prometheus_scrapes_with_the_services_metrics_token() -> None:
     (secret,) = config["services"]["prometheus"]["secrets"]
     assert secret["target"] == auth["credentials_file"]
     source = config["secrets"][secret["source"]]
-    assert source["environment"] == "MEDTPE_METRICS_KEY"
+    assert source["environment"] == "MEDTPE_METRICS_KEYS"
     token = COMPOSE_REQUIRED[source["environment"]]
     assert config["services"]["medtpe"]["environment"]["MEDTPE_METRICS_KEYS"] == token
 

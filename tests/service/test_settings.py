@@ -124,3 +124,11 @@ def test_medtpe_serve_stops_on_a_misspelt_setting(clean_environment: pytest.Monk
     assert "Traceback" not in out.stderr
     assert "Error: invalid settings" in out.stderr
     assert "did you mean MEDTPE_MAX_INPUT_TOKENS?" in out.stderr
+
+
+def test_every_setting_has_its_row_in_the_configuration_doc() -> None:
+    """docs/configuration.md lists every `MEDTPE_*` setting (its table's first column)."""
+    table = (project_root() / "docs" / "configuration.md").read_text()
+    rows = set(re.findall(r"^\| `(MEDTPE_\w+)` \|", table, flags=re.M))
+    settings = {f"MEDTPE_{name.upper()}" for name in ServiceSettings.model_fields}
+    assert not settings - rows, sorted(settings - rows)
