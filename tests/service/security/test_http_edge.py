@@ -17,6 +17,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from inference.instant_engine import InstantEngine
@@ -24,6 +26,8 @@ from service.app import create_app
 from service.limits import MAX_LENGTH_DIGITS
 from service.schemas import MAX_EVENT_CODE_BYTES, MAX_EVENT_TEXT_BYTES, MAX_TASK_CHARS
 from service.settings import ServiceSettings
+from tests.support.bad_requests import HEADER_BYTES
+from tests.support.properties import examples
 from tests.support.service_support import (
     AUTH,
     instant_client,
@@ -109,7 +113,9 @@ def test_a_task_name_over_its_cap_is_a_located_422(client: TestClient, path: str
 def test_a_content_length_of_any_bytes_is_a_4xx(client: TestClient, declared: bytes) -> None:
     """`²` and Arabic-Indic digits are `str.isdigit()`; 5,000 digits are more than `int`
     parses: a 400 naming the header, or (digits only) a 413."""
-    answer = asyncio.run(_asgi(client.app, "/predict", [(b"content-length", declared)], [b"{}"]))
+    answer = asyncio.run(
+        _asgi(client.app, "/predict", [(b"content-length", declared)], [b"{}"], complete=True)
+    )
     status, body = answer
     digits = declared.isdigit()
     assert status == (413 if digits and len(declared) > MAX_LENGTH_DIGITS else 400), body
@@ -117,25 +123,39 @@ def test_a_content_length_of_any_bytes_is_a_4xx(client: TestClient, declared: by
         assert body["detail"][0]["loc"] == ["header", "content-length"]
 
 
+@settings(max_examples=examples(200), deadline=None, derandomize=True)
+@given(
+    declared=HEADER_BYTES
+    | st.integers(min_value=0, max_value=10**40).map(lambda n: str(n).encode())
+    | st.text(st.characters(categories=["Nd", "No"]), min_size=1, max_size=30).map(str.encode)
+)
+def test_any_content_length_is_answered_never_500(client: TestClient, declared: bytes) -> None:
+    """Any bytes, any number of ASCII digits, and Unicode digits of every script."""
+    status, _ = asyncio.run(
+        _asgi(client.app, "/tokenize", [(b"content-length", declared)], [b'{"text": "a"}'], True)
+    )
+    event(f"status {status}")
+    assert status in {200, 400, 413, 422}, (declared, status)
+
+
 async def _asgi(
     app: Any,
     path: str,
     headers: list[tuple[bytes, bytes]],
     chunks: list[bytes],
-    pause_s: float = 0.0,
+    complete: bool = False,
 ) -> tuple[int, dict[str, Any]]:
-    """POST `chunks` (then a disconnect) over raw ASGI with `pause_s` between them; the status
-    and JSON body answered (0 and {} when nothing was)."""
+    """POST `chunks` over raw ASGI, the body `complete` with the last, else a disconnect after
+    it; the status and JSON body answered (0 and {} when nothing was)."""
     pulled = 0
 
     async def receive() -> dict[str, Any]:
         nonlocal pulled
-        if pulled:
-            await asyncio.sleep(pause_s)
         pulled += 1
         if pulled > len(chunks):
             return {"type": "http.disconnect"}
-        return {"type": "http.request", "body": chunks[pulled - 1], "more_body": True}
+        more = pulled < len(chunks) or not complete
+        return {"type": "http.request", "body": chunks[pulled - 1], "more_body": more}
 
     sent: list[dict[str, Any]] = []
 
