@@ -249,12 +249,12 @@ class ServiceSettings(BaseSettings):
     cds_score_cache_ttl_s: float = Field(
         3600.0, gt=0, description="CDS Hooks: how long a kept score is reused."
     )
-    cds_resource_cache_size: int = Field(
-        100_000,
+    cds_resource_cache_bytes: int = Field(
+        128 * 1024 * 1024,
         ge=0,
-        description="CDS Hooks: FHIR resources whose validation and mapping are kept per API "
-        "process, so a record asked about again only reads its new resources (about 2 KB each; "
-        "0: none).",
+        description="CDS Hooks: bytes of FHIR resource validation and mapping kept per API "
+        "process, so a record asked about again only reads its new resources (about 1 KB per "
+        "Observation; 0: none).",
     )
     cds_card_ttl_s: float = Field(
         86400.0,

@@ -60,7 +60,7 @@ class CdsHooks:
     scores: ScoreStore
     cards: IssuedCards
     base_url: str | None
-    max_resources: int
+    max_resource_bytes: int
     _resources: dict[int, ResourceCache] = field(default_factory=dict)
 
     @classmethod
@@ -83,7 +83,7 @@ class CdsHooks:
             ScoreStore(store, settings.cds_score_cache_ttl_s, settings.cds_score_cache_size > 0),
             IssuedCards(cards, settings.cds_card_ttl_s),
             str(settings.cds_base_url).rstrip("/") if settings.cds_base_url else None,
-            settings.cds_resource_cache_size,
+            settings.cds_resource_cache_bytes,
         )
 
     async def aclose(self) -> None:
@@ -95,7 +95,7 @@ class CdsHooks:
         cache = self._resources.get(id(mapping))
         if cache is None or cache.mapping is not mapping:
             self._resources.clear()
-            cache = self._resources[id(mapping)] = ResourceCache(mapping, self.max_resources)
+            cache = self._resources[id(mapping)] = ResourceCache(mapping, self.max_resource_bytes)
         return cache
 
     def audience(self, request: Request) -> str:
