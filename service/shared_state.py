@@ -29,7 +29,6 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol, TypeVar
-from urllib.parse import urlsplit
 
 import msgspec
 from redis.asyncio import Redis
@@ -38,6 +37,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from medtpe_core.cds.cards import Score
+from medtpe_core.secret_masking import mask_secrets
 from service.errors import ApiError
 
 logger = logging.getLogger("medtpe.service")
@@ -233,7 +233,7 @@ class RedisStore:
                 logger.warning(
                     "state store %s unavailable (%s: %s): hook calls get 503, scores are "
                     "recomputed until it answers",
-                    _shown(self.url),
+                    mask_secrets(self.url),
                     type(exc).__name__,
                     exc,
                 )
@@ -241,7 +241,7 @@ class RedisStore:
         if self._down_since is not None:
             logger.info(
                 "state store %s answers again after %.1f s (failed operations so far: %s)",
-                _shown(self.url),
+                mask_secrets(self.url),
                 time.monotonic() - self._down_since,
                 dict(self.failures),
             )
@@ -259,18 +259,6 @@ async def _set_all(client: Redis, keys: Sequence[str], value: bytes, ttl_ms: int
 
 def _ms(seconds: float) -> int:
     return max(1, math.ceil(seconds * 1000))
-
-
-def _shown(url: str) -> str:
-    """The URL without its credentials, for the log.
-
-    >>> _shown("redis://user:secret@store:6379/0")
-    'redis://***@store:6379/0'
-    """
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]).geturl()
 
 
 def open_store(
