@@ -7,11 +7,13 @@ nothing, and the token goes to that server only."""
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import jsonschema
 import pyarrow.parquet as pq
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -51,6 +53,9 @@ from tests.support.bulk_server import pem, server_access
 from tests.support.transaction_server import TransactionServer, serving_transactions
 
 ROOT = Path(__file__).resolve().parents[2]
+CDS_HOOKS_SCHEMA = (
+    ROOT / "tests" / "fixtures" / "cds_hooks" / "schemas" / "cds-hooks-2.0.1.schema.json"
+)
 CLIENT = "medtpe-write-back"
 FAST = HttpSettings(default_wait_s=0.01, max_wait_s=0.05, retries=1)
 MODEL = ModelRef(
@@ -149,6 +154,12 @@ def test_every_resource_is_valid_r4_with_the_ai_transparency_labels() -> None:
     RiskAssessment.model_validate(action["resource"])
     assert "reference" not in action["resource"]["performer"]
     assert action["resource"]["identifier"] == first["identifier"]
+    # a response body of CDS Hooks 2.0.1 (whose schema leaves an action's content open; the
+    # specification's Action: type, description, resource for a create)
+    cds_hooks = json.loads(CDS_HOOKS_SCHEMA.read_text())
+    response = jsonschema.Draft202012Validator(cds_hooks | {"$ref": "#/$defs/response"})
+    response.validate({"cards": [], "systemActions": [action]})
+    assert set(action) == {"type", "description", "resource"}
 
 
 def test_bundles_are_bounded() -> None:
