@@ -81,6 +81,9 @@ OTHER_TYPE = "(other)"
 """`not_read`'s count of resources whose `resourceType` FHIR R4 does not name."""
 GZIP_RATIO = 8
 """The assumed inflation of a gzip file whose trailer cannot tell its size (over 4 GiB)."""
+MAX_GZIP_RATIO = 1032
+"""Deflate's largest inflation: a trailer claiming more (a damaged or hostile file) is not
+believed, so no file sets the bucket count beyond what its bytes can hold."""
 FHIR_ID = re.compile(r"[A-Za-z0-9\-.]{1,64}")
 """FHIR's `id` datatype: what a patient id may be (it names files' lines, never paths)."""
 PARTITION_FILE = "partition.json"
@@ -134,14 +137,15 @@ def export_files(export_dir: Path) -> list[ExportFile]:
 
 def estimated_bytes(path: Path) -> int:
     """A file's NDJSON size: its size, or a gzip file's from its trailer (the size modulo 4 GiB,
-    so `GZIP_RATIO` times the compressed size where the trailer is smaller than that)."""
+    so `GZIP_RATIO` times the compressed size where the trailer is smaller than that; at most
+    `MAX_GZIP_RATIO` times it)."""
     size = path.stat().st_size
     if not path.name.endswith(".gz") or size < 4:
         return size
     with path.open("rb") as file:
         file.seek(-4, os.SEEK_END)
         (inflated,) = struct.unpack("<I", file.read(4))
-    return inflated if inflated >= size else size * GZIP_RATIO
+    return min(inflated if inflated >= size else size * GZIP_RATIO, size * MAX_GZIP_RATIO)
 
 
 _JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)

@@ -14,7 +14,9 @@ import pytest
 
 from batch.fhir_export import (
     ISSUES_FILE,
+    MAX_GZIP_RATIO,
     ExportError,
+    estimated_bytes,
     export_files,
     partition_export,
     patient_bundles,
@@ -204,3 +206,15 @@ def test_a_manifest_naming_a_missing_file_is_an_unfinished_export(tmp_path: Path
     (tmp_path / "empty").mkdir()
     with pytest.raises(ExportError, match=r"no \.ndjson"):
         export_files(tmp_path / "empty")
+
+
+def test_a_gzip_trailer_claiming_more_than_deflate_can_hold_is_not_believed(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "Observation.000.ndjson.gz"
+    text = b'{"resourceType": "Patient", "id": "p"}\n' * 300
+    whole = gzip.compress(text)
+    path.write_bytes(whole[:-4] + (2**32 - 1).to_bytes(4, "little"))  # "4 GiB" in ~80 bytes
+    assert estimated_bytes(path) == len(whole) * MAX_GZIP_RATIO
+    path.write_bytes(whole)
+    assert estimated_bytes(path) == len(text)

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from batch import fhir_export
 from batch.bulk_client import (
+    DEFAULT_TYPES,
     STATE_FILE,
     ExportRequest,
     ExportSettings,
@@ -164,6 +165,10 @@ def test_a_link_planted_in_the_export_folder_is_not_followed(
         with pytest.raises(FhirServerError, match="is not a file of"):
             export_from_server(access, ExportRequest(), export, FAST, progress=False)
         assert outside.read_text() == "kept" and not (export / MANIFEST).exists()
+
+
+def test_the_default_export_types_are_fhir_r4_types() -> None:
+    assert set(DEFAULT_TYPES) <= R4_RESOURCE_TYPES and len(R4_RESOURCE_TYPES) == 146
 
 
 def manifest_entries() -> st.SearchStrategy[dict[str, Any]]:
