@@ -28,9 +28,6 @@ def serve(host: str | None, port: int | None) -> None:
 
     from pydantic import ValidationError
 
-    from service.api_processes import LOG_FORMAT, serve_api_processes
-    from service.app import create_app
-    from service.drain import draining_server
     from service.settings import ServiceSettings
 
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
@@ -38,6 +35,12 @@ def serve(host: str | None, port: int | None) -> None:
         settings = ServiceSettings(**overrides)
     except ValidationError as exc:  # a start-up error naming the setting, without a traceback
         raise click.ClickException(f"invalid settings: {settings_errors(exc)}") from None
+    # the app and the engine's modules only once the settings are valid: a refused start
+    # imports neither torch nor vLLM
+    from service.api_processes import LOG_FORMAT, serve_api_processes
+    from service.app import create_app
+    from service.drain import draining_server
+
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     if settings.api_workers > 1:
         serve_api_processes(settings)

@@ -31,7 +31,6 @@ from prometheus_client import multiprocess
 
 from inference.engine_factories import connect_vllm
 from inference.model import load_model
-from inference.shared_engine import serve_shared_engine
 from service.app import create_app
 from service.drain import draining_server, stop_within_s
 from service.metrics import MULTIPROCESS_DIR_ENV
@@ -67,6 +66,10 @@ def serve_api_processes(settings: ServiceSettings) -> None:
     model = load_model(settings.model())
     require_input_budget(settings, model.predictor)
     require_validated_budget(settings, model)
+    # torch and vLLM only once the model files and budgets passed their checks: a refused start
+    # is quick
+    from inference.shared_engine import serve_shared_engine
+
     metrics_dir = tempfile.TemporaryDirectory(prefix="medtpe-metrics-")
     os.environ[MULTIPROCESS_DIR_ENV] = metrics_dir.name
     sock = listening_socket(settings.host, settings.port)
