@@ -64,7 +64,7 @@ from inference.engine_factories import start_vllm
 from inference.model import ModelConfig
 from inference.predictor import Predictor, PreparedRecord
 from inference.record import FhirResources, NoEventsError
-from medtpe_core.fhir import FhirInputError, SiteMapping, load_site_mapping
+from medtpe_core.fhir import FhirInputError, FhirWarning, SiteMapping, load_site_mapping
 from medtpe_core.meds import read_labels
 from medtpe_core.tasks import Task
 
@@ -123,6 +123,33 @@ def note_unmappable(
 ) -> None:
     """List a record the mapping refused: the file and line of the resource at `index` (else the
     patient's first), the patient and the reason."""
+    note_issue(issues, partition, patient, resources, index, f"unmappable: {reason}")
+
+
+def note_dropped(
+    issues: IO[str] | None,
+    partition: Partition,
+    patient: str,
+    resources: PatientResources,
+    warnings: Sequence[FhirWarning],
+) -> None:
+    """List each faulty element the mapping left out of a patient's resources (scored without
+    it): the file and line of its resource, the patient and the fault."""
+    for warning in warnings:
+        index = warning.loc[0] if warning.loc and isinstance(warning.loc[0], int) else None
+        note_issue(issues, partition, patient, resources, index, warning.text)
+
+
+def note_issue(
+    issues: IO[str] | None,
+    partition: Partition,
+    patient: str,
+    resources: PatientResources,
+    index: int | None,
+    reason: str,
+) -> None:
+    """One line of `fhir_issues.ndjson`: the file and line of the resource at `index` (else the
+    patient's first), the patient and the reason."""
     if issues is None or not resources.lines:
         return
     if index is None or not 0 <= index < len(resources.lines):
@@ -131,7 +158,7 @@ def note_unmappable(
     issue = {
         "file": partition.files[line.file],
         "line": line.line,
-        "reason": f"unmappable: {reason}"[:500],
+        "reason": reason[:500],
         "patient": patient,
     }
     issues.write(json.dumps(issue) + "\n")
@@ -227,6 +254,8 @@ class FhirShards:
             elif subject != request.subject_id:  # the pass and the record disagree: never seen
                 yield request, failed(request, f"prepare: subject {subject} is not the plan's")
             else:
+                assert prepared.fhir is not None  # FHIR resources' record
+                note_dropped(issues, self.partition, patient, resources, prepared.fhir.warnings)
                 yield request, prepared
 
 

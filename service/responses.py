@@ -8,6 +8,7 @@ from medtpe_core.fhir import FhirRecord
 from medtpe_core.tokenizer import MedTPETokenizer
 from service.schemas import (
     FhirMapping,
+    FhirWarning,
     Latency,
     MergedToken,
     PredictOptions,
@@ -66,6 +67,7 @@ def fhir_mapping(record: FhirRecord) -> FhirMapping:
     return FhirMapping(
         subject_id=record.subject_id,
         counts={name: ResourceMapping(**values) for name, values in counts.items()},
+        warnings=[FhirWarning(loc=list(w.loc), msg=w.text) for w in record.warnings],
     )
 
 

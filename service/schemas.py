@@ -284,6 +284,18 @@ class ResourceMapping(BaseModel):
         "a first pass over every resource (patient, resourceType, times, codes), not validated "
         "as FHIR R4 nor read (docs/integration.md, 'FHIR records').",
     )
+    dropped_elements: int = Field(
+        0,
+        description="Faulty elements left out of the resources read (a blank unit code, a "
+        "number that does not parse); `warnings` names each.",
+    )
+
+
+class FhirWarning(BaseModel):
+    """A faulty element left out of a resource read (docs/integration.md, 'Faulty data')."""
+
+    loc: list[str | int] = Field(description="Where the element is in the request's record.")
+    msg: str = Field(description="The resource, the field and its fault.")
 
 
 class FhirMapping(BaseModel):
@@ -291,6 +303,9 @@ class FhirMapping(BaseModel):
 
     subject_id: int = Field(description="The MEDS subject id the Patient became.")
     counts: dict[str, ResourceMapping] = Field(description="Per FHIR resource type.")
+    warnings: list[FhirWarning] = Field(
+        default_factory=list, description="Each faulty element left out, located."
+    )
 
 
 class Latency(BaseModel):

@@ -5,9 +5,9 @@
 
 `load_site_mapping` reads the per-site YAML mapping (None: the shipped default),
 `meds_from_fhir` maps a Bundle or a list of resources to a `FhirRecord` (events, descriptions,
-mapping counts), a `ResourceCache` keeps what each resource gave so that a record sent again
-with a few new resources only reads those, and `FhirInputError` names the resource and field of
-input it cannot map.
+mapping counts, each faulty element it left out as a `FhirWarning`), a `ResourceCache` keeps
+what each resource gave so that a record sent again with a few new resources only reads those,
+and `FhirInputError` names the resource and field of input it cannot map.
 See docs/integration.md, "FHIR records".
 """
 
@@ -19,13 +19,14 @@ from medtpe_core.fhir.mapping import (
     ResourceCounts,
     meds_from_fhir,
 )
-from medtpe_core.fhir.parsing import FhirInputError
+from medtpe_core.fhir.parsing import FhirInputError, FhirWarning
 from medtpe_core.fhir.site_mapping import SiteMapping, SiteMappingError, load_site_mapping
 
 __all__ = [
     "FhirEvent",
     "FhirInputError",
     "FhirRecord",
+    "FhirWarning",
     "MappingCounts",
     "ResourceCache",
     "ResourceCounts",

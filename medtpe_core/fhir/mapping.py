@@ -50,7 +50,15 @@ from typing import Any, NamedTuple
 import numpy as np
 from fhir.resources.R4B.resource import Resource
 
-from medtpe_core.fhir.parsing import Entry, FhirInputError, Item, parse_resource, resource_items
+from medtpe_core.fhir.parsing import (
+    Entry,
+    FhirInputError,
+    FhirWarning,
+    Item,
+    parse_resource,
+    resource_items,
+    warning_of,
+)
 from medtpe_core.fhir.site_mapping import MAPPED_TYPES, Rule, SiteMapping
 from medtpe_core.meds.events import (
     MAX_SUBJECT_ID,
@@ -82,6 +90,8 @@ class ResourceCounts:
     outside_window: int = 0
     """Of the above, those outside the prompt's window (`medtpe_core.fhir.window`): counted by
     the first pass, not validated as R4 nor read (part of none of the totals' sums)."""
+    dropped_elements: int = 0
+    """Faulty elements left out of the resources read (`FhirRecord.warnings` names each)."""
 
     def as_dict(self) -> dict[str, int]:
         """The counts as a JSON object."""
@@ -91,6 +101,7 @@ class ResourceCounts:
             "after_prediction_time": self.after_prediction_time,
             "skipped": self.skipped,
             "outside_window": self.outside_window,
+            "dropped_elements": self.dropped_elements,
         }
 
 
@@ -107,7 +118,7 @@ class MappingCounts:
 
     def as_dict(self) -> dict[str, dict[str, int]]:
         """`{resource type: {mapped, unmapped, after_prediction_time, skipped,
-        outside_window}}`, types sorted."""
+        outside_window, dropped_elements}}`, types sorted."""
         return {name: self.by_type[name].as_dict() for name in sorted(self.by_type)}
 
     @property
@@ -135,7 +146,8 @@ class FhirRecord:
     `descriptions` holds the codes' descriptions the mapping carries (display text of rules
     with `describe` and of unmapped codings); the site's codes metadata takes precedence.
     `stand_ins`: the times of the events of the resources outside the window (none unless
-    `medtpe_core.fhir.window` chose one), each before `horizon`."""
+    `medtpe_core.fhir.window` chose one), each before `horizon`. `warnings`: each faulty
+    element left out of a resource read (`medtpe_core.fhir.parsing.parse_resource`)."""
 
     subject_id: int
     patient_id: str | None
@@ -143,6 +155,7 @@ class FhirRecord:
     descriptions: dict[str, str]
     counts: MappingCounts
     stand_ins: list[datetime] = field(default_factory=list)
+    warnings: list[FhirWarning] = field(default_factory=list)
 
     @property
     def horizon(self) -> datetime | None:
@@ -263,11 +276,14 @@ class _Read:
     period_end: datetime | None = None  # an Encounter's: a Condition without onset is then
     glance: Any = None  # the first pass's fields (`medtpe_core.fhir.glance`), not yet counted
     stand_in: bool = False  # only glanced: `events` are stand-ins (time, `STAND_IN` code)
+    dropped: tuple[tuple[str, str], ...] = ()  # faulty elements left out (`Entry.dropped`)
 
     @classmethod
     def of(cls, entry: Entry) -> _Read:
         """A parsed resource, not yet read."""
-        return cls._new(entry.resource_type, entry.resource_id, entry.resource)
+        read = cls._new(entry.resource_type, entry.resource_id, entry.resource)
+        read.dropped = entry.dropped
+        return read
 
     @classmethod
     def glanced(cls, resource_type: str, resource_id: str | None, glance: Any) -> _Read:
@@ -327,6 +343,7 @@ class _Read:
             self.period_end,
             None,
             self.stand_in,
+            self.dropped,
         )
 
 
@@ -351,11 +368,15 @@ class _Mapper:
     def entry(self, i: int) -> Entry:
         """The `i`-th resource as an entry (its place in the input, its model)."""
         read, (index, full_url, _) = self.reads[i], self.items[i]
-        return Entry(index, full_url, read.resource_type, read.resource_id, read.resource)
+        resource = read.resource
+        return Entry(index, full_url, read.resource_type, read.resource_id, resource, read.dropped)
 
     def error(self, entry: Entry, message: str, field: str | None) -> FhirInputError:
+        """The error of a resource the mapping cannot read, naming the faulty element it needs
+        when that was left out (`Entry.dropped`)."""
+        fault = dict(entry.dropped).get(field or "")
         return FhirInputError(
-            message,
+            f"{message} ({field} left out: {fault})" if fault else message,
             index=entry.index,
             resource_type=entry.resource_type,
             resource_id=entry.resource_id,
@@ -478,6 +499,7 @@ class _Mapper:
         subject_id: int | None = None
         kept: list[FhirEvent] = []
         stand_ins: list[datetime] = []
+        warnings: list[FhirWarning] = []
         learned: list[tuple[bytes, _Read]] = []
         for i, read in enumerate(self.reads):
             owner, where = self.patient_of(read)
@@ -489,6 +511,12 @@ class _Mapper:
                 subject_id = _subject_id(read.resource_id, identifiers, self.mapping)
             counted = counts.of(read.resource_type)
             counted.outside_window += read.stand_in
+            counted.dropped_elements += len(read.dropped)
+            index = self.items[i][0]
+            warnings += [
+                warning_of(index, read.resource_type, read.resource_id, d, self.in_bundle)
+                for d in read.dropped
+            ]
             text = texts[i] if known[i] is not read else None  # new to the cache
             if read.skipped:
                 counted.skipped += 1
@@ -530,7 +558,7 @@ class _Mapper:
             cache.put_many(learned)
         if subject_id is None:  # the patient is only referenced
             subject_id = _subject_id(patient, [], self.mapping)
-        return FhirRecord(subject_id, patient, kept, descriptions, counts, stand_ins)
+        return FhirRecord(subject_id, patient, kept, descriptions, counts, stand_ins, warnings)
 
     # --- codes --------------------------------------------------------------------------------
 

@@ -26,6 +26,30 @@ BUNDLE_TYPES = frozenset({"searchset", "collection", "transaction", "batch"})
 """Bundle types that carry one patient's record (a search result or a set of resources)."""
 
 
+def _located(
+    message: str,
+    index: int | None,
+    resource_type: str | None,
+    resource_id: str | None,
+    field: str | None,
+    in_bundle: bool,
+) -> tuple[str, list[str | int]]:
+    """(`message` prefixed with where it is, its `loc` in the input)."""
+    where = []
+    if index is not None:
+        where.append(f"entry {index}" if in_bundle else f"resource {index}")
+    if resource_type:
+        where.append(f"{resource_type}/{resource_id}" if resource_id else resource_type)
+    if field:
+        where.append(field)
+    loc: list[str | int] = []
+    if index is not None:
+        loc = ["entry", index, "resource"] if in_bundle else [index]
+    if field:
+        loc.extend(int(p) if p.isascii() and p.isdigit() else p for p in field.split("."))
+    return (f"{', '.join(where)}: {message}" if where else message), loc
+
+
 class FhirInputError(ValueError):
     """FHIR input we cannot map: not FHIR R4, another patient's resource, an Observation without
     a code or a time, a value we cannot render. Names the resource and the field.
@@ -47,33 +71,39 @@ class FhirInputError(ValueError):
         self.resource_type = resource_type
         self.resource_id = resource_id
         self.field = field
-        where = []
-        if index is not None:
-            where.append(f"entry {index}" if in_bundle else f"resource {index}")
-        if resource_type:
-            where.append(f"{resource_type}/{resource_id}" if resource_id else resource_type)
-        if field:
-            where.append(field)
-        super().__init__(f"{', '.join(where)}: {message}" if where else message)
-        loc: list[str | int] = []
-        if index is not None:
-            loc = ["entry", index, "resource"] if in_bundle else [index]
-        if field:
-            loc.extend(int(p) if p.isascii() and p.isdigit() else p for p in field.split("."))
-        self.loc = loc
+        text, self.loc = _located(message, index, resource_type, resource_id, field, in_bundle)
+        super().__init__(text)
         self.message = message
 
 
 @dataclass(frozen=True)
+class FhirWarning:
+    """An element of a resource left out for a fault of its own (`parse_resource`): `text`
+    names the resource, the field and the fault; `loc` locates it as `FhirInputError.loc`."""
+
+    text: str
+    loc: tuple[str | int, ...]
+
+
+PROTECTED_ELEMENTS = frozenset(
+    {"resourceType", "id", "subject", "patient", "status", "verificationStatus"}
+)
+"""Top-level elements whose fault refuses the resource (whose it is, whether it is a fact):
+leaving them out would change what the resource says, not only drop a detail."""
+
+
+@dataclass(frozen=True)
 class Entry:
-    """One resource of the input: its place, its Bundle `fullUrl`, type and id, and the parsed
-    model (None for a type the caller does not read)."""
+    """One resource of the input: its place, its Bundle `fullUrl`, type and id, the parsed
+    model (None for a type the caller does not read) and the faulty elements left out of it
+    (`field`, fault)."""
 
     index: int
     full_url: str | None
     resource_type: str
     resource_id: str | None
     resource: Resource | None
+    dropped: tuple[tuple[str, str], ...] = ()
 
 
 Item = tuple[int, str | None, object]
@@ -139,7 +169,10 @@ def parse_resource(
     data: object, index: int, in_bundle: bool, read: Collection[str] | None = None
 ) -> Entry:
     """One resource (a JSON object, or its JSON text) as an entry, its R4B model validated when
-    its type is in `read` (None: every type); `FhirInputError` naming the field otherwise."""
+    its type is in `read` (None: every type). An element whose own value is faulty (a blank
+    unit code, a number that does not parse; not one of `PROTECTED_ELEMENTS`) is left out and
+    named in `Entry.dropped`; any other fault (an unknown element, a required one missing) is a
+    `FhirInputError` naming the field."""
     resource_type, resource_id, model = resource_head(data, index, in_bundle)
     if read is not None and resource_type not in read:
         return Entry(index, None, resource_type, resource_id, None)
@@ -149,19 +182,83 @@ def parse_resource(
         return Entry(index, None, resource_type, resource_id, model.model_validate(data))
     except ValidationError as exc:
         error = exc.errors()[0]
-        message = error["msg"]
-        if error["type"] == "extra_forbidden":
-            message = "not a FHIR R4 element of this resource"
-        elif error["type"] == "missing":
-            message = "required by FHIR R4"
-        raise FhirInputError(
-            message,
-            index=index,
-            resource_type=resource_type,
-            resource_id=resource_id,
-            field=_field(error["loc"]) or None,
-            in_bundle=in_bundle,
-        ) from exc
+        repaired = _without_faulty_elements(data, exc)
+    if repaired is not None:
+        kept, dropped = repaired
+        try:
+            resource = model.model_validate(kept)
+        except ValidationError as again:
+            error = again.errors()[0]
+        else:
+            return Entry(index, None, resource_type, resource_id, resource, dropped)
+    message = error["msg"]
+    if error["type"] == "extra_forbidden":
+        message = "not a FHIR R4 element of this resource"
+    elif error["type"] == "missing":
+        message = "required by FHIR R4"
+    raise FhirInputError(
+        message,
+        index=index,
+        resource_type=resource_type,
+        resource_id=resource_id,
+        field=_field(error["loc"]) or None,
+        in_bundle=in_bundle,
+    )
+
+
+_MAX_DROPPED = 64
+"""Faulty elements left out of one resource at most; more refuse it."""
+
+
+def _without_faulty_elements(
+    data: object, exc: ValidationError
+) -> tuple[dict[str, Any], tuple[tuple[str, str], ...]] | None:
+    """A copy of the resource without the elements whose own value `exc` faults, and (field,
+    fault) of each; None when a fault is not of one element's value (an unknown or missing
+    element, a protected one, a list item, more than `_MAX_DROPPED`)."""
+    errors = exc.errors()
+    if len(errors) > _MAX_DROPPED:
+        return None
+    try:
+        copy = msgspec.json.decode(data) if isinstance(data, bytes) else msgspec.to_builtins(data)
+    except (msgspec.DecodeError, TypeError):
+        return None
+    dropped = []
+    for error in errors:
+        loc = error["loc"]
+        if (
+            error["type"] in ("extra_forbidden", "missing")
+            or not loc
+            or loc[0] in PROTECTED_ELEMENTS
+            or not isinstance(loc[-1], str)
+        ):
+            return None
+        parent: Any = copy
+        for part in loc[:-1]:
+            try:
+                parent = parent[part]
+            except (KeyError, IndexError, TypeError):
+                return None
+        if not isinstance(parent, dict):
+            return None
+        if parent.pop(loc[-1], None) is not None:
+            dropped.append((_field(loc), error["msg"].removeprefix("Value error, ")))
+    return (copy, tuple(dropped)) if dropped and isinstance(copy, dict) else None
+
+
+def warning_of(
+    entry_index: int,
+    resource_type: str,
+    resource_id: str | None,
+    dropped: tuple[str, str],
+    in_bundle: bool,
+) -> FhirWarning:
+    """The warning of one element left out of a resource (`Entry.dropped`)."""
+    field, fault = dropped
+    text, loc = _located(
+        f"left out: {fault}", entry_index, resource_type, resource_id, field, in_bundle
+    )
+    return FhirWarning(text, tuple(loc))
 
 
 def resource_items(

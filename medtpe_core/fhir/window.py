@@ -46,7 +46,7 @@ from medtpe_core.fhir.mapping import (
     _Mapper,
     _Read,
 )
-from medtpe_core.fhir.parsing import parse_resource, resource_head
+from medtpe_core.fhir.parsing import FhirInputError, parse_resource, resource_head
 from medtpe_core.meds.events import to_naive_utc
 
 
@@ -54,8 +54,12 @@ def _first_pass(data: object, index: int, in_bundle: bool) -> _Read:
     """A resource as the first pass sees it (the types it does not glance: read)."""
     resource_type, resource_id, _ = resource_head(data, index, in_bundle)
     if resource_type in GLANCED_TYPES:
-        fields = glance(data, resource_type, resource_id, index, in_bundle)
-        return _Read.glanced(resource_type, resource_id, fields)
+        try:
+            fields = glance(data, resource_type, resource_id, index, in_bundle)
+        except FhirInputError:
+            pass  # read it: validation leaves out a faulty element or names the fault
+        else:
+            return _Read.glanced(resource_type, resource_id, fields)
     return _Read.of(parse_resource(data, index, in_bundle, READ_TYPES))
 
 

@@ -203,6 +203,7 @@ def test_unmapped_coding_is_kept_with_a_generic_code_and_counted() -> None:
         "unmapped": 1,
         "after_prediction_time": 0,
         "outside_window": 0,
+        "dropped_elements": 0,
         "skipped": 0,
     }
 
@@ -357,6 +358,7 @@ def test_the_sample_bundle_of_the_guide() -> None:
         "unmapped": 1,
         "after_prediction_time": 0,
         "outside_window": 0,
+        "dropped_elements": 0,
         "skipped": 0,
     }
     assert record.subject_id == 900001

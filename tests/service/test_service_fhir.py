@@ -81,6 +81,7 @@ def test_the_sample_bundle(instant_api: Api) -> None:
         "after_prediction_time": 0,
         "skipped": 0,
         "outside_window": 0,
+        "dropped_elements": 0,
     }
     assert response.json()["events"]["total"] == 11
 
