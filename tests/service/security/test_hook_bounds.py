@@ -4,7 +4,8 @@ control, inside the request deadline and in the latency metric; a path naming no
 discovery list is a 404 that adds no metric series; feedback is counted only for cards this
 service issued to the same caller and service (kept in the shared state: in memory and on a
 real redis-server), at most `MEDTPE_CDS_MAX_FEEDBACK_ITEMS` items a call; a client gone
-mid-body is the client's doing, not an internal error.
+mid-body is the client's doing, not an internal error, and a trickled body is cut at the
+request deadline.
 
 FHIR servers and the service are real sockets on 127.0.0.1 (tests/support/hostile_fhir.py,
 `served_in_thread`) where concurrency or a broken connection is under test."""
@@ -352,42 +353,70 @@ def test_issued_cards_in_memory_are_bounded_in_count_and_bytes() -> None:
     assert len(store) == n and unknown == [0]
 
 
-# --- a client gone mid-body -------------------------------------------------------------------
+# --- a body that does not arrive -----------------------------------------------------------
 
 
-def test_a_client_gone_mid_body_is_no_internal_error(
-    service_files: tuple[Path, Path], ehr: Ehr, fhir: HostileFhir
-) -> None:
-    """The hook reads its body after the JWT check; a client that closes the connection before
-    the body is complete is counted as `client_disconnected`, never as an internal error."""
+@pytest.fixture(scope="module")
+def served(service_files: tuple[Path, Path], ehr: Ehr, fhir: HostileFhir) -> Iterator[str]:
+    """The service over HTTP on 127.0.0.1 with a 1 s request deadline: its base URL."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    with served_in_thread(settings_for(service_files, ehr, fhir, base), port=port):
-        before = metrics(base)
-        token = ehr.token(base + HOOK)
-        head = (
-            f"POST {HOOK} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-            f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
-            "Content-Length: 100000\r\n\r\n"
-        )
-        with socket.create_connection(("127.0.0.1", port)) as sock:
-            sock.sendall(head.encode() + b'{"hook": "patient-view", "prefetch": {')
-            time.sleep(0.3)
-        deadline = time.monotonic() + 10
-        was = metric_value(before, "medtpe_rejections_total", reason="client_disconnected")
-        while time.monotonic() < deadline:
-            after = metrics(base)
-            if metric_value(after, "medtpe_rejections_total", reason="client_disconnected") > was:
-                break
-            time.sleep(0.05)
-    gone = metric_value(after, "medtpe_rejections_total", reason="client_disconnected")
-    assert gone == was + 1
-    internal = ("medtpe_errors_total", {"reason": "internal"})
-    assert metric_value(after, internal[0], **internal[1]) == metric_value(
-        before, internal[0], **internal[1]
-    )
-    for outcome in ("error", "invalid"):
-        labels = {"service": ICU.id, "outcome": outcome}
-        assert metric_value(after, "medtpe_cds_hook_calls_total", **labels) == metric_value(
-            before, "medtpe_cds_hook_calls_total", **labels
-        )
+    settings = settings_for(service_files, ehr, fhir, base, request_timeout_s=1.0)
+    with served_in_thread(settings, port=port):
+        yield base
+
+
+def signed_head(ehr: Ehr, base: str) -> bytes:
+    """A hook call's request line and headers, signed, announcing a 100,000-byte body."""
+    return (
+        f"POST {HOOK} HTTP/1.1\r\nHost: {base.removeprefix('http://')}\r\n"
+        f"Authorization: Bearer {ehr.token(base + HOOK)}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+    ).encode()
+
+
+def test_a_client_gone_mid_body_is_no_internal_error(served: str, ehr: Ehr) -> None:
+    """The hook reads its body after the JWT check; a client that closes the connection before
+    the body is complete is counted as `client_disconnected`, never as an internal error (nor
+    as a hook call)."""
+    before = metrics(served)
+    with socket.create_connection(("127.0.0.1", int(served.rpartition(":")[2]))) as sock:
+        sock.sendall(signed_head(ehr, served) + b'{"hook": "patient-view", "prefetch": {')
+        time.sleep(0.3)
+    gone = ("medtpe_rejections_total", {"reason": "client_disconnected"})
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        after = metrics(served)
+        if metric_value(after, gone[0], **gone[1]) > metric_value(before, gone[0], **gone[1]):
+            break
+        time.sleep(0.05)
+    kept = [("medtpe_errors_total", {"reason": "internal"})] + [
+        ("medtpe_cds_hook_calls_total", {"service": ICU.id, "outcome": outcome})
+        for outcome in ("error", "invalid")
+    ]
+    assert metric_value(after, gone[0], **gone[1]) == metric_value(before, gone[0], **gone[1]) + 1
+    for name, labels in kept:
+        assert metric_value(after, name, **labels) == metric_value(before, name, **labels)
+
+
+def test_a_trickled_hook_body_is_cut_at_the_request_deadline(served: str, ehr: Ehr) -> None:
+    """A signed call whose body does not arrive within `MEDTPE_REQUEST_TIMEOUT_S` is answered
+    408 at the deadline and its connection closed."""
+    port = int(served.rpartition(":")[2])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        start = time.monotonic()
+        sock.sendall(signed_head(ehr, served) + b"{")
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            sock.sendall(b" ")  # a byte now and then, never the whole body
+            time.sleep(0.1)
+            sock.setblocking(False)
+            try:
+                answer += sock.recv(65536)
+            except BlockingIOError:
+                pass
+            finally:
+                sock.setblocking(True)
+            assert time.monotonic() - start < 5, "no answer to a trickled body"
+    assert answer.startswith(b"HTTP/1.1 408")
+    assert b"connection: close" in answer.lower()
