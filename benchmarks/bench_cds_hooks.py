@@ -148,12 +148,11 @@ def mapping_rate(stays: list[dict[str, Any]]) -> dict[str, float]:
 
 def prompt_identity(meds: Path, stays: list[dict[str, Any]], budget: int) -> dict[str, int]:
     """Without the engine, per stay: is the prompt of the hook's resources (prefetch key by key,
-    as JSON text, read as far as the prompt reaches: `inference.fhir_prompt`) byte-identical to
-    that of the MEDS events, and that of the whole Bundle, every resource read (`bundle`) and
-    read as `/predict` reads it (`bundle_window`)?"""
-    from inference.fhir_prompt import prepare_fhir
+    as JSON text, read as far as the prompt reaches: `inference.record.FhirResources`)
+    byte-identical to that of the MEDS events, and that of the whole Bundle, every resource read
+    (`bundle`) and read as `/predict` reads it (`bundle_window`)?"""
     from inference.model import ModelConfig, load_model
-    from medtpe_core.fhir.window import FhirWindow
+    from inference.record import FhirResources
     from medtpe_core.meds import SubjectEvents
     from medtpe_core.tasks import get_task
 
@@ -165,10 +164,8 @@ def prompt_identity(meds: Path, stays: list[dict[str, Any]], budget: int) -> dic
         return predictor.build(task, events, None, record.descriptions)[0].text
 
     def windowed(resources: Any, patient: str | None) -> str:
-        window = FhirWindow(resources, mapping=mapping, patient_id=patient)
-        prepared, _ = prepare_fhir(predictor, task, window, None)
-        assert prepared is not None
-        return prepared.prompt.text
+        record = FhirResources(resources, mapping, patient_id=patient)
+        return record.prepare(predictor, task).prompt.text
 
     same = {"hook": 0, "bundle": 0, "hook_same_lines": 0, "bundle_window": 0}
     for stay in stays:

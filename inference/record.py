@@ -12,13 +12,13 @@ Preparing is CPU work (rendering, tokenizing, for FHIR the mapping): call it in 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from inference.collector import collector_paused
-from inference.fhir_prompt import prepare_fhir
 from inference.predictor import Predictor, PreparedRecord
 from medtpe_core.fhir import ResourceCache, SiteMapping
 from medtpe_core.fhir.window import FhirWindow
@@ -46,9 +46,16 @@ class MedsRecord:
 @dataclass(frozen=True)
 class FhirResources:
     """A patient's FHIR resources — a Bundle, or resources (objects or their JSON text) — behind
-    the site `mapping`, read only as far back as the prompt reaches (`inference.fhir_prompt`);
-    `patient_id` picks the patient among several, `cache` keeps what resources seen before gave
+    the site `mapping`, read only as far back as the prompt reaches (`prepare`); `patient_id`
+    picks the patient among several, `cache` keeps what resources seen before gave
     (`medtpe_core.fhir.ResourceCache`)."""
+
+    TOKENS_PER_RESOURCE = 8
+    """The first window reads `max_input_tokens / TOKENS_PER_RESOURCE` resources (an ICU record's
+    event lines take about 8.5 tokens an event at 4,096 and 8,192 tokens, its resources give
+    about 1.2 events each)."""
+    GROWTH = 1.5
+    """Each further window reads this many times as many resources."""
 
     resources: Mapping[str, Any] | Sequence[Mapping[str, Any] | bytes]
     mapping: SiteMapping
@@ -57,10 +64,13 @@ class FhirResources:
     cache: ResourceCache | None = None
 
     def prepare(self, predictor: Predictor, task: Task) -> PreparedRecord:
-        """The task prompt of the mapped events, with the mapping's record (`fhir`); a
-        resource the mapping cannot read raises its `FhirInputError`, a record without an
-        event of the patient `NoEventsError`. The collector is paused meanwhile
-        (`medtpe_core.fhir` makes many short-lived objects)."""
+        """The task prompt of the mapped events, with the mapping's record (`fhir`): the newest
+        resources read first (`medtpe_core.fhir.window`), more while the prompt reaches back to
+        a resource not read (`Prompt.reaches`), so the prompt is byte-identical to that of the
+        whole record read and the counts are the whole record's. A resource the mapping cannot
+        read raises its `FhirInputError`, a record without an event of the patient
+        `NoEventsError`. The collector is paused meanwhile (`medtpe_core.fhir` makes many
+        short-lived objects)."""
         with collector_paused():
             window = FhirWindow(
                 self.resources,
@@ -69,10 +79,23 @@ class FhirResources:
                 prediction_time=self.prediction_time,
                 cache=self.cache,
             )
-            prepared, record = prepare_fhir(predictor, task, window, self.prediction_time)
-        if prepared is None or not record.rows:
-            raise NoEventsError("the record holds no event of the patient")
-        return dataclasses.replace(prepared, fhir=record)
+            n: int | None = max(1, predictor.max_input_tokens // self.TOKENS_PER_RESOURCE)
+            while True:
+                record = window.record(n)
+                if not record.rows:
+                    raise NoEventsError("the record holds no event of the patient")
+                prepared = predictor.prepare(
+                    task,
+                    record.subject_events(),
+                    self.prediction_time,
+                    record.descriptions,
+                    record.horizon,
+                )
+                if not prepared.prompt.reaches(record.horizon):
+                    return dataclasses.replace(prepared, fhir=record)
+                assert n is not None  # the whole record read has no horizon
+                n = math.ceil(n * self.GROWTH)
+                n = None if n >= window.n_candidates else n
 
 
 PatientRecord = MedsRecord | FhirResources

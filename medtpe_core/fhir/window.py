@@ -4,9 +4,9 @@ mapped; they are counted.
 
     window = FhirWindow(resources, mapping=mapping, patient_id=patient)
     record = window.record(n)  # the n newest resources read, the older ones stand-ins
-    # a prompt with `horizon=record.horizon` (`medtpe_core.prompt.task_prompt.build_prompt`) raises
-    # `IncompleteWindowError` when it could show or depend on a stand-in: read more
-    record = window.record(2 * n)  # (`inference.fhir_prompt` does this)
+    # a prompt that reaches back to a stand-in (`Prompt.reaches(record.horizon)`,
+    # `medtpe_core.prompt.task_prompt.build_prompt`): read more
+    record = window.record(2 * n)  # (`inference.record.FhirResources.prepare` does this)
 
 Every resource gets the first pass (`medtpe_core.fhir.glance`, a few microseconds): a JSON object
 with the `resourceType` of an R4 resource; of the right patient (`subject` / `patient`); its times
@@ -26,7 +26,7 @@ value set) is not looked at: such a resource is counted (`outside_window`), its 
 than anything the prompt shows, and it never changes the answer. A code's description comes
 from the first read resource that describes it.
 
-The prompt is byte-identical to that of the whole record whenever the prompt builder accepts
+The prompt is byte-identical to that of the whole record whenever it does not reach back to
 the record's `horizon` (`medtpe_core.prompt.task_prompt`).
 """
 

@@ -50,6 +50,15 @@ class Prompt:
     response_prefix: str
     n_events_total: int
     n_events_kept: int
+    reach: datetime | None = None
+    """How far back the text depends on the record: it shows and weighs no event at or before
+    `reach` (the newest event the fit left out, or an earlier stable window start); None: it
+    depends on every event (the whole record shown)."""
+
+    def reaches(self, horizon: datetime | None) -> bool:
+        """Whether the text could show or depend on an event at or before `horizon` (the
+        stand-ins of `FhirRecord.horizon`): then more of the record must be read."""
+        return horizon is not None and (self.reach is None or self.reach <= horizon)
 
     @property
     def text(self) -> str:
@@ -75,22 +84,13 @@ class Prompt:
         return tokenizer.encode_parts([self.head_ids, self.record_text, self.tail_ids])
 
 
-class IncompleteWindowError(ValueError):
-    """The prompt could show, or depend on, events at or before the `horizon` up to which the
-    record holds stand-ins (`medtpe_core.fhir.window`): read more of the record."""
-
-
-def _check_horizon(
-    events: SubjectEvents, prediction_time: datetime | None, n_kept: int, horizon: datetime
-) -> None:
-    """`IncompleteWindowError` unless the newest event the newest-first fit left out is after
-    `horizon`: then every event it keeps or weighs is, and none at or before it changes the
-    text (the omission line counts them all, stand-ins included)."""
-    shown = events.before(prediction_time) if prediction_time is not None else events
+def _reach(shown: SubjectEvents, n_kept: int) -> datetime | None:
+    """The time of the newest event the newest-first fit left out (None: none left out): every
+    event the fit keeps or weighs is after it, and none at or before it changes the text (the
+    omission line counts them all, stand-ins included)."""
     times = shown.times[shown.n_static :]
     n_left_out = len(times) - max(0, n_kept - shown.n_static)
-    if n_left_out <= 0 or times[n_left_out - 1] <= np.datetime64(horizon, "us"):
-        raise IncompleteWindowError(f"the prompt reaches back to the horizon {horizon}")
+    return times[n_left_out - 1].astype(datetime) if n_left_out > 0 else None
 
 
 def format_time(time: datetime) -> str:
@@ -115,8 +115,9 @@ def build_prompt(
     """Prompt whose whole text is at most `max_input_tokens` original tokens; which events are
     kept is the `windowing` policy's choice (default: the newest that fit, see
     `medtpe_core.prompt.windowing`). `prediction_time=None` uses every event (and states no
-    prediction time). `horizon`: the events at or before it may be stand-ins (`FhirRecord.horizon`);
-    `IncompleteWindowError` when the prompt could show or depend on one."""
+    prediction time). `Prompt.reach` says how far back the text depends on the record;
+    `horizon`: the events at or before it may be stand-ins (`FhirRecord.horizon`): once the
+    prompt reaches it (`Prompt.reaches`) no further stable window start is fitted."""
     task = get_task(task) if isinstance(task, str) else task
     if not isinstance(events, SubjectEvents):
         events = SubjectEvents.from_events(list(events))
@@ -164,13 +165,14 @@ def build_prompt(
         raise too_small
 
     record, record_ids = fit(None)
-    if horizon is not None:
-        _check_horizon(events, prediction_time, record.n_events_kept, horizon)
-    if windowing.policy is WindowPolicy.STABLE:
-        shown = events.before(prediction_time) if prediction_time is not None else events
+    shown = events.before(prediction_time) if prediction_time is not None else events
+    reach = _reach(shown, record.n_events_kept)
+    reached = horizon is not None and (reach is None or reach <= horizon)
+    if windowing.policy is WindowPolicy.STABLE and not reached:
         for start in stable_starts(shown, record.n_events_kept, windowing.grid_hours):
+            reach = min(reach, start) if reach is not None else start
             if horizon is not None and start <= horizon:
-                raise IncompleteWindowError(f"a window start at the horizon {horizon}")
+                break
             record, record_ids = fit(start)
             in_window = len(window_events(shown, start))
             if record.n_events_kept == in_window:
@@ -185,6 +187,7 @@ def build_prompt(
         task.response_prefix,
         record.n_events_total,
         record.n_events_kept,
+        reach,
     )
 
 
