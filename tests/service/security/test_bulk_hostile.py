@@ -475,7 +475,7 @@ def check_issues(issues: Path, export: Path) -> None:
         assert Path(issue["file"]).parent == export and issue["line"] >= 1
 
 
-@settings(max_examples=examples(300), deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(inserted=INSERTED, gzipped=st.binary(max_size=64))
 def test_any_bytes_in_an_export_leave_each_valid_patient_exactly_their_resources(
     inserted: list[tuple[str, int, bytes]], gzipped: bytes
