@@ -10,7 +10,10 @@ import io
 import json
 import logging
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -165,3 +168,24 @@ def test_the_environment_form_is_refused_too(clean_environment) -> None:
     clean_environment.setenv("MEDTPE_CDS_BASE_URL", "https://cds.example")
     with pytest.raises(ValidationError, match="must be https://"):
         ServiceSettings()
+
+
+@pytest.mark.slow
+def test_medtpe_serve_refuses_a_plain_http_jwk_set_naming_no_secret() -> None:
+    """The real start: it stops with the issuer named, and its message quotes neither the API
+    key nor the state store's password it was given."""
+    env = {n: v for n, v in os.environ.items() if not n.upper().startswith("MEDTPE_")}
+    env |= {
+        "MEDTPE_CDS_ISSUERS": json.dumps(_issuers("http://ehr.example/jwks")),
+        "MEDTPE_CDS_BASE_URL": "https://cds.example",
+        "MEDTPE_API_KEYS": KEY,
+        "MEDTPE_STATE_URL": f"redis://:{PASSWORD}@store:6379/0",
+    }
+    medtpe = Path(sys.executable).with_name("medtpe")
+    out = subprocess.run(
+        [str(medtpe), "serve"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "MEDTPE_CDS_ISSUERS" in out.stderr and "must be https://" in out.stderr
+    for secret in (KEY, PASSWORD):
+        assert secret not in out.stdout + out.stderr
