@@ -73,12 +73,12 @@ class BodyLimits:
 
     413 for a body over `max_bytes`: by `Content-Length` at once, or as a chunked body streams in;
     a `Content-Length` of anything but ASCII digits is a 400 (more than `MAX_LENGTH_DIGITS` of
-    them: 413, never parsed). 408 for a
-    body not received in full within `deadline_s` of the request's start (a trickled body), the
-    connection closed (a client that disconnects before its body is complete: Starlette's
-    `ClientDisconnect`, counted by `service.errors.InternalErrors` as the client's). Each refusal
-    calls `on_reject` with its reason (`too_large`, `body_timeout`). Errors raised while the app
-    reads the body become their responses through FastAPI's handlers."""
+    them: 413, never parsed). 408 for a body not received in full within `deadline_s` of the
+    request's start (a trickled body), the connection closed. A client that disconnects before
+    its body is complete meets Starlette's `ClientDisconnect`, which
+    `service.errors.InternalErrors` counts as the client's doing. Each refusal calls `on_reject`
+    with its reason (`invalid`, `too_large`, `body_timeout`). Errors raised while the app reads
+    the body become their responses through FastAPI's handlers."""
 
     def __init__(
         self,
@@ -100,6 +100,7 @@ class BodyLimits:
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None:
             if not declared.isdigit():  # bytes: ASCII digits only
+                self.on_reject("invalid")
                 await self._refuse(send, 400, "content-length", "not a byte count")
                 return
             if len(declared) > MAX_LENGTH_DIGITS or int(declared) > self.max_bytes:
