@@ -38,9 +38,11 @@ def tokenizer_file(meds_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     return corpus_tokenizer_file(meds_dir, tmp_path_factory.mktemp("base"))
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[None]:
-    """A local Ray cluster for one test; `--ray` reuses the session the process has."""
+    """One local Ray cluster for the tests that take it (a start is seconds to tens of seconds
+    on a loaded machine); `--ray` reuses the session the process has. The tests that check
+    that `--ray` starts and stops a cluster of its own come before the first that takes it."""
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
@@ -53,21 +55,6 @@ def _assert_same_counts(got: NgramCounts, want: NgramCounts) -> None:
     for n, (keys, counts) in want.ngrams.items():
         np.testing.assert_array_equal(got.ngrams[n][0], keys)
         np.testing.assert_array_equal(got.ngrams[n][1], counts)
-
-
-def test_ray_count_tables_equal_in_process_and_worker_processes(
-    meds_dir: Path, tokenizer_file: Path, ray_cluster: None
-) -> None:
-    job = MiningJob(CorpusSpec(meds_dir), tokenizer_file, max_n=3, sample_tokens=2_000)
-    in_process, sample = count_meds_corpus(job, workers=1, progress=False)
-    workers, workers_sample = count_meds_corpus(job, workers=2, progress=False)
-    on_ray, ray_sample = count_meds_corpus(job, progress=False, ray_address="local")
-    assert in_process.n_records == 10 and in_process.n_tokens > 2_000 > 0
-    _assert_same_counts(workers, in_process)
-    _assert_same_counts(on_ray, in_process)
-    assert ray_sample == workers_sample == sample  # the first records in shard order
-    assert sum(map(len, sample)) < in_process.n_tokens  # a sample, not every record
-    assert ray.is_initialized()  # the test's session was reused, not shut down
 
 
 def _build_tokenizer(base: Path, corpus: Path, out: Path, *options: str) -> MedTPETokenizer:
@@ -113,12 +100,27 @@ def test_ray_option_errors_are_named(meds_dir: Path, tokenizer_file: Path, tmp_p
     assert not ray.is_initialized()
 
 
+def test_ray_count_tables_equal_in_process_and_worker_processes(
+    meds_dir: Path, tokenizer_file: Path, ray_cluster: None
+) -> None:
+    job = MiningJob(CorpusSpec(meds_dir), tokenizer_file, max_n=3, sample_tokens=2_000)
+    in_process, sample = count_meds_corpus(job, workers=1, progress=False)
+    workers, workers_sample = count_meds_corpus(job, workers=2, progress=False)
+    on_ray, ray_sample = count_meds_corpus(job, progress=False, ray_address="local")
+    assert in_process.n_records == 10 and in_process.n_tokens > 2_000 > 0
+    _assert_same_counts(workers, in_process)
+    _assert_same_counts(on_ray, in_process)
+    assert ray_sample == workers_sample == sample  # the first records in shard order
+    assert sum(map(len, sample)) < in_process.n_tokens  # a sample, not every record
+    assert ray.is_initialized()  # the test's session was reused, not shut down
+
+
 class Interrupted(Exception):
     """Stops a build after its mine step (the steps after it do not depend on the backend)."""
 
 
 def test_build_artefact_ray_mines_the_same_tokenizer_and_resumes_without_ray(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ray_cluster: None
 ) -> None:
     pytest.importorskip("torch")
     from tests.support.meds_fixtures import write_meds_dataset
@@ -147,7 +149,7 @@ def test_build_artefact_ray_mines_the_same_tokenizer_and_resumes_without_ray(
 
     workers = build(tmp_path / "workers", "--workers", "2")
     on_ray = build(tmp_path / "ray", "--ray")
-    assert not ray.is_initialized()
+    assert ray.is_initialized()  # the module's cluster was used, not shut down
     assert list(on_ray) == ["check", "split", "render", "mine"]
     assert on_ray["mine"]["result"] == workers["mine"]["result"]
     assert on_ray["mine"]["result"]["n_records"] > 0
