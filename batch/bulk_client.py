@@ -464,7 +464,7 @@ def check_manifest(manifest: Any, base: str) -> bool:
         raise ManifestError(_refused("requiresAccessToken", requires_token, "is no boolean"))
     if not isinstance(manifest.get("output"), list):
         raise ManifestError("the export's manifest has no list of output files (output)")
-    if not isinstance(manifest.get("error", []), list):
+    if not isinstance(manifest.get("error") or [], list):
         raise ManifestError(_refused("error", manifest["error"], "is no list"))
     for key in ("output", "error"):
         for index, entry in enumerate(manifest.get(key) or []):
