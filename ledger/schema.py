@@ -1,0 +1,79 @@
+"""The ledger's tables (SQLAlchemy 2 typed declarative); `ledger/migrations` creates and
+changes them: a change here goes with a new migration under `ledger/migrations/versions`.
+
+`predictions`: one row per answer; `feedback`: what an EHR said of a CDS card (accepted,
+overridden). Times are UTC (naive in SQLite, `timestamptz` in PostgreSQL)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    false,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+DOORS = ("predict", "predict_batch", "cds_hook", "batch_meds", "batch_fhir")
+"""Where a prediction came in: `/predict`, `/predict/batch`, a CDS hook, `medtpe predict` on
+MEDS or on FHIR input."""
+
+
+class Base(DeclarativeBase):
+    """The ledger's tables."""
+
+
+class Prediction(Base):
+    """One answer: who asked through which door, about whom, what was answered, its receipt."""
+
+    __tablename__ = "predictions"
+
+    prediction_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    door: Mapped[str] = mapped_column(String(16))
+    caller: Mapped[str] = mapped_column(String(200))
+    site: Mapped[str | None] = mapped_column(String(200))
+    task: Mapped[str] = mapped_column(String(100))
+    subject_id: Mapped[str] = mapped_column(String(200))
+    prediction_time: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    answer: Mapped[str] = mapped_column(Text)
+    p_yes: Mapped[float | None] = mapped_column(Float)
+    format_ok: Mapped[bool] = mapped_column(Boolean)
+    original_tokens: Mapped[int] = mapped_column(Integer)
+    medtpe_tokens: Mapped[int] = mapped_column(Integer)
+    compression_rate: Mapped[float] = mapped_column(Float)
+    latency_ms: Mapped[float] = mapped_column(Float)
+    mode: Mapped[str] = mapped_column(String(16))
+    silent: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    shadow_of: Mapped[str | None] = mapped_column(String(36))
+    receipt: Mapped[str] = mapped_column(Text)
+    signature: Mapped[str] = mapped_column(String(200))
+    key_id: Mapped[str] = mapped_column(String(100))
+    record: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        Index("ix_predictions_task_created_at", "task", "created_at"),
+        Index("ix_predictions_subject_id", "subject_id"),
+        Index("ix_predictions_site_created_at", "site", "created_at"),
+    )
+
+
+class Feedback(Base):
+    """An EHR's feedback on a CDS card (`POST /cds-services/{id}/feedback`)."""
+
+    __tablename__ = "feedback"
+
+    card_uuid: Mapped[str] = mapped_column(String(36), primary_key=True)
+    prediction_id: Mapped[str] = mapped_column(ForeignKey("predictions.prediction_id"), index=True)
+    issuer: Mapped[str] = mapped_column(String(500))
+    outcome: Mapped[str] = mapped_column(String(32))
+    override_reason: Mapped[str | None] = mapped_column(Text)
+    outcome_time: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -1,0 +1,328 @@
+"""The ledger's store: `Ledger.open(url)` (SQLite or PostgreSQL, migrated to the newest schema),
+`record(rows)` in one transaction, `get(prediction_id)`, `rows(since, until, task)`.
+
+A write that fails raises `LedgerUnavailable` (the service answers 503 with `Retry-After`: no
+answer leaves without its row). Recording is idempotent on `prediction_id`: a row recorded
+again with the same content is a no-op, with other content a `LedgerConflict`.
+
+SQLite runs in WAL mode with `synchronous=FULL` (a committed row survives a power cut, not only
+a crash: the service answers only after the commit) and a 10 s `busy_timeout`, so several
+processes on one machine can write to one file. PostgreSQL URLs use the psycopg 3 driver.
+
+The methods block: from async code call them in a worker thread (`arecord`, or
+`asyncio.to_thread`)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
+
+from ledger.migrate import upgrade
+from ledger.receipt import Receipt, canonical_json
+from ledger.schema import DOORS, Prediction
+from ledger.signing import Signer
+
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+CONNECT_TIMEOUT_S = 5
+CHUNK_ROWS = 1_000
+"""Rows per INSERT statement of a large `record` (one transaction for all)."""
+_TABLE = Prediction.__table__
+_TIME_COLUMNS = ("created_at", "prediction_time")
+
+
+class LedgerUnavailable(RuntimeError):
+    """The ledger cannot be opened or written now (database down, disk full, locked too
+    long): the answer must not leave."""
+
+
+class LedgerConflict(ValueError):
+    """A row recorded again with another content under the same `prediction_id`."""
+
+
+@dataclass(frozen=True)
+class PredictionRow:
+    """One ledger row (the `predictions` table's columns; times UTC)."""
+
+    prediction_id: str
+    created_at: datetime
+    door: str
+    caller: str
+    site: str | None
+    task: str
+    subject_id: str
+    prediction_time: datetime | None
+    answer: str
+    """The answer's value as JSON text (`null`: none)."""
+    p_yes: float | None
+    format_ok: bool
+    original_tokens: int
+    medtpe_tokens: int
+    compression_rate: float
+    latency_ms: float
+    mode: str
+    receipt: str
+    """The receipt's canonical JSON text (`ledger.receipt.Receipt.canonical`)."""
+    signature: str
+    key_id: str
+    record: str | None = None
+    """The canonical record (with `MEDTPE_LEDGER_RECORDS=store` only)."""
+    silent: bool = False
+    shadow_of: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.door not in DOORS:
+            raise ValueError(f"door {self.door!r}: expected one of {', '.join(DOORS)}")
+
+    @classmethod
+    def signed(
+        cls,
+        receipt: Receipt,
+        signer: Signer,
+        *,
+        door: str,
+        caller: str,
+        site: str | None,
+        subject_id: str,
+        prediction_time: datetime | None,
+        format_ok: bool,
+        original_tokens: int,
+        medtpe_tokens: int,
+        compression_rate: float,
+        latency_ms: float,
+        record: bytes | None = None,
+        silent: bool = False,
+        shadow_of: str | None = None,
+    ) -> PredictionRow:
+        """The row of `receipt` signed by `signer`: its id, time, task, mode, answer and
+        p("yes") are the receipt's, so the row cannot say otherwise than what is signed."""
+        return cls(
+            prediction_id=receipt.prediction_id,
+            created_at=datetime.fromisoformat(receipt.created_at.removesuffix("Z")).replace(
+                tzinfo=UTC
+            ),
+            door=door,
+            caller=caller,
+            site=site,
+            task=receipt.task,
+            subject_id=subject_id,
+            prediction_time=_aware_utc(prediction_time),
+            answer=canonical_json(receipt.answer).decode(),
+            p_yes=receipt.p_yes,
+            format_ok=format_ok,
+            original_tokens=original_tokens,
+            medtpe_tokens=medtpe_tokens,
+            compression_rate=compression_rate,
+            latency_ms=latency_ms,
+            mode=receipt.mode,
+            receipt=receipt.canonical().decode(),
+            signature=signer.sign(receipt),
+            key_id=signer.key_id,
+            record=None if record is None else record.decode(),
+            silent=silent,
+            shadow_of=shadow_of,
+        )
+
+    def values(self) -> dict[str, Any]:
+        """The row's column values, times as naive UTC (what either database stores)."""
+        values = dataclasses.asdict(self)
+        for name in _TIME_COLUMNS:
+            values[name] = _naive_utc(values[name])
+        return values
+
+
+def _naive_utc(when: datetime | None) -> datetime | None:
+    if when is None or when.tzinfo is None:
+        return when
+    return when.astimezone(UTC).replace(tzinfo=None)
+
+
+def _aware_utc(when: datetime | None) -> datetime | None:
+    if when is None:
+        return None
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+
+
+def database_url(url: str) -> str:
+    """`url` with PostgreSQL's driver named (psycopg 3: `postgresql+psycopg://`)."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def _sqlite_pragmas(connection: Any, _record: Any) -> None:
+    cursor = connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=FULL")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def make_engine(url: str) -> Engine:
+    """A SQLAlchemy engine of the ledger at `url` (SQLite: WAL pragmas on every connection;
+    PostgreSQL: psycopg 3, connections checked before use)."""
+    full = make_url(database_url(url))
+    if full.get_backend_name() == "sqlite":
+        engine = create_engine(full)
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    if full.get_backend_name() != "postgresql":
+        raise ValueError(
+            f"ledger URL {full.render_as_string()}: expected sqlite:///PATH or postgresql://…"
+        )
+    return create_engine(
+        full, pool_pre_ping=True, connect_args={"connect_timeout": CONNECT_TIMEOUT_S}
+    )
+
+
+class Ledger:
+    """One ledger database."""
+
+    def __init__(self, engine: Engine, *, keep_records: bool = False) -> None:
+        self.engine = engine
+        self.keep_records = keep_records
+        """Whether a row's `record` is stored (`MEDTPE_LEDGER_RECORDS=store`) or dropped."""
+
+    @classmethod
+    def open(cls, url: str, *, keep_records: bool = False) -> Ledger:
+        """The ledger at `url`, migrated to the newest schema; `LedgerUnavailable` when the
+        database cannot be reached."""
+        engine = make_engine(url)
+        try:
+            if engine.dialect.name == "sqlite" and engine.url.database not in (None, ":memory:"):
+                Path(engine.url.database).parent.mkdir(parents=True, exist_ok=True)
+            upgrade(engine)
+        except (SQLAlchemyError, OSError) as exc:
+            engine.dispose()
+            raise LedgerUnavailable(f"the ledger cannot be opened: {_reason(exc)}") from exc
+        return cls(engine, keep_records=keep_records)
+
+    def record(self, rows: Sequence[PredictionRow]) -> None:
+        """Commit `rows` in one transaction (all or none). A row already recorded with the same
+        content is left as it is (a retry); with another content: `LedgerConflict`, nothing
+        written. `LedgerUnavailable` when the database cannot be written."""
+        unique = self._unique(rows)
+        if not unique:
+            return
+        try:
+            with self.engine.begin() as connection:
+                inserted: set[str] = set()
+                values = list(unique.values())
+                for start in range(0, len(values), CHUNK_ROWS):
+                    chunk = values[start : start + CHUNK_ROWS]
+                    statement = self._insert().values(chunk).returning(_TABLE.c.prediction_id)
+                    inserted.update(connection.execute(statement).scalars())
+                present = [key for key in unique if key not in inserted]
+                if present:
+                    stored = connection.execute(
+                        select(_TABLE).where(_TABLE.c.prediction_id.in_(present))
+                    ).mappings()
+                    for existing in stored:
+                        if _comparable(existing) != unique[existing["prediction_id"]]:
+                            raise LedgerConflict(
+                                f"prediction {existing['prediction_id']} is recorded already "
+                                "with other content"
+                            )
+        except SQLAlchemyError as exc:
+            raise LedgerUnavailable(f"the ledger cannot be written: {_reason(exc)}") from exc
+
+    async def arecord(self, rows: Sequence[PredictionRow]) -> None:
+        """`record` in a worker thread (for the event loop of the service)."""
+        await asyncio.to_thread(self.record, rows)
+
+    def get(self, prediction_id: str) -> PredictionRow | None:
+        """The row of `prediction_id` (None: no such prediction)."""
+        try:
+            with self.engine.connect() as connection:
+                found = (
+                    connection.execute(
+                        select(_TABLE).where(_TABLE.c.prediction_id == prediction_id)
+                    )
+                    .mappings()
+                    .first()
+                )
+        except SQLAlchemyError as exc:
+            raise LedgerUnavailable(f"the ledger cannot be read: {_reason(exc)}") from exc
+        return None if found is None else _row(found)
+
+    def rows(
+        self,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        task: str | None = None,
+    ) -> Iterator[PredictionRow]:
+        """The rows created at or after `since` and before `until`, of `task`, oldest first
+        (read in batches, streamed)."""
+        query = select(_TABLE).order_by(_TABLE.c.created_at, _TABLE.c.prediction_id)
+        if since is not None:
+            query = query.where(_TABLE.c.created_at >= _naive_utc(since))
+        if until is not None:
+            query = query.where(_TABLE.c.created_at < _naive_utc(until))
+        if task is not None:
+            query = query.where(_TABLE.c.task == task)
+        try:
+            with self.engine.connect() as connection:
+                result = connection.execution_options(yield_per=CHUNK_ROWS).execute(query)
+                for found in result.mappings():
+                    yield _row(found)
+        except SQLAlchemyError as exc:
+            raise LedgerUnavailable(f"the ledger cannot be read: {_reason(exc)}") from exc
+
+    def close(self) -> None:
+        """Close the database connections."""
+        self.engine.dispose()
+
+    async def aclose(self) -> None:
+        """`close` in a worker thread."""
+        await asyncio.to_thread(self.close)
+
+    def _unique(self, rows: Sequence[PredictionRow]) -> dict[str, dict[str, Any]]:
+        """Each row's values by id (records dropped unless kept); a LedgerConflict when one id
+        comes twice with different content."""
+        unique: dict[str, dict[str, Any]] = {}
+        for row in rows:
+            values = row.values()
+            if not self.keep_records:
+                values["record"] = None
+            earlier = unique.setdefault(row.prediction_id, values)
+            if earlier != values:
+                raise LedgerConflict(
+                    f"prediction {row.prediction_id} comes twice with different content"
+                )
+        return unique
+
+    def _insert(self) -> Any:
+        """INSERT … ON CONFLICT (prediction_id) DO NOTHING in this database's dialect."""
+        dialect = postgresql if self.engine.dialect.name == "postgresql" else sqlite
+        return dialect.insert(_TABLE).on_conflict_do_nothing(index_elements=["prediction_id"])
+
+
+def _comparable(found: Any) -> dict[str, Any]:
+    values = dict(found)
+    for name in _TIME_COLUMNS:
+        values[name] = _naive_utc(values[name])
+    return values
+
+
+def _row(found: Any) -> PredictionRow:
+    values = dict(found)
+    for name in _TIME_COLUMNS:
+        values[name] = _aware_utc(values[name])
+    return PredictionRow(**values)
+
+
+def _reason(exc: Exception) -> str:
+    """The database's own message, first line (no SQL, no parameters: they hold PHI)."""
+    original = getattr(exc, "orig", None) or exc
+    return str(original).strip().splitlines()[0] if str(original).strip() else type(exc).__name__
