@@ -1,0 +1,1 @@
+"""The ledger's Alembic migrations (a package, so it ships with `ledger`)."""
