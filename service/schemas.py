@@ -568,5 +568,10 @@ METRICS_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "Prometheus text exposition (format 0.0.4).",
         "content": {"text/plain; version=0.0.4; charset=utf-8": {"schema": {"type": "string"}}},
-    }
+    },
+    401: _error(
+        "No valid API key or metrics token (when `MEDTPE_API_KEYS` or `MEDTPE_METRICS_KEYS` is "
+        "set and `MEDTPE_METRICS_PUBLIC` is not).",
+        **{"WWW-Authenticate": "`Bearer`"},
+    ),
 }
