@@ -11,15 +11,10 @@ and `FhirInputError` names the resource and field of input it cannot map.
 See docs/integration.md, "FHIR records".
 """
 
-from medtpe_core.fhir.mapping import (
-    FhirEvent,
-    FhirRecord,
-    MappingCounts,
-    ResourceCache,
-    ResourceCounts,
-    meds_from_fhir,
-)
+from medtpe_core.fhir.mapping import meds_from_fhir
 from medtpe_core.fhir.parsing import FhirInputError, FhirWarning
+from medtpe_core.fhir.record import FhirEvent, FhirRecord, MappingCounts, ResourceCounts
+from medtpe_core.fhir.resource_cache import ResourceCache
 from medtpe_core.fhir.site_mapping import SiteMapping, SiteMappingError, load_site_mapping
 
 __all__ = [

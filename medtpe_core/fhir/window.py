@@ -37,20 +37,16 @@ from datetime import datetime
 from typing import Any
 
 from medtpe_core.fhir.glance import GLANCED_TYPES, glance
-from medtpe_core.fhir.mapping import (
-    READ_TYPES,
-    FhirRecord,
-    ResourceCache,
-    SiteMapping,
-    _cached_items,
-    _Mapper,
-    _Read,
-)
+from medtpe_core.fhir.mapper import Mapper
 from medtpe_core.fhir.parsing import FhirInputError, parse_resource, resource_head
+from medtpe_core.fhir.record import FhirRecord
+from medtpe_core.fhir.resource_cache import ResourceCache, cached_items
+from medtpe_core.fhir.resource_read import READ_TYPES, ResourceRead
+from medtpe_core.fhir.site_mapping import SiteMapping
 from medtpe_core.meds.events import to_naive_utc
 
 
-def _first_pass(data: object, index: int, in_bundle: bool) -> _Read:
+def _first_pass(data: object, index: int, in_bundle: bool) -> ResourceRead:
     """A resource as the first pass sees it (the types it does not glance: read)."""
     resource_type, resource_id, _ = resource_head(data, index, in_bundle)
     if resource_type in GLANCED_TYPES:
@@ -59,8 +55,8 @@ def _first_pass(data: object, index: int, in_bundle: bool) -> _Read:
         except FhirInputError:
             pass  # read it: validation leaves out a faulty element or names the fault
         else:
-            return _Read.glanced(resource_type, resource_id, fields)
-    return _Read.of(parse_resource(data, index, in_bundle, READ_TYPES))
+            return ResourceRead.glanced(resource_type, resource_id, fields)
+    return ResourceRead.of(parse_resource(data, index, in_bundle, READ_TYPES))
 
 
 class FhirWindow:
@@ -78,7 +74,7 @@ class FhirWindow:
     ) -> None:
         """`resources`, `mapping`, `patient_id`, `prediction_time` and `cache` as in
         `meds_from_fhir` (the cache keeps the first pass's counts too)."""
-        self._items, self._in_bundle, self._texts, self._known = _cached_items(
+        self._items, self._in_bundle, self._texts, self._known = cached_items(
             resources, mapping, cache
         )
         self._reads = [
@@ -87,7 +83,7 @@ class FhirWindow:
         ]
         self._mapping, self._cache = mapping, cache
         self._patient_id, self._prediction_time = patient_id, prediction_time
-        self._full: dict[int, _Read] = {}
+        self._full: dict[int, ResourceRead] = {}
         self._newest = self._by_newest_event()
 
     def __len__(self) -> int:
@@ -99,7 +95,7 @@ class FhirWindow:
         window counts them, so it reads no older resource than a cold one); those only reading
         can count are read now."""
         cutoff = to_naive_utc(self._prediction_time) if self._prediction_time else None
-        mapper = _Mapper(self._reads, self._items, self._mapping, self._in_bundle)
+        mapper = Mapper(self._reads, self._items, self._mapping, self._in_bundle)
         newest = []
         for i, read in enumerate(self._reads):
             if read.skipped or (not read.stand_in and read.events is None):
@@ -119,13 +115,13 @@ class FhirWindow:
         newest.sort(key=lambda pair: (pair[0], -pair[1]), reverse=True)
         return newest
 
-    def _read(self, i: int) -> _Read:
+    def _read(self, i: int) -> ResourceRead:
         """The `i`-th resource validated as R4, not yet read (kept for later records)."""
         read = self._full.get(i)
         if read is None:
             index, _, data = self._items[i]
             parsed = parse_resource(data, index, self._in_bundle, READ_TYPES)
-            read = self._full[i] = _Read.of(parsed)
+            read = self._full[i] = ResourceRead.of(parsed)
         return read
 
     @property
@@ -146,7 +142,7 @@ class FhirWindow:
         for _, i in self._newest[:chosen]:
             if reads[i].stand_in:
                 reads[i] = self._read(i)
-        mapper = _Mapper(reads, self._items, self._mapping, self._in_bundle)
+        mapper = Mapper(reads, self._items, self._mapping, self._in_bundle)
         return mapper.record(
             self._texts, self._known, self._patient_id, self._prediction_time, self._cache
         )
