@@ -1,9 +1,10 @@
 """Prometheus metrics of the service (names fixed in docs/architecture.md).
 
 Each app instance owns its registries, so several instances (tests, side-by-side modes) never
-share counters. Labels carry only endpoint, task, mode, tokenizer, result and reason: no patient
-data. The counter `medtpe_prompt_tokens_total` and the histogram `medtpe_prompt_tokens` share a
-base name, which one registry refuses: the counter lives in a second registry and `_created`
+share counters. Labels carry only endpoint, task, mode, tokenizer, result, reason and site (a
+configured CDS service's id, or `api`): no patient data. The counter
+`medtpe_prompt_tokens_total` and the histogram `medtpe_prompt_tokens` share a base name, which
+one registry refuses: the counter lives in a second registry and `_created`
 series are off, so the text exposition (0.0.4) holds each name once.
 
 With several API processes on one engine (`MEDTPE_API_WORKERS` > 1, service/api_processes.py)
@@ -32,13 +33,17 @@ from prometheus_client import (
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from inference.predictor import Answer, Segmentation
+from inference.drift import build_compression_rate, drift_figures
+from inference.model import LoadedModel
+from inference.predictor import Answer, PreparedRecord, Segmentation
 
 disable_created_metrics()
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 TOKEN_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 RATE_BUCKETS = tuple(round(0.05 * i, 2) for i in range(0, 21))
+API_SITE = "api"
+"""The `site` label of the drift counters for answers of `/predict` and `/predict/batch`."""
 
 
 ENGINE_METRIC_PREFIX = "vllm:"
@@ -171,6 +176,65 @@ class ServiceMetrics:
             registry=reg,
             multiprocess_mode="liveall",
         )
+        self._drift_metrics(reg)
+
+    def _drift_metrics(self, reg: CollectorRegistry) -> None:
+        """The drift counters (`inference.drift`), by task and site: the CDS service's id for a
+        hook's answers, `API_SITE` for `/predict` and `/predict/batch` (configured names only,
+        never a caller's text); and the artefact's build compression, their reference."""
+        labels = ["task", "site"]
+        self.drift_events = Counter(
+            "medtpe_drift_events",
+            "Events the prompt could show (static and up to the prediction time).",
+            labels,
+            registry=reg,
+        )
+        self.drift_events_dropped = Counter(
+            "medtpe_drift_events_dropped",
+            "Events the input budget left out of the prompt.",
+            labels,
+            registry=reg,
+        )
+        self.drift_events_undescribed = Counter(
+            "medtpe_drift_events_undescribed",
+            "Shown events whose code has no description (shown as the raw code).",
+            labels,
+            registry=reg,
+        )
+        self.drift_prompt_tokens = Counter(
+            "medtpe_drift_prompt_tokens",
+            "Prompt tokens by tokenizer (original, medtpe).",
+            [*labels, "tokenizer"],
+            registry=reg,
+        )
+        self.drift_merged_tokens = Counter(
+            "medtpe_drift_merged_tokens",
+            "MedTPE prompt ids that are the artefact's merged (new) tokens.",
+            labels,
+            registry=reg,
+        )
+        self.build_compression = Gauge(
+            "medtpe_artefact_build_compression_rate",
+            "Prompt compression the artefact's build measured (build_report.json).",
+            registry=reg,
+            multiprocess_mode="max",
+        )
+
+    def observe_drift(self, site: str, model: LoadedModel, record: PreparedRecord) -> None:
+        """Add the drift counts of `record`, prepared by `model`, under its task and `site`."""
+        predictor = model.predictor
+        figures = drift_figures(record, predictor.tokenizer, predictor.descriptions)
+        task = record.task.name
+        self.drift_events.labels(task, site).inc(figures.events)
+        self.drift_events_dropped.labels(task, site).inc(figures.events_dropped)
+        self.drift_events_undescribed.labels(task, site).inc(figures.events_undescribed)
+        tokens = self.drift_prompt_tokens
+        tokens.labels(task, site, "original").inc(figures.tokens_original)
+        tokens.labels(task, site, "medtpe").inc(figures.tokens_medtpe)
+        self.drift_merged_tokens.labels(task, site).inc(figures.merged_tokens)
+        build = build_compression_rate(model.bundle.path)
+        if build is not None:
+            self.build_compression.set(build)
 
     def observe_answer(self, task: str, mode: str, seg: Segmentation, answer: Answer) -> None:
         """Record the generation time, token counts, compression, format compliance and trailing

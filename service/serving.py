@@ -23,6 +23,7 @@ from medtpe_core.fhir import FhirInputError
 from medtpe_core.tasks import Task
 from service.errors import ApiError, field_error
 from service.limits import QueueFull
+from service.metrics import API_SITE
 from service.settings import ServiceSettings
 from service.state import ServiceState
 
@@ -67,12 +68,13 @@ async def predict_record(
     sampling: Sampling,
     salt: str | None,
     start: float | None = None,
+    site: str = API_SITE,
 ) -> RecordAnswer:
     """Generate the answer to a prepared record, decoded as `sampling` says, within a
     concurrency slot on the engine of `model` (the served mode's, or with
     `MEDTPE_COMPARE_MODES` the other mode's `state.other_model`: the record's ids in that
     mode); `start`: when the request's work began (`time.perf_counter()`; default now), for its
-    reported total latency."""
+    reported total latency; `site`: the drift counters' site label (a CDS service's id)."""
     start = time.perf_counter() if start is None else start
     predictor = model.predictor
     async with state.admission.slot(), _engine_errors(state):
@@ -83,6 +85,8 @@ async def predict_record(
             cache_salt=salt,
         )
     state.metrics.observe_answer(record.task.name, predictor.mode, record.segmentation, answer)
+    if model is not state.other_model:  # the record's figures, once per record
+        state.metrics.observe_drift(site, model, record)
     return RecordAnswer(record, answer, time.perf_counter() - start)
 
 

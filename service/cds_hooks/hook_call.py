@@ -162,7 +162,7 @@ async def _scored(
     cached = score is not None
     if score is None:
         sampling = served_sampling(state.settings)  # p(yes) asked for: the card shows it
-        answered = await predict_record(state, model, prepared, sampling, salt)
+        answered = await predict_record(state, model, prepared, sampling, salt, site=service.id)
         score = _score(model, answered)
     kept = [(*caller_key, "sent", sent), *([] if cached else [key])]
     await hooks.scores.put(score, *kept)  # one round trip to a shared store
