@@ -36,25 +36,28 @@ def prompt_ids_digest(ids: Sequence[int]) -> str:
     return sha256_hex(canonical_json([int(i) for i in ids]))
 
 
-def rendering_digest(
+def rendering_settings(
     render_version: int,
     descriptions_sha256: str,
     max_input_tokens: int,
-    windowing: Mapping[str, Any],
-) -> str:
-    """SHA-256 of what turns a record into a prompt besides the record: the renderer's version,
-    the code descriptions in use (their digest, as `/readyz`'s `rendering.digest`), the input
-    budget and the windowing settings."""
-    return sha256_hex(
-        canonical_json(
-            {
-                "descriptions_sha256": descriptions_sha256,
-                "max_input_tokens": int(max_input_tokens),
-                "render_version": int(render_version),
-                "windowing": dict(windowing),
-            }
-        )
-    )
+    window_policy: str,
+    window_grid_hours: int,
+) -> dict[str, Any]:
+    """What turns a record into a prompt besides the record: the renderer's version, the code
+    descriptions in use (their digest, `/readyz`'s `rendering.digest`), the input budget and the
+    windowing, under their option names (`medtpe verify` configures a model with them)."""
+    return {
+        "descriptions_sha256": descriptions_sha256,
+        "max_input_tokens": int(max_input_tokens),
+        "render_version": int(render_version),
+        "window_grid_hours": int(window_grid_hours),
+        "window_policy": str(window_policy),
+    }
+
+
+def rendering_digest(settings: Mapping[str, Any]) -> str:
+    """SHA-256 of `rendering_settings`' canonical JSON."""
+    return sha256_hex(canonical_json(dict(settings)))
 
 
 def utc_text(when: datetime) -> str:
@@ -78,10 +81,15 @@ class Receipt:
     """SHA-256 of the ids the engine read (`prompt_ids_digest`)."""
     artefact_digest: str
     """The MedTPE artefact's content digest (its manifest's `content_digest`)."""
+    rendering: dict[str, Any]
+    """`rendering_settings`: the renderer, descriptions, budget and windowing used."""
     rendering_digest: str
-    """`rendering_digest` of the renderer, descriptions, budget and windowing used."""
+    """`rendering_digest(rendering)`."""
     model: str
     mode: str
+    dtype: str
+    """The engine's weights and activations (p("yes") moves with it: bfloat16 puts it on steps
+    of 0.02–0.04)."""
     decoding: dict[str, Any]
     """The decoding settings (`inference.sampling.Sampling.as_dict`)."""
     engine_version: str

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 
+from ledger.signing import Signer, signer_for
+from ledger.store import Ledger
 from medtpe_core.declared import Declared, declared, described
 from medtpe_core.paths import cache_dir
 
@@ -51,6 +53,7 @@ class LedgerSettings:
     )
     ledger_signing_key: str | None = field(
         default=None,
+        repr=False,
         metadata=described(
             "The Ed25519 private key that signs every receipt: PEM (PKCS#8) text or the base64 "
             "of its 32-byte seed. Required unless the ledger is a SQLite file; unset with "
@@ -87,3 +90,12 @@ class LedgerSettings:
         if (off := env.get("MEDTPE_LEDGER_OFF")) not in (None, ""):
             values["ledger_off"] = off.strip().lower() in ("1", "true", "yes", "on")
         return cls(**values)  # type: ignore[arg-type]
+
+    def open_ledger(self) -> Ledger:
+        """The ledger these settings name, migrated (`Ledger.open`; `LedgerUnavailable`)."""
+        return Ledger.open(self.ledger_url, keep_records=self.ledger_records == "store")
+
+    def signer(self) -> Signer:
+        """The receipts' signer (`ledger.signing.signer_for`; `SigningKeyError` without the
+        key a shared ledger requires)."""
+        return signer_for(self.ledger_url, self.ledger_signing_key, default_key_file())

@@ -27,6 +27,7 @@ _COMMAND_MODULES = (
     "medtpe_cli.evaluation_commands",
     "medtpe_cli.predict_commands",
     "medtpe_cli.report_commands",
+    "medtpe_cli.ledger_commands",
 )
 
 DISTRIBUTION = "medtpe"

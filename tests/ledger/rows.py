@@ -10,7 +10,13 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ledger.receipt import Receipt, prompt_ids_digest, rendering_digest, utc_text
+from ledger.receipt import (
+    Receipt,
+    prompt_ids_digest,
+    rendering_digest,
+    rendering_settings,
+    utc_text,
+)
 from ledger.signing import Signer
 from ledger.store import PredictionRow
 from medtpe_core.meds import SubjectEvents
@@ -43,6 +49,7 @@ def events(subject_id: int = 7) -> SubjectEvents:
     )
 
 
+RENDERING = rendering_settings(1, "b" * 64, 4096, "sliding", 24)
 RECORD = canonical_record(events(), datetime(2020, 1, 2, 0, 0))
 
 
@@ -56,9 +63,11 @@ def receipt(index: int = 0, **changes: object) -> Receipt:
         "record_sha256": record_digest(RECORD),
         "prompt_ids_sha256": prompt_ids_digest(range(index, index + 500)),
         "artefact_digest": "a" * 64,
-        "rendering_digest": rendering_digest(1, "b" * 64, 4096, {"policy": "sliding"}),
+        "rendering": RENDERING,
+        "rendering_digest": rendering_digest(RENDERING),
         "model": "smollm2-135m-instruct",
         "mode": "medtpe",
+        "dtype": "float32",
         "decoding": DECODING,
         "engine_version": "vllm 0.0-test",
         "product_version": "0.1.0",

@@ -1,0 +1,206 @@
+"""`medtpe verify`'s re-derivation on the instant engine: a prediction recorded as a door
+records it re-derives to the same record, artefact, rendering, prompt, answer and p("yes");
+a changed record, artefact or engine is named; an edited row fails its signature check
+through the command line."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib.metadata
+import json
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from inference.instant_engine import InstantEngine
+from inference.model import LoadedModel, ModelConfig, load_model
+from inference.predictor import Answer, PreparedRecord
+from inference.record import MedsRecord
+from inference.sampling import Sampling
+from ledger.receipt import (
+    Receipt,
+    prompt_ids_digest,
+    rendering_digest,
+    rendering_settings,
+    utc_text,
+)
+from ledger.store import Ledger, PredictionRow
+from ledger.verification import compare
+from medtpe_cli.ledger_commands import RecordSource, rederive
+from medtpe_cli.main import cli
+from medtpe_core.meds.canonical import canonical_record, record_digest
+from medtpe_core.meds.readers import MedsDataset
+from medtpe_core.tasks import get_task
+from tests.ledger.rows import SIGNER
+from tests.support.meds_fixtures import PREDICTION_TIME, write_meds_dataset, write_table
+
+SUBJECT = 2
+
+
+@pytest.fixture(scope="module")
+def meds_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_meds_dataset(tmp_path_factory.mktemp("meds"))
+
+
+@pytest.fixture(scope="module")
+def model_files(service_files: tuple[Path, Path], meds_dir: Path) -> dict[str, Path]:
+    artefact, export = service_files
+    return {"artefact_dir": artefact, "export_dir": export, "codes_dir": meds_dir}
+
+
+def door_row(
+    loaded: LoadedModel, prepared: PreparedRecord, sampling: Sampling, answer: Answer
+) -> PredictionRow:
+    """The ledger row a door writes for `answer` (`medtpe predict` on MEDS input)."""
+    rendering = rendering_settings(
+        loaded.rendering.render_version,
+        loaded.rendering.digest,
+        loaded.predictor.max_input_tokens,
+        loaded.predictor.windowing.policy.value,
+        loaded.predictor.windowing.grid_hours,
+    )
+    record = canonical_record(prepared.events, prepared.prediction_time)
+    receipt = Receipt(
+        prediction_id=str(uuid.uuid4()),
+        created_at=utc_text(datetime.now(UTC)),
+        task=prepared.task.name,
+        record_sha256=record_digest(record),
+        prompt_ids_sha256=prompt_ids_digest(prepared.ids(loaded.identity.mode)),
+        artefact_digest=loaded.bundle.digest(),
+        rendering=rendering,
+        rendering_digest=rendering_digest(rendering),
+        model=loaded.identity.name,
+        mode=loaded.identity.mode,
+        dtype="float32",
+        decoding=sampling.as_dict(),
+        engine_version="instant",
+        product_version=importlib.metadata.version("medtpe"),
+        answer=answer.prediction,
+        p_yes=(answer.probabilities or {}).get("yes"),
+    )
+    segmentation = prepared.segmentation
+    return PredictionRow.signed(
+        receipt,
+        SIGNER,
+        door="batch_meds",
+        caller="cli",
+        site=None,
+        subject_id=str(prepared.events.subject_id),
+        prediction_time=prepared.prediction_time,
+        format_ok=answer.format_ok,
+        original_tokens=len(segmentation.original_ids),
+        medtpe_tokens=len(segmentation.medtpe_ids),
+        compression_rate=segmentation.compression_rate,
+        latency_ms=1.0,
+        record=record,
+    )
+
+
+@pytest.fixture(scope="module")
+def recorded(model_files: dict[str, Path], meds_dir: Path) -> PredictionRow:
+    """A prediction of subject 2 answered on the instant engine, as a door records it."""
+    config = ModelConfig.from_options(
+        **model_files, mode="medtpe", max_input_tokens=1024, max_new_tokens=16, dtype="float32"
+    )
+    loaded = load_model(config)
+    task = get_task("icu_mortality")
+    events = MedsDataset.load(meds_dir).events(SUBJECT)
+    prepared = MedsRecord(events, PREDICTION_TIME).prepare(loaded.predictor, task)
+    sampling = Sampling(max_new_tokens=16)
+    engine = InstantEngine.factory()(loaded.engine_config)
+    answer = asyncio.run(loaded.predictor.answer(engine, prepared, sampling))
+    return door_row(loaded, prepared, sampling, answer)
+
+
+def rederived_checks(row: PredictionRow, source: RecordSource, files: dict, **receipt_changes):
+    receipt = dataclasses.replace(Receipt.from_text(row.receipt), **receipt_changes)
+    again = rederive(row, receipt, source, files, InstantEngine.factory())
+    return {check.part: check for check in compare(receipt, again)}
+
+
+def test_a_recorded_prediction_re_derives_from_the_meds_dataset_and_the_stored_record(
+    recorded: PredictionRow, model_files: dict, meds_dir: Path
+) -> None:
+    assert Receipt.from_text(recorded.receipt).p_yes is not None
+    for source in (RecordSource(meds_dir=meds_dir), RecordSource()):
+        checks = rederived_checks(recorded, source, model_files)
+        assert {part: check.ok for part, check in checks.items()} == dict.fromkeys(
+            ("record", "artefact", "rendering", "prompt", "answer", "p_yes"), True
+        ), checks
+        assert checks["prompt"].detail == "same prompt"
+
+
+def test_a_changed_record_artefact_or_engine_is_named(
+    recorded: PredictionRow, model_files: dict, meds_dir: Path, tmp_path: Path
+) -> None:
+    changed = tmp_path / "meds"
+    write_meds_dataset(changed)
+    for shard in (changed / "data").rglob("*.parquet"):  # subject 2's first lab value
+        rows = pq.read_table(shard).to_pylist()
+        seen = [
+            i
+            for i, r in enumerate(rows)
+            if r["subject_id"] == SUBJECT
+            and r["numeric_value"] is not None
+            and r["time"] <= PREDICTION_TIME
+        ]
+        if seen:
+            rows[seen[0]]["numeric_value"] += 1.0
+            write_table(shard, rows)
+    checks = rederived_checks(recorded, RecordSource(meds_dir=changed), model_files)
+    assert not checks["record"].ok and checks["record"].detail.startswith("record changed")
+    assert not checks["prompt"].ok and "inputs differ" in checks["prompt"].detail
+
+    checks = rederived_checks(
+        recorded, RecordSource(), model_files, artefact_digest="0" * 64, answer=False, p_yes=0.5
+    )
+    assert checks["artefact"].detail.startswith("artefact changed")
+    assert checks["answer"].detail.startswith("engine drifted: answer True")
+    assert checks["p_yes"].detail.startswith("engine drifted: |Δp(yes)|")
+    assert checks["record"].ok and checks["prompt"].ok
+
+
+def test_the_command_line_names_an_edited_row(
+    recorded: PredictionRow, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+    edited = dataclasses.replace(recorded, prediction_id=str(uuid.uuid4()), answer='"no"')
+    forged_receipt = Receipt.from_text(recorded.receipt)
+    forged = dataclasses.replace(
+        recorded,
+        prediction_id=str(uuid.uuid4()),
+        receipt=dataclasses.replace(forged_receipt, p_yes=0.99).canonical().decode(),
+        p_yes=0.99,
+    )
+    ledger = Ledger.open(url, keep_records=True)
+    ledger.record([recorded])
+    with ledger.engine.begin() as connection:  # edits behind the ledger's back
+        for row in (edited, forged):
+            values = row.values()
+            connection.execute(ledger_table().insert().values(values))
+    ledger.close()
+    key = tmp_path / "key.jwk"
+    key.write_text(json.dumps(SIGNER.jwk()))
+    monkeypatch.setenv("MEDTPE_LEDGER_URL", url)
+    run = CliRunner().invoke
+    args = ["--signature-only", "--public-key", str(key)]
+    ok = run(cli, ["verify", recorded.prediction_id, *args])
+    assert ok.exit_code == 0, ok.output
+    assert "ok   signature" in ok.output
+    bad = run(cli, ["verify", edited.prediction_id, *args])
+    assert bad.exit_code == 1 and "row edited: answer, prediction_id differ" in bad.output
+    bad = run(cli, ["verify", forged.prediction_id, *args])
+    assert bad.exit_code == 1 and "DIFF signature signature invalid" in bad.output
+    missing = run(cli, ["verify", str(uuid.uuid4()), *args])
+    assert missing.exit_code == 1 and "no prediction" in missing.output
+
+
+def ledger_table():
+    from ledger.schema import Prediction
+
+    return Prediction.__table__
