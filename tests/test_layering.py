@@ -103,14 +103,22 @@ def test_the_engine_protocol_and_the_fake_engine_load_without_vllm() -> None:
     assert "vllm" not in loaded and "training" not in loaded
 
 
-BATCH_IMPORTS = {"medtpe_core", "inference", "evaluation"}
+BATCH_IMPORTS = {"medtpe_core", "inference", "evaluation", "ledger"}
 """The project's packages `batch` may import."""
 
 
 def test_the_batch_layer_sits_between_the_library_and_the_command_line() -> None:
     """`batch` (the population job) may import `medtpe_core`, `inference` and `evaluation`, not
     `service`, `training` nor the CLI; of the project's packages only `medtpe_cli` imports it."""
-    project = {"medtpe_core", "inference", "evaluation", "service", "training", "medtpe_cli"}
+    project = {
+        "medtpe_core",
+        "inference",
+        "evaluation",
+        "ledger",
+        "service",
+        "training",
+        "medtpe_cli",
+    }
     below = {
         str(path.relative_to(ROOT)): sorted(
             name for name in imported_modules(path) if name.split(".")[0] in project - BATCH_IMPORTS
@@ -127,6 +135,32 @@ def test_the_batch_layer_sits_between_the_library_and_the_command_line() -> None
     assert above == set()
 
 
+LEDGER_IMPORTS = {"ledger", "medtpe_core", "sqlalchemy", "alembic", "cryptography"}
+"""What `ledger` may import besides the standard library."""
+
+
+def test_the_ledger_imports_the_core_and_its_database_and_crypto_libraries_only() -> None:
+    """`ledger` (the prediction ledger, the model card) is written to by the service, the
+    batch job and the command line, and imports none of them, nor the engine; only those
+    layers import it."""
+    outside = {
+        str(path.relative_to(ROOT)): sorted(
+            name
+            for name in imported_modules(path)
+            if name.split(".")[0] not in LEDGER_IMPORTS | sys.stdlib_module_names
+        )
+        for path in sorted((ROOT / "ledger").rglob("*.py"))
+    }
+    assert {path: names for path, names in outside.items() if names} == {}
+    below = {
+        str(path.relative_to(ROOT))
+        for package in ("medtpe_core", "inference", "training", "evaluation")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if any(name.split(".")[0] == "ledger" for name in imported_modules(path))
+    }
+    assert below == set()
+
+
 CORE = "medtpe_core"
 ABOVE_THE_CORE = (
     "training",
@@ -134,6 +168,7 @@ ABOVE_THE_CORE = (
     "service",
     "evaluation",
     "batch",
+    "ledger",
     "medtpe_cli",
     "research",
     "benchmarks",
