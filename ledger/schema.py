@@ -77,3 +77,41 @@ class Feedback(Base):
     override_reason: Mapped[str | None] = mapped_column(Text)
     outcome_time: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+OUTCOME_STATUSES = ("known", "open", "no_label")
+"""An outcome row's state: `known` (the task's horizon has passed in the data: `label` holds what
+happened), `open` (not yet: joined again later), `no_label` (the horizon has passed but the
+task's definition gives no label at that prediction time, e.g. a stay too short)."""
+
+
+class Outcome(Base):
+    """What happened after a prediction, by the task's own labeller (`medtpe outcomes`)."""
+
+    __tablename__ = "outcomes"
+
+    prediction_id: Mapped[str] = mapped_column(
+        ForeignKey("predictions.prediction_id"), primary_key=True
+    )
+    status: Mapped[str] = mapped_column(String(16))
+    label: Mapped[bool | None] = mapped_column(Boolean)
+    horizon_end: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    """When the outcome is known: the prediction time plus the task's horizon (None: not yet
+    known when the horizon is an event, such as an ICU discharge still to come)."""
+    data_end: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    """The last event time of the dataset the outcome was read from."""
+    source: Mapped[str] = mapped_column(String(500))
+    joined_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Attribute(Base):
+    """One cohort attribute of a prediction (sex, age band, a site-mapped attribute), read from
+    the record at its prediction time (`medtpe outcomes`)."""
+
+    __tablename__ = "attributes"
+
+    prediction_id: Mapped[str] = mapped_column(
+        ForeignKey("predictions.prediction_id"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    value: Mapped[str] = mapped_column(String(200))
