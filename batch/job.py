@@ -380,6 +380,7 @@ def job_settings(job: Job, model: LoadedModel) -> dict[str, Any]:
         **job.sampling.as_dict(),
         "concurrency": job.concurrency,
         "model": asdict(model.identity),
+        "descriptions": model.rendering.descriptions,
     }
 
 

@@ -96,7 +96,7 @@ def main() -> None:
                 ModelConfig(artefact_dir=args.artefact)
             ),
             "no descriptions": load_model(
-                ModelConfig(artefact_dir=args.artefact, codes_dir=Path(empty))
+                ModelConfig(artefact_dir=args.artefact, codes_dir=Path(empty), codes_replace=True)
             ),
         }
     results: dict[str, Any] = {}

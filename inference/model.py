@@ -60,11 +60,21 @@ class ModelConfig:
     codes_dir: Path | None = field(
         default=None,
         metadata=described(
-            "MEDS dataset root whose `metadata/codes.parquet` replaces the artefact's code "
-            "descriptions in rendered records (unset: the artefact's own table, the one its "
-            "text was built with). Descriptions that differ from the artefact's are reported at "
-            "start (a warning, `/readyz` `rendering`); a code no table describes is shown by "
-            "its name (`Lab 220045`)."
+            "MEDS dataset root whose `metadata/codes.parquet` describes, in rendered records, "
+            "the codes the artefact's own table (the text the model was built on) does not: "
+            "the artefact's descriptions first, then this table's, then a FHIR coding's "
+            "display; with `codes_replace`, this table replaces the artefact's instead. A "
+            "rendering that differs from the artefact's is reported at start (a warning, "
+            "`/readyz` `rendering`); a code no table describes is shown by its name "
+            "(`Lab 220045`)."
+        ),
+    )
+    codes_replace: bool = field(
+        default=False,
+        metadata=described(
+            "With `codes_dir`: its table replaces the artefact's code descriptions instead of "
+            "describing only the codes the artefact does not (`/readyz` `rendering` and a "
+            "batch job's summary name it: `override`)."
         ),
     )
     max_input_tokens: int = field(
@@ -167,6 +177,20 @@ def input_budget(config: ModelConfig, checkpoint: Path) -> int:
     return min(config.max_input_tokens, context - config.max_new_tokens)
 
 
+def site_descriptions(
+    bundle: ArtefactBundle, codes_dir: Path | None, replace: bool = False
+) -> dict[str, str]:
+    """The code descriptions records are rendered with: the artefact's (what the model was built
+    on), then `codes_dir`'s table for the codes the artefact does not describe; with `replace`,
+    `codes_dir`'s table alone (a `ValueError` without one)."""
+    if replace and codes_dir is None:
+        raise ValueError(
+            "codes_replace replaces the artefact's descriptions by codes_dir's: set it"
+        )
+    site = read_code_descriptions(codes_dir) if codes_dir is not None else {}
+    return dict(site) if replace else {**site, **bundle.descriptions}
+
+
 def load_model(config: ModelConfig) -> LoadedModel:
     """Load the model files of `config` (blocking); `ModelFilesMissing` naming the command to
     run when a checkpoint is missing or the export is stale."""
@@ -178,11 +202,11 @@ def load_model(config: ModelConfig) -> LoadedModel:
     else:
         checkpoint = base_dir
     budget = input_budget(config, checkpoint)
-    overridden = config.codes_dir is not None
-    descriptions = read_code_descriptions(config.codes_dir) if overridden else bundle.descriptions
+    descriptions = site_descriptions(bundle, config.codes_dir, config.codes_replace)
+    overridden = config.codes_replace
     rendering = check_rendering(bundle, descriptions, overridden)
     if rendering.matches_artefact is False:
-        where = f" (codes_dir {config.codes_dir})" if overridden else ""
+        where = f" (codes_dir {config.codes_dir})" if config.codes_dir is not None else ""
         logger.warning(
             "records are rendered otherwise than the MedTPE artefact %s was built with%s: %s; "
             "its merges and rows were trained and validated on other text",

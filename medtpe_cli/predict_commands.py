@@ -197,7 +197,16 @@ FHIR_OPTIONS = options.together(
         show_envvar=True,
         default=None,
         help="With FHIR input: a MEDS dataset whose metadata/codes.parquet describes the codes "
-        "[default: the artefact's].",
+        "the artefact's own table does not (with --meds: that dataset's table).",
+    ),
+    click.option(
+        "--codes-replace",
+        "codes_replace",
+        is_flag=True,
+        envvar="MEDTPE_CODES_REPLACE",
+        show_envvar=True,
+        help=options.ModelConfig.declared("codes_replace").help
+        + " With --meds: that dataset's table replaces the artefact's.",
     ),
     click.option(
         "--bucket-mib",
@@ -355,6 +364,7 @@ def predict(
         **options.model_files(model_dir, artefact_dir, export_dir),
         mode=mode,
         codes_dir=meds_dir or fhir["codes_dir"],
+        codes_replace=fhir["codes_replace"],
         max_input_tokens=max_input_tokens,
         max_new_tokens=max_new_tokens,
         max_num_seqs=concurrency,

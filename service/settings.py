@@ -70,6 +70,7 @@ class ServiceSettings(BaseSettings):
     artefact_dir: Path = declared_setting("artefact_dir")
     export_dir: Path = declared_setting("export_dir")
     codes_dir: Path | None = declared_setting("codes_dir")
+    codes_replace: bool = declared_setting("codes_replace")
     fhir_mapping: Path | None = Field(
         None,
         description="The site's FHIR R4 -> MEDS mapping file (YAML, docs/integration.md); unset: "

@@ -123,7 +123,7 @@ def _table(rendering: Rendering) -> str:
     return f"{rendering.n_descriptions:,} codes (sha256 {rendering.descriptions_sha256[:12]})"
 
 
-DescriptionsSource = Literal["artefact", "override", "none"]
+DescriptionsSource = Literal["artefact", "supplemented", "override", "none"]
 
 
 @dataclass(frozen=True)
@@ -131,8 +131,9 @@ class RenderingCheck:
     """How a loaded model renders records, against its artefact's build (`/readyz`)."""
 
     descriptions: DescriptionsSource
-    """`artefact`: the artefact's own table; `override`: a table configured instead
-    (`codes_dir`); `none`: no descriptions (codes shown by their names)."""
+    """`artefact`: the artefact's own table; `supplemented`: the artefact's, and a site's table
+    (`codes_dir`) for codes it does not describe; `override`: a table configured instead
+    (`codes_dir` with `codes_replace`); `none`: no descriptions (codes shown by their names)."""
     matches_artefact: bool | None
     """Whether prompts are rendered as the build rendered its text (None: the artefact's
     manifest records no rendering)."""
@@ -148,12 +149,15 @@ def check_rendering(
     bundle: ArtefactBundle, descriptions: Mapping[str, str], overridden: bool
 ) -> RenderingCheck:
     """This process's rendering with `descriptions` (`overridden`: configured instead of the
-    artefact's table) against what `bundle`'s manifest records of its build."""
+    artefact's table; else the artefact's, supplemented when they describe more codes) against
+    what `bundle`'s manifest records of its build."""
     used = Rendering.of(descriptions)
     differences = () if bundle.rendering is None else tuple(used.differences(bundle.rendering))
-    source: DescriptionsSource = (
-        "none" if not descriptions else "override" if overridden else "artefact"
-    )
+    source: DescriptionsSource = "override" if overridden else "artefact"
+    if not descriptions:
+        source = "none"
+    elif not overridden and not descriptions.keys() <= bundle.descriptions.keys():
+        source = "supplemented"
     return RenderingCheck(
         descriptions=source,
         matches_artefact=None if bundle.rendering is None else not differences,

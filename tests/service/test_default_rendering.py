@@ -103,9 +103,13 @@ def test_the_held_out_record_is_served_as_the_build_rendered_it(
 def test_other_descriptions_are_reported_at_start(
     service_files: tuple[Path, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """`MEDTPE_CODES_DIR` naming another table (the fixture's: the codes of three stays) is
-    used, with a warning in the log and `matches_artefact: false` (`/readyz`'s `rendering`)."""
-    settings = default_settings(service_files, codes_dir=FIXTURE)
+    """`MEDTPE_CODES_DIR` naming another table (the fixture's: the codes of three stays) only
+    describes codes the artefact does not (here none: the rendering is the artefact's); with
+    `MEDTPE_CODES_REPLACE` it is used instead, with a warning in the log and
+    `matches_artefact: false` (`/readyz`'s `rendering`)."""
+    supplement = load_model(default_settings(service_files, codes_dir=FIXTURE).model()).rendering
+    assert supplement.descriptions == "artefact" and supplement.matches_artefact is True
+    settings = default_settings(service_files, codes_dir=FIXTURE, codes_replace=True)
     with caplog.at_level(logging.WARNING, logger="inference.model"):
         rendering = load_model(settings.model()).rendering
     fixture_table = read_code_descriptions(FIXTURE)

@@ -1,0 +1,160 @@
+"""One rendering rule at every door (docs/configuration.md, `MEDTPE_CODES_DIR`): the artefact's
+code descriptions first, then the site's table for the codes the artefact does not describe. One
+patient through `/predict` (MEDS events and a Bundle), a CDS hook, `medtpe predict --meds` and
+`--fhir`, with a site table that describes codes the artefact does not and redescribes one it
+does, gets one prompt (the engine ids each instant engine got); `codes_replace` is the explicit
+full replacement, named in `/readyz` and the job's summary."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from batch.fhir_job import FhirInput, run_fhir
+from batch.job import Job, run_local
+from inference.model import load_model
+from inference.sampling import Sampling
+from medtpe_core.cds.services import get_service
+from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
+from medtpe_core.meds import MedsDataset
+from medtpe_core.meds.readers import read_code_descriptions, write_code_descriptions
+from medtpe_core.tasks import get_task
+from service.settings import ServiceSettings
+from tests.batch.test_fhir_job import RecordingEngine, patient_id, records
+from tests.support.bulk_server import resources_by_type, write_export
+from tests.support.cds_support import hook_request, prefetch_of
+from tests.support.ehr import Ehr
+from tests.support.mimic_fhir_fixture import FIXTURE
+from tests.support.service_support import SERVICE_API_KEY, instant_client, instant_settings
+
+ICU = get_service("medtpe-icu-mortality-patient-view")
+TASK = get_task("icu_mortality")
+BASE = "http://testserver"
+AUTH = {"Authorization": f"Bearer {SERVICE_API_KEY}"}
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory, service_files: tuple[Path, Path]) -> Path:
+    """The fixture dataset with a codes table of the site's own: every code of its first
+    subject the artefact does not describe, and one the artefact describes, otherwise."""
+    root = tmp_path_factory.mktemp("site") / "meds"
+    shutil.copytree(FIXTURE, root)
+    artefact = load_model(instant_settings(service_files).model()).bundle.descriptions
+    dataset = MedsDataset.load(root)
+    codes = set(dataset.events(dataset.subject_ids[0]).codes)
+    undescribed = sorted(codes - set(artefact))
+    described = sorted(codes & set(artefact))
+    assert undescribed and described
+    table = {code: f"site's own {code.lower()}" for code in undescribed}
+    table[described[0]] = "the site's other words"
+    write_code_descriptions(root, read_code_descriptions(root) | table)
+    return root
+
+
+@pytest.fixture(scope="module")
+def settings(service_files: tuple[Path, Path], ehr: Ehr, site: Path) -> ServiceSettings:
+    return instant_settings(
+        service_files,
+        codes_dir=site,
+        max_request_bytes=32 * 1024 * 1024,
+        cds_base_url=BASE,
+        cds_issuers=json.loads(ehr.issuers_setting(["https://ehr.test.invalid/fhir"])),
+    )
+
+
+@pytest.fixture(scope="module")
+def client(settings: ServiceSettings) -> Iterator[TestClient]:
+    with instant_client(settings) as client:
+        yield client
+
+
+def meds_events(dataset: MedsDataset, subject: int) -> list[dict[str, Any]]:
+    events = dataset.events(subject)
+    return [
+        {
+            "subject_id": subject,
+            "time": None if str(t) == "NaT" else str(t.astype("datetime64[us]")),
+            "code": code,
+            "numeric_value": None if value != value else float(value),
+            "text_value": text,
+        }
+        for t, code, value, text in zip(
+            events.times, events.codes, events.numeric_values, events.text_values, strict=True
+        )
+    ]
+
+
+def job(meds_dir: Path) -> Job:
+    return Job(meds_dir=meds_dir, task=TASK, times=(None,), sampling=Sampling(max_new_tokens=8))
+
+
+def test_one_patient_gets_one_prompt_through_every_door(
+    client: TestClient, settings: ServiceSettings, ehr: Ehr, site: Path, tmp_path: Path
+) -> None:
+    dataset = MedsDataset.load(site)
+    subject = dataset.subject_ids[0]
+    bundle = fhir_bundle_from_meds(dataset.events(subject))
+    app_engine = client.app.state.service.engine
+    prompts = {}
+
+    by_events = client.post(
+        "/predict", json={"task": TASK.name, "events": meds_events(dataset, subject)}, headers=AUTH
+    )
+    assert by_events.status_code == 200, by_events.text
+    prompts["/predict events"] = app_engine.prompts[-1]
+    by_bundle = client.post("/predict", json={"task": TASK.name, "bundle": bundle}, headers=AUTH)
+    assert by_bundle.status_code == 200, by_bundle.text
+    prompts["/predict Bundle"] = app_engine.prompts[-1]
+    patient = patient_id(bundle)
+    url = f"/cds-services/{ICU.id}"
+    body = hook_request(ICU, patient, prefetch=prefetch_of(ICU, bundle, patient))
+    hooked = client.post(url, json=body, headers=ehr.authorization(BASE + url))
+    assert hooked.status_code == 200, hooked.text
+    prompts["hook"] = app_engine.prompts[-1]
+
+    config = replace(settings.model(), codes_dir=site)  # as `medtpe predict --meds site` sets it
+    RecordingEngine.made.clear()
+    run_local(config, job(site), tmp_path / "meds-out", engine_factory=RecordingEngine)
+    rows = records(tmp_path / "meds-out")
+    (engine,) = RecordingEngine.made
+    by_subject = dict(zip([r["subject_id"] for r in rows], engine.prompts, strict=True))
+    prompts["--meds"] = by_subject[subject]
+
+    export = write_export(resources_by_type([bundle]), tmp_path / "export")
+    RecordingEngine.made.clear()
+    summary = run_fhir(
+        config,
+        job(tmp_path),
+        FhirInput((export,)),
+        tmp_path / "fhir-out",
+        engine_factory=RecordingEngine,
+    )
+    (engine,) = RecordingEngine.made
+    prompts["--fhir"] = engine.prompts[0]
+
+    assert len({tuple(ids) for ids in prompts.values()}) == 1, {
+        door: len(ids) for door, ids in prompts.items()
+    }
+    assert summary["this_run"]["descriptions"] == "supplemented"
+    ready = client.get("/readyz", headers=AUTH).json()
+    assert ready["rendering"]["descriptions"] == "supplemented"
+
+    predictor = load_model(config).predictor
+    text = predictor.tokenizer.base.decode(prompts["--meds"])
+    assert "site's own" in text  # the site's table describes what the artefact does not
+    assert "the site's other words" not in text  # never in place of the artefact's
+
+
+def test_a_full_replacement_is_explicit_and_named(settings: ServiceSettings, site: Path) -> None:
+    model = load_model(replace(settings.model(), codes_replace=True))
+    assert model.rendering.descriptions == "override"
+    assert model.predictor.descriptions == read_code_descriptions(site)
+    with pytest.raises(ValueError, match="codes_dir"):
+        load_model(replace(settings.model(), codes_dir=None, codes_replace=True))
