@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import functools
 import uuid
@@ -22,6 +23,10 @@ from ledger.store import PredictionRow
 from medtpe_core.meds import SubjectEvents
 from medtpe_core.meds.canonical import canonical_record, record_digest
 
+RFC8037_SEED = "nWGxne_9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2A"
+"""RFC 8037 Appendix A.1's Ed25519 private key `d`; A.3 gives its thumbprint."""
+RFC8037_THUMBPRINT = "kPrK_qmxVWaYVA9wwBF6Iuo3vVzz7TxHCTwXBygrS4k"
+RFC8037_SEED_B64 = base64.b64encode(base64.urlsafe_b64decode(RFC8037_SEED + "=")).decode()
 SIGNER = Signer(Ed25519PrivateKey.from_private_bytes(bytes(range(32))))
 START = datetime(2026, 11, 27, 3, 14, tzinfo=UTC)
 DECODING = {

@@ -27,12 +27,14 @@ from ledger.signing import (
 )
 from medtpe_core.meds import SubjectEvents
 from medtpe_core.meds.canonical import canonical_record, parse_canonical_record, record_digest
-from tests.ledger.rows import SIGNER, events, receipt, row
-
-RFC8037_SEED = "nWGxne_9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2A"
-"""RFC 8037 Appendix A.1's Ed25519 private key `d`; A.3 gives its thumbprint."""
-RFC8037_THUMBPRINT = "kPrK_qmxVWaYVA9wwBF6Iuo3vVzz7TxHCTwXBygrS4k"
-RFC8037_SEED_B64 = base64.b64encode(base64.urlsafe_b64decode(RFC8037_SEED + "=")).decode()
+from tests.ledger.rows import (
+    RFC8037_SEED_B64,
+    RFC8037_THUMBPRINT,
+    SIGNER,
+    events,
+    receipt,
+    row,
+)
 
 
 def test_the_canonical_record_is_the_events_the_prediction_may_read() -> None:

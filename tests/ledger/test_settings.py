@@ -1,0 +1,54 @@
+"""The ledger's settings from the environment, and `medtpe ledger upgrade|public-key`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ledger.migrate import head
+from ledger.settings import LedgerSettings
+from medtpe_cli.main import cli
+from tests.ledger.rows import RFC8037_SEED_B64, RFC8037_THUMBPRINT
+
+
+def test_the_settings_read_the_environment_and_default_to_a_local_sqlite_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEDTPE_CACHE_DIR", str(tmp_path))
+    default = LedgerSettings.from_environ({})
+    assert default.ledger_url == f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+    assert (default.ledger_records, default.ledger_off) == ("digest", False)
+    given = LedgerSettings.from_environ(
+        {
+            "MEDTPE_LEDGER_URL": "postgresql://db/ledger",
+            "MEDTPE_LEDGER_RECORDS": "store",
+            "MEDTPE_LEDGER_SIGNING_KEY": RFC8037_SEED_B64,
+            "MEDTPE_LEDGER_OFF": "true",
+        }
+    )
+    assert (given.ledger_records, given.ledger_off) == ("store", True)
+    assert given.signer().key_id == RFC8037_THUMBPRINT
+    assert RFC8037_SEED_B64 not in repr(given)
+    with pytest.raises(ValueError, match="MEDTPE_LEDGER_RECORDS='all': expected digest or store"):
+        LedgerSettings.from_environ({"MEDTPE_LEDGER_RECORDS": "all"})
+    assert "PHI" in LedgerSettings.declared("ledger_records").help
+
+
+def test_the_commands_upgrade_the_ledger_and_print_its_public_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEDTPE_CACHE_DIR", str(tmp_path))
+    done = CliRunner().invoke(cli, ["ledger", "upgrade"])
+    assert done.exit_code == 0, done.output
+    assert f"ledger at schema {head()} (newest: {head()})" in done.output
+    assert (tmp_path / "ledger.sqlite3").is_file()
+    jwk = json.loads(CliRunner().invoke(cli, ["ledger", "public-key"]).output)
+    assert (jwk["kty"], jwk["crv"]) == ("OKP", "Ed25519")
+    monkeypatch.setenv("MEDTPE_LEDGER_URL", "postgresql://nobody@127.0.0.1:1/none")
+    refused = CliRunner().invoke(cli, ["ledger", "public-key"])
+    assert refused.exit_code == 1 and "MEDTPE_LEDGER_SIGNING_KEY is required" in refused.output
+    down = CliRunner().invoke(cli, ["ledger", "upgrade"])
+    assert down.exit_code == 1 and "the ledger cannot be opened" in down.output
