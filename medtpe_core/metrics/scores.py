@@ -102,11 +102,16 @@ def f1(y_true: ArrayLike, y_pred: ArrayLike) -> float:
 def _class_weights_by_score(
     true: np.ndarray, score: np.ndarray, w: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(positive, negative) weight per distinct score, ascending: two (R, G) arrays."""
-    _, group = np.unique(score, return_inverse=True)
-    onehot = np.zeros((len(score), group.max(initial=-1) + 1))
-    onehot[np.arange(len(score)), group] = 1.0
-    return (w * true) @ onehot, (w * ~true) @ onehot
+    """(positive, negative) weight per distinct score, ascending: two (R, G) arrays (summed over
+    each run of equal scores in score order: memory R x n, not n x G)."""
+    if not len(score):
+        return np.zeros((len(w), 0)), np.zeros((len(w), 0))
+    order = np.argsort(score, kind="stable")
+    ordered = score[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    sorted_w, sorted_true = w[:, order], true[order]
+    positive = np.add.reduceat(sorted_w * sorted_true, starts, axis=1)
+    return positive, np.add.reduceat(sorted_w * ~sorted_true, starts, axis=1)
 
 
 def auroc_scores(
