@@ -44,6 +44,7 @@ GRAFANA_SUBSTITUTIONS = {
     "$__interval": "1m",
     "$__range": "1h",
     "$task": ".*",
+    "$site": ".*",
 }
 
 _PROMQL_KEYWORDS = frozenset(
