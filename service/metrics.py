@@ -201,6 +201,12 @@ class ServiceMetrics:
             labels,
             registry=reg,
         )
+        self.fhir_elements_dropped = Counter(
+            "medtpe_fhir_elements_dropped",
+            "Faulty FHIR elements left out of the resources read (docs/integration.md).",
+            labels,
+            registry=reg,
+        )
         self.drift_prompt_tokens = Counter(
             "medtpe_drift_prompt_tokens",
             "Prompt tokens by tokenizer (original, medtpe).",
@@ -221,7 +227,8 @@ class ServiceMetrics:
         )
 
     def observe_drift(self, site: str, model: LoadedModel, record: PreparedRecord) -> None:
-        """Add the drift counts of `record`, prepared by `model`, under its task and `site`."""
+        """Add the drift counts of `record`, prepared by `model`, under its task and `site`
+        (and, for a FHIR record, the faulty elements its mapping left out)."""
         predictor = model.predictor
         figures = drift_figures(record, predictor.tokenizer, predictor.descriptions)
         task = record.task.name
@@ -232,6 +239,8 @@ class ServiceMetrics:
         tokens.labels(task, site, "original").inc(figures.tokens_original)
         tokens.labels(task, site, "medtpe").inc(figures.tokens_medtpe)
         self.drift_merged_tokens.labels(task, site).inc(figures.merged_tokens)
+        if record.fhir is not None and record.fhir.warnings:
+            self.fhir_elements_dropped.labels(task, site).inc(len(record.fhir.warnings))
         build = build_compression_rate(model.bundle.path)
         if build is not None:
             self.build_compression.set(build)

@@ -1,9 +1,9 @@
 """One rule for faulty FHIR data at every door (docs/integration.md, "Faulty data"): an element
 whose own value is faulty (a whitespace-only `valueQuantity.code`, seen in converted MIMIC data)
-is left out and named, and the patient is answered with the same prompt through `/predict`'s
-Bundle, a CDS hook's prefetch and `medtpe predict --fhir`; a resource the mapping cannot place
-(an Observation without a time) is a located 422 at both HTTP doors and a counted failure in the
-batch job. On the instant engine."""
+is left out, named and counted (`medtpe_fhir_elements_dropped_total`), and the patient is
+answered with the same prompt through `/predict`'s Bundle, a CDS hook's prefetch and `medtpe
+predict --fhir`; a resource the mapping cannot place (an Observation without a time) is a located
+422 at both HTTP doors and a counted failure in the batch job. On the instant engine."""
 
 from __future__ import annotations
 
@@ -29,7 +29,12 @@ from tests.support.bulk_server import resources_by_type, write_export
 from tests.support.cds_support import hook_request, prefetch_of
 from tests.support.ehr import Ehr
 from tests.support.mimic_fhir_fixture import FIXTURE
-from tests.support.service_support import SERVICE_API_KEY, instant_client, instant_settings
+from tests.support.service_support import (
+    SERVICE_API_KEY,
+    instant_client,
+    instant_settings,
+    metric_value,
+)
 
 ICU = get_service("medtpe-icu-mortality-patient-view")
 TASK = get_task("icu_mortality")
@@ -113,6 +118,10 @@ def test_a_faulty_element_is_left_out_the_same_at_every_door(
     assert mapping["counts"]["Observation"]["dropped_elements"] == 1
     assert hooked.status_code == 200, hooked.text
     assert app_engine.prompts[-1] == by_predict
+    metrics = client.get("/metrics", headers={"Authorization": f"Bearer {SERVICE_API_KEY}"}).text
+    dropped = "medtpe_fhir_elements_dropped_total"
+    assert metric_value(metrics, dropped, task=TASK.name, site="api") >= 1
+    assert metric_value(metrics, dropped, task=TASK.name, site=ICU.id) >= 1
     assert summary["records"] == 1 and summary["failures"] == 0
     (engine,) = RecordingEngine.made
     assert engine.prompts == [by_predict]
