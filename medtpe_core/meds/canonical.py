@@ -34,19 +34,11 @@ def canonical_record(
 ) -> bytes:
     """The canonical bytes of `events` read at `prediction_time` (None: every event)."""
     seen = events if prediction_time is None else events.before(prediction_time)
-    times = np.datetime_as_string(seen.times.astype(f"datetime64[{_TIME_UNIT}]"), unit=_TIME_UNIT)
-    values = seen.numeric_values.tolist()
-    rows = [
-        [
-            None if time == "NaT" else time,
-            code,
-            None if math.isnan(value) else value,
-            text,
-        ]
-        for time, code, value, text in zip(
-            times.tolist(), seen.codes, values, seen.text_values, strict=True
-        )
-    ]
+    texts = np.datetime_as_string(seen.times.astype(f"datetime64[{_TIME_UNIT}]"), unit=_TIME_UNIT)
+    times = np.where(np.isnat(seen.times), None, texts.astype(object)).tolist()
+    values = seen.numeric_values
+    numbers = np.where(np.isnan(values), None, values.astype(object)).tolist()
+    rows = list(zip(times, seen.codes, numbers, seen.text_values, strict=True))
     when = None if prediction_time is None else _iso(to_naive_utc(prediction_time))
     document = {
         "descriptions": dict(descriptions or {}),
