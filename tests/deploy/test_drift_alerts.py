@@ -6,11 +6,14 @@ of known codes, then records of a site's local codes the artefact never saw; /me
 after each. The counters' increase per batch becomes a day of known traffic followed by two hours
 of unseen codes on site `api`, beside a CDS service's site that stays on known codes; promtool
 evaluates the real rules on those series: at 25 hours the drift alerts fire for `api` only, and
-nothing fires during the known day. deploy/prometheus-rules.test.yml keeps the same series, which
-must stay equal to what the service exports now."""
+nothing fires during the known day; the dashboard's drift panels read each site's shares from the
+same series. deploy/prometheus-rules.test.yml keeps the same series, which must stay equal to
+what the service exports now."""
 
 from __future__ import annotations
 
+import json
+import math
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +26,7 @@ from starlette.testclient import TestClient
 from medtpe_core.cds.services import get_service
 from service.metrics import API_SITE
 from tests.service.test_drift_metrics import unseen_events
-from tests.support.deploy_support import DEPLOY, require_tool
+from tests.support.deploy_support import DEPLOY, require_tool, substitute_grafana_macros
 from tests.support.service_support import (
     SERVICE_API_KEY,
     instant_client,
@@ -205,3 +208,68 @@ def test_every_alert_has_a_runbook_section() -> None:
         path, _, anchor = rule["annotations"]["runbook_url"].partition("#")
         assert path == "docs/runbook.md" and anchor == rule["alert"].lower(), rule["alert"]
         assert rule["alert"] in headings
+
+
+ROUNDING = 1e-6
+
+
+def rounded(value: float) -> float:
+    """`value` as PromQL's `round(value, ROUNDING)` gives it."""
+    inverse = 1 / ROUNDING
+    return math.floor(value * inverse + 0.5) / inverse
+
+
+def test_the_dashboard_drift_panels_read_the_shares_of_the_exported_series(
+    exported: dict[str, Any], tmp_path: Path
+) -> None:
+    """Each drift panel's query, evaluated by promtool on the exported series two hours after
+    the switch, gives the share of the unseen records' figures for `api` and of the known
+    records' for the CDS service's site."""
+    board = json.loads((DEPLOY / "grafana" / "dashboards" / "medtpe.json").read_text())
+    panels = [p for p in board["panels"] if p["title"].startswith("Drift:")]
+    tokens = "medtpe_drift_prompt_tokens_total"
+
+    def shares(m: dict[str, int]) -> list[float]:
+        shown = m["medtpe_drift_events_total"] - m["medtpe_drift_events_dropped_total"]
+        return [
+            1 - m[tokens + " "] / m[tokens],
+            m["medtpe_drift_events_undescribed_total"] / shown,
+            m["medtpe_drift_events_dropped_total"] / m["medtpe_drift_events_total"],
+            m["medtpe_drift_merged_tokens_total"] / m[tokens + " "],
+        ]
+
+    expected = {API_SITE: shares(exported["unseen"]), HOOK_SITE: shares(exported["known"])}
+    assert len(panels) == 4
+    checks = []
+    for i, panel in enumerate(panels):
+        # rounded as PromQL's round() does: promtool compares sample values exactly
+        expr = f"round({substitute_grafana_macros(panel['targets'][0]['expr'])}, {ROUNDING})"
+        samples = [
+            {"labels": f'{{site="{site}", task="{TASK}"}}', "value": rounded(values[i])}
+            for site, values in expected.items()
+        ]
+        checks.append(
+            {
+                "expr": expr,
+                "eval_time": f"{KNOWN_MINUTES + UNSEEN_MINUTES - 1}m",
+                "exp_samples": samples,
+            }
+        )
+    build = panels[0]["targets"][1]["expr"]
+    checks.append(
+        {
+            "expr": build,
+            "eval_time": "10m",
+            "exp_samples": [{"labels": "{}", "value": exported["build"]}],
+        }
+    )
+    test = {"interval": "1m", "input_series": drift_series(exported), "promql_expr_test": checks}
+    path = tmp_path / "panels.test.yml"
+    path.write_text(yaml.safe_dump({"tests": [test]}, sort_keys=False))
+    result = subprocess.run(
+        [require_tool("promtool"), "test", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
