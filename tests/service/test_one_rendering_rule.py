@@ -26,6 +26,7 @@ from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
 from medtpe_core.meds import MedsDataset
 from medtpe_core.meds.readers import read_code_descriptions, write_code_descriptions
 from medtpe_core.tasks import get_task
+from medtpe_core.tokenizer.artefact_manifest import ArtefactBundle
 from service.settings import ServiceSettings
 from tests.batch.test_fhir_job import RecordingEngine, patient_id, records
 from tests.support.bulk_server import resources_by_type, write_export
@@ -46,7 +47,7 @@ def site(tmp_path_factory: pytest.TempPathFactory, service_files: tuple[Path, Pa
     subject the artefact does not describe, and one the artefact describes, otherwise."""
     root = tmp_path_factory.mktemp("site") / "meds"
     shutil.copytree(FIXTURE, root)
-    artefact = load_model(instant_settings(service_files).model()).bundle.descriptions
+    artefact = ArtefactBundle.from_pretrained(service_files[0]).descriptions
     dataset = MedsDataset.load(root)
     codes = set(dataset.events(dataset.subject_ids[0]).codes)
     undescribed = sorted(codes - set(artefact))
@@ -146,8 +147,8 @@ def test_one_patient_gets_one_prompt_through_every_door(
     ready = client.get("/readyz", headers=AUTH).json()
     assert ready["rendering"]["descriptions"] == "supplemented"
 
-    predictor = load_model(config).predictor
-    text = predictor.tokenizer.base.decode(prompts["--meds"])
+    base = client.app.state.service.model.predictor.tokenizer.base
+    text = base.decode(prompts["--meds"])
     assert "site's own" in text  # the site's table describes what the artefact does not
     assert "the site's other words" not in text  # never in place of the artefact's
 
