@@ -26,7 +26,7 @@ from ledger.signing import SigningKeyError, public_key_from_jwk
 from ledger.store import LedgerUnavailable, PredictionRow
 from ledger.verification import P_TOLERANCE, Check, Rederived, check_row, compare
 from medtpe_cli import options
-from medtpe_core.meds.canonical import canonical_record, parse_canonical_record, record_digest
+from medtpe_core.meds.canonical import parse_canonical_record, record_digest
 
 LEDGER_OPTION = click.option(
     "--ledger",
@@ -245,9 +245,7 @@ def rederive(
     finally:
         engine.shutdown()
     return Rederived(
-        record_sha256=record_digest(
-            canonical_record(prepared.events, prepared.prediction_time, descriptions)
-        ),
+        record_sha256=record_digest(prepared.events, prepared.prediction_time, descriptions),
         artefact_digest=loaded.bundle.digest(),
         rendering=rendering_settings(
             loaded.rendering.render_version,

@@ -1,5 +1,6 @@
-"""A record's canonical form: the events a prediction may read, as bytes that equal records
-always give the same way, so their SHA-256 identifies the record (a prediction's receipt).
+"""A record's identity for a prediction's receipt: the events a prediction may read, hashed
+(`record_digest`), and their canonical form, bytes that equal records always give the same way
+(`canonical_record`: what a ledger row keeps with `MEDTPE_LEDGER_RECORDS=store`).
 
 The form is compact JSON (UTF-8, keys sorted, no spaces) of
 `{"descriptions": {code: text}, "events": [[time, code, numeric_value, text_value], ...],
@@ -46,14 +47,52 @@ def canonical_record(
         "prediction_time": when,
         "subject_id": events.subject_id,
     }
+    return _compact(document)
+
+
+def record_digest(
+    events: SubjectEvents,
+    prediction_time: datetime | None,
+    descriptions: Mapping[str, str] | None = None,
+) -> str:
+    """SHA-256 (hex) identifying `events` read at `prediction_time` with `descriptions`: equal
+    for equal records whatever their form (MEDS events, a stored canonical record read back).
+
+    Hashed column by column, not through the canonical JSON (a 2,000-event record in about a
+    tenth of the time): a header (compact sorted JSON of the subject id, the prediction time,
+    the descriptions and the event count), then the times as little-endian int64 microseconds
+    (static: the int64 minimum), the numeric values as little-endian float64 (missing: one NaN),
+    the codes and the text values each as a compact JSON list, every part preceded by its
+    length as 8 little-endian bytes."""
+    seen = events if prediction_time is None else events.before(prediction_time)
+    when = None if prediction_time is None else _iso(to_naive_utc(prediction_time))
+    header = {
+        "descriptions": dict(descriptions or {}),
+        "n_events": len(seen),
+        "prediction_time": when,
+        "subject_id": events.subject_id,
+    }
+    times = seen.times.astype(f"datetime64[{_TIME_UNIT}]").astype("<i8")
+    values = seen.numeric_values.astype("<f8")
+    values = np.where(np.isnan(values), np.float64("nan"), values)
+    parts = (
+        _compact(header),
+        times.tobytes(),
+        values.tobytes(),
+        _compact(list(seen.codes)),
+        _compact(list(seen.text_values)),
+    )
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(len(part).to_bytes(8, "little"))
+        digest.update(part)
+    return digest.hexdigest()
+
+
+def _compact(value: object) -> bytes:
     return json.dumps(
-        document, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     ).encode()
-
-
-def record_digest(canonical: bytes) -> str:
-    """SHA-256 (hex) of a record's canonical bytes."""
-    return hashlib.sha256(canonical).hexdigest()
 
 
 def parse_canonical_record(

@@ -65,7 +65,7 @@ def receipt(index: int = 0, **changes: object) -> Receipt:
         "prediction_id": str(uuid.UUID(int=index + 1, version=4)),
         "created_at": utc_text(when),
         "task": "icu_mortality",
-        "record_sha256": record_digest(RECORD),
+        "record_sha256": record_digest(events(), datetime(2020, 1, 2, 0, 0)),
         "prompt_ids_sha256": prompt_ids_digest(range(index, index + 500)),
         "artefact_digest": "a" * 64,
         "rendering": RENDERING,

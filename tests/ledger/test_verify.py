@@ -69,7 +69,7 @@ def door_row(
         prediction_id=str(uuid.uuid4()),
         created_at=utc_text(datetime.now(UTC)),
         task=prepared.task.name,
-        record_sha256=record_digest(record),
+        record_sha256=record_digest(prepared.events, prepared.prediction_time),
         prompt_ids_sha256=prompt_ids_digest(prepared.ids(loaded.identity.mode)),
         artefact_digest=loaded.bundle.digest(),
         rendering=rendering,
