@@ -28,6 +28,7 @@ _COMMAND_MODULES = (
     "medtpe_cli.predict_commands",
     "medtpe_cli.report_commands",
     "medtpe_cli.ledger_commands",
+    "medtpe_cli.monitor_commands",
 )
 
 DISTRIBUTION = "medtpe"

@@ -22,6 +22,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from ledger.schema import Attribute, Outcome
 from ledger.store import Ledger
+from medtpe_core.fhir import FhirInputError, SiteMapping, meds_from_fhir
 from medtpe_core.meds.events import SubjectEvents
 from medtpe_core.meds.labels import LABEL_FUNCTIONS
 from medtpe_core.meds.readers import MedsDataset
@@ -81,6 +82,28 @@ class MedsSource:
             return self.dataset.events(int(subject_id))
         except (KeyError, ValueError):
             return None
+
+
+def fhir_records(
+    patients: Iterable[tuple[str, Sequence[bytes]]],
+    mapping: SiteMapping,
+    subjects: Mapping[str, int],
+    wanted: set[str],
+) -> tuple[list[SubjectEvents], int]:
+    """The records of the patients (FHIR id, resources as JSON texts) whose subject id
+    (`subjects`: the mapping's, by FHIR id) is `wanted`, mapped as `medtpe predict --fhir` maps
+    them (`medtpe_core.fhir.meds_from_fhir`, the site mapping); and how many the mapping refused."""
+    records, refused = [], 0
+    for patient, texts in patients:
+        if str(subjects.get(patient)) not in wanted:
+            continue
+        try:
+            record = meds_from_fhir(list(texts), mapping=mapping, patient_id=patient)
+        except FhirInputError:
+            refused += 1
+            continue
+        records.append(record.subject_events())
+    return records, refused
 
 
 def latest_time(records: Iterable[SubjectEvents]) -> datetime | None:
@@ -146,6 +169,11 @@ class OutcomeCounts:
             "positives": self.positives,
             "attributes": self.attributes,
         }
+
+
+def subjects_of(ledger: Ledger, task: str) -> set[str]:
+    """The subject ids of the ledger's predictions of `task`."""
+    return {row.subject_id for row in ledger.rows(task=task)}
 
 
 def join_outcomes(
