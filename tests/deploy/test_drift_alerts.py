@@ -25,7 +25,6 @@ from starlette.testclient import TestClient
 
 from medtpe_core.cds.services import get_service
 from service.metrics import API_SITE
-from tests.service.test_drift_metrics import unseen_events
 from tests.support.deploy_support import DEPLOY, require_tool, substitute_grafana_macros
 from tests.support.service_support import (
     SERVICE_API_KEY,
@@ -34,6 +33,7 @@ from tests.support.service_support import (
     metric_value,
     synthetic_events,
 )
+from tests.support.unseen_codes import unseen_events
 
 TASK = "icu_mortality"
 AUTH = {"Authorization": f"Bearer {SERVICE_API_KEY}"}

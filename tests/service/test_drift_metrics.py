@@ -5,9 +5,7 @@ saw, through `/predict`, `/predict/batch` and a CDS hook (its site label the ser
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Iterator
-from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -29,6 +27,7 @@ from tests.support.service_support import (
     metric_value,
     synthetic_events,
 )
+from tests.support.unseen_codes import unseen_events
 
 TASK = "icu_mortality"
 AUTH = {"Authorization": f"Bearer {SERVICE_API_KEY}"}
@@ -40,30 +39,6 @@ DRIFT = (
     "medtpe_drift_events_undescribed_total",
     "medtpe_drift_merged_tokens_total",
 )
-
-
-def unseen_events(subject_id: int, n_events: int, seed: int = 0) -> list[dict]:
-    """A record of a site whose codes the artefact never saw: local lab and order codes with
-    values, no description in its codes metadata."""
-    rng = random.Random(seed)
-    start = datetime(2151, 6, 1, 8)
-    events: list[dict] = [
-        {"subject_id": subject_id, "time": None, "code": "GENDER//F"},
-        {"subject_id": subject_id, "time": "2090-01-01T00:00:00", "code": "MEDS_BIRTH"},
-    ]
-    for i in range(n_events):
-        code = f"SITEX_LOCAL//{rng.choice(['CHEM', 'HEME', 'ORD'])}//Z{rng.randint(10000, 99999)}"
-        time = start + timedelta(minutes=7 * i)
-        value = round(rng.uniform(0, 500), 2)
-        events.append(
-            {
-                "subject_id": subject_id,
-                "time": time.isoformat(),
-                "code": code,
-                "numeric_value": value,
-            }
-        )
-    return events
 
 
 @pytest.fixture(scope="module")
