@@ -1,0 +1,255 @@
+"""`monitoring.report` on ledger rows made through the ledger's API, outcomes and attributes
+stored by `monitoring.outcomes.store_joined`, feedback in the ledger's table: every figure checked
+against scikit-learn / numpy on the same rows; silent and shadow rows apart; the page states what
+the AUROC says and embeds its plots, no network asset."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import average_precision_score, roc_auc_score
+
+from ledger.schema import Feedback
+from ledger.store import Ledger
+from monitoring.figures import ECE_BINS, iso_week
+from monitoring.outcomes import Joined, RecordsSource, store_joined
+from monitoring.report import REPORT_HTML, REPORT_JSON, ReportSettings, build_report, write_report
+from monitoring.thresholds import Thresholds
+from tests.monitoring.ledger_rows import prediction
+
+START = datetime(2026, 9, 7, 0, 0, tzinfo=UTC)  # a Monday: ISO week 2026-W37
+N = 400
+THRESHOLDS = Thresholds.parse(
+    {"default": 0.5, "tasks": {"icu_mortality": {"default": 0.4, "sites": {"b": 0.6}}}}
+)
+SITES = ("a", "b", None)
+
+
+def _ledger(tmp_path: Path, informative: bool = True) -> tuple[Ledger, dict[str, np.ndarray]]:
+    """N live rows over 3 weeks and 3 sites (120 subjects), 20 silent, 10 shadows of live rows;
+    outcomes known for 4 in 5 (drawn from p when `informative`, else at random), sex recorded."""
+    rng = np.random.default_rng(7)
+    ledger = Ledger.open(f"sqlite:///{tmp_path / 'ledger.sqlite3'}")
+    p = rng.uniform(0.02, 0.98, N + 20)
+    rows = [
+        prediction(
+            i,
+            created_at=START + timedelta(hours=1.2 * i),
+            subject_id=str(i % 120),
+            prediction_time=datetime(2150, 1, 1) + timedelta(hours=i),
+            p_yes=float(p[i]),
+            site=SITES[i % 3],
+            latency_ms=float(50 + i % 97),
+            silent=i >= N,
+        )
+        for i in range(N + 20)
+    ]
+    shadows = [
+        prediction(
+            1000 + k,
+            created_at=rows[k * 7].created_at + timedelta(seconds=1),
+            subject_id=rows[k * 7].subject_id,
+            prediction_time=rows[k * 7].prediction_time,
+            p_yes=float(np.clip(p[k * 7] + (0.3 if k % 2 else 0.01), 0, 1)),
+            site=rows[k * 7].site,
+            shadow_of=rows[k * 7].prediction_id,
+        )
+        for k in range(10)
+    ]
+    ledger.record(rows + shadows)
+    drawn = rng.uniform(size=N + 20) < (p if informative else 0.3)
+    joined = [
+        Joined(
+            r.prediction_id,
+            "known" if i % 5 else "open",
+            bool(drawn[i]) if i % 5 else None,
+            None,
+            {"sex": "female" if i % 2 else "male"},
+        )
+        for i, r in enumerate(rows)
+    ]
+    store_joined(ledger.engine, joined, RecordsSource("test", {}, None), START)
+    feedback = [
+        {
+            "card_uuid": f"card-{i}",
+            "prediction_id": rows[i].prediction_id,
+            "issuer": "https://ehr.example",
+            "outcome": "overridden" if i % 2 else "accepted",
+            "override_reason": json.dumps({"reason": {"code": "x", "display": "Not relevant"}})
+            if i % 4 == 1
+            else None,
+            "outcome_time": START.replace(tzinfo=None),
+            "received_at": START.replace(tzinfo=None),
+        }
+        for i in range(40)
+    ]
+    with ledger.engine.begin() as connection:
+        connection.execute(Feedback.__table__.insert(), feedback)
+    truth = {
+        "p": p[:N],
+        "known": np.array([i % 5 != 0 for i in range(N)]),
+        "label": drawn[:N],
+        "site": np.array([SITES[i % 3] or "" for i in range(N)], dtype=object),
+        "subject": np.array([str(i % 120) for i in range(N)]),
+        "latency": np.array([50 + i % 97 for i in range(N)], dtype=float),
+        "sex": np.array(["female" if i % 2 else "male" for i in range(N)]),
+        "week": np.array([iso_week(START + timedelta(hours=1.2 * i)) for i in range(N)]),
+    }
+    return ledger, truth
+
+
+def _ece(y: np.ndarray, p: np.ndarray) -> float:
+    bins = np.minimum((p * ECE_BINS).astype(int), ECE_BINS - 1)
+    return sum(abs((y[bins == b] - p[bins == b]).sum()) for b in range(ECE_BINS)) / len(y)
+
+
+def _expected(truth: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, object]:
+    p, y = truth["p"], truth["label"]
+    cut = np.where(truth["site"] == "b", 0.6, 0.4)
+    flagged = p >= cut
+    known = rows & truth["known"]
+    logit = np.log(p / (1 - p))[known].reshape(-1, 1)
+    fit = LogisticRegression(C=np.inf, tol=1e-10, max_iter=1000).fit(logit, y[known])
+    return {
+        "n": int(rows.sum()),
+        "flag_rate": flagged[rows].mean(),
+        "auroc": roc_auc_score(y[known], p[known]),
+        "auprc": average_precision_score(y[known], p[known]),
+        "ece": _ece(y[known].astype(float), p[known]),
+        "slope": fit.coef_[0][0],
+        "intercept": fit.intercept_[0],
+        "sensitivity": (flagged & y)[known].sum() / y[known].sum(),
+        "ppv": (flagged & y)[known].sum() / flagged[known].sum(),
+        "latency": np.percentile(truth["latency"][rows], [50, 95]),
+    }
+
+
+def _check(figures: dict, expected: dict) -> None:
+    assert figures["n"] == expected["n"]
+    assert figures["flag_rate"] == pytest.approx(expected["flag_rate"])
+    assert figures["auroc"]["value"] == pytest.approx(expected["auroc"])
+    assert figures["auroc"]["low"] < figures["auroc"]["value"] < figures["auroc"]["high"]
+    assert figures["auprc"]["value"] == pytest.approx(expected["auprc"])
+    assert figures["ece"]["value"] == pytest.approx(expected["ece"])
+    assert figures["calibration"]["slope"] == pytest.approx(expected["slope"], rel=1e-4)
+    assert figures["calibration"]["intercept"] == pytest.approx(expected["intercept"], abs=1e-4)
+    assert figures["sensitivity"] == pytest.approx(expected["sensitivity"])
+    assert figures["ppv"] == pytest.approx(expected["ppv"])
+    latency = figures["latency_ms"]
+    assert [latency["p50"], latency["p95"]] == pytest.approx(list(expected["latency"]))
+
+
+def test_figures_match_sklearn_overall_by_week_site_and_subgroup(tmp_path: Path) -> None:
+    ledger, truth = _ledger(tmp_path)
+    report, _ = build_report(ledger.engine, ReportSettings(thresholds=THRESHOLDS, resamples=100))
+    (task,) = report["tasks"]
+    everyone = np.ones(N, dtype=bool)
+    _check(task["overall"], _expected(truth, everyone))
+    assert task["overall"]["outcomes"] == {
+        "known": int(truth["known"].sum()),
+        "open": N - int(truth["known"].sum()),
+        "no_label": 0,
+        "not_joined": 0,
+        "positives": int(truth["label"][truth["known"]].sum()),
+        "negatives": int((~truth["label"][truth["known"]]).sum()),
+    }
+    assert [w["week"] for w in task["by_week"]] == ["2026-W37", "2026-W38", "2026-W39"]
+    for week in task["by_week"]:
+        _check(week, _expected(truth, truth["week"] == week["week"]))
+    for site in task["by_site"]:
+        name = "" if site["site"] == "(none)" else site["site"]
+        _check(site, _expected(truth, truth["site"] == name))
+    assert task["thresholds"] == {"default": 0.4, "by_site": {"(none)": 0.4, "a": 0.4, "b": 0.6}}
+    assert sum(s["n"] for s in task["by_site_week"]) == N
+    sexes = {g["value"]: g for g in task["by_subgroup"] if g["attribute"] == "sex"}
+    for value, figures in sexes.items():
+        _check(figures, _expected(truth, truth["sex"] == value))
+    assert task["verdict"].startswith("The model discriminates better than chance")
+    assert task["overall"]["overrides"] == {
+        "feedback": 40,
+        "overridden": 20,
+        "override_rate": 0.5,
+        "by_reason": {
+            "Not relevant": {"n": 10, "share_of_feedback": 0.25},
+            "(no reason given)": {"n": 10, "share_of_feedback": 0.25},
+        },
+    }
+
+
+def test_threshold_sweep_counts_alerts_per_day(tmp_path: Path) -> None:
+    ledger, truth = _ledger(tmp_path)
+    since, until = START, START + timedelta(days=20)
+    report, _ = build_report(ledger.engine, ReportSettings(since, until, THRESHOLDS, resamples=20))
+    sweep = {s["threshold"]: s for s in report["tasks"][0]["threshold_sweep"]}
+    p, y, known = truth["p"], truth["label"], truth["known"]
+    for threshold in (0.1, 0.5, 0.9):
+        flagged = p >= threshold
+        assert sweep[threshold]["alerts_per_day"] == pytest.approx(flagged.sum() / 20)
+        assert sweep[threshold]["sensitivity"] == pytest.approx(
+            (flagged & y)[known].sum() / y[known].sum()
+        )
+        assert sweep[threshold]["ppv"] == pytest.approx(
+            (flagged & y)[known].sum() / flagged[known].sum()
+        )
+
+
+def test_silent_and_shadow_rows_are_reported_apart(tmp_path: Path) -> None:
+    ledger, truth = _ledger(tmp_path)
+    report, _ = build_report(ledger.engine, ReportSettings(resamples=20))
+    (task,) = report["tasks"]
+    original = truth["p"][[k * 7 for k in range(10)]]
+    shadowed = np.clip(original + [0.3 if k % 2 else 0.01 for k in range(10)], 0, 1)
+    assert task["overall"]["n"] == N  # neither silent nor shadow rows among the live ones
+    assert task["silent"]["overall"]["n"] == 20
+    shadow = task["shadow"]
+    assert (shadow["rows"], shadow["n"], shadow["unpaired"]) == (10, 10, 0)
+    assert shadow["mean_abs_dp"] == pytest.approx(np.abs(shadowed - original).mean())
+    assert shadow["agreement"] == pytest.approx(np.mean((shadowed >= 0.5) == (original >= 0.5)))
+    assert sum(w["n"] for w in shadow["by_week"]) == 10
+    # a period holding only a shadow row still pairs it with the row it shadows
+    first_shadow = START + timedelta(seconds=1)
+    alone = ReportSettings(first_shadow, first_shadow + timedelta(seconds=1), resamples=20)
+    only, _ = build_report(ledger.engine, alone)
+    assert only["predictions"] == 1 and only["tasks"][0]["overall"]["n"] == 0
+    assert only["tasks"][0]["shadow"]["n"] == 1
+
+
+def test_a_model_that_does_not_discriminate_is_told_so(tmp_path: Path) -> None:
+    ledger, _ = _ledger(tmp_path, informative=False)
+    out = tmp_path / "report"
+    report = write_report(ledger.engine, out, ReportSettings(resamples=100))
+    auroc = report["tasks"][0]["overall"]["auroc"]
+    assert auroc["low"] <= 0.5 <= auroc["high"]
+    verdict = report["tasks"][0]["verdict"]
+    assert verdict.startswith("The model does not discriminate")
+    page = (out / REPORT_HTML).read_text()
+    assert verdict in page.replace("&#x27;", "'")
+    assert page.count('src="data:image/png;base64,') >= 6
+    assert "http://" not in page and "https://" not in page and "<script" not in page
+    assert json.loads((out / REPORT_JSON).read_text()) == report
+
+
+def test_site_names_are_escaped_in_the_page(tmp_path: Path) -> None:
+    ledger = Ledger.open(f"sqlite:///{tmp_path / 'ledger.sqlite3'}")
+    ledger.record(
+        [
+            prediction(
+                i,
+                created_at=START,
+                subject_id=str(i),
+                prediction_time=None,
+                p_yes=0.4,
+                site="<script>x</script>",
+            )
+            for i in range(3)
+        ]
+    )
+    write_report(ledger.engine, tmp_path / "out", ReportSettings(resamples=10))
+    page = (tmp_path / "out" / REPORT_HTML).read_text()
+    assert "<script" not in page and "&lt;script&gt;" in page
+    assert "Discrimination cannot be measured" in page
