@@ -2,7 +2,8 @@
 embedded SQLite file (WAL, synchronous=NORMAL) and on a local PostgreSQL server this script
 starts (Debian's package, `tests/support/postgres.py`), and the rows per second of the batch
 job's writes (1,000 rows a transaction). Also what a door spends building the row: the
-canonical record of a 2,000-event ICU-sized record, the prompt ids' digest (4,096 ids) and the
+record digest of a 2,000-event ICU-sized record (and its canonical JSON, kept with
+`MEDTPE_LEDGER_RECORDS=store`), the prompt ids' digest (4,096 ids) and the
 Ed25519 signature.
 
 Each request-sized write is one transaction of one row, committed before the next (PostgreSQL
@@ -109,7 +110,8 @@ def row_building(repeats: int = 50) -> dict[str, Any]:
     ids = list(range(4_096))
     made = receipt(0)
     steps: dict[str, Callable[[], object]] = {
-        "canonical_record_and_digest": lambda: record_digest(canonical_record(events, None)),
+        "record_digest": lambda: record_digest(events, None),
+        "canonical_record (MEDTPE_LEDGER_RECORDS=store)": lambda: canonical_record(events, None),
         "prompt_ids_digest": lambda: prompt_ids_digest(ids),
         "sign": lambda: SIGNER.sign(made),
     }
