@@ -10,7 +10,8 @@ processes on one machine can write to one file. NORMAL: a committed row survives
 process's crash (SIGKILL included: it is in the WAL file), not a power cut or an operating-system
 crash, which may lose the last commits; FULL would fsync each commit (3.8 ms a row on the
 development machine's disk against 0.16 ms, past the ledger's 2 ms budget). A ledger that must
-survive power cuts, or that several machines write, is a PostgreSQL (`synchronous_commit=on`). PostgreSQL URLs use the psycopg 3 driver.
+survive power cuts, or that several machines write, is a PostgreSQL (`synchronous_commit=on`).
+PostgreSQL URLs use the psycopg 3 driver.
 
 The methods block: from async code call them in a worker thread (`arecord`, or
 `asyncio.to_thread`)."""
