@@ -161,6 +161,36 @@ def test_the_ledger_imports_the_core_and_its_database_and_crypto_libraries_only(
     assert below == set()
 
 
+MONITORING_IMPORTS = {"monitoring", "ledger", "medtpe_core"}
+"""The project's packages `monitoring` may import."""
+PROJECT = {
+    "medtpe_core", "inference", "evaluation", "ledger", "service", "training", "batch",
+    "medtpe_cli", "monitoring", "research", "benchmarks",
+}  # fmt: skip
+
+
+def test_monitoring_reads_the_ledger_and_the_core_only() -> None:
+    """`monitoring` (outcomes joined to the ledger, the report) imports the ledger and the
+    core, never the engine, the service, the batch job nor torch; of the layers only the command
+    line imports it."""
+    outside = {
+        str(path.relative_to(ROOT)): sorted(
+            name
+            for name in imported_modules(path)
+            if name.split(".")[0] in (PROJECT - MONITORING_IMPORTS) | {"torch", "vllm"}
+        )
+        for path in sorted((ROOT / "monitoring").rglob("*.py"))
+    }
+    assert {path: names for path, names in outside.items() if names} == {}
+    importers = {
+        str(path.relative_to(ROOT))
+        for package in PROJECT - {"monitoring", "medtpe_cli", "benchmarks", "research"}
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if any(name.split(".")[0] == "monitoring" for name in imported_modules(path))
+    }
+    assert importers == set()
+
+
 CORE = "medtpe_core"
 ABOVE_THE_CORE = (
     "training",
@@ -169,6 +199,7 @@ ABOVE_THE_CORE = (
     "evaluation",
     "batch",
     "ledger",
+    "monitoring",
     "medtpe_cli",
     "research",
     "benchmarks",

@@ -3,11 +3,18 @@
 
 from __future__ import annotations
 
+import json
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
 
 from ledger.receipt import utc_text
-from ledger.store import PredictionRow
+from ledger.schema import Feedback
+from ledger.store import Ledger, PredictionRow
+from monitoring.figures import iso_week
+from monitoring.outcomes import Joined, RecordsSource, store_joined
 from tests.ledger.rows import SIGNER, receipt
 
 
@@ -51,3 +58,84 @@ def prediction(
         silent=silent,
         shadow_of=shadow_of,
     )
+
+
+START = datetime(2026, 9, 7, 0, 0, tzinfo=UTC)  # a Monday: ISO week 2026-W37
+N = 400
+SITES = ("a", "b", None)
+
+
+def populated_ledger(
+    tmp_path: Path, informative: bool = True
+) -> tuple[Ledger, dict[str, np.ndarray]]:
+    """A ledger of N live rows over 3 weeks and 3 sites (120 subjects), 20 silent, 10 shadows
+    of live rows; outcomes known for 4 in 5 (drawn from p when `informative`, else at random),
+    sex recorded, 40 feedback cards; and what the rows hold, as arrays."""
+    rng = np.random.default_rng(7)
+    ledger = Ledger.open(f"sqlite:///{tmp_path / 'ledger.sqlite3'}")
+    p = rng.uniform(0.02, 0.98, N + 20)
+    rows = [
+        prediction(
+            i,
+            created_at=START + timedelta(hours=1.2 * i),
+            subject_id=str(i % 120),
+            prediction_time=datetime(2150, 1, 1) + timedelta(hours=i),
+            p_yes=float(p[i]),
+            site=SITES[i % 3],
+            latency_ms=float(50 + i % 97),
+            silent=i >= N,
+        )
+        for i in range(N + 20)
+    ]
+    shadows = [
+        prediction(
+            1000 + k,
+            created_at=rows[k * 7].created_at + timedelta(seconds=1),
+            subject_id=rows[k * 7].subject_id,
+            prediction_time=rows[k * 7].prediction_time,
+            p_yes=float(np.clip(p[k * 7] + (0.3 if k % 2 else 0.01), 0, 1)),
+            site=rows[k * 7].site,
+            shadow_of=rows[k * 7].prediction_id,
+        )
+        for k in range(10)
+    ]
+    ledger.record(rows + shadows)
+    drawn = rng.uniform(size=N + 20) < (p if informative else 0.3)
+    joined = [
+        Joined(
+            r.prediction_id,
+            "known" if i % 5 else "open",
+            bool(drawn[i]) if i % 5 else None,
+            None,
+            {"sex": "female" if i % 2 else "male"},
+        )
+        for i, r in enumerate(rows)
+    ]
+    store_joined(ledger.engine, joined, RecordsSource("test", {}, None), START)
+    feedback = [
+        {
+            "card_uuid": f"card-{i}",
+            "prediction_id": rows[i].prediction_id,
+            "issuer": "https://ehr.example",
+            "outcome": "overridden" if i % 2 else "accepted",
+            "override_reason": json.dumps({"reason": {"code": "x", "display": "Not relevant"}})
+            if i % 4 == 1
+            else None,
+            "outcome_time": START.replace(tzinfo=None),
+            "received_at": START.replace(tzinfo=None),
+        }
+        for i in range(40)
+    ]
+    with ledger.engine.begin() as connection:
+        connection.execute(Feedback.__table__.insert(), feedback)
+    truth = {
+        "p": p[:N],
+        "known": np.array([i % 5 != 0 for i in range(N)]),
+        "label": drawn[:N],
+        "site": np.array([SITES[i % 3] or "" for i in range(N)], dtype=object),
+        "subject": np.array([str(i % 120) for i in range(N)]),
+        "latency": np.array([50 + i % 97 for i in range(N)], dtype=float),
+        "sex": np.array(["female" if i % 2 else "male" for i in range(N)]),
+        "week": np.array([iso_week(START + timedelta(hours=1.2 * i)) for i in range(N)]),
+    }
+    return ledger, truth

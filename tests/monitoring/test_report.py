@@ -6,7 +6,7 @@ the AUROC says and embeds its plots, no network asset."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -14,93 +14,15 @@ import pytest
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score, roc_auc_score
 
-from ledger.schema import Feedback
 from ledger.store import Ledger
-from monitoring.figures import ECE_BINS, iso_week
-from monitoring.outcomes import Joined, RecordsSource, store_joined
+from monitoring.figures import ECE_BINS
 from monitoring.report import REPORT_HTML, REPORT_JSON, ReportSettings, build_report, write_report
 from monitoring.thresholds import Thresholds
-from tests.monitoring.ledger_rows import prediction
+from tests.monitoring.ledger_rows import START, N, populated_ledger, prediction
 
-START = datetime(2026, 9, 7, 0, 0, tzinfo=UTC)  # a Monday: ISO week 2026-W37
-N = 400
 THRESHOLDS = Thresholds.parse(
     {"default": 0.5, "tasks": {"icu_mortality": {"default": 0.4, "sites": {"b": 0.6}}}}
 )
-SITES = ("a", "b", None)
-
-
-def _ledger(tmp_path: Path, informative: bool = True) -> tuple[Ledger, dict[str, np.ndarray]]:
-    """N live rows over 3 weeks and 3 sites (120 subjects), 20 silent, 10 shadows of live rows;
-    outcomes known for 4 in 5 (drawn from p when `informative`, else at random), sex recorded."""
-    rng = np.random.default_rng(7)
-    ledger = Ledger.open(f"sqlite:///{tmp_path / 'ledger.sqlite3'}")
-    p = rng.uniform(0.02, 0.98, N + 20)
-    rows = [
-        prediction(
-            i,
-            created_at=START + timedelta(hours=1.2 * i),
-            subject_id=str(i % 120),
-            prediction_time=datetime(2150, 1, 1) + timedelta(hours=i),
-            p_yes=float(p[i]),
-            site=SITES[i % 3],
-            latency_ms=float(50 + i % 97),
-            silent=i >= N,
-        )
-        for i in range(N + 20)
-    ]
-    shadows = [
-        prediction(
-            1000 + k,
-            created_at=rows[k * 7].created_at + timedelta(seconds=1),
-            subject_id=rows[k * 7].subject_id,
-            prediction_time=rows[k * 7].prediction_time,
-            p_yes=float(np.clip(p[k * 7] + (0.3 if k % 2 else 0.01), 0, 1)),
-            site=rows[k * 7].site,
-            shadow_of=rows[k * 7].prediction_id,
-        )
-        for k in range(10)
-    ]
-    ledger.record(rows + shadows)
-    drawn = rng.uniform(size=N + 20) < (p if informative else 0.3)
-    joined = [
-        Joined(
-            r.prediction_id,
-            "known" if i % 5 else "open",
-            bool(drawn[i]) if i % 5 else None,
-            None,
-            {"sex": "female" if i % 2 else "male"},
-        )
-        for i, r in enumerate(rows)
-    ]
-    store_joined(ledger.engine, joined, RecordsSource("test", {}, None), START)
-    feedback = [
-        {
-            "card_uuid": f"card-{i}",
-            "prediction_id": rows[i].prediction_id,
-            "issuer": "https://ehr.example",
-            "outcome": "overridden" if i % 2 else "accepted",
-            "override_reason": json.dumps({"reason": {"code": "x", "display": "Not relevant"}})
-            if i % 4 == 1
-            else None,
-            "outcome_time": START.replace(tzinfo=None),
-            "received_at": START.replace(tzinfo=None),
-        }
-        for i in range(40)
-    ]
-    with ledger.engine.begin() as connection:
-        connection.execute(Feedback.__table__.insert(), feedback)
-    truth = {
-        "p": p[:N],
-        "known": np.array([i % 5 != 0 for i in range(N)]),
-        "label": drawn[:N],
-        "site": np.array([SITES[i % 3] or "" for i in range(N)], dtype=object),
-        "subject": np.array([str(i % 120) for i in range(N)]),
-        "latency": np.array([50 + i % 97 for i in range(N)], dtype=float),
-        "sex": np.array(["female" if i % 2 else "male" for i in range(N)]),
-        "week": np.array([iso_week(START + timedelta(hours=1.2 * i)) for i in range(N)]),
-    }
-    return ledger, truth
 
 
 def _ece(y: np.ndarray, p: np.ndarray) -> float:
@@ -145,7 +67,7 @@ def _check(figures: dict, expected: dict) -> None:
 
 
 def test_figures_match_sklearn_overall_by_week_site_and_subgroup(tmp_path: Path) -> None:
-    ledger, truth = _ledger(tmp_path)
+    ledger, truth = populated_ledger(tmp_path)
     report, _ = build_report(ledger.engine, ReportSettings(thresholds=THRESHOLDS, resamples=100))
     (task,) = report["tasks"]
     everyone = np.ones(N, dtype=bool)
@@ -182,7 +104,7 @@ def test_figures_match_sklearn_overall_by_week_site_and_subgroup(tmp_path: Path)
 
 
 def test_threshold_sweep_counts_alerts_per_day(tmp_path: Path) -> None:
-    ledger, truth = _ledger(tmp_path)
+    ledger, truth = populated_ledger(tmp_path)
     since, until = START, START + timedelta(days=20)
     report, _ = build_report(ledger.engine, ReportSettings(since, until, THRESHOLDS, resamples=20))
     sweep = {s["threshold"]: s for s in report["tasks"][0]["threshold_sweep"]}
@@ -199,7 +121,7 @@ def test_threshold_sweep_counts_alerts_per_day(tmp_path: Path) -> None:
 
 
 def test_silent_and_shadow_rows_are_reported_apart(tmp_path: Path) -> None:
-    ledger, truth = _ledger(tmp_path)
+    ledger, truth = populated_ledger(tmp_path)
     report, _ = build_report(ledger.engine, ReportSettings(resamples=20))
     (task,) = report["tasks"]
     original = truth["p"][[k * 7 for k in range(10)]]
@@ -220,7 +142,7 @@ def test_silent_and_shadow_rows_are_reported_apart(tmp_path: Path) -> None:
 
 
 def test_a_model_that_does_not_discriminate_is_told_so(tmp_path: Path) -> None:
-    ledger, _ = _ledger(tmp_path, informative=False)
+    ledger, _ = populated_ledger(tmp_path, informative=False)
     out = tmp_path / "report"
     report = write_report(ledger.engine, out, ReportSettings(resamples=100))
     auroc = report["tasks"][0]["overall"]["auroc"]
