@@ -62,7 +62,9 @@ def _fhir_source(
     wanted = subjects_of(ledger, task)
     with tempfile.TemporaryDirectory(prefix="medtpe-outcomes-") as work:
         try:
-            partition, _ = partitioned(FhirInput(dirs, mapping_path), Path(work), reuse=False)
+            partition, _ = partitioned(
+                FhirInput(dirs, mapping_path), Path(work), reuse=False, progress=False
+            )
         except ExportError as exc:
             raise click.ClickException(str(exc)) from exc
         subjects = partition.subjects()

@@ -10,12 +10,14 @@ has passed and the task's definition gives no label there. Joining again updates
 
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+import meds
 import numpy as np
 from sqlalchemy import Engine, delete
 from sqlalchemy.dialects import postgresql, sqlite
@@ -23,7 +25,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from ledger.schema import Attribute, Outcome
 from ledger.store import Ledger
 from medtpe_core.fhir import FhirInputError, SiteMapping, meds_from_fhir
-from medtpe_core.meds.events import SubjectEvents
+from medtpe_core.meds.events import SubjectEvents, to_naive_utc
 from medtpe_core.meds.labels import LABEL_FUNCTIONS
 from medtpe_core.meds.readers import MedsDataset
 from medtpe_core.tasks import Task
@@ -92,7 +94,8 @@ def fhir_records(
 ) -> tuple[list[SubjectEvents], int]:
     """The records of the patients (FHIR id, resources as JSON texts) whose subject id
     (`subjects`: the mapping's, by FHIR id) is `wanted`, mapped as `medtpe predict --fhir` maps
-    them (`medtpe_core.fhir.meds_from_fhir`, the site mapping); and how many the mapping refused."""
+    them (`medtpe_core.fhir.meds_from_fhir`, the site mapping), plus the death the mapping leaves
+    out of a prompt (`with_death`); and how many the mapping refused."""
     records, refused = [], 0
     for patient, texts in patients:
         if str(subjects.get(patient)) not in wanted:
@@ -102,8 +105,32 @@ def fhir_records(
         except FhirInputError:
             refused += 1
             continue
-        records.append(record.subject_events())
+        records.append(with_death(record.subject_events(), texts))
     return records, refused
+
+
+def with_death(events: SubjectEvents, texts: Sequence[bytes]) -> SubjectEvents:
+    """`events` with a `MEDS_DEATH` event at the Patient's `deceasedDateTime`: the mapping never
+    reads it (a prompt must not show the outcome), the labellers need it. A date without a time
+    is taken at its start; no (readable) date of death: `events` as they are."""
+    for text in texts:
+        if b'"deceasedDateTime"' not in text or b'"Patient"' not in text:
+            continue
+        resource = json.loads(text)
+        if resource.get("resourceType") != "Patient":
+            continue
+        try:
+            died = to_naive_utc(datetime.fromisoformat(str(resource["deceasedDateTime"])))
+        except (KeyError, ValueError):
+            return events
+        return SubjectEvents.from_columns(
+            events.subject_id,
+            np.append(events.times, np.datetime64(died, "us")),
+            [*events.codes, meds.death_code],
+            np.append(events.numeric_values, np.nan),
+            [*events.text_values, None],
+        )
+    return events
 
 
 def latest_time(records: Iterable[SubjectEvents]) -> datetime | None:
