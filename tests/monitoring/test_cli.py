@@ -8,12 +8,12 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from ledger.store import Ledger
 from medtpe_cli.monitor_commands import monitor, outcomes
 from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
 from medtpe_core.meds.readers import MedsDataset
+from tests.monitoring.commands import invoke
 from tests.monitoring.ledger_rows import prediction
 from tests.monitoring.meds_outcomes import AT_24H, write_outcome_dataset
 from tests.monitoring.test_outcomes import MADE
@@ -50,25 +50,20 @@ def _bulk_export(meds_dir: Path, out: Path) -> Path:
     return out
 
 
-def _run(command: object, *args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(command, list(args), catch_exceptions=False)
-    return result.exit_code, result.output
-
-
 @pytest.mark.parametrize("source", ["meds", "fhir"])
 def test_outcomes_then_monitor(ledger_url: str, tmp_path: Path, source: str) -> None:
     meds_dir = write_outcome_dataset(tmp_path / "meds")
     given = ["--meds", str(meds_dir)]
     if source == "fhir":
         given = ["--fhir", str(_bulk_export(meds_dir, tmp_path / "export"))]
-    code, output = _run(outcomes, "--ledger", ledger_url, "--task", "icu_mortality", *given)
+    code, output = invoke(outcomes, "--ledger", ledger_url, "--task", "icu_mortality", *given)
     assert code == 0, output
     counts = json.loads(output.strip().splitlines()[-1])
     assert (counts["statuses"], counts["positives"]) == (EXPECTED, 1)
     assert counts["data_end"] == "2150-03-05T08:00:00"
 
     out = tmp_path / "report"
-    code, output = _run(monitor, "--ledger", ledger_url, "--out", str(out), "--resamples", "10")
+    code, output = invoke(monitor, "--ledger", ledger_url, "--out", str(out), "--resamples", "10")
     assert code == 0, output
     assert "icu_mortality: 5 live predictions." in output
     report = json.loads((out / "report.json").read_text())
@@ -108,6 +103,6 @@ def test_bad_options_are_usage_errors(
         (tmp_path / name).write_text(text)
         paths[name] = str(tmp_path / name)
     command = {"outcomes": outcomes, "monitor": monitor}[args[0]]
-    code, output = _run(command, "--ledger", ledger_url, *(a.format(**paths) for a in args[1:]))
+    code, output = invoke(command, "--ledger", ledger_url, *(a.format(**paths) for a in args[1:]))
     assert code == 2, output
     assert named in output
