@@ -6,7 +6,8 @@ monitoring report (`monitoring`). Both read the ledger `MEDTPE_LEDGER_URL` names
 --fhir` reads it), at the task's horizon, and records each prediction's cohort attributes; run
 it again as data arrive (nightly): open outcomes close, nothing is duplicated.
 
-`medtpe monitor` writes `report.html`, `report.json` and `seismometer/<task>/` under `--out`."""
+`medtpe monitor` writes `report.html`, `report.json` and `seismometer/<task>/` under `--out`.
+The report's modules (matplotlib: the `monitor` extra) are imported inside the commands."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import json
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -25,16 +27,10 @@ from medtpe_core.meds.readers import MedsDataset, MedsFormatError
 from medtpe_core.tasks import get_task
 from monitoring.cohort import AttributeMapError, load_attribute_map
 from monitoring.figures import DEFAULT_RESAMPLES
-from monitoring.outcomes import (
-    MedsSource,
-    RecordsSource,
-    SubjectSource,
-    fhir_records,
-    join_outcomes,
-    subjects_of,
-)
-from monitoring.report import REPORT_HTML, ReportSettings, write_report
 from monitoring.thresholds import Thresholds, ThresholdsError
+
+if TYPE_CHECKING:
+    from monitoring.outcomes import SubjectSource
 
 MAX_RESAMPLES = 10_000
 
@@ -54,6 +50,7 @@ def _fhir_source(
     from batch.fhir_export import ExportError
     from batch.fhir_job import FhirInput, partitioned
     from medtpe_core.fhir import SiteMappingError, load_site_mapping
+    from monitoring.outcomes import RecordsSource, fhir_records, subjects_of
 
     try:
         mapping = load_site_mapping(mapping_path)
@@ -121,6 +118,8 @@ def outcomes(
 ) -> None:
     """Label the ledger's predictions of a task with what happened (the task's labeller, at its
     horizon; not yet known: open, counted) and record their cohort attributes. Idempotent."""
+    from monitoring.outcomes import MedsSource, join_outcomes
+
     if (meds_dir is None) == (not fhir_dirs):
         raise click.UsageError("give either --meds or --fhir")
     task = get_task(task_name)
@@ -132,7 +131,7 @@ def outcomes(
     try:
         if meds_dir is not None:
             try:
-                source: SubjectSource = MedsSource(MedsDataset.load(meds_dir), f"meds:{meds_dir}")
+                source = MedsSource(MedsDataset.load(meds_dir), f"meds:{meds_dir}")
             except MedsFormatError as exc:
                 raise click.ClickException(str(exc)) from exc
         else:
@@ -198,6 +197,8 @@ def monitor(
 ) -> None:
     """The monitoring report of the ledger's predictions: per task, week, site and subgroup;
     silent and shadow predictions apart; HTML, JSON and a seismometer export."""
+    from monitoring.report import REPORT_HTML, ReportSettings, write_report
+
     if since is not None and until is not None and until <= since:
         raise click.BadParameter("must be after --since", param_hint="--until")
     try:

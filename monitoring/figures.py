@@ -12,7 +12,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,7 +25,9 @@ from medtpe_core.metrics.scores import (
     interval,
     subject_resample_weights,
 )
-from monitoring.frame import Monitored
+
+if TYPE_CHECKING:
+    from monitoring.frame import Monitored
 
 DEFAULT_RESAMPLES = 200
 """Bootstrap resamples per slice (the report computes many slices; 200 keeps a 10,000-row report
