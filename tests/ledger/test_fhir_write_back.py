@@ -221,7 +221,7 @@ def test_the_token_goes_to_the_fhir_server_only(
     decoy = TransactionServer({}, clients={CLIENT: public_jwks(key)})
     with serving_transactions(decoy):
         server.redirect_to = decoy.base
-        access = server_access(server, CLIENT, key, tmp_path)
+        access = replace(server_access(server, CLIENT, key, tmp_path), scope=WRITE_BACK_SCOPE)
         with pytest.raises(WriteBackError, match=r"redirect .*not followed"):
             write_back(access, predictions(2), MODEL, settings=FAST)
         assert decoy.requests == []
@@ -234,6 +234,9 @@ def test_the_servers_refusal_is_reported_with_its_operation_outcome(
     server: TransactionServer, key: ClientKey, tmp_path: Path
 ) -> None:
     access = server_access(server, CLIENT, key, tmp_path)
+    with pytest.raises(WriteBackError, match=r"HTTP 403: .*lacks system/Device\.c"):
+        write_back(access, predictions(2), MODEL, settings=FAST)  # a token of read scopes
+    access = replace(access, scope=WRITE_BACK_SCOPE)
     with pytest.raises(WriteBackError, match="HTTP 400: error: too-costly: more than 10 entries"):
         write_back(access, predictions(6), MODEL, settings=FAST, max_entries=14)
     assert server.store == {}

@@ -9,7 +9,9 @@ processed as FHIR R4 says (http.html#transaction):
   type has the identifier (conditional create), else 201 and a new id; `PUT Type/id`: 200 when it
   exists (updated), else 201 (update as create);
 - references to an entry's `fullUrl` are rewritten to the resource created or found;
-- all or nothing; more than `max_entries` entries: 400.
+- all or nothing; more than `max_entries` entries: 400;
+- the token's SMART scopes must grant each entry's write (`system/<type>.c` for a `POST`,
+  `.u` for a `PUT`; SMART v1 `.write` and `.*` too): 403 otherwise, nothing stored.
 
 `redirect_to` makes it answer every transaction with a 307 to that URL. Every request is logged
 as the Bulk Data server logs it (`requests`: method, path, whether it carried a valid token, its
@@ -44,6 +46,32 @@ class TransactionServer(BulkServer):
     store: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     transactions: list[int] = field(default_factory=list)
     """The entries of each transaction Bundle received."""
+    scopes: dict[str, str] = field(default_factory=dict)
+    """token -> the scopes it was issued with."""
+
+    def issue(self, form: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        """The token endpoint's answer, each token's scopes kept."""
+        status, body = super().issue(form)
+        if status == 200:
+            with self.lock:
+                self.scopes[body["access_token"]] = body["scope"]
+        return status, body
+
+    def refused_write(self, authorization: str | None, bundle: Any) -> str | None:
+        """The first write of `bundle` the token's scopes do not grant (None: all granted)."""
+        token = (authorization or "").removeprefix("Bearer ")
+        granted: dict[str, str] = {}
+        for scope in self.scopes.get(token, "").split():
+            kind, _, permissions = scope.removeprefix("system/").partition(".")
+            granted[kind] = granted.get(kind, "") + {"write": "cu", "*": "cruds"}.get(
+                permissions, permissions
+            )
+        for entry in (bundle or {}).get("entry") or []:
+            kind = (entry.get("resource") or {}).get("resourceType", "")
+            needed = "u" if (entry.get("request") or {}).get("method") == "PUT" else "c"
+            if needed not in granted.get(kind, "") + granted.get("*", ""):
+                return f"system/{kind}.{needed}"
+        return None
 
     def of_type(self, kind: str) -> list[dict[str, Any]]:
         """The stored resources of one type."""
@@ -133,8 +161,11 @@ def _handler(server: TransactionServer) -> type[BaseHTTPRequestHandler]:
             if isinstance(bundle, dict):
                 with server.lock:
                     server.transactions.append(len(bundle.get("entry") or []))
+            refused = server.refused_write(self.headers.get("Authorization"), bundle)
             if not valid:
                 self._send(401, outcome("error", "login", "a valid token is required"))
+            elif isinstance(bundle, dict) and refused is not None:
+                self._send(403, outcome("error", "forbidden", f"the token lacks {refused}"))
             elif server.redirect_to is not None:
                 self._send(307, None, {"Location": server.redirect_to})
             else:
