@@ -24,7 +24,7 @@ from fastapi.openapi.utils import get_openapi
 from inference.engine import EngineFactory
 from inference.engine_factories import start_vllm
 from medtpe_core.secret_masking import install_log_masking
-from service import probes, routes
+from service import ledger_routes, model_card_route, probes, routes
 from service.api_docs import install_api_docs
 from service.cds_hooks.routes import install_cds_hooks
 from service.errors import InternalErrors, install_error_handlers
@@ -56,6 +56,7 @@ def create_app(
             starting.cancel()
             state.stop()
             await app.state.cds_hooks.aclose()
+            await state.ledger.close()
 
     app = FastAPI(
         title="MedTPE prediction service",
@@ -82,6 +83,8 @@ def create_app(
     )
     app.include_router(routes.router)
     app.include_router(probes.router)
+    app.include_router(ledger_routes.router)
+    app.include_router(model_card_route.router)
     install_api_docs(app)
     install_cds_hooks(app, state)
     install_ui(app)

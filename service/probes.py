@@ -39,12 +39,14 @@ async def readyz(request: Request) -> JSONResponse:
     With the model loaded: its identity, the input budgets its artefact was validated at, the
     budget served, the modes it answers in (two with `MEDTPE_COMPARE_MODES=true`) and how it
     renders records against the artefact's build (`rendering`: whose code descriptions, whether
-    they and the renderer's version match the build's, their digest); always the task names."""
+    they and the renderer's version match the build's, their digest); always the task names and
+    the prediction ledger's state (not ready while it cannot be opened)."""
     state = _state(request)
     status = state.status
     body: dict[str, object] = {"status": status, "tasks": TASK_NAMES}
     if state.failure is not None:
         body["detail"] = state.failure
+    body["ledger"] = state.ledger.readiness()
     if state.model is not None:
         body["model"] = asdict(state.model.identity)
         body["validated_budgets"] = list(state.model.bundle.validated_budgets)

@@ -19,12 +19,16 @@ from typing import Annotated, Any, TypeVar
 from fastapi import APIRouter, Depends, Request
 
 from inference.model import LoadedModel
-from inference.predictor import Predictor, PreparedRecord
+from inference.predictor import Predictor, PreparedRecord, RecordAnswer
+from inference.receipt_facts import answer_facts
 from inference.record import FhirResources, MedsRecord
+from inference.sampling import Sampling
+from ledger.store import PredictionRow
 from medtpe_core.tasks import Task, UnknownTaskError, get_task
 from service.errors import ApiError, field_error
 from service.json_body import FastJsonRoute
-from service.responses import predict_response, tokenize_response
+from service.ledger_writes import caller_id
+from service.responses import predict_response, receipt_body, tokenize_response
 from service.schemas import (
     BUDGET,
     ERROR_RESPONSES,
@@ -163,17 +167,26 @@ def _at_budget(
 
 
 @router.post("/predict", response_model=PredictResponse)
-async def predict(body: PredictRequest, state: StateDep, salt: SaltDep) -> PredictResponse:
-    """Predict the task for one record."""
+async def predict(
+    body: PredictRequest, state: StateDep, salt: SaltDep, request: Request
+) -> PredictResponse:
+    """Predict the task for one record; the answer leaves once its ledger row is committed."""
     model = state.loaded(need_engine=True)
     task, predictor = _checked(state, model, body, ["body"])
+    asked = _Asked("predict", caller_id(request.state.api_key), salt)
     async with served(state, "predict", task.name, 1):
-        return await _predict_request(state, model, predictor, task, body, salt, ["body"])
+        await state.ledger.require()
+        response = await _predict_request(state, model, predictor, task, body, asked, ["body"])
+        await state.ledger.commit(asked.rows)
+        return response
 
 
 @router.post("/predict/batch", response_model=BatchResponse)
-async def predict_batch(body: BatchRequest, state: StateDep, salt: SaltDep) -> BatchResponse:
-    """Predict several records, generated concurrently; answers in request order."""
+async def predict_batch(
+    body: BatchRequest, state: StateDep, salt: SaltDep, request: Request
+) -> BatchResponse:
+    """Predict several records, generated concurrently; answers in request order, once every
+    record's ledger row is committed (in one transaction)."""
     model = state.loaded(need_engine=True)
     checked = [
         _checked(state, model, r, ["body", "records", i]) for i, r in enumerate(body.records)
@@ -183,11 +196,14 @@ async def predict_batch(body: BatchRequest, state: StateDep, salt: SaltDep) -> B
         raise _invalid(state, ["body", "records"], f"at most {limit} records per batch", "too_long")
     names = {task.name for task, _ in checked}
     label = names.pop() if len(names) == 1 else "mixed"
+    asked = _Asked("predict_batch", caller_id(request.state.api_key), salt)
     async with served(state, "predict_batch", label, len(checked)):
+        await state.ledger.require()
         results = await _all(
-            _predict_request(state, model, predictor, task, record, salt, ["body", "records", i])
+            _predict_request(state, model, predictor, task, record, asked, ["body", "records", i])
             for i, ((task, predictor), record) in enumerate(zip(checked, body.records, strict=True))
         )
+        await state.ledger.commit(asked.rows)
     return BatchResponse(results=results)
 
 
@@ -214,28 +230,61 @@ async def tokenize(body: TokenizeRequest, state: StateDep) -> TokenizeResponse:
         return tokenize_response(model.predictor.tokenizer, prepared.segmentation, prepared)
 
 
+class _Asked:
+    """Who asked through which door, and the ledger rows of the request's answers so far."""
+
+    def __init__(self, door: str, caller: str, salt: str | None) -> None:
+        self.door, self.caller, self.salt = door, caller, salt
+        self.rows: list[PredictionRow] = []
+
+
 async def _predict_request(
     state: ServiceState,
     model: LoadedModel,
     predictor: Predictor,
     task: Task,
     request: PredictRequest,
-    salt: str | None,
+    asked: _Asked,
     loc: Sequence[str | int],
 ) -> PredictResponse:
-    """A request's record prepared by `predictor` (the request's budget) and answered; a
-    bundle's mapping counts in the response; with `options.both_modes` the other mode's answer
-    to the same prompt in `other_mode`."""
+    """A request's record prepared by `predictor` (the request's budget) and answered, its
+    ledger row added to `asked.rows`; a bundle's mapping counts in the response; with
+    `options.both_modes` the other mode's answer to the same prompt in `other_mode` (a row of
+    its own)."""
     start = time.perf_counter()
     prepared = await _prepared(state, predictor, task, request, loc)
     sampling = request.options.sampling(served_sampling(state.settings))
-    answered = await predict_record(state, model, prepared, sampling, salt, start)
-    response = predict_response(model, answered, request.options)
+    answered = await predict_record(state, model, prepared, sampling, asked.salt, start)
+    response = _recorded(state, model, sampling, answered, request, asked)
     if request.options.both_modes:
         other = state.other_model
         assert other is not None  # `_checked` refused both_modes without it
-        answered = await predict_record(state, other, prepared, sampling, salt)
-        response.other_mode = predict_response(other, answered, request.options)
+        answered = await predict_record(state, other, prepared, sampling, asked.salt)
+        response.other_mode = _recorded(state, other, sampling, answered, request, asked)
+    return response
+
+
+def _recorded(
+    state: ServiceState,
+    model: LoadedModel,
+    sampling: Sampling,
+    answered: RecordAnswer,
+    request: PredictRequest,
+    asked: _Asked,
+) -> PredictResponse:
+    """The response to one answer with its prediction id and signed receipt, its row added to
+    `asked.rows` (none with the ledger off)."""
+    response = predict_response(model, answered, request.options)
+    if state.ledger.off:
+        return response
+    engine = state.running_engine(other_mode=model is state.other_model)
+    facts = answer_facts(
+        model, engine, answered.record, sampling, answered.answer, answered.total_s
+    )
+    row = state.ledger.row(facts, door=asked.door, caller=asked.caller)
+    asked.rows.append(row)
+    response.prediction_id = row.prediction_id
+    response.receipt = receipt_body(row)
     return response
 
 

@@ -334,9 +334,34 @@ class Vote(BaseModel):
     )
 
 
+class SignedReceipt(BaseModel):
+    """What an answer was derived from, signed by the service (docs/ledger.md): `receipt`'s
+    canonical JSON (UTF-8, keys sorted, no spaces) verifies against `signature` with the
+    Ed25519 key `GET /ledger/public-key` publishes."""
+
+    receipt: dict[str, Any] = Field(
+        description="The receipt: `prediction_id`, `created_at`, `task`, the SHA-256 of the "
+        "record (`record_sha256`), of the prompt's ids, the artefact's digest, the rendering "
+        "and its digest, model, mode, dtype, decoding settings, engine and product versions, "
+        "`answer` and `p_yes`."
+    )
+    signature: str = Field(
+        description="Ed25519 signature of the receipt's canonical JSON, base64url."
+    )
+    key_id: str = Field(description="The signing key's id (the public key's `kid`).")
+
+
 class PredictResponse(BaseModel):
     """The prediction for one record."""
 
+    prediction_id: str | None = Field(
+        None,
+        description="The answer's id in the prediction ledger (`medtpe verify ID`); null only "
+        "with `MEDTPE_LEDGER_OFF=true`.",
+    )
+    receipt: SignedReceipt | None = Field(
+        None, description="The answer's signed receipt; null only with the ledger off."
+    )
     task: str
     prediction: Prediction | None
     format_ok: bool
@@ -525,8 +550,13 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     ),
     500: _error("Internal error (logged without record content)."),
     503: _error(
-        "Not ready (`not_ready`, `engine_dead`) or too many records in flight (`queue_full`).",
-        **{"Retry-After": "Seconds to wait before retrying (not_ready, queue_full)."},
+        "Not ready (`not_ready`, `engine_dead`), too many records in flight (`queue_full`), or "
+        "the answer's ledger row cannot be written (`ledger_unavailable`: no answer leaves "
+        "unrecorded).",
+        **{
+            "Retry-After": "Seconds to wait before retrying (not_ready, queue_full, "
+            "ledger_unavailable)."
+        },
     ),
     504: _error("No answer within `MEDTPE_REQUEST_TIMEOUT_S` (`timeout`)."),
 }
@@ -537,7 +567,8 @@ class HealthStatus(BaseModel):
     """Liveness or readiness of the instance."""
 
     status: str = Field(
-        description="`alive` (liveness); `ready`, `starting`, `stopping`, `failed` or "
+        description="`alive` (liveness); `ready`, `starting`, `stopping`, "
+        "`ledger_unavailable` (the prediction ledger cannot be opened), `failed` or "
         "`engine_dead` (readiness; liveness reports the last two)."
     )
     detail: str | None = Field(None, description="Why the start-up failed.")
@@ -553,6 +584,12 @@ class HealthStatus(BaseModel):
         None,
         description="Readiness, model loaded: the modes `/predict` answers in (the second with "
         "`options.both_modes`).",
+    )
+    ledger: dict[str, Any] | None = Field(
+        None,
+        description="Readiness: the prediction ledger (`status` open, unavailable or off; its "
+        "`url`, password masked; `records` kept: digest or store; `detail`: why it cannot be "
+        "opened). Not ready while it cannot be opened.",
     )
 
 

@@ -20,6 +20,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from inference.engine import DistributedBackend, Dtype
 from inference.model import ModelConfig
 from inference.predictor import Mode
+from ledger.settings import LedgerSettings, RecordsKept
+from ledger.signing import SigningKeyError, parse_private_key, signer_for
 from medtpe_core.cds.risk import DEFAULT_TASK_BANDS, RiskBands
 from medtpe_core.prompt import WindowPolicy
 from medtpe_core.secret_masking import mask_secrets, url_secrets
@@ -44,6 +46,14 @@ OTHER_VARIABLES: Mapping[str, str] = {
     "MEDTPE_FHIR_SCOPE": "the scopes `medtpe predict --fhir-server` asks for",
 }
 """The `MEDTPE_*` environment variables read outside these settings, with what they set."""
+
+
+def ledger_setting(name: str, **extra: Any) -> Any:
+    """A setting declared once in `ledger.settings.LedgerSettings` (its default and help)."""
+    option = LedgerSettings.declared(name)
+    if option.factory is not None:
+        return Field(default_factory=option.factory, description=option.help, **extra)
+    return Field(option.default, description=option.help, **extra)
 
 
 def declared_setting(
@@ -272,6 +282,10 @@ class ServiceSettings(BaseSettings):
     cds_max_feedback_items: int = Field(
         100, gt=0, description="CDS Hooks: most feedback items in one call; more: 422."
     )
+    ledger_url: str = ledger_setting("ledger_url")
+    ledger_records: RecordsKept = ledger_setting("ledger_records")
+    ledger_signing_key: str | None = ledger_setting("ledger_signing_key", repr=False)
+    ledger_off: bool = ledger_setting("ledger_off")
 
     @field_validator("api_keys", "metrics_keys", mode="before")
     @classmethod
@@ -348,6 +362,32 @@ class ServiceSettings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _ledger_beyond_loopback(self) -> ServiceSettings:
+        """Answers other machines receive are recorded: no ledger only on a loopback address."""
+        if self.ledger_off and not is_loopback(self.host):
+            raise ValueError(
+                f"MEDTPE_HOST={self.host} is reachable from other machines and "
+                "MEDTPE_LEDGER_OFF=true would answer without recording: unset MEDTPE_LEDGER_OFF "
+                "(or listen on 127.0.0.1)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _shared_ledger_key(self) -> ServiceSettings:
+        """The signing key parses; a ledger other than a local SQLite file needs one configured
+        (every API process and replica signs with the same key: `ledger.signing.signer_for`)."""
+        if self.ledger_off:
+            return self
+        try:
+            if self.ledger_signing_key:
+                parse_private_key(self.ledger_signing_key)
+            elif not self.ledger_url.startswith("sqlite"):
+                signer_for(self.ledger_url, None, Path())
+        except SigningKeyError as exc:
+            raise ValueError(str(exc)) from exc
+        return self
+
+    @model_validator(mode="after")
     def _audience_configured(self) -> ServiceSettings:
         """A JWT's `aud` is checked against the configured public URL, never a request's."""
         if self.cds_issuers and self.cds_base_url is None:
@@ -385,8 +425,11 @@ class ServiceSettings(BaseSettings):
 
     def secrets(self) -> list[str]:
         """The secret values among these settings: API and metrics keys, and the passwords and
-        tokens of every URL setting (`medtpe_core.secret_masking` keeps them out of the log)."""
+        tokens of every URL setting and the ledger's signing key (`medtpe_core.secret_masking`
+        keeps them out of the log)."""
         found = [*self.api_keys, *self.metrics_keys]
+        if self.ledger_signing_key:
+            found.append(self.ledger_signing_key)
         for name, value in self:
             if name.endswith("_url") and value is not None:
                 found += url_secrets(str(value))
@@ -402,6 +445,12 @@ class ServiceSettings(BaseSettings):
         option (`ModelConfig.from_options`), and `max_concurrency` as the engine's batch."""
         values = self.model_dump(include=set(ModelConfig.option_names()))
         return ModelConfig.from_options(**values, max_num_seqs=self.max_concurrency)
+
+    def ledger(self) -> LedgerSettings:
+        """The ledger settings among these (`ledger.settings.LedgerSettings`)."""
+        return LedgerSettings(
+            self.ledger_url, self.ledger_records, self.ledger_signing_key, self.ledger_off
+        )
 
     @property
     def modes(self) -> tuple[Mode, ...]:

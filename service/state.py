@@ -17,6 +17,7 @@ from inference.predictor import Predictor
 from medtpe_core.fhir import SiteMapping, load_site_mapping
 from medtpe_core.prompt.task_prompt import min_input_tokens
 from service.errors import ApiError
+from service.ledger_writes import ServiceLedger
 from service.limits import Admission
 from service.metrics import ServiceMetrics
 from service.settings import ServiceSettings
@@ -59,23 +60,29 @@ class ServiceState:
         self._deadlines: set[asyncio.Timeout] = set()
         self.failure: str | None = None
         self.fhir_mapping: SiteMapping | None = None
+        self.ledger = ServiceLedger(settings.ledger())
+        """Where every answer is recorded before it leaves (`service.ledger_writes`)."""
         self.publish_status()
 
     @property
     def status(self) -> str:
-        """`ready`, `starting`, `stopping`, `failed` (start-up error) or `engine_dead`; the one
-        place readiness is derived (`/readyz`, `/healthz`, the `medtpe_engine_ready` gauge)."""
+        """`ready`, `starting`, `stopping`, `ledger_unavailable` (the ledger cannot be opened),
+        `failed` (start-up error) or `engine_dead`; the one place readiness is derived
+        (`/readyz`, `/healthz`, the `medtpe_engine_ready` gauge)."""
         if self.failure is not None:
             return "failed"
         if self.stopping or self.draining:
             return "stopping"
         if any(engine.dead for engine in self._engines()):
             return "engine_dead"
-        return "ready" if self.warmed_up else "starting"
+        if not self.warmed_up:
+            return "starting"
+        return "ready" if self.ledger.ready else "ledger_unavailable"
 
     async def start(self) -> None:
         """Prepare the model files, start the engine, warm it up (runs in the background)."""
         try:
+            await self.ledger.open()
             self.fhir_mapping = load_site_mapping(self.settings.fhir_mapping)
             model = await asyncio.to_thread(load_model, self.settings.model())
             self.min_input_tokens = await asyncio.to_thread(
@@ -167,7 +174,8 @@ class ServiceState:
     def loaded(self, need_engine: bool) -> LoadedModel:
         """The loaded model (and a live engine when `need_engine`), else 503."""
         status = self.status
-        if self.model is not None and (not need_engine or status == "ready"):
+        serving = status in ("ready", "ledger_unavailable")  # the ledger: `ServiceLedger.require`
+        if self.model is not None and (not need_engine or serving):
             return self.model
         if status == "engine_dead":
             raise ApiError(503, "engine_dead", "the engine died; this instance is not ready")

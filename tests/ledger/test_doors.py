@@ -1,0 +1,164 @@
+"""The ledger at the service's doors, on the instant engine in-process: every answer of
+`/predict` and `/predict/batch` is one committed row carrying the response's prediction id,
+answer and p("yes") under a valid signature; a ledger that cannot be written or opened is a 503
+`ledger_unavailable` with `Retry-After` and no answer; `MEDTPE_LEDGER_OFF` only on loopback;
+a row the service wrote re-derives through `medtpe verify`'s path."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import ValidationError
+
+from inference.instant_engine import InstantEngine
+from ledger.receipt import Receipt
+from ledger.signing import public_key_from_jwk
+from ledger.store import Ledger, PredictionRow
+from ledger.verification import check_row, compare
+from medtpe_cli.ledger_commands import RecordSource, rederive
+from service.app import create_app
+from service.settings import ServiceSettings
+from tests.ledger.conftest import fresh_database
+from tests.ledger.rows import RFC8037_SEED_B64 as SEED
+from tests.support.postgres import PostgresServer
+from tests.support.service_support import (
+    SERVICE_API_KEY,
+    free_port,
+    instant_client,
+    instant_settings,
+    post,
+    record,
+)
+
+
+def recorded_row(client: TestClient, url: str, body: dict) -> PredictionRow:
+    """The ledger row of one answer body, checked against the body and its signature."""
+    ledger = Ledger.open(url)
+    try:
+        row = ledger.get(body["prediction_id"])
+    finally:
+        ledger.close()
+    assert row is not None, body["prediction_id"]
+    key = public_key_from_jwk(client.get("/ledger/public-key").json())
+    receipt, checks = check_row(row, key)
+    assert receipt is not None and all(check.ok for check in checks), checks
+    assert body["receipt"]["receipt"] == json.loads(row.receipt)
+    assert body["receipt"]["signature"] == row.signature
+    assert json.loads(row.answer) == body["prediction"]
+    assert row.p_yes == (body["probabilities"] or {}).get("yes")
+    assert row.original_tokens == body["tokens"]["original"]
+    assert row.medtpe_tokens == body["tokens"]["medtpe"]
+    return row
+
+
+def test_every_answer_of_predict_and_batch_is_one_signed_row(
+    service_files: tuple[Path, Path], ledger_url: str
+) -> None:
+    settings = instant_settings(service_files, ledger_url=ledger_url, ledger_signing_key=SEED)
+    with instant_client(settings) as client:
+        single = post(client, "/predict", record(7, options={"return_probabilities": True}))
+        assert single.status_code == 200, single.text
+        batch = post(client, "/predict/batch", {"records": [record(8), record(9, 40)]})
+        assert batch.status_code == 200, batch.text
+        ready = client.get("/readyz").json()["ledger"]
+    assert ready["status"] == "open" and ready["records"] == "digest"
+    bodies = [single.json(), *batch.json()["results"]]
+    rows = [recorded_row(client, ledger_url, body) for body in bodies]
+    assert len({row.prediction_id for row in rows}) == 3 and rows[0].p_yes is not None
+    assert [row.door for row in rows] == ["predict", "predict_batch", "predict_batch"]
+    assert [row.subject_id for row in rows] == ["7", "8", "9"]
+    key_id = hashlib.sha256(SERVICE_API_KEY.encode()).hexdigest()[:16]
+    assert {row.caller for row in rows} == {f"key:{key_id}"}
+    assert all(row.record is None for row in rows)
+    ledger = Ledger.open(ledger_url)
+    assert len(list(ledger.rows())) == 3  # nothing else, nothing twice
+    ledger.close()
+
+
+def test_a_row_the_service_wrote_re_derives_and_keeps_its_record_when_told(
+    service_files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+    settings = instant_settings(service_files, ledger_url=url, ledger_records="store")
+    with instant_client(settings) as client:
+        answer = post(client, "/predict", record(11))
+        assert answer.status_code == 200, answer.text
+        row = recorded_row(client, url, answer.json())
+    assert row.record is not None
+    receipt = Receipt.from_text(row.receipt)
+    artefact, export = service_files
+    files = {"artefact_dir": artefact, "export_dir": export, "codes_dir": None}
+    again = rederive(row, receipt, RecordSource(), files, InstantEngine.factory())
+    checks = {check.part: check for check in compare(receipt, again)}
+    assert all(check.ok for check in checks.values()), checks
+    assert checks["prompt"].detail == "same prompt"
+
+
+def test_no_answer_leaves_while_postgresql_is_down(
+    service_files: tuple[Path, Path], postgres_server: PostgresServer
+) -> None:
+    url = fresh_database(postgres_server)
+    settings = instant_settings(service_files, ledger_url=url, ledger_signing_key=SEED)
+    with instant_client(settings) as client:
+        assert post(client, "/predict", record(3)).status_code == 200
+        postgres_server.stop()
+        try:
+            for path, body in (
+                ("/predict", record(4)),
+                ("/predict/batch", {"records": [record(5)]}),
+            ):
+                refused = post(client, path, body)
+                assert refused.status_code == 503, refused.text
+                assert refused.headers["Retry-After"] == "5"
+                assert refused.json()["error"] == "ledger_unavailable"
+                assert "prediction" not in refused.text and "results" not in refused.json()
+        finally:
+            postgres_server.start()
+        again = post(client, "/predict", record(4))
+        assert again.status_code == 200, again.text
+    ledger = Ledger.open(url)
+    assert [row.subject_id for row in ledger.rows()] == ["3", "4"]
+    ledger.close()
+
+
+def test_a_ledger_that_cannot_be_opened_keeps_the_service_unready(
+    service_files: tuple[Path, Path],
+) -> None:
+    url = f"postgresql://medtpe:secret-pw@127.0.0.1:{free_port()}/ledger"
+    settings = instant_settings(service_files, ledger_url=url, ledger_signing_key=SEED)
+    app = create_app(settings, InstantEngine.factory())
+    with TestClient(app) as client:
+        deadline = time.monotonic() + 120
+        while (ready := client.get("/readyz").json())["status"] == "starting":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert ready["status"] == "ledger_unavailable"
+        assert ready["ledger"]["status"] == "unavailable"
+        assert "secret-pw" not in json.dumps(ready) and "127.0.0.1" in ready["ledger"]["url"]
+        refused = post(client, "/predict", record(1))
+        assert refused.status_code == 503 and refused.json()["error"] == "ledger_unavailable"
+        assert refused.headers["Retry-After"] == "5"
+
+
+def test_the_ledger_is_off_only_on_loopback(service_files: tuple[Path, Path]) -> None:
+    with pytest.raises(ValidationError, match="MEDTPE_LEDGER_OFF"):
+        instant_settings(service_files, ledger_off=True, host="0.0.0.0")
+    settings = instant_settings(service_files, ledger_off=True)
+    with instant_client(settings) as client:
+        answer = post(client, "/predict", record(2))
+        assert client.get("/ledger/public-key").status_code == 404
+        assert client.get("/readyz").json()["ledger"] == {"status": "off"}
+    assert answer.status_code == 200
+    assert answer.json()["prediction_id"] is None and answer.json()["receipt"] is None
+
+
+def test_the_signing_key_is_a_secret(service_files: tuple[Path, Path]) -> None:
+    settings: ServiceSettings = instant_settings(service_files, ledger_signing_key=SEED)
+    assert SEED in settings.secrets() and SEED not in repr(settings)
+    with pytest.raises(ValidationError, match="MEDTPE_LEDGER_SIGNING_KEY"):
+        instant_settings(service_files, ledger_url="postgresql://db/ledger")
