@@ -59,7 +59,7 @@ def test_edge_cases_round_trip(tok: Any, text: str) -> None:
     assert tok.decode(ids) == text
 
 
-@settings(max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=MIXED_TEXT)
 def test_round_trip_property(tok: Any, text: str) -> None:
     encoding = tok(text)

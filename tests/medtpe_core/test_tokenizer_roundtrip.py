@@ -52,7 +52,9 @@ def test_special_token_look_alikes_are_plain_text(tok: MedTPETokenizer) -> None:
     assert tok.base.special_ids.intersection(tok.encode(text, special_tokens=True))
 
 
-@settings(max_examples=examples(1000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# 300 strings on each of the six builds (1,800 in all; the arbitrary strings below add 9,000 on
+# the byte-fallback builds); 1,000 each took 50 s in CI's profile, 6 minutes in a loaded local run
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=MIXED_TEXT)
 def test_round_trip_property(tok: MedTPETokenizer, text: str) -> None:
     ids = tok.encode(text)
