@@ -11,11 +11,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from ledger.fhir_resources import ModelRef
 from ledger.model_card import build_model_card
 from ledger.model_card_xml import model_card_xml
 from medtpe_core.tasks import get_task
 from medtpe_core.tokenizer.artefact_manifest import ArtefactBundle
 from service.schemas import TASK_NAMES
+from service.state import ServiceState
 
 CARD_PATH = "/model-card.xml"
 NOT_LOADED = {
@@ -39,6 +41,10 @@ XML_RESPONSES: dict[int | str, dict[str, Any]] = {
 router = APIRouter()
 
 
+CardKey = tuple[Path, str, str, int, tuple[str, ...], str | None]
+"""artefact, model name, mode, input budget, tasks, the card's URL."""
+
+
 @lru_cache(maxsize=4)
 def _card(
     artefact: Path, name: str, mode: str, budget: int, tasks: tuple[str, ...], url: str | None
@@ -55,15 +61,14 @@ def _card(
     return card, model_card_xml(card)
 
 
-def served_card(request: Request) -> tuple[dict[str, Any], bytes] | None:
-    """The loaded model's card as JSON and XML (None while no model is loaded)."""
-    state = request.app.state.service
+def _card_key(state: ServiceState) -> CardKey | None:
+    """What the loaded model's card is built from (None while no model is loaded)."""
     model = state.model
     if model is None:
         return None
     base = state.settings.cds_base_url
     url = f"{str(base).rstrip('/')}{CARD_PATH}" if base is not None else None
-    return _card(
+    return (
         Path(model.bundle.path),
         model.identity.name,
         model.identity.mode,
@@ -71,6 +76,24 @@ def served_card(request: Request) -> tuple[dict[str, Any], bytes] | None:
         tuple(TASK_NAMES),
         url,
     )
+
+
+def served_card(request: Request) -> tuple[dict[str, Any], bytes] | None:
+    """The loaded model's card as JSON and XML (None while no model is loaded)."""
+    key = _card_key(request.app.state.service)
+    return None if key is None else _card(*key)
+
+
+def served_model(state: ServiceState) -> ModelRef | None:
+    """The loaded model as a written-back RiskAssessment names it, with its card's digest and
+    URL (`ledger.fhir_resources.ModelRef`; None while no model is loaded)."""
+    key = _card_key(state)
+    return None if key is None else _model_ref(*key)
+
+
+@lru_cache(maxsize=4)
+def _model_ref(*key: Any) -> ModelRef:
+    return ModelRef.of_card(_card(*key)[0])
 
 
 def _not_loaded() -> JSONResponse:

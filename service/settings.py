@@ -247,9 +247,10 @@ class ServiceSettings(BaseSettings):
         '"critical": p}}` (a card\'s indicator: info below `warning`, warning, critical from '
         "`critical`); tasks not listed use 0.2 and 0.5.",
     )
-    cds_model_card_url: AnyHttpUrl = Field(
-        AnyHttpUrl("https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct"),
-        description="CDS Hooks: the model card the card's source links to.",
+    cds_model_card_url: AnyHttpUrl | None = Field(
+        None,
+        description="CDS Hooks: the model card a card's `source.url` links to; unset: the "
+        "service's own (`/model-card.xml` under `MEDTPE_CDS_BASE_URL`).",
     )
     cds_score_cache_size: int = Field(
         10_000,
@@ -281,6 +282,12 @@ class ServiceSettings(BaseSettings):
     )
     cds_max_feedback_items: int = Field(
         100, gt=0, description="CDS Hooks: most feedback items in one call; more: 422."
+    )
+    cds_system_actions: bool = Field(
+        False,
+        description="CDS Hooks: each card computed by the model comes with a `systemActions` "
+        "create of its answer as a FHIR RiskAssessment (identified by its prediction id), which "
+        "an EHR that applies system actions writes to the chart without a click; off: cards only.",
     )
     ledger_url: str = ledger_setting("ledger_url")
     ledger_records: RecordsKept = ledger_setting("ledger_records")
@@ -385,6 +392,16 @@ class ServiceSettings(BaseSettings):
                 signer_for(self.ledger_url, None, Path())
         except SigningKeyError as exc:
             raise ValueError(str(exc)) from exc
+        return self
+
+    @model_validator(mode="after")
+    def _system_actions_recorded(self) -> ServiceSettings:
+        """A RiskAssessment a hook has the EHR write is identified by its ledger row."""
+        if self.cds_system_actions and self.ledger_off:
+            raise ValueError(
+                "MEDTPE_CDS_SYSTEM_ACTIONS=true has the EHR write each answer identified by its "
+                "ledger row: not with MEDTPE_LEDGER_OFF=true"
+            )
         return self
 
     @model_validator(mode="after")
