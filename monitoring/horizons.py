@@ -7,7 +7,7 @@ exactly as a label file of the task is derived."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import numpy as np
 
@@ -28,9 +28,11 @@ HorizonEnd = Callable[[SubjectEvents, datetime], datetime | None]
 in these events)."""
 
 
-def _after(window: object) -> HorizonEnd:
+def _after(window: timedelta) -> HorizonEnd:
+    """The horizon `window` after the prediction time."""
+
     def horizon_end(_events: SubjectEvents, prediction_time: datetime) -> datetime | None:
-        return prediction_time + window  # type: ignore[operator]
+        return prediction_time + window
 
     return horizon_end
 
