@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 DEFAULT_THRESHOLD = 0.5
+MAX_FILE_BYTES = 1 << 20
 
 
 class ThresholdsError(ValueError):
@@ -65,9 +66,11 @@ class Thresholds:
 
     @classmethod
     def load(cls, path: Path | None) -> Thresholds:
-        """The thresholds of the YAML file `path` (None: 0.5 everywhere)."""
+        """The thresholds of the YAML file `path` (None: 0.5 everywhere; at most 1 MiB)."""
         if path is None:
             return cls()
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise ThresholdsError(f"{path}: larger than {MAX_FILE_BYTES} bytes")
         try:
             return cls.parse(yaml.safe_load(path.read_text(encoding="utf-8")), str(path))
         except yaml.YAMLError as exc:

@@ -65,14 +65,17 @@ N = 400
 SITES = ("a", "b", None)
 
 
-def populated_ledger(
-    tmp_path: Path, informative: bool = True
-) -> tuple[Ledger, dict[str, np.ndarray]]:
-    """A ledger of N live rows over 3 weeks and 3 sites (120 subjects), 20 silent, 10 shadows
-    of live rows; outcomes known for 4 in 5 (drawn from p when `informative`, else at random),
-    sex recorded, 40 feedback cards; and what the rows hold, as arrays."""
+def sqlite_url(folder: Path) -> str:
+    """A SQLite ledger's URL in `folder`."""
+    return f"sqlite:///{folder / 'ledger.sqlite3'}"
+
+
+def populated_ledger(url: str, informative: bool = True) -> tuple[Ledger, dict[str, np.ndarray]]:
+    """The ledger at `url` given N live rows over 3 weeks and 3 sites (120 subjects), 20 silent,
+    10 shadows of live rows; outcomes known for 4 in 5 (drawn from p when `informative`, else at
+    random), sex recorded, 40 feedback cards; and what the rows hold, as arrays."""
     rng = np.random.default_rng(7)
-    ledger = Ledger.open(f"sqlite:///{tmp_path / 'ledger.sqlite3'}")
+    ledger = Ledger.open(url)
     p = rng.uniform(0.02, 0.98, N + 20)
     rows = [
         prediction(

@@ -17,8 +17,8 @@ from sklearn.metrics import average_precision_score, roc_auc_score
 from ledger.store import Ledger
 from monitoring.figures import ECE_BINS
 from monitoring.report import REPORT_HTML, REPORT_JSON, ReportSettings, build_report, write_report
-from monitoring.thresholds import Thresholds
-from tests.monitoring.ledger_rows import START, N, populated_ledger, prediction
+from monitoring.thresholds import Thresholds, ThresholdsError
+from tests.monitoring.ledger_rows import START, N, populated_ledger, prediction, sqlite_url
 
 THRESHOLDS = Thresholds.parse(
     {"default": 0.5, "tasks": {"icu_mortality": {"default": 0.4, "sites": {"b": 0.6}}}}
@@ -66,8 +66,8 @@ def _check(figures: dict, expected: dict) -> None:
     assert [latency["p50"], latency["p95"]] == pytest.approx(list(expected["latency"]))
 
 
-def test_figures_match_sklearn_overall_by_week_site_and_subgroup(tmp_path: Path) -> None:
-    ledger, truth = populated_ledger(tmp_path)
+def test_figures_match_sklearn_overall_by_week_site_and_subgroup(ledger_url: str) -> None:
+    ledger, truth = populated_ledger(ledger_url)
     report, _ = build_report(ledger.engine, ReportSettings(thresholds=THRESHOLDS, resamples=100))
     (task,) = report["tasks"]
     everyone = np.ones(N, dtype=bool)
@@ -104,7 +104,7 @@ def test_figures_match_sklearn_overall_by_week_site_and_subgroup(tmp_path: Path)
 
 
 def test_threshold_sweep_counts_alerts_per_day(tmp_path: Path) -> None:
-    ledger, truth = populated_ledger(tmp_path)
+    ledger, truth = populated_ledger(sqlite_url(tmp_path))
     since, until = START, START + timedelta(days=20)
     report, _ = build_report(ledger.engine, ReportSettings(since, until, THRESHOLDS, resamples=20))
     sweep = {s["threshold"]: s for s in report["tasks"][0]["threshold_sweep"]}
@@ -121,7 +121,7 @@ def test_threshold_sweep_counts_alerts_per_day(tmp_path: Path) -> None:
 
 
 def test_silent_and_shadow_rows_are_reported_apart(tmp_path: Path) -> None:
-    ledger, truth = populated_ledger(tmp_path)
+    ledger, truth = populated_ledger(sqlite_url(tmp_path))
     report, _ = build_report(ledger.engine, ReportSettings(resamples=20))
     (task,) = report["tasks"]
     original = truth["p"][[k * 7 for k in range(10)]]
@@ -142,7 +142,7 @@ def test_silent_and_shadow_rows_are_reported_apart(tmp_path: Path) -> None:
 
 
 def test_a_model_that_does_not_discriminate_is_told_so(tmp_path: Path) -> None:
-    ledger, _ = populated_ledger(tmp_path, informative=False)
+    ledger, _ = populated_ledger(sqlite_url(tmp_path), informative=False)
     out = tmp_path / "report"
     report = write_report(ledger.engine, out, ReportSettings(resamples=100))
     auroc = report["tasks"][0]["overall"]["auroc"]
@@ -175,3 +175,24 @@ def test_site_names_are_escaped_in_the_page(tmp_path: Path) -> None:
     page = (tmp_path / "out" / REPORT_HTML).read_text()
     assert "<script" not in page and "&lt;script&gt;" in page
     assert "Discrimination cannot be measured" in page
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"default": 1.5}, "between 0 and 1"),
+        ({"default": True}, "between 0 and 1"),
+        ({"sites": {}}, "expected the keys"),
+        ({"tasks": {"icu_mortality": {"site": {"a": 0.2}}}}, "expected the keys"),
+        ({"tasks": {"icu_mortality": {"sites": {"a": "high"}}}}, r"tasks.icu_mortality.sites.a"),
+    ],
+)
+def test_threshold_files_are_checked(data: object, message: str) -> None:
+    with pytest.raises(ThresholdsError, match=message):
+        Thresholds.parse(data)
+
+
+def test_thresholds_by_task_and_site() -> None:
+    assert THRESHOLDS.of("icu_mortality", "b") == 0.6
+    assert THRESHOLDS.of("icu_mortality", "a") == THRESHOLDS.of("icu_mortality") == 0.4
+    assert THRESHOLDS.of("readmission_30d", "b") == 0.5

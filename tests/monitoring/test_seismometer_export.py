@@ -10,13 +10,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from monitoring.report import ReportSettings, write_report
-from tests.monitoring.ledger_rows import N, populated_ledger
+from tests.monitoring.ledger_rows import N, populated_ledger, sqlite_url
 from tests.monitoring.seismometer_venv import seismometer_load, seismometer_python
 
 
 def test_seismometer_loads_the_export(tmp_path: Path) -> None:
     python = seismometer_python()
-    ledger, truth = populated_ledger(tmp_path)
+    ledger, truth = populated_ledger(sqlite_url(tmp_path))
     write_report(ledger.engine, tmp_path / "out", ReportSettings(resamples=10))
     folder = tmp_path / "out" / "seismometer" / "icu_mortality"
     written = pq.read_table(folder / "predictions.parquet").to_pylist()
