@@ -55,7 +55,8 @@ def naive_utc(when: datetime | None) -> datetime | None:
 def read_monitored(
     engine: Engine, since: datetime | None = None, until: datetime | None = None
 ) -> Monitored:
-    """The predictions created in [since, until) (and every row a shadow row there shadows)."""
+    """The predictions created in [since, until) with their outcomes, attributes and feedback
+    (and every row a shadow row there shadows, without its attributes and feedback)."""
     base = (
         select(
             _P.prediction_id, _P.created_at, _P.task, _P.site, _P.subject_id, _P.answer,
@@ -65,11 +66,13 @@ def read_monitored(
         .select_from(Prediction.__table__.outerjoin(Outcome.__table__))
         .order_by(_P.created_at, _P.prediction_id)
     )  # fmt: skip
-    query = base
+    period = []
     if since is not None:
-        query = query.where(_P.created_at >= naive_utc(since))
+        period.append(_P.created_at >= naive_utc(since))
     if until is not None:
-        query = query.where(_P.created_at < naive_utc(until))
+        period.append(_P.created_at < naive_utc(until))
+    query = base.where(*period)
+    attribute, card = Attribute.__table__, Feedback.__table__
     with engine.connect() as connection:
         rows = connection.execute(query).all()
         n_period = len(rows)
@@ -79,9 +82,15 @@ def read_monitored(
             rows.extend(
                 connection.execute(base.where(_P.prediction_id.in_(sorted(shadowed)))).all()
             )
-        attributes = connection.execute(select(Attribute.__table__)).all()
+        attributes = connection.execute(
+            select(attribute.c.prediction_id, attribute.c.name, attribute.c.value)
+            .join(Prediction.__table__)
+            .where(*period)
+        ).all()
         feedback = connection.execute(
-            select(Feedback.prediction_id, Feedback.outcome, Feedback.override_reason)
+            select(card.c.prediction_id, card.c.outcome, card.c.override_reason)
+            .join(Prediction.__table__)
+            .where(*period)
         ).all()
     return _columns(rows, n_period, attributes, feedback)
 
