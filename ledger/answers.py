@@ -1,6 +1,8 @@
-"""One answer's ledger row from its facts (`inference.receipt_facts.answer_facts`, plain values):
-the receipt's digests computed, the receipt signed, the row built. Every door writes its rows
-through `answer_row`."""
+"""One answer's ledger row from its facts (`inference.receipt_facts.answer_facts`, plain values),
+in two steps: `receipt_basis` computes what the answer was derived from (the receipt's digests
+and the row's figures, as JSON values a score cache can keep), `basis_row` signs it as one
+prediction (a new id and time). A CDS card served from the score cache is a prediction shown
+again: a new row on the cached basis. Every door writes its rows through these."""
 
 from __future__ import annotations
 
@@ -20,6 +22,73 @@ from ledger.signing import Signer
 from ledger.store import PredictionRow
 from medtpe_core.meds.canonical import canonical_record, record_digest
 
+_RECEIPT_FACTS = (
+    "task", "artefact_digest", "model", "mode", "dtype", "engine_version", "product_version",
+    "answer", "p_yes",
+)  # fmt: skip
+_ROW_FACTS = (
+    "subject_id", "format_ok", "original_tokens", "medtpe_tokens", "compression_rate",
+    "latency_ms",
+)  # fmt: skip
+
+
+def receipt_basis(facts: Mapping[str, Any], *, keep_record: bool = False) -> dict[str, Any]:
+    """What an answer was derived from, as JSON values: `receipt` (the receipt's fields but its
+    id and time: digests of the record, prompt and rendering computed) and `row` (the row's
+    figures; with `keep_record` the canonical record, `MEDTPE_LEDGER_RECORDS=store`)."""
+    events, when, descriptions = facts["events"], facts["prediction_time"], facts["descriptions"]
+    rendering = rendering_settings(**facts["rendering"])
+    receipt = {name: facts[name] for name in _RECEIPT_FACTS}
+    receipt |= {
+        "record_sha256": record_digest(events, when, descriptions),
+        "prompt_ids_sha256": prompt_ids_digest(facts["prompt_ids"]),
+        "rendering": rendering,
+        "rendering_digest": rendering_digest(rendering),
+        "decoding": dict(facts["decoding"]),
+    }
+    row = {name: facts[name] for name in _ROW_FACTS}
+    row["prediction_time"] = None if when is None else utc_text(when)
+    row["record"] = canonical_record(events, when, descriptions).decode() if keep_record else None
+    return {"receipt": receipt, "row": row}
+
+
+def basis_row(
+    basis: Mapping[str, Any],
+    signer: Signer,
+    *,
+    door: str,
+    caller: str,
+    site: str | None = None,
+    prediction_id: str | None = None,
+    latency_ms: float | None = None,
+) -> PredictionRow:
+    """The signed row of one prediction on `basis` (`receipt_basis`), asked by `caller` through
+    `door`; `prediction_id`: a given id (a batch run's) else a new random one; `latency_ms`: this
+    answer's, when not the basis' (a card from the score cache)."""
+    receipt = Receipt(
+        prediction_id=prediction_id or str(uuid.uuid4()),
+        created_at=utc_text(datetime.now(UTC)),
+        **basis["receipt"],
+    )
+    row = basis["row"]
+    when = row["prediction_time"]
+    record = row["record"]
+    return PredictionRow.signed(
+        receipt,
+        signer,
+        door=door,
+        caller=caller,
+        site=site,
+        subject_id=row["subject_id"],
+        prediction_time=None if when is None else datetime.fromisoformat(when.removesuffix("Z")),
+        format_ok=row["format_ok"],
+        original_tokens=row["original_tokens"],
+        medtpe_tokens=row["medtpe_tokens"],
+        compression_rate=row["compression_rate"],
+        latency_ms=row["latency_ms"] if latency_ms is None else latency_ms,
+        record=None if record is None else record.encode(),
+    )
+
 
 def answer_row(
     facts: Mapping[str, Any],
@@ -30,44 +99,9 @@ def answer_row(
     site: str | None = None,
     prediction_id: str | None = None,
     keep_record: bool = False,
-    silent: bool = False,
 ) -> PredictionRow:
-    """The signed row of the answer `facts` describes, asked by `caller` through `door`;
-    `prediction_id`: a given id (a batch run's), else a new random one; `keep_record`: the
-    canonical record kept in the row (`MEDTPE_LEDGER_RECORDS=store`)."""
-    events, when, descriptions = facts["events"], facts["prediction_time"], facts["descriptions"]
-    rendering = rendering_settings(**facts["rendering"])
-    receipt = Receipt(
-        prediction_id=prediction_id or str(uuid.uuid4()),
-        created_at=utc_text(datetime.now(UTC)),
-        task=facts["task"],
-        record_sha256=record_digest(events, when, descriptions),
-        prompt_ids_sha256=prompt_ids_digest(facts["prompt_ids"]),
-        artefact_digest=facts["artefact_digest"],
-        rendering=rendering,
-        rendering_digest=rendering_digest(rendering),
-        model=facts["model"],
-        mode=facts["mode"],
-        dtype=facts["dtype"],
-        decoding=dict(facts["decoding"]),
-        engine_version=facts["engine_version"],
-        product_version=facts["product_version"],
-        answer=facts["answer"],
-        p_yes=facts["p_yes"],
-    )
-    return PredictionRow.signed(
-        receipt,
-        signer,
-        door=door,
-        caller=caller,
-        site=site,
-        subject_id=facts["subject_id"],
-        prediction_time=when,
-        format_ok=facts["format_ok"],
-        original_tokens=facts["original_tokens"],
-        medtpe_tokens=facts["medtpe_tokens"],
-        compression_rate=facts["compression_rate"],
-        latency_ms=facts["latency_ms"],
-        record=canonical_record(events, when, descriptions) if keep_record else None,
-        silent=silent,
+    """The signed row of the answer `facts` describes (`receipt_basis` then `basis_row`)."""
+    basis = receipt_basis(facts, keep_record=keep_record)
+    return basis_row(
+        basis, signer, door=door, caller=caller, site=site, prediction_id=prediction_id
     )

@@ -12,10 +12,11 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ledger.answers import answer_row
+from ledger.answers import answer_row, basis_row, receipt_basis
+from ledger.feedback import FeedbackRow, record_feedback
 from ledger.settings import LedgerSettings
 from ledger.signing import Signer
 from ledger.store import Ledger, LedgerUnavailable, PredictionRow
@@ -106,6 +107,28 @@ class ServiceLedger:
             facts, self.signer, door=door, caller=caller, site=site, keep_record=self.keep_records
         )
 
+    def basis(self, facts: Mapping[str, Any]) -> dict[str, Any] | None:
+        """What an answer was derived from (`ledger.answers.receipt_basis`; None with the ledger
+        off), for rows of the same answer shown again (a CDS card from the score cache)."""
+        if self.off:
+            return None
+        return receipt_basis(facts, keep_record=self.keep_records)
+
+    def basis_row(
+        self,
+        basis: Mapping[str, Any],
+        *,
+        door: str,
+        caller: str,
+        site: str | None,
+        latency_ms: float,
+    ) -> PredictionRow:
+        """A new prediction's signed row on `basis` (`ledger.answers.basis_row`)."""
+        assert self.signer is not None, "no rows with the ledger off"
+        return basis_row(
+            basis, self.signer, door=door, caller=caller, site=site, latency_ms=latency_ms
+        )
+
     async def require(self) -> None:
         """Before an answer's work: a 503 `ledger_unavailable` when the ledger cannot be opened
         (an attempt made now, at most every `REOPEN_INTERVAL_S`)."""
@@ -118,10 +141,20 @@ class ServiceLedger:
         `ledger_unavailable` when they cannot be (nothing with the ledger off)."""
         if self.off or not rows:
             return
+        await self._write(Ledger.record, rows)
+
+    async def commit_feedback(self, rows: Sequence[FeedbackRow]) -> None:
+        """Commit CDS feedback rows before the feedback call is answered; a 503
+        `ledger_unavailable` (the EHR sends it again) when they cannot be."""
+        if self.off or not rows:
+            return
+        await self._write(record_feedback, rows)
+
+    async def _write(self, write: Callable[[Ledger, Any], None], rows: Sequence[Any]) -> None:
         await self.require()
         assert self.ledger is not None
         try:
-            await self.ledger.arecord(rows)
+            await asyncio.to_thread(write, self.ledger, rows)
         except LedgerUnavailable as exc:
             logger.error("ledger write failed: %s", mask_secrets(str(exc)))
             raise unavailable("the ledger cannot be written now") from exc

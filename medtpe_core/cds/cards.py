@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from medtpe_core.cds.risk import Band, Indicator, RiskBands
 
@@ -47,6 +48,9 @@ class Score:
     """When the model answered (UTC)."""
     mapping: Mapping[str, int] = field(default_factory=dict)
     """The FHIR → MEDS mapping's counts (resources read, codings mapped and not)."""
+    receipt: Mapping[str, Any] | None = None
+    """What the answer was derived from (`ledger.answers.receipt_basis`): each card shown on
+    this score, from the cache too, is a ledger row on it; None with the ledger off."""
 
 
 @dataclass(frozen=True)

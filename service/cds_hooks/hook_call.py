@@ -22,8 +22,9 @@ issued to the caller (`service.shared_state.IssuedCards`: feedback is taken for 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 import meds
@@ -32,6 +33,7 @@ from starlette.requests import Request
 
 from inference.model import LoadedModel
 from inference.predictor import RecordAnswer
+from inference.receipt_facts import answer_facts
 from inference.record import FhirResources
 from medtpe_core.cds.cards import Score, card_text
 from medtpe_core.cds.risk import DEFAULT_BANDS
@@ -123,9 +125,11 @@ async def answer_hook(
     model = state.loaded(need_engine=True)
     audit.model, audit.artefact = model.identity.name, model.identity.artefact_id
     task = get_task(service.task)
+    start = time.perf_counter()
     async with served(state, "cds_hook", task.name, 1):
+        await state.ledger.require()
         score, cached = await _scored(state, hooks, model, task, service, body, caller)
-        card = await _issued_card(state, hooks, model, service, caller, (score, cached))
+        card = await _issued_card(state, hooks, model, service, caller, (score, cached), start)
     audit.card, audit.outcome = card.uuid, "cached" if cached else "card"
     return CdsResponse(cards=[card])
 
@@ -149,7 +153,7 @@ async def _scored(
     identity = model.identity
     parts = (task.name, identity.artefact_id, identity.mode, str(model.predictor.max_input_tokens))
     sent = await asyncio.to_thread(texts_digest, gathered.resources, patient, *parts)
-    score = await hooks.scores.get(*caller_key, "sent", sent)
+    score = _recordable(state, await hooks.scores.get(*caller_key, "sent", sent))
     if score is not None:
         return score, True
     mapping = state.site_mapping()
@@ -158,12 +162,14 @@ async def _scored(
     prepared = await prepare(model.predictor, task, resources, gathered.locate)
     digest = record_digest(prepared.events, None, *parts)
     key = (*caller_key, "events", task.name, patient, digest)
-    score = await hooks.scores.get(*key)
+    score = _recordable(state, await hooks.scores.get(*key))
     cached = score is not None
     if score is None:
         sampling = served_sampling(state.settings)  # p(yes) asked for: the card shows it
         answered = await predict_record(state, model, prepared, sampling, salt, site=service.id)
-        score = _score(model, answered)
+        engine = state.running_engine()
+        facts = answer_facts(model, engine, prepared, sampling, answered.answer, answered.total_s)
+        score = replace(_score(model, answered), receipt=state.ledger.basis(facts))
     kept = [(*caller_key, "sent", sent), *([] if cached else [key])]
     await hooks.scores.put(score, *kept)  # one round trip to a shared store
     return score, cached
@@ -176,14 +182,39 @@ async def _issued_card(
     service: CdsService,
     caller: Caller,
     scored: tuple[Score, bool],
+    start: float,
 ) -> Card:
-    """The card of a score (and whether it came from the cache), kept as issued to `caller` by
-    `service` (for its feedback)."""
+    """The card of a score (and whether it came from the cache), its ledger row committed
+    (a new prediction on the score's receipt basis: a card from the cache is shown again, so
+    it is a row of its own), kept as issued to `caller` by `service` (for its feedback);
+    `start`: when the call's work began."""
     score, cached = scored
     bands = state.settings.cds_risk_bands.get(service.task, DEFAULT_BANDS)
-    card = risk_card(card_text(score, bands, cached=cached), model.identity, state.settings)
+    row = None
+    if score.receipt is not None:
+        row = state.ledger.basis_row(
+            score.receipt,
+            door="cds_hook",
+            caller=_ledger_caller(caller),
+            site=service.id,
+            latency_ms=(time.perf_counter() - start) * 1e3,
+        )
+        await state.ledger.commit([row])
+    card = risk_card(card_text(score, bands, cached=cached), model.identity, state.settings, row)
     await hooks.cards.issue(_caller_key(caller), service.id, card.uuid)
     return card
+
+
+def _recordable(state: ServiceState, score: Score | None) -> Score | None:
+    """A cached score, unless the ledger is on and it has no receipt basis to record (a miss)."""
+    if score is None or (score.receipt is None and not state.ledger.off):
+        return None
+    return score
+
+
+def _ledger_caller(caller: Caller) -> str:
+    """Who asked, as the ledger names a hook's caller: the issuer and the tenant."""
+    return f"{caller.issuer} tenant={caller.tenant or '-'}"[:200]
 
 
 def _caller_key(caller: Caller) -> tuple[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 from inference.model import ModelIdentity
+from ledger.store import PredictionRow
 from medtpe_core.cds.cards import CardText
 from medtpe_core.cds.services import SERVICES
 from service.cds_hooks.schemas import (
@@ -15,6 +16,8 @@ from service.cds_hooks.schemas import (
     Source,
     Suggestion,
 )
+from service.model_card_route import CARD_PATH
+from service.responses import receipt_body
 from service.settings import ServiceSettings
 
 OVERRIDE_SYSTEM = "urn:medtpe:cds-hooks:override-reason"
@@ -43,16 +46,38 @@ def discovery() -> DiscoveryResponse:
     )
 
 
-def risk_card(text: CardText, identity: ModelIdentity, settings: ServiceSettings) -> Card:
-    """A card from its text: a fresh uuid, the model as source (linked to its model card), an
-    acknowledgement to accept and the reasons to override it."""
+def risk_card(
+    text: CardText,
+    identity: ModelIdentity,
+    settings: ServiceSettings,
+    prediction: PredictionRow | None = None,
+) -> Card:
+    """A card from its text: the model as source (linked to its model card), an acknowledgement
+    to accept and the reasons to override it; with the `prediction`'s ledger row, that row's id
+    as the card's uuid (feedback names it) and in `extension` with the signed receipt, else a
+    fresh uuid."""
+    extension = None
+    if prediction is not None:
+        receipt = receipt_body(prediction).model_dump()
+        extension = {"prediction_id": prediction.prediction_id, "receipt": receipt}
     return Card(
-        uuid=str(uuid.uuid4()),
+        uuid=prediction.prediction_id if prediction is not None else str(uuid.uuid4()),
         summary=text.summary,
         detail=text.detail,
         indicator=text.indicator,
-        source=Source(label=f"MedTPE · {identity.name}", url=settings.cds_model_card_url),
+        source=Source(label=f"MedTPE · {identity.name}", url=model_card_url(settings)),
         suggestions=[Suggestion(label=ACKNOWLEDGE, uuid=str(uuid.uuid4()))],
         selectionBehavior="at-most-one",
         overrideReasons=list(OVERRIDE_REASONS),
+        extension=extension,
     )
+
+
+def model_card_url(settings: ServiceSettings) -> str | None:
+    """The model card a card's source names: `MEDTPE_CDS_MODEL_CARD_URL`, else the service's
+    own `/model-card.xml` under `MEDTPE_CDS_BASE_URL` (None without either)."""
+    if settings.cds_model_card_url is not None:
+        return str(settings.cds_model_card_url)
+    if settings.cds_base_url is None:
+        return None
+    return f"{str(settings.cds_base_url).rstrip('/')}{CARD_PATH}"

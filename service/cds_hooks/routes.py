@@ -9,11 +9,13 @@ is the CDS Hooks specification (tests/fixtures/cds_hooks holds its JSON schemas)
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.responses import Response
 
+from ledger.feedback import FeedbackRow
 from medtpe_core.cds.services import SERVICES, CdsService, UnknownServiceError, get_service
 from service.cds_hooks.audit import AuditEntry, audited, write
 from service.cds_hooks.hook_call import CdsHooks, answer_hook
@@ -22,6 +24,7 @@ from service.cds_hooks.responses import discovery
 from service.cds_hooks.schemas import (
     CdsResponse,
     DiscoveryResponse,
+    Feedback,
     read_feedback,
     read_hook_request,
 )
@@ -111,10 +114,12 @@ async def call(
 async def feedback(
     service_id: str, request: Request, state: StateDep, hooks: HooksDep, caller: CallerDep
 ) -> Response:
-    """Record what the user did with cards (counted per outcome in `/metrics`; the body is read
-    after the JWT check): at most `MEDTPE_CDS_MAX_FEEDBACK_ITEMS` items, each about a card this
-    service issued to the caller (`IssuedCards`); otherwise nothing is counted and the answer
-    is a 422 naming each item's card that was not."""
+    """Record what the user did with cards (in the ledger's `feedback` table, committed before
+    the answer: a 503 `ledger_unavailable` when it cannot be, so the EHR sends it again; counted
+    per outcome in `/metrics`; the body is read after the JWT check): at most
+    `MEDTPE_CDS_MAX_FEEDBACK_ITEMS` items, each about a card this service issued to the caller
+    (`IssuedCards`); otherwise nothing is recorded nor counted and the answer is a 422 naming
+    each item's card that was not."""
     service = _service(service_id)
     body = read_feedback(await request.body(), state.settings.cds_max_feedback_items)
     cards = [item.card for item in body.feedback]
@@ -127,12 +132,37 @@ async def feedback(
         entry.tenant, entry.outcome, entry.reason = caller.tenant, "invalid", UNKNOWN_CARD
         write(entry, state.metrics)  # one line for the call: no line, no count per item
         raise ApiError(422, "invalid_request", _unknown_cards(service, unknown))
+    await state.ledger.commit_feedback(feedback_rows(body.feedback, caller))  # else a 503
     for item in body.feedback:
         entry = AuditEntry(service.id, event="feedback", issuer=caller.issuer, card=item.card)
         entry.tenant, entry.jti, entry.outcome = caller.tenant, caller.jti, item.outcome.value
         write(entry, state.metrics)
         state.metrics.cds_feedback.labels(service.id, item.outcome.value).inc()
     return Response(status_code=200)
+
+
+def feedback_rows(items: list[Feedback], caller: Caller) -> list[FeedbackRow]:
+    """The ledger's rows of feedback items: a card's uuid is its prediction's id; an override's
+    reason is its coding's code (else the user's comment)."""
+    received = datetime.now(UTC).replace(tzinfo=None)
+    rows = []
+    for item in items:
+        override = item.overrideReason
+        reason = None
+        if override is not None:
+            reason = (override.reason or {}).get("code") or override.userComment
+        rows.append(
+            FeedbackRow(
+                card_uuid=item.card,
+                prediction_id=item.card,
+                issuer=caller.issuer,
+                outcome=item.outcome.value,
+                override_reason=None if reason is None else str(reason),
+                outcome_time=item.outcomeTimestamp.astimezone(UTC).replace(tzinfo=None),
+                received_at=received,
+            )
+        )
+    return rows
 
 
 def _unknown_cards(service: CdsService, items: list[int]) -> list[dict[str, Any]]:

@@ -196,6 +196,9 @@ class Card(_Response):
     suggestions: list[Suggestion] | None = None
     selectionBehavior: Literal["at-most-one", "any"] | None = None
     overrideReasons: list[Coding] | None = None
+    extension: dict[str, Any] | None = None
+    """`prediction_id` (also the card's `uuid`) and the signed `receipt` of the prediction the
+    card shows (docs/integration.md); none with the ledger off."""
 
     @model_validator(mode="after")
     def _behaviour_with_suggestions(self) -> Card:

@@ -9,22 +9,29 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
+from sqlalchemy import select
 
 from inference.instant_engine import InstantEngine
 from ledger.receipt import Receipt
+from ledger.schema import Feedback
 from ledger.signing import public_key_from_jwk
 from ledger.store import Ledger, PredictionRow
 from ledger.verification import check_row, compare
 from medtpe_cli.ledger_commands import RecordSource, rederive
+from medtpe_core.cds.services import get_service
 from service.app import create_app
 from service.settings import ServiceSettings
 from tests.ledger.conftest import fresh_database
 from tests.ledger.rows import RFC8037_SEED_B64 as SEED
+from tests.support.cds_support import ICU_PATIENT, hook_request, load_bundle, prefetch_of
+from tests.support.ehr import Ehr
 from tests.support.postgres import PostgresServer
 from tests.support.service_support import (
     SERVICE_API_KEY,
@@ -34,6 +41,9 @@ from tests.support.service_support import (
     post,
     record,
 )
+
+ICU = get_service("medtpe-icu-mortality-patient-view")
+BASE = "http://testserver"
 
 
 def recorded_row(client: TestClient, url: str, body: dict) -> PredictionRow:
@@ -162,3 +172,72 @@ def test_the_signing_key_is_a_secret(service_files: tuple[Path, Path]) -> None:
     assert SEED in settings.secrets() and SEED not in repr(settings)
     with pytest.raises(ValidationError, match="MEDTPE_LEDGER_SIGNING_KEY"):
         instant_settings(service_files, ledger_url="postgresql://db/ledger")
+
+
+@pytest.fixture
+def cds_client(
+    service_files: tuple[Path, Path], ehr: Ehr, postgres_server: PostgresServer
+) -> Iterator[tuple[TestClient, str]]:
+    """The app with the test EHR allowed, on a fresh PostgreSQL ledger."""
+    url = fresh_database(postgres_server)
+    settings = instant_settings(
+        service_files,
+        ledger_url=url,
+        ledger_signing_key=SEED,
+        cds_issuers=json.loads(ehr.issuers_setting(["http://127.0.0.1:9"])),
+        cds_base_url=BASE,
+    )
+    with instant_client(settings) as client:
+        yield client, url
+
+
+def hook_call(client: TestClient, ehr: Ehr, path: str, body: dict) -> httpx.Response:
+    return client.post(path, json=body, headers=ehr.authorization(BASE + path))
+
+
+def test_every_card_shown_is_a_row_and_its_feedback_is_kept(
+    cds_client: tuple[TestClient, str], ehr: Ehr, postgres_server: PostgresServer
+) -> None:
+    client, url = cds_client
+    path, feedback = f"/cds-services/{ICU.id}", f"/cds-services/{ICU.id}/feedback"
+    body = hook_request(ICU, ICU_PATIENT, prefetch=prefetch_of(ICU, load_bundle(), ICU_PATIENT))
+    cards = [hook_call(client, ehr, path, body).json()["cards"][0] for _ in range(2)]
+    assert "an earlier call's score" in cards[1]["detail"]  # the second card: from the cache
+    assert cards[0]["source"]["url"] == f"{BASE}/model-card.xml"
+    ledger = Ledger.open(url)
+    rows = [ledger.get(card["extension"]["prediction_id"]) for card in cards]
+    assert all(row is not None for row in rows) and rows[0] != rows[1]
+    first, again = (Receipt.from_text(row.receipt) for row in rows)  # the cached card's row
+    assert (first.record_sha256, first.prompt_ids_sha256) == (
+        again.record_sha256,
+        again.prompt_ids_sha256,
+    )
+    for card, row in zip(cards, rows, strict=True):
+        assert card["uuid"] == row.prediction_id and row.door == "cds_hook"
+        assert row.site == ICU.id and row.subject_id == ICU_PATIENT
+        assert row.caller.startswith(ehr.issuer) and card["extension"]["receipt"]["signature"]
+    overridden = {
+        "card": cards[1]["uuid"],
+        "outcome": "overridden",
+        "overrideReason": {"reason": cards[1]["overrideReasons"][2], "userComment": "no"},
+        "outcomeTimestamp": "2026-11-25T10:06:00Z",
+    }
+    assert hook_call(client, ehr, feedback, {"feedback": [overridden]}).status_code == 200
+    with ledger.engine.connect() as connection:
+        kept = connection.execute(select(Feedback)).mappings().all()
+    assert [(k["prediction_id"], k["outcome"], k["override_reason"]) for k in kept] == [
+        (rows[1].prediction_id, "overridden", "disagree")
+    ]
+    ledger.close()
+    postgres_server.stop()
+    try:  # the ledger down: no card, and feedback the EHR must send again
+        refused = hook_call(client, ehr, path, body)
+        assert refused.status_code == 503 and refused.json()["error"] == "ledger_unavailable"
+        assert "cards" not in refused.json() and refused.headers["Retry-After"] == "5"
+        again_feedback = hook_call(client, ehr, feedback, {"feedback": [overridden]})
+        assert again_feedback.status_code == 503
+    finally:
+        postgres_server.start()
+    ledger = Ledger.open(url)
+    assert len(list(ledger.rows())) == 2
+    ledger.close()

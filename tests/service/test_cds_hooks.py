@@ -99,7 +99,8 @@ def test_a_prefetched_record_gets_one_risk_card(client: TestClient, ehr: Ehr) ->
     assert "recorded 2150-03-01 08:00 to" in card["detail"]
     assert f"artefact `{model['artefact_id']}`" in card["detail"]
     assert "prompt tokens" in card["detail"] and "fewer)" in card["detail"]
-    assert card["source"]["url"] == "https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert card["source"]["url"] == "http://testserver/model-card.xml"  # the service's own
+    assert card["extension"]["prediction_id"] == card["uuid"]
     assert card["selectionBehavior"] == "at-most-one" and len(card["suggestions"]) == 1
     assert all(reason["display"] for reason in card["overrideReasons"])
 

@@ -1,0 +1,45 @@
+"""CDS feedback in the ledger's `feedback` table: what the EHR's user did with a card (accepted,
+overridden, and why), joined to the card's prediction; the monitoring report reads override
+rates from it. Recording is idempotent per card: an EHR that retries a feedback call after a
+503 writes nothing twice (the first outcome recorded stays)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime
+
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import SQLAlchemyError
+
+from ledger.schema import Feedback
+from ledger.store import Ledger, LedgerUnavailable, _reason
+
+_TABLE = Feedback.__table__
+
+
+@dataclass(frozen=True)
+class FeedbackRow:
+    """One card's outcome (times naive UTC)."""
+
+    card_uuid: str
+    prediction_id: str
+    issuer: str
+    outcome: str
+    override_reason: str | None
+    outcome_time: datetime
+    received_at: datetime
+
+
+def record_feedback(ledger: Ledger, rows: Sequence[FeedbackRow]) -> None:
+    """Commit `rows` in one transaction (a card recorded before is left as it is);
+    `LedgerUnavailable` when the database cannot be written."""
+    if not rows:
+        return
+    dialect = postgresql if ledger.engine.dialect.name == "postgresql" else sqlite
+    insert = dialect.insert(_TABLE).on_conflict_do_nothing(index_elements=["card_uuid"])
+    try:
+        with ledger.engine.begin() as connection:
+            connection.execute(insert, [asdict(row) for row in rows])
+    except SQLAlchemyError as exc:
+        raise LedgerUnavailable(f"the ledger cannot be written: {_reason(exc)}") from exc
