@@ -23,6 +23,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from benchmarks.results_file import write_results
+from ledger.feedback import FeedbackRow, record_feedback
 from ledger.receipt import (
     Receipt,
     prompt_ids_digest,
@@ -30,7 +31,6 @@ from ledger.receipt import (
     rendering_settings,
     utc_text,
 )
-from ledger.schema import Feedback
 from ledger.signing import Signer
 from ledger.store import Ledger, PredictionRow
 from monitoring.figures import DEFAULT_RESAMPLES
@@ -125,20 +125,21 @@ def populate(ledger: Ledger, rows: int, seed: int = 3) -> None:
         for i, r in enumerate(live)
     ]
     store_joined(ledger.engine, joined, RecordsSource("bench", {}, None), START)
-    cards = [
-        {
-            "card_uuid": str(uuid.UUID(int=i + 1)),
-            "prediction_id": live[i * 19].prediction_id,
-            "issuer": "https://ehr.example",
-            "outcome": "overridden" if i % 3 else "accepted",
-            "override_reason": ("not relevant", "already treated", None)[i % 3],
-            "outcome_time": START.replace(tzinfo=None),
-            "received_at": START.replace(tzinfo=None),
-        }
-        for i in range(500)
-    ]
-    with ledger.engine.begin() as connection:
-        connection.execute(Feedback.__table__.insert(), cards)
+    record_feedback(
+        ledger,
+        [
+            FeedbackRow(
+                card_uuid=str(uuid.UUID(int=i + 1)),
+                prediction_id=live[i * 19].prediction_id,
+                issuer="https://ehr.example",
+                outcome="overridden" if i % 3 else "accepted",
+                override_reason=("not-relevant", "already-treated", None)[i % 3],
+                outcome_time=START.replace(tzinfo=None),
+                received_at=START.replace(tzinfo=None),
+            )
+            for i in range(500)
+        ],
+    )
 
 
 def main() -> None:

@@ -3,7 +3,6 @@ columns (one numpy array per field), read in one pass."""
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -14,6 +13,7 @@ from sqlalchemy import Engine, select
 from ledger.schema import Attribute, Feedback, Outcome, Prediction
 
 _P, _O = Prediction.__table__.c, Outcome.__table__.c
+REASON_CHARS = 100
 
 
 @dataclass
@@ -135,16 +135,6 @@ def _times(values: list[datetime | None]) -> np.ndarray:
 
 
 def _reason_text(reason: str | None) -> str | None:
-    """An override reason as display text: a CDS Hooks `overrideReason` Coding's display or
-    code when the ledger holds its JSON, else the text itself."""
-    if reason is None:
-        return None
-    try:
-        coding = json.loads(reason)
-    except ValueError:
-        return reason[:100]
-    if isinstance(coding, dict):
-        inner = coding.get("reason", coding)
-        if isinstance(inner, dict):
-            return str(inner.get("display") or inner.get("code") or reason)[:100]
-    return reason[:100]
+    """An override reason as the report shows it: the CDS feedback's reason code (or the
+    user's comment), cut to `REASON_CHARS`."""
+    return None if reason is None else reason[:REASON_CHARS]

@@ -3,15 +3,14 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
 
+from ledger.feedback import FeedbackRow, record_feedback
 from ledger.receipt import utc_text
-from ledger.schema import Feedback
 from ledger.store import Ledger, PredictionRow
 from monitoring.figures import iso_week
 from monitoring.outcomes import Joined, RecordsSource, store_joined
@@ -115,22 +114,21 @@ def populated_ledger(url: str, informative: bool = True) -> tuple[Ledger, dict[s
         for i, r in enumerate(rows)
     ]
     store_joined(ledger.engine, joined, RecordsSource("test", {}, None), START)
-    feedback = [
-        {
-            "card_uuid": f"card-{i}",
-            "prediction_id": rows[i].prediction_id,
-            "issuer": "https://ehr.example",
-            "outcome": "overridden" if i % 2 else "accepted",
-            "override_reason": json.dumps({"reason": {"code": "x", "display": "Not relevant"}})
-            if i % 4 == 1
-            else None,
-            "outcome_time": START.replace(tzinfo=None),
-            "received_at": START.replace(tzinfo=None),
-        }
-        for i in range(40)
-    ]
-    with ledger.engine.begin() as connection:
-        connection.execute(Feedback.__table__.insert(), feedback)
+    record_feedback(
+        ledger,
+        [
+            FeedbackRow(
+                card_uuid=f"card-{i}",
+                prediction_id=rows[i].prediction_id,
+                issuer="https://ehr.example",
+                outcome="overridden" if i % 2 else "accepted",
+                override_reason="not-relevant" if i % 4 == 1 else None,
+                outcome_time=START.replace(tzinfo=None),
+                received_at=START.replace(tzinfo=None),
+            )
+            for i in range(40)
+        ],
+    )
     truth = {
         "p": p[:N],
         "known": np.array([i % 5 != 0 for i in range(N)]),

@@ -97,7 +97,7 @@ def test_figures_match_sklearn_overall_by_week_site_and_subgroup(ledger_url: str
         "overridden": 20,
         "override_rate": 0.5,
         "by_reason": {
-            "Not relevant": {"n": 10, "share_of_feedback": 0.25},
+            "not-relevant": {"n": 10, "share_of_feedback": 0.25},
             "(no reason given)": {"n": 10, "share_of_feedback": 0.25},
         },
     }
