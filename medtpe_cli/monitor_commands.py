@@ -25,9 +25,9 @@ from medtpe_cli.ledger_commands import LEDGER_OPTION
 from medtpe_cli.options import TASK_OPTION
 from medtpe_core.meds.readers import MedsDataset, MedsFormatError
 from medtpe_core.tasks import get_task
+from medtpe_core.thresholds import Thresholds, ThresholdsError
 from monitoring.cohort import AttributeMapError, load_attribute_map
 from monitoring.figures import DEFAULT_RESAMPLES
-from monitoring.thresholds import Thresholds, ThresholdsError
 
 if TYPE_CHECKING:
     from monitoring.outcomes import SubjectSource

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Engine
 
+from medtpe_core.thresholds import Thresholds
 from monitoring.figures import (
     DEFAULT_RESAMPLES,
     Slicer,
@@ -35,7 +36,6 @@ from monitoring.frame import Monitored, read_monitored
 from monitoring.horizons import HORIZON_TEXT
 from monitoring.html_page import render_html
 from monitoring.seismometer_export import write_seismometer
-from monitoring.thresholds import Thresholds
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"

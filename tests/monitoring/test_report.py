@@ -15,9 +15,9 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score, roc_auc_score
 
 from ledger.store import Ledger
+from medtpe_core.thresholds import Thresholds, ThresholdsError
 from monitoring.figures import ECE_BINS
 from monitoring.report import REPORT_HTML, REPORT_JSON, ReportSettings, build_report, write_report
-from monitoring.thresholds import Thresholds, ThresholdsError
 from tests.monitoring.ledger_rows import START, N, populated_ledger, prediction, sqlite_url
 
 THRESHOLDS = Thresholds.parse(

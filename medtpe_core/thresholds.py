@@ -1,5 +1,7 @@
 """A task's operating threshold on p("yes"): a prediction is flagged when p ≥ threshold. 0.5
-unless a thresholds file says otherwise, per task and per site:
+unless a thresholds file says otherwise, per task and per site (the file `medtpe monitor
+--thresholds` reads and the service's `MEDTPE_THRESHOLDS_FILE`, so the report counts as flags
+what the cards showed as warnings):
 
     default: 0.5
     tasks:
