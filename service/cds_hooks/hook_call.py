@@ -35,6 +35,7 @@ from inference.model import LoadedModel
 from inference.predictor import RecordAnswer
 from inference.receipt_facts import answer_facts
 from inference.record import FhirResources
+from ledger.store import PredictionRow
 from medtpe_core.cds.cards import Score, card_text
 from medtpe_core.cds.risk import DEFAULT_BANDS
 from medtpe_core.cds.score_cache import record_digest, texts_digest
@@ -46,6 +47,7 @@ from service.cds_hooks.jwt_auth import Caller, HookAuthenticator, JwksCache, Rep
 from service.cds_hooks.prefetch import gather_resources
 from service.cds_hooks.responses import risk_card
 from service.cds_hooks.schemas import Card, CdsResponse, HookRequest
+from service.cds_hooks.system_actions import check_patient_id, risk_assessment_actions
 from service.errors import ApiError, field_error
 from service.serving import predict_record, prepare, served, served_sampling
 from service.settings import ServiceSettings
@@ -122,6 +124,8 @@ async def answer_hook(
     FHIR fetch and the mapping included, served as one request (`served`: refused at once when
     admission control has no room, cut at the request deadline, timed in the latency metric)."""
     _check_call(service, body)
+    if state.settings.cds_system_actions:
+        check_patient_id(body)
     model = state.loaded(need_engine=True)
     audit.model, audit.artefact = model.identity.name, model.identity.artefact_id
     task = get_task(service.task)
@@ -129,9 +133,13 @@ async def answer_hook(
     async with served(state, "cds_hook", task.name, 1):
         await state.ledger.require()
         score, cached = await _scored(state, hooks, model, task, service, body, caller)
-        card = await _issued_card(state, hooks, model, service, caller, (score, cached), start)
+        card, row = await _issued_card(state, hooks, model, service, caller, (score, cached), start)
     audit.card, audit.outcome = card.uuid, "cached" if cached else "card"
-    return CdsResponse(cards=[card])
+    actions = None
+    if state.settings.cds_system_actions and row is not None and not cached:
+        # a card from the score cache repeats an answer whose action went with its first card
+        actions = risk_assessment_actions(state, task, str(body.context[PATIENT_ID]), row)
+    return CdsResponse(cards=[card], systemActions=actions or None)
 
 
 async def _scored(
@@ -183,8 +191,8 @@ async def _issued_card(
     caller: Caller,
     scored: tuple[Score, bool],
     start: float,
-) -> Card:
-    """The card of a score (and whether it came from the cache), its ledger row committed
+) -> tuple[Card, PredictionRow | None]:
+    """The card of a score (and whether it came from the cache) and its ledger row, committed
     (a new prediction on the score's receipt basis: a card from the cache is shown again, so
     it is a row of its own), kept as issued to `caller` by `service` (for its feedback);
     `start`: when the call's work began."""
@@ -202,7 +210,7 @@ async def _issued_card(
         await state.ledger.commit([row])
     card = risk_card(card_text(score, bands, cached=cached), model.identity, state.settings, row)
     await hooks.cards.issue(_caller_key(caller), service.id, card.uuid)
-    return card
+    return card, row
 
 
 def _recordable(state: ServiceState, score: Score | None) -> Score | None:

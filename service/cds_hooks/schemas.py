@@ -212,6 +212,9 @@ class CdsResponse(_Response):
     """The answer to a hook call."""
 
     cards: list[Card]
+    systemActions: list[dict[str, Any]] | None = None
+    """With `MEDTPE_CDS_SYSTEM_ACTIONS`: a `create` of the card's answer as a FHIR
+    RiskAssessment (`service.cds_hooks.system_actions`)."""
 
 
 class FeedbackOutcome(StrEnum):
