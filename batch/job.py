@@ -42,6 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from batch.ledger_rows import RunLedger, RunRecorder, run_identity
 from batch.rows import RecordRow, predictions_table, records_table
 from inference.engine import Engine, EngineDead, EngineFactory
 from inference.engine_factories import start_vllm
@@ -49,6 +50,7 @@ from inference.model import LoadedModel, ModelConfig, load_model
 from inference.predictor import Predictor, PreparedRecord
 from inference.record import MedsRecord
 from inference.sampling import Sampling
+from ledger.settings import LedgerSettings
 from medtpe_core.meds.readers import MedsDataset, data_shards, read_labels
 from medtpe_core.meds.subject_split import subject_split
 from medtpe_core.metrics import compression_rate
@@ -238,10 +240,17 @@ def prepare_shard(
 
 
 async def answer_record(
-    engine: Engine, predictor: Predictor, job: Job, request: Request, prepared: PreparedRecord
+    engine: Engine,
+    predictor: Predictor,
+    job: Job,
+    request: Request,
+    prepared: PreparedRecord,
+    recorder: RunRecorder | None = None,
 ) -> RecordRow:
-    """The record's answer through `Predictor.answer` with the job's sampling; a generation
-    error other than a dead engine becomes the record's failure."""
+    """The record's answer through `Predictor.answer` with the job's sampling, its ledger row
+    kept by `recorder` (None: the ledger off); a generation error other than a dead engine
+    becomes the record's failure."""
+    start = time.perf_counter()
     try:
         answer = await predictor.answer(engine, prepared, job.sampling)
     except EngineDead:
@@ -249,6 +258,10 @@ async def answer_record(
     except Exception as exc:
         return failed(request, _reason("generate", exc), prepared)
     seg = prepared.segmentation
+    prediction_id = None
+    if recorder is not None:
+        elapsed = time.perf_counter() - start
+        prediction_id = recorder.add(request.record, prepared, job.sampling, answer, elapsed)
     return RecordRow(
         record=request.record,
         subject_id=request.subject_id,
@@ -262,6 +275,7 @@ async def answer_record(
         n_tokens_original=len(seg.original_ids),
         n_tokens_medtpe=len(seg.medtpe_ids),
         generate_s=answer.generate_s,
+        prediction_id=prediction_id,
     )
 
 
@@ -271,17 +285,18 @@ async def answer_all(
     job: Job,
     items: Iterable[tuple[Request, PreparedRecord | RecordRow]],
     on_done: Callable[[], object] = lambda: None,
+    recorder: RunRecorder | None = None,
 ) -> list[RecordRow]:
     """The rows of `items`, in their order, with up to `job.concurrency` records in the
-    engine at once; `items` is consumed lazily, so the next record is prepared while the
-    engine generates."""
+    engine at once, each answer's ledger row kept by `recorder`; `items` is consumed lazily,
+    so the next record is prepared while the engine generates."""
     slots = asyncio.Semaphore(job.concurrency)
 
     async def one(request: Request, item: PreparedRecord | RecordRow) -> RecordRow:
         try:
             if isinstance(item, RecordRow):
                 return item
-            return await answer_record(engine, predictor, job, request, item)
+            return await answer_record(engine, predictor, job, request, item, recorder)
         finally:
             slots.release()
             on_done()
@@ -412,13 +427,40 @@ class MedsShards:
 
 
 def run_local(
-    config: ModelConfig, job: Job, out_dir: Path, engine_factory: EngineFactory = start_vllm
+    config: ModelConfig,
+    job: Job,
+    out_dir: Path,
+    engine_factory: EngineFactory = start_vllm,
+    ledger: LedgerSettings | None = None,
 ) -> dict[str, Any]:
-    """Score every pending shard on one engine in this process, writing each shard as soon as
-    it is scored; returns (and writes) the summary."""
+    """Score every pending shard on one engine in this process, each shard's ledger rows
+    committed (`ledger`: default the `MEDTPE_LEDGER_*` environment's) before its files are
+    written; returns (and writes) the summary."""
     return run_plans(
-        config, job, plan_shards(job), MedsShards(job.meds_dir), out_dir, {}, engine_factory
+        config,
+        job,
+        plan_shards(job),
+        MedsShards(job.meds_dir),
+        out_dir,
+        {},
+        engine_factory,
+        ledger,
     )
+
+
+def run_ledger(
+    job: Job,
+    model: LoadedModel,
+    out_dir: Path,
+    prepare: ShardPreparer,
+    ledger: LedgerSettings | None,
+) -> RunLedger:
+    """Where a run records its answers: `ledger` (default: the `MEDTPE_LEDGER_*`
+    environment's), this run's identity, the door of its input (`MedsShards`: MEDS, else
+    FHIR)."""
+    settings = ledger or LedgerSettings.from_environ()
+    door = "batch_meds" if isinstance(prepare, MedsShards) else "batch_fhir"
+    return RunLedger(settings, run_identity(out_dir, job_settings(job, model)), door)
 
 
 def run_plans(
@@ -429,20 +471,28 @@ def run_plans(
     out_dir: Path,
     settings: dict[str, Any],
     engine_factory: EngineFactory = start_vllm,
+    ledger: LedgerSettings | None = None,
 ) -> dict[str, Any]:
     """`run_local` of `plans` whose records `prepare` prepares (the job's settings in the summary
     updated by `settings`)."""
     todo = pending(plans, out_dir)
     model = load_model(config)
     n_todo = sum(len(p.requests) for p in todo)
+    recorder = run_ledger(job, model, out_dir, prepare, ledger).open(model) if n_todo else None
     start = time.perf_counter()
     engine = engine_factory(model.engine_config) if n_todo else None
     started = time.perf_counter()
+    if recorder is not None:
+        recorder.engine = engine
     try:
-        asyncio.run(_score_plans(engine, model.predictor, job, todo, out_dir, n_todo, prepare))
+        asyncio.run(
+            _score_plans(engine, model.predictor, job, todo, out_dir, n_todo, prepare, recorder)
+        )
     finally:
         if engine is not None:
             engine.shutdown()
+        if recorder is not None:
+            recorder.close()
     run = run_figures("local", plans, todo, start, started, time.perf_counter())
     return summarise(out_dir, {**run, **job_settings(job, model), **settings})
 
@@ -478,13 +528,16 @@ async def _score_plans(
     out_dir: Path,
     total: int,
     prepare: ShardPreparer,
+    recorder: RunRecorder | None,
 ) -> None:
     with tqdm(total=total, desc="predict", unit="record") as progress:
         for plan in plans:
             items = prepare(predictor, job.task, plan)
             rows = (
-                await answer_all(engine, predictor, job, items, lambda: progress.update())
+                await answer_all(engine, predictor, job, items, lambda: progress.update(), recorder)
                 if engine is not None
                 else []
             )
+            if recorder is not None:  # the rows before the answers' files
+                await asyncio.to_thread(recorder.commit)
             write_shard(out_dir, plan.name, job.task, rows, job.labels is not None)

@@ -56,10 +56,12 @@ from batch.job import (
     predictions_path,
     records_path,
     run_figures,
+    run_ledger,
     summarise,
     write_atomically,
     write_shard,
 )
+from batch.ledger_rows import RunLedger
 from batch.rows import RecordRow, predictions_table, records_table
 from inference.engine_factories import start_vllm
 from inference.model import ModelConfig, load_model
@@ -106,19 +108,25 @@ class PrepareShard:
 class GenerateAnswers:
     """Generation actor: one engine, answering batches of prepared records."""
 
-    def __init__(self, config: ModelConfig, job: Job) -> None:
+    def __init__(self, config: ModelConfig, job: Job, ledger: RunLedger) -> None:
         model = load_model(config)
         self.predictor = model.predictor
         self.job = job
         self.loop = asyncio.new_event_loop()
+        self.recorder = ledger.open(model)
         self.engine = start_vllm(model.engine_config)
+        if self.recorder is not None:
+            self.recorder.engine = self.engine
 
     def __call__(self, batch: dict[str, Any]) -> pa.Table:
-        """The records file rows of a batch, with their shard."""
+        """The records file rows of a batch, with their shard; the batch's ledger rows
+        committed first."""
         items = [pickle.loads(item) for item in batch["item"]]
         rows = self.loop.run_until_complete(
-            answer_all(self.engine, self.predictor, self.job, items)
+            answer_all(self.engine, self.predictor, self.job, items, recorder=self.recorder)
         )
+        if self.recorder is not None:
+            self.recorder.commit()
         table = records_table(rows)
         shards = dict(zip(batch["record"].tolist(), batch[SHARD].tolist(), strict=True))
         return table.append_column(
@@ -127,6 +135,8 @@ class GenerateAnswers:
 
     def __del__(self) -> None:
         self.engine.shutdown()
+        if self.recorder is not None:
+            self.recorder.close()
 
 
 def _predictions(batch: pa.Table, job: Job) -> pa.Table:
@@ -167,8 +177,12 @@ def run_ray(
         if not plan.requests:
             write_shard(out_dir, plan.name, job.task, [], job.labels is not None)
     if with_records:
+        ledger = run_ledger(job, model, out_dir, prepare, None)
+        checked = ledger.open(model)  # fail closed before any actor starts
+        if checked is not None:
+            checked.close()
         with ray_session(resources.address, resources.num_cpus):
-            _run_pipeline(config, job, out_dir, with_records, resources, prepare)
+            _run_pipeline(config, job, out_dir, with_records, resources, prepare, ledger)
     run = run_figures("ray", plans, todo, start, start, time.perf_counter())
     run["engine_start_s"] = None  # the actors start their engines inside the pipeline's time
     run["ray"] = {
@@ -189,6 +203,7 @@ def _run_pipeline(
     plans: Sequence[ShardPlan],
     resources: RayResources,
     prepare: ShardPreparer,
+    ledger: RunLedger,
 ) -> None:
     import ray
 
@@ -203,7 +218,7 @@ def _run_pipeline(
         )
         .map_batches(
             GenerateAnswers,
-            fn_constructor_kwargs={"config": config, "job": job},
+            fn_constructor_kwargs={"config": config, "job": job, "ledger": ledger},
             batch_size=None,  # a whole block: one shard's records, as the local job streams them
             batch_format="numpy",
             concurrency=resources.engines,

@@ -33,6 +33,8 @@ class RecordRow:
     n_tokens_original: int | None
     n_tokens_medtpe: int | None
     generate_s: float
+    prediction_id: str | None = None
+    """The answer's id in the prediction ledger (None: not scored, or the ledger off)."""
 
     def row(self) -> dict[str, Any]:
         """The records-file row (label and prediction as JSON text)."""
@@ -64,6 +66,7 @@ RECORDS_SCHEMA = pa.schema(
         ("n_tokens_original", pa.int64()),
         ("n_tokens_medtpe", pa.int64()),
         ("generate_s", pa.float64()),
+        ("prediction_id", pa.string()),
     ]
 )
 
