@@ -1,0 +1,24 @@
+"""The service app on the instant engine in a process of its own, for tests that need several
+API processes at once (`medtpe serve` starts a real engine): `python -m tests.support.instant_app
+PORT` serves `create_app(ServiceSettings(), InstantEngine.factory())` with uvicorn on
+127.0.0.1:PORT, its settings from the `MEDTPE_*` environment."""
+
+from __future__ import annotations
+
+import sys
+
+import uvicorn
+
+from inference.instant_engine import InstantEngine
+from service.app import create_app
+from service.settings import ServiceSettings
+
+
+def main(port: int) -> None:
+    """Serve until stopped (SIGTERM, SIGINT) or killed."""
+    app = create_app(ServiceSettings(), InstantEngine.factory())
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))
