@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import islice
@@ -39,10 +39,15 @@ from ledger.fhir_resources import (
     WrittenPrediction,
     transaction_bundle,
 )
-from medtpe_core.tasks import Task
+from ledger.model_card import build_model_card
+from ledger.model_card_xml import model_card_xml
+from medtpe_core.tasks import Task, get_task, list_tasks
+from medtpe_core.tokenizer.artefact_manifest import ArtefactBundle
 
 if TYPE_CHECKING:
-    from batch.fhir_job import FhirShardPlan
+    from batch.fhir_job import FhirInput, FhirShardPlan
+    from batch.job import Job
+    from ledger.store import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -190,35 +195,69 @@ def fhir_job_predictions(
     out_dir: Path,
     plans: Sequence[FhirShardPlan],
     task: Task,
-    receipts: Mapping[int, tuple[str, datetime]],
+    recorded: Callable[[Sequence[str]], Mapping[str, datetime]],
 ) -> Iterator[WrittenPrediction]:
     """The answered records of a FHIR job's shards written under `out_dir` (`batch.fhir_job`:
-    a records file per plan), each with the FHIR Patient id its plan gives it and its ledger
-    receipt (`receipts`: record -> (prediction id, when it was computed)); records without an
-    answer or a probability are left out; an answered record without a receipt is a
-    `ValueError` (nothing is written back that the ledger does not hold)."""
+    a records file per plan), shard by shard, each with the FHIR Patient id its plan gives it,
+    its ledger prediction id and when its row was recorded (`recorded`: prediction ids -> the
+    times of those the ledger holds, `ledger.store.Ledger.created`); records without an answer
+    or a probability are left out; an answered record without a ledger row is a `ValueError`
+    (nothing is written back that the ledger does not hold)."""
     for plan in plans:
         path = records_path(out_dir, plan.name)
         if not path.is_file():
             continue
         patients = {r.record: p for r, p in zip(plan.requests, plan.patients, strict=True)}
-        for values in pq.read_table(path).to_pylist():
-            row = RecordRow.from_row(values)
-            answered = row.prediction is not None or row.p_positive is not None
-            if not answered or row.prediction_time is None or row.record not in patients:
-                continue
-            if row.record not in receipts:
-                raise ValueError(f"record {row.record} has no ledger receipt: not written back")
-            prediction_id, recorded = receipts[row.record]
+        rows = [RecordRow.from_row(values) for values in pq.read_table(path).to_pylist()]
+        answered = [
+            row
+            for row in rows
+            if (row.prediction is not None or row.p_positive is not None)
+            and row.prediction_time is not None
+            and row.record in patients
+        ]
+        times = recorded([row.prediction_id for row in answered if row.prediction_id])
+        for row in answered:
+            if row.prediction_id is None or row.prediction_id not in times:
+                raise ValueError(f"record {row.record} has no ledger row: not written back")
+            assert row.prediction_time is not None  # answered
             yield WrittenPrediction(
-                prediction_id=prediction_id,
+                prediction_id=row.prediction_id,
                 patient_id=patients[row.record],
                 prediction_time=row.prediction_time,
                 task=task,
                 prediction=row.prediction,
                 p_positive=row.p_positive,
-                recorded=recorded,
+                recorded=times[row.prediction_id],
             )
+
+
+def job_model(artefact_dir: Path, run: Mapping[str, Any], card_url: str | None) -> ModelRef:
+    """The model a batch run answered with (`run`: its summary's `this_run`) and its card, built
+    from the artefact as the service builds its own (every task; the same model, budget and
+    `card_url` give the served card, digest included), its CHAI XML attached."""
+    identity = run["model"]
+    card = build_model_card(
+        ArtefactBundle.from_pretrained(artefact_dir),
+        model_name=identity["name"],
+        mode=identity["mode"],
+        max_input_tokens=run["max_input_tokens"],
+        tasks=[get_task(name) for name in list_tasks()],
+        card_url=card_url,
+    )
+    return ModelRef.of_card(card, model_card_xml(card))
+
+
+def fhir_job_items(
+    source: FhirInput, job: Job, out_dir: Path, ledger: Ledger
+) -> Iterator[WrittenPrediction]:
+    """The answered records a FHIR job (`batch.fhir_job.run_fhir`) wrote under `out_dir`, with
+    their patients (the job's plans, from its partition) and their rows in `ledger`."""
+    from batch.fhir_job import partitioned, plan_buckets
+
+    partition, _ = partitioned(source, out_dir, progress=False)
+    plans = plan_buckets(partition, job)
+    return fhir_job_predictions(out_dir, plans, job.task, ledger.created)
 
 
 def write_back(

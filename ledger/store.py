@@ -278,6 +278,24 @@ class Ledger:
             raise LedgerUnavailable(f"the ledger cannot be read: {_reason(exc)}") from exc
         return None if found is None else _row(found)
 
+    def created(self, prediction_ids: Sequence[str]) -> dict[str, datetime]:
+        """When each of `prediction_ids` the ledger holds was recorded (UTC), read
+        `CHUNK_ROWS` ids per statement; ids it does not hold are left out."""
+        found: dict[str, datetime] = {}
+        ids = list(dict.fromkeys(prediction_ids))
+        try:
+            with self.engine.connect() as connection:
+                for start in range(0, len(ids), CHUNK_ROWS):
+                    chunk = ids[start : start + CHUNK_ROWS]
+                    query = select(_TABLE.c.prediction_id, _TABLE.c.created_at).where(
+                        _TABLE.c.prediction_id.in_(chunk)
+                    )
+                    for prediction_id, created_at in connection.execute(query):
+                        found[prediction_id] = _aware_utc(created_at)
+        except SQLAlchemyError as exc:
+            raise LedgerUnavailable(f"the ledger cannot be read: {_reason(exc)}") from exc
+        return found
+
     def rows(
         self,
         since: datetime | None = None,

@@ -11,6 +11,7 @@ The engine (vLLM, torch) and Ray are imported inside the command, so loading the
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -209,6 +210,22 @@ FHIR_OPTIONS = options.together(
         + " With --meds: that dataset's table replaces the artefact's.",
     ),
     click.option(
+        "--write-back",
+        is_flag=True,
+        help=_with_server(
+            "write each answer back to that server: a FHIR RiskAssessment with its Provenance "
+            "per prediction, in transaction Bundles, with a token of the write scopes "
+            "(conditional creates on the prediction id: a rerun writes nothing twice)."
+        ),
+    ),
+    click.option(
+        "--model-card-url",
+        default=None,
+        metavar="URL",
+        help="With --write-back: where the model card is published (the service's "
+        "<MEDTPE_CDS_BASE_URL>/model-card.xml), named by the card written.",
+    ),
+    click.option(
         "--bucket-mib",
         type=click.IntRange(min=1),
         default=DEFAULT_BUCKET_MIB,
@@ -219,24 +236,31 @@ FHIR_OPTIONS = options.together(
 """The FHIR input of `medtpe predict` (`batch.fhir_job`, `batch.bulk_client`)."""
 
 
+def _server_access(fhir: dict[str, Any]) -> Any:
+    """The `batch.bulk_client.ServerAccess` of `--fhir-server` and its client options."""
+    from batch.bulk_client import ServerAccess
+
+    return ServerAccess(
+        fhir["fhir_server"],
+        fhir["client_id"],
+        fhir["client_key"],
+        fhir["client_kid"],
+        fhir["scope"],
+    )
+
+
 def _fhir_source(fhir: dict[str, Any], out_dir: Path) -> Any:
     """The `batch.fhir_job.FhirInput` of the FHIR options (None: none given), the export from
     `--fhir-server` made first."""
     if not fhir["fhir_dirs"] and fhir["fhir_server"] is None:
         return None
-    from batch.bulk_client import ExportRequest, ServerAccess, export_from_server
+    from batch.bulk_client import ExportRequest, export_from_server
     from batch.fhir_http import FhirServerError
     from batch.fhir_job import FhirInput
 
     directories = tuple(fhir["fhir_dirs"])
     if fhir["fhir_server"] is not None:
-        access = ServerAccess(
-            fhir["fhir_server"],
-            fhir["client_id"],
-            fhir["client_key"],
-            fhir["client_kid"],
-            fhir["scope"],
-        )
+        access = _server_access(fhir)
         request = ExportRequest(
             level="group" if fhir["group_id"] else fhir["export_level"],
             group=fhir["group_id"],
@@ -348,6 +372,14 @@ def predict(
         raise click.UsageError("give either --meds DIR or --fhir DIR / --fhir-server URL")
     if with_fhir and (split != options.ALL_SPLITS or partition is not None):
         raise click.UsageError("--split and --partition read MEDS shards: not with FHIR input")
+    if fhir["write_back"] and fhir["fhir_server"] is None:
+        raise click.UsageError("--write-back writes to the server of --fhir-server: give both")
+    if fhir["model_card_url"] is not None and not fhir["write_back"]:
+        raise click.UsageError("--model-card-url names the card --write-back writes: give both")
+    if fhir["write_back"] and _ledger_off():
+        raise click.UsageError(
+            "--write-back writes the answers the ledger holds: not with MEDTPE_LEDGER_OFF=true"
+        )
     task = get_task(task_name)
     job = Job(
         meds_dir=meds_dir,
@@ -419,6 +451,45 @@ def predict(
             f"FHIR: {export['lines']} lines, {export['patients']} patients, "
             f"{sum(export['issues'].values())} lines left out ({out_dir}/fhir_issues.ndjson)"
         )
+    if fhir["write_back"]:
+        _write_back(fhir, config, job, source, out_dir, run)
+
+
+def _ledger_off() -> bool:
+    """Whether `MEDTPE_LEDGER_OFF` turns the ledger off."""
+    from ledger.settings import LedgerSettings
+
+    return LedgerSettings.from_environ().ledger_off
+
+
+def _write_back(
+    fhir: dict[str, Any], config: Any, job: Any, source: Any, out_dir: Path, run: dict[str, Any]
+) -> None:
+    """Write the job's answers back to `--fhir-server` (`batch.write_back`), each identified by
+    its row in the ledger `MEDTPE_LEDGER_URL` names, and report what the server created and
+    already had."""
+    from batch.fhir_http import FhirServerError
+    from batch.write_back import WRITE_BACK_SCOPE, fhir_job_items, job_model, write_back
+    from ledger.settings import LedgerSettings
+    from ledger.store import LedgerUnavailable
+
+    model = job_model(config.artefact_dir, run, fhir["model_card_url"])
+    access = replace(_server_access(fhir), scope=WRITE_BACK_SCOPE)
+    try:
+        ledger = LedgerSettings.from_environ().open_ledger()
+        try:
+            result = write_back(access, fhir_job_items(source, job, out_dir, ledger), model)
+        finally:
+            ledger.close()
+    except (FhirServerError, LedgerUnavailable, ValueError) as exc:
+        raise click.ClickException(f"write-back: {exc}") from exc
+    created, existing = result.created, result.existing
+    click.echo(
+        f"write-back: {result.predictions} predictions in {result.bundles} transactions to "
+        f"{access.base_url}: {created['RiskAssessment']} RiskAssessments and "
+        f"{created['Provenance']} Provenances created, {existing['RiskAssessment']} "
+        f"RiskAssessments already there"
+    )
 
 
 commands = [predict]

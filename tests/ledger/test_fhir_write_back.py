@@ -242,14 +242,16 @@ def test_the_servers_refusal_is_reported_with_its_operation_outcome(
     assert server.store == {}
 
 
-def test_a_fhir_jobs_answered_records_with_their_patients_and_receipts(tmp_path: Path) -> None:
+def test_a_fhir_jobs_answered_records_with_their_patients_and_ledger_rows(tmp_path: Path) -> None:
     task = get_task("icu_mortality")
     when = datetime(2150, 1, 1, 6, 0)
 
     def row(record: int, prediction: bool | None, p: float | None, error: str | None):
+        answered = prediction is not None or p is not None
         return RecordRow(
-            record, 900 + record, when, None, prediction, p is not None, p, None, error, 10, 6, 0.0
-        )
+            record, 900 + record, when, None, prediction, p is not None, p, None, error, 10, 6,
+            0.0, f"id-{record}" if answered else None,
+        )  # fmt: skip
 
     rows = [row(0, True, 0.7, None), row(1, None, None, "generate: boom"), row(2, None, 0.4, "x")]
     plan = FhirShardPlan(
@@ -261,14 +263,25 @@ def test_a_fhir_jobs_answered_records_with_their_patients_and_receipts(tmp_path:
     pending = FhirShardPlan("bucket-00001", None, (Request(3, 903, when),), patients=("pd",))
     pq.write_table(records_table(rows), records_path(tmp_path, plan.name))
     at = datetime(2026, 11, 27, tzinfo=UTC)
-    receipts = {0: ("id-0", at), 2: ("id-2", at)}
-    written = list(fhir_job_predictions(tmp_path, [plan, pending], task, receipts))
+    asked: list[list[str]] = []
+
+    def ledger(held: set[str]):
+        def created(ids):
+            asked.append(list(ids))
+            return {i: at for i in ids if i in held}
+
+        return created
+
+    found = fhir_job_predictions(tmp_path, [plan, pending], task, ledger({"id-0", "id-2"}))
+    written = list(found)
     assert [(w.prediction_id, w.patient_id, w.prediction, w.p_positive) for w in written] == [
         ("id-0", "pa", True, 0.7),
         ("id-2", "pc", None, 0.4),
     ]
-    with pytest.raises(ValueError, match="record 2 has no ledger receipt"):
-        list(fhir_job_predictions(tmp_path, [plan], task, {0: ("id-0", at)}))
+    assert {w.recorded for w in written} == {at}
+    assert asked == [["id-0", "id-2"]]  # one look-up per shard
+    with pytest.raises(ValueError, match="record 2 has no ledger row"):
+        list(fhir_job_predictions(tmp_path, [plan], task, ledger({"id-0"})))
 
 
 def test_the_card_written_is_the_served_models_card() -> None:

@@ -17,6 +17,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import func, inspect, select
 
+from ledger import store
 from ledger.migrate import current, head
 from ledger.schema import Base, Prediction
 from ledger.store import Ledger, LedgerConflict, LedgerUnavailable, database_url
@@ -91,6 +92,19 @@ def test_rows_are_read_by_time_and_task(ledger_url: str) -> None:
     ]
     assert [r.prediction_id for r in ledger.rows(task="readmission_30d")] == [row(10).prediction_id]
     assert len(list(ledger.rows())) == 11
+    ledger.close()
+
+
+def test_the_times_of_ids_are_read_in_chunks(
+    ledger_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store, "CHUNK_ROWS", 2)
+    ledger = Ledger.open(ledger_url)
+    rows = [row(i) for i in range(5)]
+    ledger.record(rows)
+    asked = [r.prediction_id for r in rows] + ["not-there", rows[0].prediction_id]
+    assert ledger.created(asked) == {r.prediction_id: r.created_at for r in rows}
+    assert ledger.created([]) == {}
     ledger.close()
 
 
