@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -81,17 +81,31 @@ def mask_secrets(text: str) -> str:
 RecordFactory = Callable[..., logging.LogRecord]
 
 
+def _masked_argument(value: Any) -> Any:
+    """A log argument with its secrets masked: a text masked; anything else kept as it is unless
+    its text holds a secret, then replaced by its masked text."""
+    if isinstance(value, str):
+        return mask_secrets(value)
+    if isinstance(value, int | float | bool) or value is None:
+        return value
+    text = str(value)
+    masked = mask_secrets(text)
+    return value if masked == text else masked
+
+
 def _masked_record_factory(factory: RecordFactory) -> RecordFactory:
-    """A record factory whose records carry their message, and their exception text, masked."""
+    """A record factory whose records carry their message, arguments and exception text masked.
+    The arguments keep their shape (a tuple stays a tuple of as many, a mapping a mapping):
+    formatters such as uvicorn's access-log one read them one by one."""
 
     def make(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = factory(*args, **kwargs)
-        try:
-            message = record.getMessage()
-        except Exception:  # arguments that do not fit: the handler reports it, as without us
-            return record
-        record.msg = mask_secrets(message)
-        record.args = None
+        if isinstance(record.msg, str):
+            record.msg = mask_secrets(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(_masked_argument(a) for a in record.args)
+        elif isinstance(record.args, Mapping):
+            record.args = {k: _masked_argument(v) for k, v in record.args.items()}
         if record.exc_info and not record.exc_text:
             record.exc_text = mask_secrets(logging.Formatter().formatException(record.exc_info))
         return record

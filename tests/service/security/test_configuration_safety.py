@@ -102,6 +102,27 @@ def test_every_log_line_of_the_service_is_masked(clean_environment, log: io.Stri
     assert "redis://***@store:6379/0" in written
 
 
+def test_uvicorn_access_lines_keep_their_arguments(clean_environment) -> None:
+    """uvicorn's access formatter unpacks a record's five arguments: masking keeps them (and
+    masks a secret among them), so every request's access line is written."""
+    from uvicorn.logging import AccessFormatter
+
+    install_log_masking([PASSWORD])
+    path = f"/x?token={PASSWORD}"
+    record = logging.getLogger("uvicorn.access").makeRecord(
+        "uvicorn.access",
+        logging.INFO,
+        __file__,
+        1,
+        '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:5000", "GET", path, "1.1", 200),
+        None,
+    )
+    line = AccessFormatter("%(client_addr)s %(request_line)s %(status_code)s").format(record)
+    assert line == "127.0.0.1:5000 GET /x?token=*** HTTP/1.1 200 OK"
+    assert PASSWORD not in line
+
+
 def test_a_state_store_outage_is_logged_without_its_password(
     clean_environment, log: io.StringIO
 ) -> None:
