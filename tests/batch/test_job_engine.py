@@ -50,11 +50,13 @@ def _predict(
 def _same_rows(ours: pa.Table, theirs: pa.Table) -> None:
     """The same rows; probabilities within float32 rounding: an engine given another number of
     cores sums in another order (seen: 0.9258389085 against 0.9258389107 with three test
-    workers)."""
+    workers), and a prompt served from the prefix cache is prefilled in other pieces than one
+    prefilled whole (the records' prompts are alike; which one reaches an engine first depends
+    on the shards' order under Ray: seen 0.9395162 against 0.9394939)."""
     assert ours.column_names == theirs.column_names and ours.num_rows == theirs.num_rows
     for mine, other in zip(ours.to_pylist(), theirs.to_pylist(), strict=True):
         for name, value in mine.items():
-            expected = pytest.approx(value, abs=1e-6) if isinstance(value, float) else value
+            expected = pytest.approx(value, abs=1e-4) if isinstance(value, float) else value
             assert other[name] == expected, name
 
 
