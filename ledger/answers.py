@@ -61,10 +61,13 @@ def basis_row(
     site: str | None = None,
     prediction_id: str | None = None,
     latency_ms: float | None = None,
+    silent: bool = False,
+    shadow_of: str | None = None,
 ) -> PredictionRow:
     """The signed row of one prediction on `basis` (`receipt_basis`), asked by `caller` through
     `door`; `prediction_id`: a given id (a batch run's) else a new random one; `latency_ms`: this
-    answer's, when not the basis' (a card from the score cache)."""
+    answer's, when not the basis' (a card from the score cache); `silent`: recorded, not shown;
+    `shadow_of`: the prediction this row answers a second way (a fidelity shadow)."""
     receipt = Receipt(
         prediction_id=prediction_id or str(uuid.uuid4()),
         created_at=utc_text(datetime.now(UTC)),
@@ -87,6 +90,8 @@ def basis_row(
         compression_rate=row["compression_rate"],
         latency_ms=row["latency_ms"] if latency_ms is None else latency_ms,
         record=None if record is None else record.encode(),
+        silent=silent,
+        shadow_of=shadow_of,
     )
 
 
@@ -99,9 +104,19 @@ def answer_row(
     site: str | None = None,
     prediction_id: str | None = None,
     keep_record: bool = False,
+    silent: bool = False,
+    shadow_of: str | None = None,
 ) -> PredictionRow:
-    """The signed row of the answer `facts` describes (`receipt_basis` then `basis_row`)."""
+    """The signed row of the answer `facts` describes (`receipt_basis` then `basis_row`;
+    `silent` and `shadow_of` as there)."""
     basis = receipt_basis(facts, keep_record=keep_record)
     return basis_row(
-        basis, signer, door=door, caller=caller, site=site, prediction_id=prediction_id
+        basis,
+        signer,
+        door=door,
+        caller=caller,
+        site=site,
+        prediction_id=prediction_id,
+        silent=silent,
+        shadow_of=shadow_of,
     )

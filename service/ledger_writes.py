@@ -99,12 +99,27 @@ class ServiceLedger:
             self.ledger = None
 
     def row(
-        self, facts: Mapping[str, Any], *, door: str, caller: str, site: str | None = None
+        self,
+        facts: Mapping[str, Any],
+        *,
+        door: str,
+        caller: str,
+        site: str | None = None,
+        silent: bool = False,
+        shadow_of: str | None = None,
     ) -> PredictionRow:
-        """The signed row of one answer's facts (`inference.receipt_facts.answer_facts`)."""
+        """The signed row of one answer's facts (`inference.receipt_facts.answer_facts`);
+        `silent`: recorded, not shown; `shadow_of`: the prediction it shadows."""
         assert self.signer is not None, "no rows with the ledger off"
         return answer_row(
-            facts, self.signer, door=door, caller=caller, site=site, keep_record=self.keep_records
+            facts,
+            self.signer,
+            door=door,
+            caller=caller,
+            site=site,
+            keep_record=self.keep_records,
+            silent=silent,
+            shadow_of=shadow_of,
         )
 
     def basis(self, facts: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -122,11 +137,19 @@ class ServiceLedger:
         caller: str,
         site: str | None,
         latency_ms: float,
+        silent: bool = False,
     ) -> PredictionRow:
-        """A new prediction's signed row on `basis` (`ledger.answers.basis_row`)."""
+        """A new prediction's signed row on `basis` (`ledger.answers.basis_row`); `silent`:
+        recorded, not shown."""
         assert self.signer is not None, "no rows with the ledger off"
         return basis_row(
-            basis, self.signer, door=door, caller=caller, site=site, latency_ms=latency_ms
+            basis,
+            self.signer,
+            door=door,
+            caller=caller,
+            site=site,
+            latency_ms=latency_ms,
+            silent=silent,
         )
 
     async def require(self) -> None:

@@ -36,12 +36,14 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from inference.drift import build_compression_rate, drift_figures
 from inference.model import LoadedModel
 from inference.predictor import Answer, PreparedRecord, Segmentation
+from ledger.store import PredictionRow
 
 disable_created_metrics()
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 TOKEN_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 RATE_BUCKETS = tuple(round(0.05 * i, 2) for i in range(0, 21))
+ABS_DP_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 API_SITE = "api"
 """The `site` label of the drift counters for answers of `/predict` and `/predict/batch`."""
 
@@ -177,6 +179,43 @@ class ServiceMetrics:
             multiprocess_mode="liveall",
         )
         self._drift_metrics(reg)
+        self._shadow_metrics(reg)
+
+    def _shadow_metrics(self, reg: CollectorRegistry) -> None:
+        """The live fidelity shadow's figures by task (`service.shadow`)."""
+        self.shadow_answers = Counter(
+            "medtpe_shadow_answers",
+            "Shadow answers recorded (the original tokenizer's ids on the same engine).",
+            ["task"],
+            registry=reg,
+        )
+        self.shadow_agreements = Counter(
+            "medtpe_shadow_agreements",
+            "Shadow answers equal to the answer they shadow.",
+            ["task"],
+            registry=reg,
+        )
+        self.shadow_abs_dp = Histogram(
+            "medtpe_shadow_abs_dp",
+            "|p(yes) of the answer - p(yes) of its shadow|, pairs with both.",
+            ["task"],
+            buckets=ABS_DP_BUCKETS,
+            registry=reg,
+        )
+        self.shadow_dropped = Counter(
+            "medtpe_shadow_dropped",
+            "Shadows drawn but not recorded (busy, queue_full, failed).",
+            ["task", "reason"],
+            registry=reg,
+        )
+
+    def observe_shadow(self, task: str, shown: PredictionRow, shadow: PredictionRow) -> None:
+        """Count a recorded shadow pair: agreement of the answers, |Δp| when both have a p."""
+        self.shadow_answers.labels(task).inc()
+        if shadow.answer == shown.answer:
+            self.shadow_agreements.labels(task).inc()
+        if shadow.p_yes is not None and shown.p_yes is not None:
+            self.shadow_abs_dp.labels(task).observe(abs(shadow.p_yes - shown.p_yes))
 
     def _drift_metrics(self, reg: CollectorRegistry) -> None:
         """The drift counters (`inference.drift`), by task and site: the CDS service's id for a

@@ -40,6 +40,7 @@ from service.schemas import (
     TokenizeResponse,
 )
 from service.serving import predict_record, prepare, served, served_sampling
+from service.shadow import ShadowJob
 from service.state import ServiceState
 
 T = TypeVar("T")
@@ -178,7 +179,8 @@ async def predict(
         await state.ledger.require()
         response = await _predict_request(state, model, predictor, task, body, asked, ["body"])
         await state.ledger.commit(asked.rows)
-        return response
+    state.shadows.offer(state, asked.shadows)  # after the answer left admission control
+    return response
 
 
 @router.post("/predict/batch", response_model=BatchResponse)
@@ -204,6 +206,7 @@ async def predict_batch(
             for i, ((task, predictor), record) in enumerate(zip(checked, body.records, strict=True))
         )
         await state.ledger.commit(asked.rows)
+    state.shadows.offer(state, asked.shadows)
     return BatchResponse(results=results)
 
 
@@ -231,11 +234,13 @@ async def tokenize(body: TokenizeRequest, state: StateDep) -> TokenizeResponse:
 
 
 class _Asked:
-    """Who asked through which door, and the ledger rows of the request's answers so far."""
+    """Who asked through which door, and the ledger rows of the request's answers so far (with
+    the served mode's answers, for the fidelity shadow)."""
 
     def __init__(self, door: str, caller: str, salt: str | None) -> None:
         self.door, self.caller, self.salt = door, caller, salt
         self.rows: list[PredictionRow] = []
+        self.shadows: list[ShadowJob] = []
 
 
 async def _predict_request(
@@ -283,6 +288,8 @@ def _recorded(
     )
     row = state.ledger.row(facts, door=asked.door, caller=asked.caller)
     asked.rows.append(row)
+    if model is state.model:
+        asked.shadows.append(ShadowJob(model, answered.record, sampling, asked.salt, row))
     response.prediction_id = row.prediction_id
     response.receipt = receipt_body(row)
     return response

@@ -23,9 +23,11 @@ from inference.predictor import Mode
 from ledger.settings import LedgerSettings, RecordsKept
 from ledger.signing import SigningKeyError, parse_private_key, signer_for
 from medtpe_core.cds.risk import DEFAULT_TASK_BANDS, RiskBands
+from medtpe_core.cds.services import SERVICES
 from medtpe_core.prompt import WindowPolicy
 from medtpe_core.secret_masking import mask_secrets, url_secrets
 from medtpe_core.tasks import TASKS_DIR_ENV, UnknownTaskError, get_task
+from medtpe_core.thresholds import Thresholds, ThresholdsError
 from service.cds_hooks.jwt_auth import JWKS_GRACE_S, CdsIssuer
 from service.shared_state import STATE_URL_SCHEMES
 
@@ -289,12 +291,39 @@ class ServiceSettings(BaseSettings):
         "create of its answer as a FHIR RiskAssessment (identified by its prediction id), which "
         "an EHR that applies system actions writes to the chart without a click; off: cards only.",
     )
+    cds_silent: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="CDS Hooks: comma-separated services that run silent, each `SERVICE_ID` "
+        "(every caller) or `SERVICE_ID/TENANT` (one tenant's calls): the answer is recorded "
+        "(`silent` in the ledger), the EHR gets no card; removing a service promotes it "
+        "(docs/monitoring.md).",
+    )
+    thresholds_file: Path | None = Field(
+        None,
+        description="Operating thresholds per task and site (the YAML `medtpe monitor "
+        "--thresholds` reads): a CDS card is a warning from the threshold of its task at its "
+        "service on (`critical` raised to it if below); unset: the risk bands alone.",
+    )
+    shadow_rate: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Share of answers (drawn at random) also answered from the prompt's "
+        "original-tokenizer ids on the same engine, after the answer has left, as a linked "
+        "ledger row (`shadow_of`); 0: none. MedTPE mode only (docs/monitoring.md).",
+    )
+    shadow_queue: int = Field(
+        8,
+        gt=0,
+        description="Shadow answers waiting to run; one more is dropped (counted), as is any "
+        "while live records hold every generation slot.",
+    )
     ledger_url: str = ledger_setting("ledger_url")
     ledger_records: RecordsKept = ledger_setting("ledger_records")
     ledger_signing_key: str | None = ledger_setting("ledger_signing_key", repr=False)
     ledger_off: bool = ledger_setting("ledger_off")
 
-    @field_validator("api_keys", "metrics_keys", mode="before")
+    @field_validator("api_keys", "metrics_keys", "cds_silent", mode="before")
     @classmethod
     def _split_keys(cls, value: object, info: ValidationInfo) -> object:
         """Accept `a,b,c` from the environment; separators or blanks without a key are refused
@@ -308,6 +337,27 @@ class ServiceSettings(BaseSettings):
                     "unset to turn it off"
                 )
             return keys
+        return value
+
+    @field_validator("cds_silent")
+    @classmethod
+    def _silent_services(cls, value: list[str]) -> list[str]:
+        """Each entry, `SERVICE_ID` or `SERVICE_ID/TENANT`, names a CDS service."""
+        known = {service.id for service in SERVICES}
+        unknown = [entry for entry in value if entry.partition("/")[0] not in known]
+        if unknown:
+            raise ValueError(f"MEDTPE_CDS_SILENT: no CDS service {unknown[0]!r}")
+        return value
+
+    @field_validator("thresholds_file")
+    @classmethod
+    def _readable_thresholds(cls, value: Path | None) -> Path | None:
+        """A thresholds file that loads (a malformed one fails the start, naming its entry)."""
+        if value is not None:
+            try:
+                Thresholds.load(value)
+            except (OSError, ThresholdsError) as exc:
+                raise ValueError(f"MEDTPE_THRESHOLDS_FILE: {exc}") from exc
         return value
 
     @field_validator("cds_issuers")
@@ -405,6 +455,19 @@ class ServiceSettings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _silent_and_shadows_recorded(self) -> ServiceSettings:
+        """Silent answers and shadows exist only as ledger rows; a shadow answers a MedTPE
+        answer again from the original tokenizer's ids."""
+        if self.ledger_off and (self.cds_silent or self.shadow_rate > 0):
+            raise ValueError(
+                "MEDTPE_CDS_SILENT and MEDTPE_SHADOW_RATE > 0 record answers in the ledger: not "
+                "with MEDTPE_LEDGER_OFF=true"
+            )
+        if self.shadow_rate > 0 and self.mode != "medtpe":
+            raise ValueError("MEDTPE_SHADOW_RATE > 0 shadows MedTPE answers: MEDTPE_MODE=medtpe")
+        return self
+
+    @model_validator(mode="after")
     def _audience_configured(self) -> ServiceSettings:
         """A JWT's `aud` is checked against the configured public URL, never a request's."""
         if self.cds_issuers and self.cds_base_url is None:
@@ -468,6 +531,10 @@ class ServiceSettings(BaseSettings):
         return LedgerSettings(
             self.ledger_url, self.ledger_records, self.ledger_signing_key, self.ledger_off
         )
+
+    def silent(self, service_id: str, tenant: str | None) -> bool:
+        """Whether the CDS service `service_id` runs silent for a call of `tenant`."""
+        return service_id in self.cds_silent or f"{service_id}/{tenant}" in self.cds_silent
 
     @property
     def modes(self) -> tuple[Mode, ...]:

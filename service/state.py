@@ -14,13 +14,16 @@ from inference.engine import Engine, EngineFactory
 from inference.engine_factories import start_vllm
 from inference.model import LoadedModel, load_model
 from inference.predictor import Predictor
+from medtpe_core.cds.risk import DEFAULT_BANDS, RiskBands
 from medtpe_core.fhir import SiteMapping, load_site_mapping
 from medtpe_core.prompt.task_prompt import min_input_tokens
+from medtpe_core.thresholds import Thresholds
 from service.errors import ApiError
 from service.ledger_writes import ServiceLedger
 from service.limits import Admission
 from service.metrics import ServiceMetrics
 from service.settings import ServiceSettings
+from service.shadow import Shadows
 from service.tenancy import CacheSalts
 
 logger = logging.getLogger("medtpe.service")
@@ -62,6 +65,12 @@ class ServiceState:
         self.fhir_mapping: SiteMapping | None = None
         self.ledger = ServiceLedger(settings.ledger())
         """Where every answer is recorded before it leaves (`service.ledger_writes`)."""
+        self.shadows = Shadows(settings.shadow_rate, settings.shadow_queue, self.metrics)
+        """The live fidelity shadow (`service.shadow`)."""
+        self.thresholds = (
+            Thresholds.load(settings.thresholds_file) if settings.thresholds_file else None
+        )
+        """The operating thresholds per task and site (`MEDTPE_THRESHOLDS_FILE`), if set."""
         self.publish_status()
 
     @property
@@ -122,6 +131,7 @@ class ServiceState:
         """Stop the engine processes."""
         self.stopping = True
         self.publish_status()
+        self.shadows.close()
         for engine in self._engines():
             engine.shutdown()
 
@@ -186,6 +196,14 @@ class ServiceState:
         if self.fhir_mapping is None:
             raise ApiError(503, "not_ready", f"the service is {self.status}", {"Retry-After": "10"})
         return self.fhir_mapping
+
+    def card_bands(self, task: str, site: str) -> RiskBands:
+        """A CDS card's risk bands for `task` at `site` (the service id): the task's configured
+        bands, `warning` at the site's operating threshold with `MEDTPE_THRESHOLDS_FILE`."""
+        bands = self.settings.cds_risk_bands.get(task, DEFAULT_BANDS)
+        if self.thresholds is None:
+            return bands
+        return bands.flagged_from(self.thresholds.of(task, site))
 
     @property
     def budget_range(self) -> tuple[int, int] | None:

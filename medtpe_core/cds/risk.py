@@ -52,6 +52,15 @@ class RiskBands(BaseModel):
             return Band(Indicator.WARNING, self.warning, self.critical)
         return Band(Indicator.INFO, 0.0, self.warning)
 
+    def flagged_from(self, threshold: float) -> RiskBands:
+        """These bands with `warning` at an operating threshold (a site's: the card is a warning
+        or critical exactly when the prediction is flagged), `critical` raised to it if below.
+
+        >>> RiskBands(warning=0.2, critical=0.5).flagged_from(0.6)
+        RiskBands(warning=0.6, critical=0.6)
+        """
+        return RiskBands(warning=threshold, critical=max(self.critical, threshold))
+
 
 @dataclass(frozen=True)
 class Band:

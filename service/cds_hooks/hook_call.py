@@ -16,7 +16,9 @@ is fetched from its FHIR server), then the score:
   layer's answer (`RecordAnswer`), never from `/predict`'s response.
 
 The score becomes the call's card in one place (`_issued_card`), which keeps the card's id as
-issued to the caller (`service.shared_state.IssuedCards`: feedback is taken for those only).
+issued to the caller (`service.shared_state.IssuedCards`: feedback is taken for those only). A
+service running silent (`MEDTPE_CDS_SILENT`) records the row (`silent`) and answers no card; a
+score the model computed now may be shadowed (`service.shadow`) once the call is answered.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 
 import meds
 import numpy as np
@@ -37,7 +40,6 @@ from inference.receipt_facts import answer_facts
 from inference.record import FhirResources
 from ledger.store import PredictionRow
 from medtpe_core.cds.cards import Score, card_text
-from medtpe_core.cds.risk import DEFAULT_BANDS
 from medtpe_core.cds.score_cache import record_digest, texts_digest
 from medtpe_core.cds.services import HOOK_CONTEXT, PATIENT_ID, CdsService
 from medtpe_core.fhir import ResourceCache, SiteMapping
@@ -51,6 +53,7 @@ from service.cds_hooks.system_actions import check_patient_id, risk_assessment_a
 from service.errors import ApiError, field_error
 from service.serving import predict_record, prepare, served, served_sampling
 from service.settings import ServiceSettings
+from service.shadow import ShadowJob
 from service.shared_state import IssuedCards, LocalStore, ScoreStore, open_store
 from service.state import ServiceState
 
@@ -130,11 +133,18 @@ async def answer_hook(
     audit.model, audit.artefact = model.identity.name, model.identity.artefact_id
     task = get_task(service.task)
     start = time.perf_counter()
+    silent = state.settings.silent(service.id, caller.tenant)  # MEDTPE_CDS_SILENT
     async with served(state, "cds_hook", task.name, 1):
         await state.ledger.require()
-        score, cached = await _scored(state, hooks, model, task, service, body, caller)
-        card, row = await _issued_card(state, hooks, model, service, caller, (score, cached), start)
+        score, cached, shadow = await _scored(state, hooks, model, task, service, body, caller)
+        scored = (score, cached)
+        card, row = await _issued_card(state, hooks, model, service, caller, scored, start, silent)
+    if shadow is not None and row is not None:  # after the answer left admission control
+        state.shadows.offer(state, [shadow(row)])
     audit.card, audit.outcome = card.uuid, "cached" if cached else "card"
+    if silent:  # recorded (the row says silent), not shown
+        audit.outcome = "silent"
+        return CdsResponse(cards=[])
     actions = None
     if state.settings.cds_system_actions and row is not None and not cached:
         # a card from the score cache repeats an answer whose action went with its first card
@@ -150,8 +160,9 @@ async def _scored(
     service: CdsService,
     body: HookRequest,
     caller: Caller,
-) -> tuple[Score, bool]:
-    """The score of the call's record, and whether it came from the score cache."""
+) -> tuple[Score, bool, Callable[[PredictionRow], ShadowJob] | None]:
+    """The score of the call's record, whether it came from the score cache, and for a score
+    the model computed now, its fidelity shadow once its row is known."""
     gathered = await gather_resources(service, body, caller, state.settings)
     if gathered.fetch_s:
         state.metrics.cds_fhir_fetch.observe(gathered.fetch_s)
@@ -163,7 +174,7 @@ async def _scored(
     sent = await asyncio.to_thread(texts_digest, gathered.resources, patient, *parts)
     score = _recordable(state, await hooks.scores.get(*caller_key, "sent", sent))
     if score is not None:
-        return score, True
+        return score, True, None
     mapping = state.site_mapping()
     cache = hooks.resource_cache(mapping)
     resources = FhirResources(gathered.resources, mapping, patient_id=patient, cache=cache)
@@ -172,15 +183,17 @@ async def _scored(
     key = (*caller_key, "events", task.name, patient, digest)
     score = _recordable(state, await hooks.scores.get(*key))
     cached = score is not None
+    shadow = None
     if score is None:
         sampling = served_sampling(state.settings)  # p(yes) asked for: the card shows it
         answered = await predict_record(state, model, prepared, sampling, salt, site=service.id)
         engine = state.running_engine()
         facts = answer_facts(model, engine, prepared, sampling, answered.answer, answered.total_s)
         score = replace(_score(model, answered), receipt=state.ledger.basis(facts))
+        shadow = partial(ShadowJob, model, prepared, sampling, salt)
     kept = [(*caller_key, "sent", sent), *([] if cached else [key])]
     await hooks.scores.put(score, *kept)  # one round trip to a shared store
-    return score, cached
+    return score, cached, shadow
 
 
 async def _issued_card(
@@ -191,13 +204,15 @@ async def _issued_card(
     caller: Caller,
     scored: tuple[Score, bool],
     start: float,
+    silent: bool = False,
 ) -> tuple[Card, PredictionRow | None]:
     """The card of a score (and whether it came from the cache) and its ledger row, committed
     (a new prediction on the score's receipt basis: a card from the cache is shown again, so
     it is a row of its own), kept as issued to `caller` by `service` (for its feedback);
-    `start`: when the call's work began."""
+    `start`: when the call's work began; `silent`: the row says so, the card is not issued
+    (never shown). Its indicator: the task's bands at the service (`card_bands`)."""
     score, cached = scored
-    bands = state.settings.cds_risk_bands.get(service.task, DEFAULT_BANDS)
+    bands = state.card_bands(service.task, service.id)
     row = None
     if score.receipt is not None:
         row = state.ledger.basis_row(
@@ -206,10 +221,12 @@ async def _issued_card(
             caller=_ledger_caller(caller),
             site=service.id,
             latency_ms=(time.perf_counter() - start) * 1e3,
+            silent=silent,
         )
         await state.ledger.commit([row])
     card = risk_card(card_text(score, bands, cached=cached), model.identity, state.settings, row)
-    await hooks.cards.issue(_caller_key(caller), service.id, card.uuid)
+    if not silent:
+        await hooks.cards.issue(_caller_key(caller), service.id, card.uuid)
     return card, row
 
 

@@ -21,6 +21,7 @@ import httpx
 import psutil
 from starlette.testclient import TestClient
 
+from inference.engine import EngineFactory
 from inference.instant_engine import InstantEngine
 from service.app import create_app
 from service.drain import DrainingServer, draining_server
@@ -338,9 +339,12 @@ def instant_settings(service_files: tuple[Path, Path], **overrides: Any) -> Serv
 
 
 @contextmanager
-def instant_client(settings: ServiceSettings, delay_s: float = 0.0) -> Iterator[TestClient]:
-    """The app in-process on an `InstantEngine`, ready (lifespan run, readiness green)."""
-    app = create_app(settings, InstantEngine.factory(delay_s))
+def instant_client(
+    settings: ServiceSettings, delay_s: float = 0.0, engine_factory: EngineFactory | None = None
+) -> Iterator[TestClient]:
+    """The app in-process on an `InstantEngine` (or `engine_factory`'s engine), ready (lifespan
+    run, readiness green)."""
+    app = create_app(settings, engine_factory or InstantEngine.factory(delay_s))
     with TestClient(app, base_url="http://testserver") as client:
         deadline = time.monotonic() + 300
         while client.get("/readyz").status_code != 200:
