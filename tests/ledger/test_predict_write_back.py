@@ -103,6 +103,12 @@ def test_the_night_job_writes_each_answer_back_once(
     assert again.exit_code == 0, again.output
     assert f"0 RiskAssessments and 0 Provenances created, {n} RiskAssessments" in again.output
     assert len(ehr.of_type("RiskAssessment")) == len(ehr.of_type("Provenance")) == n
+    # a server that refuses the writes fails the command with its reason, the outputs kept
+    ehr.redirect_to = "http://127.0.0.1:9/fhir"
+    refused = CliRunner().invoke(predict, arguments)
+    assert refused.exit_code == 1
+    assert "write-back: the FHIR server answered the transaction with a redirect" in refused.output
+    assert (tmp_path / "out" / "summary.json").is_file()
 
 
 @pytest.mark.parametrize(
