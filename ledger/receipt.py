@@ -100,8 +100,9 @@ class Receipt:
     receipt_version: int = field(default=RECEIPT_VERSION)
 
     def canonical(self) -> bytes:
-        """The bytes that are signed."""
-        return canonical_json(asdict(self))
+        """The bytes that are signed (the fields as they are: `asdict`'s deep copy would give
+        the same JSON at several times the cost)."""
+        return canonical_json({f.name: getattr(self, f.name) for f in fields(self)})
 
     def to_json(self) -> dict[str, Any]:
         """The receipt as a JSON object (a response's `receipt`)."""
