@@ -42,6 +42,7 @@ async def readyz(request: Request) -> JSONResponse:
     they and the renderer's version match the build's, their digest); always the task names and
     the prediction ledger's state (not ready while it cannot be opened)."""
     state = _state(request)
+    await state.ledger.open()  # a ledger that could not be opened: tried again (every 2 s)
     status = state.status
     body: dict[str, object] = {"status": status, "tasks": TASK_NAMES}
     if state.failure is not None:

@@ -158,6 +158,26 @@ def test_a_ledger_that_cannot_be_opened_keeps_the_service_unready(
         assert refused.headers["Retry-After"] == "5"
 
 
+def test_readiness_opens_the_ledger_once_it_can_be(
+    service_files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    blocker = tmp_path / "ledger-dir"
+    blocker.write_text("a file where the ledger's folder should be")
+    url = f"sqlite:///{blocker / 'ledger.sqlite3'}"
+    app = create_app(instant_settings(service_files, ledger_url=url), InstantEngine.factory())
+    with TestClient(app) as client:
+        deadline = time.monotonic() + 120
+        while client.get("/readyz").json()["status"] != "ledger_unavailable":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        blocker.unlink()  # the ledger can be opened now: readiness tries again by itself
+        while (ready := client.get("/readyz")).status_code != 200:
+            assert time.monotonic() < deadline, ready.json()
+            time.sleep(0.2)
+        assert ready.json()["ledger"]["status"] == "open"
+        assert post(client, "/predict", record(5)).status_code == 200
+
+
 def test_the_ledger_is_off_only_on_loopback(service_files: tuple[Path, Path]) -> None:
     with pytest.raises(ValidationError, match="MEDTPE_LEDGER_OFF"):
         instant_settings(service_files, ledger_off=True, host="0.0.0.0")
