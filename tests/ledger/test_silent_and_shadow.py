@@ -50,6 +50,15 @@ def ledger_rows(url: str) -> list[PredictionRow]:
         ledger.close()
 
 
+def wait_for_rows(url: str, n: int) -> list[PredictionRow]:
+    """The ledger's rows once it holds `n` (shadows are written after their answers), at most
+    30 s."""
+    deadline = time.monotonic() + 30
+    while len(rows := ledger_rows(url)) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return rows
+
+
 def metric(client: TestClient, name: str, **labels: str) -> float:
     """The value of one series of `/metrics` (0 when absent)."""
     text = client.get("/metrics", headers=AUTH).text
@@ -71,6 +80,7 @@ def test_a_silent_service_records_without_a_card_and_a_site_threshold_sets_the_i
         tmp_path,
         cds_silent=ICU_START.id,
         thresholds_file=thresholds,
+        shadow_rate=1.0,
         cds_base_url=BASE,
         cds_issuers=json.loads(ehr.issuers_setting(["http://127.0.0.1:9"])),
     )
@@ -83,13 +93,20 @@ def test_a_silent_service_records_without_a_card_and_a_site_threshold_sets_the_i
                 service, ICU_PATIENT, prefetch=prefetch_of(service, bundle, ICU_PATIENT)
             )
             calls[service.id] = client.post(path, json=body, headers=ehr.authorization(BASE + path))
+        wait_for_rows(url, 3)
         silent_calls = metric(
             client, "medtpe_cds_hook_calls_total", service=ICU_START.id, outcome="silent"
         )
     assert calls[ICU_START.id].status_code == 200 and calls[ICU_START.id].json() == {"cards": []}
     assert silent_calls == 1
-    rows = {row.site: row for row in ledger_rows(url)}
+    recorded = ledger_rows(url)
+    rows = {row.site: row for row in recorded if row.shadow_of is None}
     assert rows[ICU_START.id].silent and not rows[ICU.id].silent
+    # the first call's score was computed, and shadowed on the hook's door and site; the silent
+    # call's came from the score cache (the same record): not answered again
+    (shadow,) = (row for row in recorded if row.shadow_of is not None)
+    assert shadow.shadow_of == rows[ICU.id].prediction_id
+    assert (shadow.door, shadow.site, shadow.silent) == ("cds_hook", ICU.id, True)
     # the instant engine's p(yes) 0.75 is critical in the task's default bands; at the patient
     # view's site threshold 0.9 it is not flagged: an informational card
     card = calls[ICU.id].json()["cards"][0]
@@ -129,9 +146,7 @@ def test_a_shadow_answers_the_original_ids_after_the_response_as_a_linked_row(
         assert answered_s < HOLD_S / 4  # the shadow, held, did not hold the answer
         assert [row.prediction_id for row in ledger_rows(url)] == [answer.json()["prediction_id"]]
         engine.release()
-        deadline = time.monotonic() + 30
-        while len(rows := ledger_rows(url)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        rows = wait_for_rows(url, 2)
         agreements = metric(client, "medtpe_shadow_agreements_total", task="icu_mortality")
         answers = metric(client, "medtpe_shadow_answers_total", task="icu_mortality")
         dp_count = metric(client, "medtpe_shadow_abs_dp_count", task="icu_mortality")
