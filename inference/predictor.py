@@ -12,7 +12,7 @@ import re
 import time
 from collections import ChainMap, Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
@@ -253,6 +253,14 @@ class Predictor:
             tokenize_s=tokenized - rendered,
             max_input_tokens=self.max_input_tokens,
         )
+
+    def uncompressed(self, prepared: PreparedRecord) -> PreparedRecord:
+        """`prepared` with its original ids, every token the artefact evicted decomposed into the
+        base tokens it merges (nothing merged), as its MedTPE ids: the uncompressed prompt a
+        MedTPE engine reads as the base model reads the original (the fidelity shadow's)."""
+        original = prepared.segmentation.original_ids
+        decomposed = self.tokenizer.encode_ids(original, merge=False)
+        return replace(prepared, segmentation=Segmentation(original, decomposed))
 
     @cached_property
     def stop_ids(self) -> frozenset[int]:

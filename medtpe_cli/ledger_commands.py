@@ -239,6 +239,8 @@ def rederive(
         assert row.record is not None
         events, stored_when, descriptions = parse_canonical_record(row.record)
         prepared = predictor.prepare(task, events, stored_when, descriptions or None)
+    if row.shadow_of is not None:  # a fidelity shadow answered the uncompressed prompt
+        prepared = predictor.uncompressed(prepared)
     engine = (start_engine or start_vllm)(loaded.engine_config)
     try:
         answer = asyncio.run(predictor.answer(engine, prepared, Sampling(**receipt.decoding)))

@@ -5,8 +5,8 @@ recorded as a ledger row linked to the answer (`shadow_of`, never shown: `silent
 On the same engine: the served MedTPE checkpoint reads base ids as the base model does, except
 the ids a replacement artefact evicted and gave to its new tokens; the shadow's prompt is the
 prompt's original ids with each evicted token decomposed into the base tokens it merges
-(`MedTPETokenizer.encode_ids(..., merge=False)`: the text in the base model's own tokens, none
-merged), so the two rows differ only by the compression.
+(`Predictor.uncompressed`: the text in the base model's own tokens, none merged), so the two
+rows differ only by the compression.
 
 Dropped first under load, never delaying an answer: offered once the answer's row is committed
 and its request has left admission control; kept in a bounded queue (full: dropped); one shadow
@@ -20,11 +20,11 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from inference.model import LoadedModel
-from inference.predictor import PreparedRecord, Segmentation
+from inference.predictor import PreparedRecord
 from inference.receipt_facts import answer_facts
 from inference.sampling import Sampling
 from ledger.store import PredictionRow
@@ -46,14 +46,6 @@ class ShadowJob:
     sampling: Sampling
     salt: str | None
     shown: PredictionRow
-
-
-def original_ids_prepared(model: LoadedModel, prepared: PreparedRecord) -> PreparedRecord:
-    """`prepared` with the original tokenizer's ids (evicted tokens decomposed) in place of its
-    MedTPE ids, for the MedTPE engine."""
-    original = prepared.segmentation.original_ids
-    decomposed = model.predictor.tokenizer.encode_ids(original, merge=False)
-    return replace(prepared, segmentation=Segmentation(original, decomposed))
 
 
 class Shadows:
@@ -110,7 +102,7 @@ class Shadows:
         agreement and |Δp|."""
         start = time.perf_counter()
         model, shown = job.model, job.shown
-        prepared = await asyncio.to_thread(original_ids_prepared, model, job.prepared)
+        prepared = await asyncio.to_thread(model.predictor.uncompressed, job.prepared)
         engine = state.running_engine()
         answer = await model.predictor.answer(engine, prepared, job.sampling, cache_salt=job.salt)
         facts = answer_facts(

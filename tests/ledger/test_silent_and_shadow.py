@@ -19,7 +19,10 @@ from pydantic import ValidationError
 
 from inference.engine import Completion, EngineConfig
 from inference.instant_engine import InstantEngine
+from ledger.receipt import Receipt
 from ledger.store import Ledger, PredictionRow
+from ledger.verification import compare
+from medtpe_cli.ledger_commands import RecordSource, rederive
 from medtpe_core.cds.risk import DEFAULT_TASK_BANDS
 from medtpe_core.cds.services import get_service
 from service.settings import ServiceSettings
@@ -135,7 +138,9 @@ class HeldShadow(InstantEngine):
 def test_a_shadow_answers_the_original_ids_after_the_response_as_a_linked_row(
     service_files: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    settings, url = sqlite_settings(service_files, tmp_path, shadow_rate=1.0)
+    settings, url = sqlite_settings(
+        service_files, tmp_path, shadow_rate=1.0, ledger_records="store"
+    )
     with instant_client(settings, engine_factory=HeldShadow.start) as client:
         state = client.app.state.service  # type: ignore[attr-defined]
         engine = state.engine
@@ -161,6 +166,14 @@ def test_a_shadow_answers_the_original_ids_after_the_response_as_a_linked_row(
     assert tokenizer.to_base_ids(shadow_ids) == tokenizer.to_base_ids(answer_ids)
     assert len(shadow_ids) > len(answer_ids) and shadow.medtpe_tokens == len(shadow_ids)
     assert not set(shadow_ids) & set(tokenizer.evicted)
+    # `medtpe verify` re-derives the shadow's prompt (and answer) from its stored record
+    artefact, export = service_files
+    files = {"artefact_dir": artefact, "export_dir": export, "codes_dir": None}
+    receipt = Receipt.from_text(shadow.receipt)
+    again = rederive(shadow, receipt, RecordSource(), files, InstantEngine.factory())
+    checks = {check.part: check for check in compare(receipt, again)}
+    assert all(check.ok for check in checks.values()), checks
+    assert checks["prompt"].detail == "same prompt"
 
 
 def test_a_shadow_is_dropped_and_counted_when_live_records_hold_every_slot(
