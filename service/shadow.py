@@ -125,6 +125,6 @@ class Shadows:
 
 
 def _busy(state: ServiceState) -> bool:
-    """Whether live records hold (or wait for) every generation slot."""
+    """Whether live records hold (or wait for) every generation slot, or the service stops."""
     admission = state.admission
-    return admission.admitted >= admission.max_concurrency
+    return state.draining or admission.admitted >= admission.max_concurrency
