@@ -26,6 +26,8 @@ from urllib.parse import urlsplit
 import kubernetes_validate
 import pytest
 import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import ValidationError
 
 from medtpe_core.paths import DEFAULT_ARTEFACT_NAME
@@ -262,12 +264,26 @@ def test_build_context_holds_what_the_dockerfile_copies() -> None:
 
 COMPOSE_API_KEYS = "compose-key-1,compose-key-2"
 """The keys the compose tests run it with: the file requires `MEDTPE_API_KEYS`."""
+COMPOSE_SIGNING_KEY = (
+    Ed25519PrivateKey.generate()
+    .private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    .decode()
+)
+"""A fresh Ed25519 key in PEM, as `openssl genpkey -algorithm ed25519` writes one."""
 COMPOSE_REQUIRED = {
     "MEDTPE_API_KEYS": COMPOSE_API_KEYS,
     "MEDTPE_METRICS_KEYS": "compose-scrape-token",
     "GRAFANA_ADMIN_PASSWORD": "compose-grafana-password",
+    "MEDTPE_LEDGER_DB_PASSWORD": "0123456789abcdef0123456789abcdef",
+    "MEDTPE_LEDGER_SIGNING_KEY": COMPOSE_SIGNING_KEY,
 }
 """Every variable the compose file requires, with the values its tests give."""
+LEDGER_SECRET = {"MEDTPE_LEDGER_URL": "url", "MEDTPE_LEDGER_SIGNING_KEY": "signing-key"}
+"""The ledger's variables and their keys in the required Kubernetes Secret `medtpe-ledger`."""
 
 
 def compose_command(*files: str) -> list[str]:
@@ -290,8 +306,8 @@ def compose_config(*files: str) -> dict[str, Any]:
 @pytest.mark.parametrize("variable", sorted(COMPOSE_REQUIRED))
 def test_compose_requires_its_secrets(variable: str) -> None:
     """The service listens on 0.0.0.0 in its container: compose stops without its API keys, the
-    token Prometheus scrapes with, or Grafana's admin password (no default), naming the
-    variable."""
+    token Prometheus scrapes with, Grafana's admin password, the ledger database's password or
+    the receipts' signing key (no default), naming the variable."""
     env = {k: v for k, v in (os.environ | COMPOSE_REQUIRED).items() if k != variable}
     command = compose_command("docker-compose.yml")
     refused = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
@@ -310,7 +326,7 @@ def test_compose_service_matches_the_image_and_settings(
     environment_names: set[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = compose_config("docker-compose.yml")
-    assert set(config["services"]) == {"medtpe", "valkey", "prometheus", "grafana"}
+    assert set(config["services"]) == {"medtpe", "valkey", "ledger-db", "prometheus", "grafana"}
     medtpe = config["services"]["medtpe"]
     assert medtpe["build"]["args"]["VARIANT"] == "cpu"
     assert Path(medtpe["build"]["context"]) == ROOT
@@ -327,6 +343,42 @@ def test_compose_service_matches_the_image_and_settings(
     for service in config["services"].values():
         for host_path in bind_mounts(service).values():
             assert host_path.exists() and host_path.is_relative_to(DEPLOY), host_path
+
+
+@pytest.mark.parametrize(
+    "files",
+    [("docker-compose.yml",), ("docker-compose.yml", "deploy/docker-compose.gpu.yml")],
+    ids=["cpu", "gpu"],
+)
+def test_compose_ledger_is_the_postgres_service(
+    files: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service records into the `ledger-db` PostgreSQL, reached inside only and with its
+    data on a named volume, once its health check passes; the URL's credentials are the
+    server's, the signing key the required variable's (the service parses it)."""
+    config = compose_config(*files)
+    services = config["services"]
+    medtpe, database = services["medtpe"], services["ledger-db"]
+    settings = settings_from_environment(medtpe["environment"], monkeypatch)
+    url = urlsplit(settings.ledger_url)
+    assert url.scheme == "postgresql" and (url.hostname, url.port) == ("ledger-db", 5432)
+    server = database["environment"]
+    assert url.username == server["POSTGRES_USER"] and url.path == f"/{server['POSTGRES_DB']}"
+    assert url.password == server["POSTGRES_PASSWORD"]
+    assert url.password == COMPOSE_REQUIRED["MEDTPE_LEDGER_DB_PASSWORD"]
+    assert settings.ledger_signing_key == COMPOSE_SIGNING_KEY
+    assert not settings.ledger_off
+    assert medtpe["depends_on"]["ledger-db"]["condition"] == "service_healthy"
+    assert database["image"] == "postgres:16" and "ports" not in database
+    (data,) = database["volumes"]
+    assert data["type"] == "volume" and data["source"] in config["volumes"]
+    assert data["target"] == "/var/lib/postgresql/data"
+    check = database["healthcheck"]["test"]
+    assert check[:2] == ["CMD", "pg_isready"] and f"--dbname={server['POSTGRES_DB']}" in check
+    # without the key, the service would refuse to start on this ledger
+    keyless = {k: v for k, v in medtpe["environment"].items() if k != "MEDTPE_LEDGER_SIGNING_KEY"}
+    with pytest.raises(ValidationError, match="MEDTPE_LEDGER_SIGNING_KEY"):
+        settings_from_environment(keyless, monkeypatch)
 
 
 def test_compose_gpu_override_selects_the_cuda_image_and_a_gpu(
@@ -745,3 +797,44 @@ def test_slow_clients_are_cut_at_the_ingress(version: str, monkeypatch: pytest.M
     settings = settings_from_environment(k8s_documents()["ConfigMap"]["data"], monkeypatch)
     for name in ("client-header-timeout", "client-body-timeout"):
         assert 0 < int(data[name]) < settings.request_timeout_s, name
+
+
+def ledger_variables(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The ledger's variables of a container, by name."""
+    return {e["name"]: e for e in container.get("env", []) if e["name"] in LEDGER_SECRET}
+
+
+def test_every_pod_that_answers_records_in_the_ledger_of_a_required_secret(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The service's pods, the nightly population CronJob and the Ray predict job's driver all
+    read MEDTPE_LEDGER_URL and MEDTPE_LEDGER_SIGNING_KEY from the Secret `medtpe-ledger` (not
+    optional: a pod without it never starts), never from the ConfigMap; docs/deployment.md
+    creates that Secret with those keys."""
+    deployment = k8s_documents()["Deployment"]
+    cronjob = yaml.safe_load((K8S / "cronjob-population.yaml").read_text())
+    rayjob = yaml.safe_load((K8S / "rayjob-predict.yaml").read_text())
+    pods = {
+        "deployment": deployment["spec"]["template"]["spec"],
+        "cronjob": cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"],
+        "rayjob head": rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"],
+    }
+    for what, pod in pods.items():
+        (container,) = pod["containers"]
+        variables = ledger_variables(container)
+        assert set(variables) == set(LEDGER_SECRET), what
+        for name, variable in variables.items():
+            ref = variable["valueFrom"]["secretKeyRef"]
+            assert (ref["name"], ref["key"]) == ("medtpe-ledger", LEDGER_SECRET[name]), what
+            assert "optional" not in ref, what
+    config = k8s_documents()["ConfigMap"]["data"]
+    assert not set(config) & {*LEDGER_SECRET, "MEDTPE_LEDGER_OFF"}
+    # with the Secret's PostgreSQL URL and no key, the service would refuse to start
+    shared = config | {"MEDTPE_LEDGER_URL": "postgresql://medtpe:pw@db.hospital.example/medtpe"}
+    with pytest.raises(ValidationError, match="MEDTPE_LEDGER_SIGNING_KEY"):
+        settings_from_environment(shared, monkeypatch)
+    guide = (ROOT / "docs" / "deployment.md").read_text()
+    create = re.search(r"kubectl create secret generic medtpe-ledger\b[^`]*?(?=\n\S|\n\n)", guide)
+    assert create, "docs/deployment.md creates the Secret medtpe-ledger"
+    for key in LEDGER_SECRET.values():
+        assert re.search(rf"--from-(literal|file)={key}=", create.group(0)), key
