@@ -278,7 +278,7 @@ COMPOSE_REQUIRED = {
     "MEDTPE_API_KEYS": COMPOSE_API_KEYS,
     "MEDTPE_METRICS_KEYS": "compose-scrape-token",
     "GRAFANA_ADMIN_PASSWORD": "compose-grafana-password",
-    "MEDTPE_LEDGER_DB_PASSWORD": "0123456789abcdef0123456789abcdef",
+    "LEDGER_DB_PASSWORD": "0123456789abcdef0123456789abcdef",
     "MEDTPE_LEDGER_SIGNING_KEY": COMPOSE_SIGNING_KEY,
 }
 """Every variable the compose file requires, with the values its tests give."""
@@ -365,7 +365,7 @@ def test_compose_ledger_is_the_postgres_service(
     server = database["environment"]
     assert url.username == server["POSTGRES_USER"] and url.path == f"/{server['POSTGRES_DB']}"
     assert url.password == server["POSTGRES_PASSWORD"]
-    assert url.password == COMPOSE_REQUIRED["MEDTPE_LEDGER_DB_PASSWORD"]
+    assert url.password == COMPOSE_REQUIRED["LEDGER_DB_PASSWORD"]
     assert settings.ledger_signing_key == COMPOSE_SIGNING_KEY
     assert not settings.ledger_off
     assert medtpe["depends_on"]["ledger-db"]["condition"] == "service_healthy"
