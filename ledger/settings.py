@@ -8,12 +8,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 from ledger.signing import Signer, signer_for
-from ledger.store import Ledger
 from medtpe_core.declared import Declared, declared, described
 from medtpe_core.paths import cache_dir
+
+if TYPE_CHECKING:  # the store (SQLAlchemy) is imported when a ledger is opened
+    from ledger.store import Ledger
 
 RecordsKept = Literal["digest", "store"]
 LEDGER_FILE = "ledger.sqlite3"
@@ -93,6 +95,8 @@ class LedgerSettings:
 
     def open_ledger(self) -> Ledger:
         """The ledger these settings name, migrated (`Ledger.open`; `LedgerUnavailable`)."""
+        from ledger.store import Ledger
+
         return Ledger.open(self.ledger_url, keep_records=self.ledger_records == "store")
 
     def signer(self) -> Signer:

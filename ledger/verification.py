@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ledger.receipt import Receipt, canonical_json, rendering_digest, utc_text
 from ledger.signing import verify_signature
-from ledger.store import PredictionRow
+
+if TYPE_CHECKING:
+    from ledger.store import PredictionRow
 
 P_TOLERANCE = 0.02
 """Largest |Δp("yes")| of a re-run taken as the same: a float32 re-run of a float32 answer moves p

@@ -16,17 +16,19 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ledger.receipt import Receipt, prompt_ids_digest, rendering_settings
 from ledger.settings import LedgerSettings
 from ledger.signing import SigningKeyError, public_key_from_jwk
-from ledger.store import LedgerUnavailable, PredictionRow
 from ledger.verification import P_TOLERANCE, Check, Rederived, check_row, compare
 from medtpe_cli import options
 from medtpe_core.meds.canonical import parse_canonical_record, record_digest
+
+if TYPE_CHECKING:  # the store (SQLAlchemy: the `service` extra) inside the commands only
+    from ledger.store import PredictionRow
 
 LEDGER_OPTION = click.option(
     "--ledger",
@@ -58,6 +60,7 @@ def upgrade(ledger_url: str | None) -> None:
     """Create the ledger's tables or migrate them to the newest schema (the service and
     `medtpe predict` do it on start, too)."""
     from ledger.migrate import current, head
+    from ledger.store import LedgerUnavailable
 
     settings = _settings(ledger_url)
     try:
@@ -155,6 +158,8 @@ def verify(
     export_dir: Path | None,
 ) -> None:
     """Check the ledger row PREDICTION_ID's signature and re-derive its answer."""
+    from ledger.store import LedgerUnavailable
+
     if meds_dir is not None and fhir_dirs:
         raise click.UsageError("give --meds or --fhir, not both")
     settings = _settings(ledger_url)

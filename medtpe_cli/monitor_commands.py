@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 import click
 
 from ledger.settings import LedgerSettings
-from ledger.store import Ledger, LedgerUnavailable
 from medtpe_cli.ledger_commands import LEDGER_OPTION
 from medtpe_cli.options import TASK_OPTION
 from medtpe_core.meds.readers import MedsDataset, MedsFormatError
@@ -29,13 +28,16 @@ from medtpe_core.thresholds import Thresholds, ThresholdsError
 from monitoring.cohort import AttributeMapError, load_attribute_map
 from monitoring.figures import DEFAULT_RESAMPLES
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the store (SQLAlchemy: the `service` or `monitor` extra) inside the commands
+    from ledger.store import Ledger
     from monitoring.outcomes import SubjectSource
 
 MAX_RESAMPLES = 10_000
 
 
 def _open(ledger_url: str | None) -> Ledger:
+    from ledger.store import Ledger, LedgerUnavailable
+
     try:
         return Ledger.open(ledger_url or LedgerSettings.from_environ().ledger_url)
     except LedgerUnavailable as exc:
@@ -118,6 +120,7 @@ def outcomes(
 ) -> None:
     """Label the ledger's predictions of a task with what happened (the task's labeller, at its
     horizon; not yet known: open, counted) and record their cohort attributes. Idempotent."""
+    from ledger.store import LedgerUnavailable
     from monitoring.outcomes import MedsSource, join_outcomes
 
     if (meds_dir is None) == (not fhir_dirs):
