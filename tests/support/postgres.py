@@ -17,7 +17,8 @@ from pathlib import Path
 
 from tests.support.service_support import free_port
 
-START_TIMEOUT_S = 30
+START_TIMEOUT_S = 120
+"""How long `initdb` or `pg_ctl` may take: a start under a loaded test run took over 30 s."""
 
 
 def postgres_bin() -> Path | None:
@@ -64,11 +65,33 @@ class PostgresServer:
         """Start the server and wait until it accepts connections."""
         options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=on"
         log = str(self.root / "postgres.log")
-        self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", log, "-w", "start")
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-o",
+            options,
+            "-l",
+            log,
+            "-w",
+            "-t",
+            str(START_TIMEOUT_S - 5),
+            "start",
+        )
 
     def stop(self) -> None:
         """Stop the server (fast shutdown: open sessions are ended) and wait for it."""
-        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-m",
+            "fast",
+            "-w",
+            "-t",
+            str(START_TIMEOUT_S - 5),
+            "stop",
+        )
 
 
 @contextmanager
