@@ -27,6 +27,7 @@ from tests.support.service_support import SERVICE_API_KEY, ServiceProcess, metri
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(600)]
 
 ICU = get_service("medtpe-icu-mortality-patient-view")
+KEY = {"Authorization": f"Bearer {SERVICE_API_KEY}"}  # /metrics needs it where keys are set
 
 
 def probability(card: dict) -> float:
@@ -61,11 +62,11 @@ def test_a_hook_answers_as_predict_on_the_same_record(
         tokens = predicted["tokens"]
         assert f"{tokens['original']:,} → {tokens['medtpe']:,} prompt tokens" in card["detail"]
 
-        metrics = client.get(f"{service_server.url}/metrics").text
+        metrics = client.get(f"{service_server.url}/metrics", headers=KEY).text
         cached = client.post(url, json=body, headers=ehr.authorization(url)).json()["cards"][0]
         assert "an earlier call's score" in cached["detail"]
         assert probability(cached) == probability(card)
-        after = client.get(f"{service_server.url}/metrics").text
+        after = client.get(f"{service_server.url}/metrics", headers=KEY).text
         calls = {"service": ICU.id, "outcome": "cached"}
         before_n = metric_value(metrics, "medtpe_cds_hook_calls_total", **calls)
         assert metric_value(after, "medtpe_cds_hook_calls_total", **calls) == before_n + 1
@@ -86,7 +87,7 @@ def test_a_hook_answers_as_predict_on_the_same_record(
         )
         assert again.status_code == 200, again.text
         assert "an earlier call's score" not in again.json()["cards"][0]["detail"]
-        final = client.get(f"{service_server.url}/metrics").text
+        final = client.get(f"{service_server.url}/metrics", headers=KEY).text
         assert metric_value(final, "vllm:prefix_cache_hits_total") > hits
     audit = [
         json.loads(line.split("medtpe.audit ", 1)[1])

@@ -278,7 +278,9 @@ def running_service(env: dict[str, str], log_path: Path) -> Iterator[ServiceProc
 
 
 def metric_value(text: str, name: str, **labels: str) -> float:
-    """The value of one sample of a Prometheus exposition (0 when absent)."""
+    """The value of one sample of a Prometheus exposition (0 when absent); text that is no
+    exposition (a 401's body, say) fails, so a metric read without a key cannot pass as 0."""
+    assert "# TYPE " in text, f"not a Prometheus exposition: {text[:200]!r}"
     for line in text.splitlines():
         if line.startswith("#") or not line.startswith(name):
             continue
