@@ -1,4 +1,4 @@
-"""What the shared state (service/shared_state.py) adds to a CDS hook call: the same records
+"""What the shared state (service/state_store.py) adds to a CDS hook call: the same records
 through the `patient-view` hook with the state in the API process's memory and on a Redis
 server (`MEDTPE_STATE_URL`), beside `/predict` with the same FHIR Bundle.
 
@@ -45,7 +45,7 @@ from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
 from medtpe_core.meds import MedsEvent, SubjectEvents
 from service.cds_hooks.jwt_auth import ReplayCache
 from service.settings import ServiceSettings
-from service.shared_state import LocalStore, RedisStore, ScoreStore, StateStore
+from service.state_store import LocalStore, RedisStore, ScoreStore, StateStore
 from tests.support.cds_support import hook_request, patient_id, prefetch_of
 from tests.support.ehr import serving_ehr
 from tests.support.redis_server import running_redis

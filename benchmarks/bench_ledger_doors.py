@@ -35,7 +35,7 @@ from ledger.settings import LedgerSettings
 from ledger.store import Ledger
 from medtpe_core.paths import cache_dir
 from medtpe_core.tasks import get_task
-from service.schemas import PredictRequest
+from service.api.schemas import PredictRequest
 from tests.ledger.conftest import fresh_database
 from tests.ledger.rows import RFC8037_SEED_B64 as SEED
 from tests.support.postgres import POSTGRES_BIN, running_postgres

@@ -220,8 +220,8 @@ def original_prompts(args: argparse.Namespace, bodies: list[dict[str, Any]]) -> 
     them; the engine's model directory and context length; its warm-up prompt."""
     from inference.model import load_model
     from medtpe_core.tasks import get_task
+    from service.api.schemas import PredictRequest
     from service.json_body import decode_body
-    from service.schemas import PredictRequest
 
     model = load_model(service_settings(args, "original").model())
     predictor = model.predictor

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from service.routes import caller_key
+from service.api.routes import caller_key
 
 OPENAPI_PATH = "/openapi.json"
 

@@ -10,7 +10,7 @@ The supervisor (the process `medtpe serve` started):
 Each API process is the ordinary app (`service.app.create_app`) on the shared socket, its engine
 a client of the shared core, its admission limits a 1/N share (`ServiceSettings.process_limits`).
 What must be the same in every process, the CDS Hooks replay and score caches, is in the store
-`MEDTPE_STATE_URL` names (service/shared_state.py: each process its own client); with CDS
+`MEDTPE_STATE_URL` names (service/state_store.py: each process its own client); with CDS
 issuers and no state URL the settings refuse N > 1, before any process starts.
 It reports ready after its own warm-up generation through the core. If any API process or the
 engine core dies, the supervisor stops the rest and exits non-zero, so the orchestrator restarts

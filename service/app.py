@@ -24,12 +24,13 @@ from fastapi.openapi.utils import get_openapi
 from inference.engine import EngineFactory
 from inference.engine_factories import start_vllm
 from medtpe_core.secret_masking import install_log_masking
-from service import ledger_routes, model_card_route, probes, routes
+from service import ledger_routes, model_card_route, probes
+from service.api import routes
+from service.api.schemas import API_KEY_SCHEMES, BUDGET
 from service.api_docs import install_api_docs
 from service.cds_hooks.routes import install_cds_hooks
 from service.errors import InternalErrors, install_error_handlers
 from service.limits import BodyLimits
-from service.schemas import API_KEY_SCHEMES, BUDGET
 from service.settings import ServiceSettings
 from service.state import ServiceState
 from service.ui import install_ui

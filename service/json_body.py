@@ -6,7 +6,7 @@ what `json.loads` gives except that
 - a record's `events` array (top-level `events`, or `events` of each of `records`) arrives as the
   `SubjectEvents` that validating it event by event would build
   (`medtpe_core.meds.json_events.decode_events`); the request models take such columns as they are
-  (`service.schemas.Events`);
+  (`service.api.schemas.Events`);
 - a record's `bundle` arrives with each entry's `resource` as its undecoded JSON text (`bytes`),
   as a CDS hook's prefetch does (`service.cds_hooks.prefetch`): `medtpe_core.fhir` decodes only
   what its first pass needs of each, and validates only the resources the prompt reaches, from
@@ -19,7 +19,7 @@ A body that is no JSON text this service reads — not UTF-8, nested deeper than
 a string holding a lone surrogate (no Unicode text) — raises `UnreadableBody`, never anything
 else. The body is checked to be UTF-8 as a whole first: resources kept as JSON text are decoded
 later, by code that takes them as UTF-8. `FastJsonRoute` runs its `before_body` checks (the API
-key: `service.routes`), then reads and decodes the body, answering what it cannot read (and
+key: `service.api.routes`), then reads and decodes the body, answering what it cannot read (and
 malformed JSON) with a 422 `json_invalid` locating it, then hands the request to FastAPI.
 """
 
@@ -236,5 +236,5 @@ class FastJsonRoute(APIRoute):
         return fast_json_handler
 
     async def before_body(self, request: Request) -> None:
-        """What runs before the body is read (nothing here; `service.routes` checks the API
+        """What runs before the body is read (nothing here; `service.api.routes` checks the API
         key)."""

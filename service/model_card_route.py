@@ -16,7 +16,7 @@ from ledger.model_card import build_model_card
 from ledger.model_card_xml import model_card_xml
 from medtpe_core.tasks import get_task
 from medtpe_core.tokenizer.artefact_manifest import ArtefactBundle
-from service.schemas import TASK_NAMES
+from service.api.schemas import TASK_NAMES
 from service.state import ServiceState
 
 CARD_PATH = "/model-card.xml"

@@ -10,8 +10,8 @@ from dataclasses import asdict
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from service.routes import caller_key
-from service.schemas import HEALTH_RESPONSES, METRICS_RESPONSES, READY_RESPONSES, TASK_NAMES
+from service.api.routes import caller_key
+from service.api.schemas import HEALTH_RESPONSES, METRICS_RESPONSES, READY_RESPONSES, TASK_NAMES
 from service.state import ServiceState
 
 _UNHEALTHY = ("failed", "engine_dead")

@@ -29,7 +29,7 @@ from medtpe_core.secret_masking import mask_secrets, url_secrets
 from medtpe_core.tasks import TASKS_DIR_ENV, UnknownTaskError, get_task
 from medtpe_core.thresholds import Thresholds, ThresholdsError
 from service.cds_hooks.jwt_auth import JWKS_GRACE_S, CdsIssuer
-from service.shared_state import STATE_URL_SCHEMES
+from service.state_store import STATE_URL_SCHEMES
 
 ENV_PREFIX = "MEDTPE_"
 API_KEYS_ENV = "MEDTPE_API_KEYS"
@@ -215,7 +215,7 @@ class ServiceSettings(BaseSettings):
         description="The state every API process and replica shares (the CDS Hooks replay and "
         "score caches), on a Redis or Valkey server: `redis://host:port/db` (`rediss://` for "
         "TLS, `redis://:password@host...`); unset: in each process's memory, one API process "
-        "only when CDS issuers are configured (service/shared_state.py).",
+        "only when CDS issuers are configured (service/state_store.py).",
     )
     cds_fhir_timeout_s: float = Field(
         10.0, gt=0, description="CDS Hooks: deadline of all FHIR server fetches of one call."

@@ -6,7 +6,7 @@ The digest covers every event of the record (times, codes, values), the predicti
 task and the model that answered: any new observation, another task or another artefact is a new
 key. A record sent as FHIR is also kept under a digest of its resources' JSON text
 (`texts_digest`), so the same resources sent again find their score before being mapped.
-The cache itself is the service's (service/shared_state.py: in each API process's memory, or
+The cache itself is the service's (service/state_store.py: in each API process's memory, or
 on a Redis or Valkey server every process and replica shares), keyed by these digests.
 """
 

@@ -15,7 +15,7 @@ Extra fields of an event (MEDS allows further columns) are accepted and ignored.
 Errors: a missing or wrongly typed field, an unparseable time or a non-finite `numeric_value`
 (NaN/inf) raise a pydantic `ValidationError` whose `loc` names the field. The record-level
 rules (at most `MAX_EVENTS_PER_RECORD` events, one subject) belong to the request body
-(`service.schemas.PredictRequest`).
+(`service.api.schemas.PredictRequest`).
 """
 
 from __future__ import annotations

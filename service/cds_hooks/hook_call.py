@@ -5,7 +5,7 @@ is fetched from its FHIR server), then the score:
 
 - from the score cache when the same caller sent the very same resources before (a digest of
   their text: nothing is decoded or mapped); the cache is in the state every API process and
-  replica shares (service/shared_state.py), and a store that does not answer is a miss;
+  replica shares (service/state_store.py), and a store that does not answer is a miss;
 - else map them to MEDS events and the prompt (`inference.record.FhirResources`, in a worker
   thread: every resource gets the first pass, only those the prompt can reach are validated and
   read; the process's `ResourceCache` holds what each resource seen before
@@ -16,7 +16,7 @@ is fetched from its FHIR server), then the score:
   layer's answer (`RecordAnswer`), never from `/predict`'s response.
 
 The score becomes the call's card in one place (`_issued_card`), which keeps the card's id as
-issued to the caller (`service.shared_state.IssuedCards`: feedback is taken for those only). A
+issued to the caller (`service.state_store.IssuedCards`: feedback is taken for those only). A
 service running silent (`MEDTPE_CDS_SILENT`) records the row (`silent`) and answers no card; a
 score the model computed now may be shadowed (`service.shadow`) once the call is answered.
 """
@@ -54,8 +54,8 @@ from service.errors import ApiError, field_error
 from service.serving import predict_record, prepare, served, served_sampling
 from service.settings import ServiceSettings
 from service.shadow import ShadowJob
-from service.shared_state import IssuedCards, LocalStore, ScoreStore, open_store
 from service.state import ServiceState
+from service.state_store import IssuedCards, LocalStore, ScoreStore, open_store
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ A call is accepted only when its `Authorization: Bearer` JWT
 - carries `aud` equal to the URL called, `exp` in the future, `iat` not in the future and at most
   `max_lifetime_s` before `exp`, and a `jti` not seen before from that issuer (a replay cache
   holding each `jti` until its token expires, in the state every API process and replica shares:
-  service/shared_state.py).
+  service/state_store.py).
 Anything else is `HookUnauthorized`: a bare 401. The token, its claims and the reason never reach
 a response; the reason is logged (without the token). A state store that does not answer makes
 the call a 503 with `Retry-After`, never an unchecked accept.
@@ -36,7 +36,7 @@ from pydantic import (
 )
 
 from service.cds_hooks.fhir_fetch import ServerBase
-from service.shared_state import (
+from service.state_store import (
     LocalStore,
     StateStore,
     StateUnavailable,

@@ -17,7 +17,7 @@ from service.cds_hooks.schemas import (
     Suggestion,
 )
 from service.model_card_route import CARD_PATH
-from service.responses import receipt_body
+from service.receipts import receipt_body
 from service.settings import ServiceSettings
 
 OVERRIDE_SYSTEM = "urn:medtpe:cds-hooks:override-reason"

@@ -29,8 +29,8 @@ from service.cds_hooks.schemas import (
     read_hook_request,
 )
 from service.errors import ApiError, field_error
-from service.shared_state import StateUnavailable, state_unavailable
 from service.state import ServiceState
+from service.state_store import StateUnavailable, state_unavailable
 
 logger = logging.getLogger("medtpe.service")
 UNKNOWN = "unknown"

@@ -15,8 +15,8 @@ from pydantic import ValidationError
 
 from medtpe_core.meds.events import MAX_SUBJECT_ID, MedsEvent, SubjectEvents
 from medtpe_core.meds.json_events import decode_events
+from service.api.schemas import BatchRequest, PredictRequest, TokenizeRequest
 from service.json_body import decode_body
-from service.schemas import BatchRequest, PredictRequest, TokenizeRequest
 from tests.support.service_support import synthetic_events
 
 _TIMES = st.one_of(

@@ -1,4 +1,4 @@
-"""A record in a request body (`service.schemas.PredictRequest`): sorted columns, one subject,
+"""A record in a request body (`service.api.schemas.PredictRequest`): sorted columns, one subject,
 errors that name the event, the hard cap on events."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from medtpe_core.meds.events import MAX_EVENTS_PER_RECORD, SubjectEvents
-from service.schemas import PredictRequest
+from service.api.schemas import PredictRequest
 from tests.support.meds_fixtures import GOOD_EVENT, error_locs
 
 

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from medtpe_core.secret_masking import install_log_masking, mask_secrets
 from service.settings import ServiceSettings
-from service.shared_state import RedisStore, StateUnavailable
+from service.state_store import RedisStore, StateUnavailable
 
 PASSWORD = "Str0ng-Pa55word"
 KEY = "api-key-0123456789"

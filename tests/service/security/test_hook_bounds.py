@@ -30,7 +30,7 @@ from starlette.testclient import TestClient
 
 from medtpe_core.cds.services import SERVICES, get_service
 from service.settings import ServiceSettings
-from service.shared_state import IssuedCards, LocalStore, RedisStore, StateStore
+from service.state_store import IssuedCards, LocalStore, RedisStore, StateStore
 from tests.support.cds_support import ICU_PATIENT, hook_request, load_bundle, prefetch_of
 from tests.support.ehr import Ehr
 from tests.support.hostile_fhir import Answer, HostileFhir, audit_lines, hostile_fhir

@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from inference.instant_engine import InstantEngine
+from service.api.schemas import MAX_EVENT_CODE_BYTES, MAX_EVENT_TEXT_BYTES, MAX_TASK_CHARS
 from service.app import create_app
 from service.limits import MAX_LENGTH_DIGITS
-from service.schemas import MAX_EVENT_CODE_BYTES, MAX_EVENT_TEXT_BYTES, MAX_TASK_CHARS
 from service.settings import ServiceSettings
 from tests.support.bad_requests import HEADER_BYTES
 from tests.support.properties import examples

@@ -19,8 +19,8 @@ from pydantic import ValidationError
 from starlette.testclient import TestClient
 
 from inference.instant_engine import InstantEngine
+from service.api.schemas import API_KEY_SCHEMES
 from service.app import create_app
-from service.schemas import API_KEY_SCHEMES
 from service.settings import ServiceSettings
 from tests.support.ehr import Ehr
 from tests.support.paths import ROOT

@@ -1,4 +1,4 @@
-"""The shared state's two backends (service/shared_state.py): the in-process store and a real
+"""The shared state's two backends (service/state_store.py): the in-process store and a real
 redis-server, which is stopped and started again to show what an outage does and how long it
 costs."""
 
@@ -17,7 +17,7 @@ import pytest
 from redis import Redis
 
 from medtpe_core.cds.cards import Score
-from service.shared_state import (
+from service.state_store import (
     STATE_DEADLINE_S,
     LocalStore,
     RedisStore,

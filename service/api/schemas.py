@@ -33,6 +33,7 @@ from medtpe_core.meds.events import (
     SubjectEvents,
 )
 from medtpe_core.tasks import Prediction, list_tasks
+from service.receipts import SignedReceipt
 
 TASK_NAMES = list_tasks()
 MAX_TASK_CHARS = 64
@@ -332,23 +333,6 @@ class Vote(BaseModel):
         description="With `return_text`: what the model wrote after its answer object (never "
         "parsed; empty when nothing but whitespace).",
     )
-
-
-class SignedReceipt(BaseModel):
-    """What an answer was derived from, signed by the service (docs/ledger.md): `receipt`'s
-    canonical JSON (UTF-8, keys sorted, no spaces) verifies against `signature` with the
-    Ed25519 key `GET /ledger/public-key` publishes."""
-
-    receipt: dict[str, Any] = Field(
-        description="The receipt: `prediction_id`, `created_at`, `task`, the SHA-256 of the "
-        "record (`record_sha256`), of the prompt's ids, the artefact's digest, the rendering "
-        "and its digest, model, mode, dtype, decoding settings, engine and product versions, "
-        "`answer` and `p_yes`."
-    )
-    signature: str = Field(
-        description="Ed25519 signature of the receipt's canonical JSON, base64url."
-    )
-    key_id: str = Field(description="The signing key's id (the public key's `kid`).")
 
 
 class PredictResponse(BaseModel):

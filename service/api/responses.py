@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 from inference.model import LoadedModel
 from inference.predictor import PreparedRecord, RecordAnswer, Segmentation
-from ledger.store import PredictionRow
 from medtpe_core.fhir import FhirRecord
 from medtpe_core.tokenizer import MedTPETokenizer
-from service.schemas import (
+from service.api.schemas import (
     FhirMapping,
     FhirWarning,
     Latency,
@@ -17,7 +14,6 @@ from service.schemas import (
     PredictOptions,
     PredictResponse,
     ResourceMapping,
-    SignedReceipt,
     TokenCounts,
     TokenizeResponse,
     TokenList,
@@ -62,13 +58,6 @@ def predict_response(
         ),
         model=model.identity,
         fhir=fhir_mapping(record.fhir) if record.fhir is not None else None,
-    )
-
-
-def receipt_body(row: PredictionRow) -> SignedReceipt:
-    """A ledger row's signed receipt as a response carries it."""
-    return SignedReceipt(
-        receipt=json.loads(row.receipt), signature=row.signature, key_id=row.key_id
     )
 
 

@@ -5,7 +5,7 @@ read (`ApiRoute`). Handlers are a few lines: check the request against the servi
 then hand the record to the inference layer (`service.serving.predict_record`, or the
 tokenizer) inside `served` (admission, deadline, in-flight gauge, latency histogram, one log line
 with endpoint, task, status, record count and time — never record content).
-`service.responses` turns answers into response bodies.
+`service.api.responses` turns answers into response bodies.
 """
 
 from __future__ import annotations
@@ -25,11 +25,8 @@ from inference.record import FhirResources, MedsRecord
 from inference.sampling import Sampling
 from ledger.store import PredictionRow
 from medtpe_core.tasks import Task, UnknownTaskError, get_task
-from service.errors import ApiError, field_error
-from service.json_body import FastJsonRoute
-from service.ledger_writes import caller_id
-from service.responses import predict_response, receipt_body, tokenize_response
-from service.schemas import (
+from service.api.responses import predict_response, tokenize_response
+from service.api.schemas import (
     BUDGET,
     ERROR_RESPONSES,
     BatchRequest,
@@ -39,6 +36,10 @@ from service.schemas import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from service.errors import ApiError, field_error
+from service.json_body import FastJsonRoute
+from service.ledger_writes import caller_id
+from service.receipts import receipt_body
 from service.serving import predict_record, prepare, served, served_sampling
 from service.shadow import ShadowJob
 from service.state import ServiceState
