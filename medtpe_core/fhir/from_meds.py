@@ -1,6 +1,6 @@
 """MEDS → FHIR R4, for test fixtures and benchmarks: one subject's MIMIC-IV MEDS events as a
 Bundle in the MIMIC-IV-on-FHIR code systems, which the default site mapping maps back to the very
-same events (the round-trip invariant, tests/medtpe_core/test_fhir_round_trip.py).
+same events (the round-trip invariant, tests/medtpe_core/fhir/test_fhir_round_trip.py).
 
 One resource per MEDS event, in the events' order (events sharing a timestamp keep their order,
 which the rendered text shows): an event that opens or closes a period (an infusion, an ICU

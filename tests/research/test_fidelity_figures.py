@@ -14,7 +14,7 @@ from research.fidelity_figures import (
     paired_r_difference,
     rounding_parts,
 )
-from tests.medtpe_core.test_answer_contract import pair
+from tests.medtpe_core.tasks.test_answer_contract import pair
 
 
 def test_logit_agreement_tells_a_kept_ranking_from_noise_about_a_constant():

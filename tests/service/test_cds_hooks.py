@@ -467,7 +467,7 @@ def test_a_mimic_stay_through_the_hook_shows_predicts_events(
     """The stays of tests/fixtures/fhir/mimic-demo-stays as FHIR, prefetched key by key as an EHR
     would (one resource type per key: events of one instant arrive grouped by type), give byte
     for byte the prompt `/predict` gives their MEDS events (the same events: the FHIR round trip,
-    tests/medtpe_core/test_fhir_round_trip.py): the renderer orders the lines of one instant by
+    tests/medtpe_core/fhir/test_fhir_round_trip.py): the renderer orders the lines of one instant by
     code (docs/integration.md, "The round trip through a hook")."""
     settings = instant_settings(
         service_files,

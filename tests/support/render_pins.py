@@ -88,7 +88,7 @@ def record_pins(
     The pins were recorded when records ended strictly before the prediction time; the default
     is now up to and including it (MEDS), so the events are cut strictly before it here, which
     keeps the pins a check of the renderer, not of the cut (tested in
-    tests/medtpe_core/test_meds_models.py).
+    tests/medtpe_core/meds/test_meds_models.py).
     """
     out: dict[str, dict[str, object]] = {}
     if when is not None:
