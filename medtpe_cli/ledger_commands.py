@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -204,10 +204,12 @@ def rederive(
     source: RecordSource,
     model_files: dict[str, Any],
     start_engine: EngineStart | None = None,
+    run: Callable[[Coroutine[Any, Any, Any]], Any] = asyncio.run,
 ) -> Rederived:
     """Re-derive the prediction of `row`: the model configured as the receipt says (mode,
     budget, windowing, dtype, answer length), the record read from `source`, prepared and
-    answered with the receipt's decoding settings (`start_engine`: vLLM unless given)."""
+    answered with the receipt's decoding settings (`start_engine`: vLLM unless given; `run`:
+    the event loop's runner, one loop for every row where one engine serves several)."""
     from inference.engine_factories import start_vllm
     from inference.model import ModelConfig, load_model
     from inference.record import FhirResources, MedsRecord
@@ -248,7 +250,7 @@ def rederive(
         prepared = predictor.uncompressed(prepared)
     engine = (start_engine or start_vllm)(loaded.engine_config)
     try:
-        answer = asyncio.run(predictor.answer(engine, prepared, Sampling(**receipt.decoding)))
+        answer = run(predictor.answer(engine, prepared, Sampling(**receipt.decoding)))
     finally:
         engine.shutdown()
     return Rederived(
