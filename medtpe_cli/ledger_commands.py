@@ -109,14 +109,7 @@ class RecordSource:
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="In place of --meds: FHIR Bulk Data export directories holding the patient's resources.",
 )
-@click.option(
-    "--fhir-mapping",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    envvar="MEDTPE_FHIR_MAPPING",
-    show_envvar=True,
-    default=None,
-    help="With --fhir: the site's FHIR mapping [default: the shipped one].",
-)
+@options.FHIR_MAPPING_OPTION
 @click.option(
     "--codes",
     "codes_dir",

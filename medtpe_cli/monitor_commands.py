@@ -21,7 +21,7 @@ import click
 
 from ledger.settings import LedgerSettings
 from medtpe_cli.ledger_commands import LEDGER_OPTION
-from medtpe_cli.options import TASK_OPTION
+from medtpe_cli.options import FHIR_MAPPING_OPTION, TASK_OPTION
 from medtpe_core.meds.readers import MedsDataset, MedsFormatError
 from medtpe_core.tasks import get_task
 from medtpe_core.thresholds import Thresholds, ThresholdsError
@@ -94,14 +94,7 @@ def _fhir_source(
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="A FHIR Bulk Data export directory instead (repeat for increments, oldest first).",
 )
-@click.option(
-    "--fhir-mapping",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    envvar="MEDTPE_FHIR_MAPPING",
-    show_envvar=True,
-    default=None,
-    help="With --fhir: the site's FHIR mapping (YAML) [default: the shipped one].",
-)
+@FHIR_MAPPING_OPTION
 @click.option(
     "--attributes",
     "attributes_path",

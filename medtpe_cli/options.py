@@ -185,3 +185,14 @@ def model_files(
     declared defaults in `ModelConfig.from_options`)."""
     given = {"model_dir": model_dir, "artefact_dir": artefact_dir, "export_dir": export_dir}
     return {name: path for name, path in given.items() if path is not None}
+
+
+FHIR_MAPPING_OPTION = click.option(
+    "--fhir-mapping",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    envvar="MEDTPE_FHIR_MAPPING",
+    show_envvar=True,
+    default=None,
+    help="With FHIR input: the site's FHIR mapping (YAML) [default: the shipped one].",
+)
+"""`--fhir-mapping` of every command that reads FHIR input."""

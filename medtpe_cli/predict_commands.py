@@ -182,14 +182,7 @@ FHIR_OPTIONS = options.together(
         show_default=True,
         help=_with_server("the scopes asked for."),
     ),
-    click.option(
-        "--fhir-mapping",
-        type=click.Path(exists=True, dir_okay=False, path_type=Path),
-        envvar="MEDTPE_FHIR_MAPPING",
-        show_envvar=True,
-        default=None,
-        help="With FHIR input: the site's FHIR mapping (YAML) [default: the shipped one].",
-    ),
+    options.FHIR_MAPPING_OPTION,
     click.option(
         "--codes",
         "codes_dir",
