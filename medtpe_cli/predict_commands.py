@@ -95,6 +95,7 @@ SERVICE_SETTING_OPTIONS = options.model_options(
     "max_num_seqs",
     "kv_cache_gib",
     "enforce_eager",
+    "dtype",
     env=True,
     max_num_seqs="Records in flight to one engine (also its `max_num_seqs`).",
 )
@@ -340,6 +341,7 @@ def predict(
     export_dir: Path | None,
     kv_cache_gib: float,
     enforce_eager: bool,
+    dtype: str,
     seed: int,
     ray_address: str | None,
     engines: int,
@@ -396,6 +398,7 @@ def predict(
         kv_cache_gib=kv_cache_gib,
         seed=seed,
         enforce_eager=enforce_eager,
+        dtype=dtype,
     )
     try:
         if ray_address is not None:

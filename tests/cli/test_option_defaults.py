@@ -52,7 +52,7 @@ def test_the_service_settings_default_to_the_declared_model() -> None:
         (
             predict,
             {"mode", "max_input_tokens", "max_new_tokens", "max_num_seqs", "kv_cache_gib"}
-            | {"enforce_eager", "seed", "model_dir", "artefact_dir", "export_dir"},
+            | {"enforce_eager", "dtype", "seed", "model_dir", "artefact_dir", "export_dir"},
         ),
         (
             evaluate,
