@@ -11,7 +11,7 @@ from typing import NamedTuple
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.metrics import ServiceMetrics
+from service.metrics import ENGINE_METRIC_PREFIX, ServiceMetrics
 from tests.support.paths import ROOT
 
 TABLE_HEADING = "### Prometheus metric names"
@@ -43,10 +43,13 @@ def registered() -> set[Row]:
         Row(m._name + ("_total" if m._type == "counter" else ""), m._type, frozenset(m._labelnames))
         for m in wrappers
     }
-    # every family of the exposition is one of the objects above (none registered elsewhere)
+    # every family of the exposition is one of the objects above (none registered elsewhere),
+    # but for the engine's own (`vllm:*`), exposed beside them once a vLLM engine has run in the
+    # process (another test's, in a full run)
     exposed = {
         (f.name + ("_total" if f.type == "counter" else ""), f.type)
         for f in text_string_to_metric_families(metrics.render().decode())
+        if not f.name.startswith(ENGINE_METRIC_PREFIX)
     }
     assert exposed == {(r.name, r.kind) for r in rows}
     return rows
