@@ -405,3 +405,23 @@ def serving_in_thread(
     finally:
         server.should_exit = True
         thread.join(30 + settings.shutdown_grace_s)
+
+
+def asgi_post_scope(path: str, headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+    """The ASGI scope of a JSON `POST path` from 127.0.0.1 with raw `headers`, for tests that
+    drive the app's body reading chunk by chunk."""
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), *headers],
+        "client": ("127.0.0.1", 50000),
+        "server": ("testserver", 80),
+        "state": {},
+    }

@@ -30,6 +30,7 @@ from tests.support.bad_requests import HEADER_BYTES
 from tests.support.properties import examples
 from tests.support.service_support import (
     AUTH,
+    asgi_post_scope,
     instant_client,
     instant_settings,
     metric_value,
@@ -162,22 +163,7 @@ async def _asgi(
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json"), *AUTH_RAW, *headers],
-        "client": ("127.0.0.1", 50000),
-        "server": ("testserver", 80),
-        "state": {},
-        "app": app,
-    }
+    scope = asgi_post_scope(path, [*AUTH_RAW, *headers]) | {"app": app}
     await app(scope, receive, send)
     if not sent:
         return 0, {}

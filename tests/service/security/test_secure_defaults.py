@@ -27,6 +27,7 @@ from tests.support.paths import ROOT
 from tests.support.service_support import (
     AUTH,
     SERVICE_API_KEY,
+    asgi_post_scope,
     instant_client,
     instant_settings,
     post,
@@ -153,21 +154,7 @@ def _asgi_post(
         sent.append(message)
 
     raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json"), *raw],
-        "client": ("127.0.0.1", 50000),
-        "server": ("testserver", 80),
-        "state": {},
-    }
+    scope = asgi_post_scope(path, raw)
     asyncio.run(app(scope, receive, send))
     return sent[0]["status"], pulled
 
