@@ -113,19 +113,6 @@ def shard_issues(partition: Partition, shard: str) -> Path:
     return partition.work_dir / f"issues-{shard}.ndjson"
 
 
-def note_unmappable(
-    issues: IO[str] | None,
-    partition: Partition,
-    patient: str,
-    resources: PatientResources,
-    index: int | None,
-    reason: str,
-) -> None:
-    """List a record the mapping refused: the file and line of the resource at `index` (else the
-    patient's first), the patient and the reason."""
-    note_issue(issues, partition, patient, resources, index, f"unmappable: {reason}")
-
-
 def note_dropped(
     issues: IO[str] | None,
     partition: Partition,
@@ -241,12 +228,14 @@ class FhirShards:
                 )
             except FhirInputError as exc:
                 reason = fhir_failure(exc, resources, self.partition)
-                note_unmappable(issues, self.partition, patient, resources, exc.index, reason)
+                unmappable = f"unmappable: {reason}"
+                note_issue(issues, self.partition, patient, resources, exc.index, unmappable)
                 yield request, failed(request, reason)
                 continue
             except Exception as exc:  # a record's bad data never stops the job
                 reason = f"prepare: {type(exc).__name__}: {exc}"
-                note_unmappable(issues, self.partition, patient, resources, None, reason)
+                unmappable = f"unmappable: {reason}"
+                note_issue(issues, self.partition, patient, resources, None, unmappable)
                 yield request, failed(request, reason)
                 continue
             if prepared is None:
