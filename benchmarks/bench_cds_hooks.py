@@ -60,12 +60,12 @@ from typing import Any
 import httpx
 
 from benchmarks.bench_service import free_port, start_service, to_json_events
+from benchmarks.label_stays import label_stays
 from benchmarks.results_file import write_results
 from medtpe_core.cds.services import get_service
 from medtpe_core.fhir import load_site_mapping, meds_from_fhir
 from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
-from medtpe_core.meds import MedsDataset, read_labels
-from medtpe_core.meds.subject_split import HELD_OUT, subject_split
+from medtpe_core.meds.subject_split import HELD_OUT
 from tests.support.cds_support import hook_request, patient_id, prefetch_of
 from tests.support.ehr import Ehr, serving_ehr
 
@@ -84,14 +84,8 @@ NO_FHIR_SERVER = "https://fhir.bench.invalid/r4"
 def held_out_stays(meds: Path, n: int | None) -> list[dict[str, Any]]:
     """The first `n` held-out ICU stays (None: all): MEDS events up to the label's prediction
     time, and the same as a FHIR Bundle with the patient's prefetch."""
-    dataset = MedsDataset.load(meds)
-    rows = read_labels(meds / "labels" / f"{TASK}.parquet")
-    split = subject_split(meds, [row.subject_id for row in rows])
     stays = []
-    for row in rows:
-        if split.splits.get(row.subject_id) != HELD_OUT:
-            continue
-        events = dataset.events(row.subject_id).before(row.prediction_time)
+    for row, events in label_stays(meds, TASK, HELD_OUT):
         bundle = fhir_bundle_from_meds(events)
         patient = patient_id(bundle)
         stays.append(

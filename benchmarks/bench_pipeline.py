@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -43,9 +45,13 @@ from typing import Any
 import numpy as np
 
 from benchmarks.results_file import write_results
+from medtpe_core.meds.subject_split import SPLIT_NAMES
 from medtpe_core.paths import project_root
 
 BUDGET = 8192
+TASK = "icu_mortality"
+LEDGER_OFF = "off"
+"""A worker's ledger argument for `MEDTPE_LEDGER_OFF` (else a ledger URL)."""
 SCALES = (1, 4, 16)
 LAUNCHER_WARM_PASSES = 5
 
@@ -53,18 +59,23 @@ LAUNCHER_WARM_PASSES = 5
 # ---------------------------------------------------------------- worker process
 
 
-async def _serve_all(paths: list[Path], passes: int) -> list[tuple[float, list[dict[str, float]]]]:
+async def _serve_all(paths: list[Path], passes: int, ledger: str) -> dict[str, Any]:
     import httpx
 
     from inference.instant_engine import InstantEngine
     from service.app import create_app
     from service.settings import ServiceSettings
 
-    settings = ServiceSettings(max_input_tokens=BUDGET, max_request_bytes=1 << 30, api_keys=[])
+    settings = ServiceSettings(
+        max_input_tokens=BUDGET,
+        max_request_bytes=1 << 30,
+        api_keys=[],
+        **({"ledger_off": True} if ledger == LEDGER_OFF else {"ledger_url": ledger}),
+    )
     app = create_app(settings, InstantEngine.factory())
     transport = httpx.ASGITransport(app=app)
     headers = {"content-type": "application/json"}
-    out: list[tuple[float, list[dict[str, float]]]] = []
+    out: dict[str, Any] = {"wall_s": [], "passes": []}
     client = httpx.AsyncClient(transport=transport, base_url="http://bench")
     async with app.router.lifespan_context(app), client:
         while (await client.get("/readyz")).status_code != 200:
@@ -93,31 +104,62 @@ async def _serve_all(paths: list[Path], passes: int) -> list[tuple[float, list[d
                         "bytes": len(raw),
                     }
                 )
-            out.append((time.perf_counter() - pass_start, rows))
+            out["wall_s"].append(time.perf_counter() - pass_start)
+            out["passes"].append(rows)
+        state = app.state.service
+        out["digests"] = _digests(paths, state.model.predictor, state.engine.prompts[-len(paths) :])
     return out
 
 
-def worker(bodies: Path, names: list[str], passes: int, out: Path) -> None:
-    """Serve the named bodies `passes` times; write each pass's wall time and per-record rows."""
-    done = asyncio.run(_serve_all([bodies / name for name in names], passes))
-    out.write_text(json.dumps({"wall_s": [w for w, _ in done], "passes": [r for _, r in done]}))
+def _digests(paths: list[Path], predictor: Any, engine_ids: list[list[int]]) -> list[str]:
+    """Per body, the SHA-256 of what the service made of it: the prompt text, its original ids
+    and its MedTPE ids (`Predictor.prepare`, as `/predict` calls it, on the body as the API
+    decodes and validates it); each record's MedTPE ids checked against what the engine got
+    for it in the last pass."""
+    from inference.record import MedsRecord
+    from medtpe_core.tasks import get_task
+    from service.api.schemas import PredictRequest
+    from service.json_body import decode_body
+
+    out = []
+    for path, sent in zip(paths, engine_ids, strict=True):
+        request = PredictRequest.model_validate(decode_body(path.read_bytes()))
+        record = MedsRecord(request.events, request.prediction_time)
+        prepared = record.prepare(predictor, get_task(request.task))
+        seg = prepared.segmentation
+        if predictor.engine_ids(seg) != sent:
+            raise RuntimeError(f"{path.name}: the engine got other ids than the prompt's")
+        digest = hashlib.sha256(prepared.prompt.text.encode())
+        digest.update(json.dumps([seg.original_ids, seg.medtpe_ids]).encode())
+        out.append(digest.hexdigest())
+    return out
+
+
+def worker(bodies: Path, names: list[str], passes: int, ledger: str, out: Path) -> None:
+    """Serve the named bodies `passes` times with `ledger` (a ledger URL, or `LEDGER_OFF`); write
+    each pass's wall time and per-record rows, and each record's digest."""
+    done = asyncio.run(_serve_all([bodies / name for name in names], passes, ledger))
+    out.write_text(json.dumps(done))
 
 
 # ---------------------------------------------------------------- parent
 
 
 def _run_workers(
-    bodies: Path, names: list[str], passes: int, copies: int = 1
+    bodies: Path, names: list[str], passes: int, copies: int = 1, ledger: bool = True
 ) -> list[dict[str, Any]]:
-    """`copies` worker processes at once; their outputs."""
+    """`copies` worker processes at once, recording into one new SQLite ledger (the default
+    kind; `ledger` False: `MEDTPE_LEDGER_OFF`); their outputs."""
     outs = [Path(tempfile.mkstemp(suffix=".json")[1]) for _ in range(copies)]
     names_file = Path(tempfile.mkstemp(suffix=".json")[1])
     names_file.write_text(json.dumps(names))
-    command = [sys.executable, "-m", "benchmarks.bench_pipeline", "--worker", str(bodies)]
-    command += [str(names_file), str(passes)]
-    procs = [subprocess.Popen([*command, str(o)], cwd=project_root()) for o in outs]
-    if any(p.wait() != 0 for p in procs):
-        raise RuntimeError("a worker process failed")
+    with tempfile.TemporaryDirectory() as ledger_dir:
+        url = f"sqlite:///{ledger_dir}/ledger.sqlite3" if ledger else LEDGER_OFF
+        command = [sys.executable, "-m", "benchmarks.bench_pipeline", "--worker", str(bodies)]
+        command += [str(names_file), str(passes), url]
+        procs = [subprocess.Popen([*command, str(o)], cwd=project_root()) for o in outs]
+        if any(p.wait() != 0 for p in procs):
+            raise RuntimeError("a worker process failed")
     return [json.loads(o.read_text()) for o in outs]
 
 
@@ -197,6 +239,9 @@ def _stats(rows: list[dict[str, float]]) -> dict[str, Any]:
         "off_engine_ms_max": round(float(off.max()), 2),
         "render_ms_p50": round(float(np.median([r["render_ms"] for r in rows])), 2),
         "tokenize_ms_p50": round(float(np.median([r["tokenize_ms"] for r in rows])), 2),
+        "render_tokenize_ms_p50": round(
+            float(np.median([r["render_ms"] + r["tokenize_ms"] for r in rows])), 2
+        ),
         "cpu_ms_mean": round(float(cpu.mean()), 2),
         "records_per_cpu_s": round(1e3 / float(cpu.mean()), 1),
         "events_p50": int(np.median([r["events"] for r in rows])),
@@ -205,24 +250,25 @@ def _stats(rows: list[dict[str, float]]) -> dict[str, Any]:
     }
 
 
-def _write_bodies(meds: Path, out: Path, n_scale: int) -> tuple[list[str], dict[int, list[str]]]:
-    """Request bodies: every labelled stay, and the scaled copies of `n_scale` median stays."""
+def _write_bodies(
+    meds: Path, out: Path, n_scale: int, split: str | None
+) -> tuple[dict[str, str], dict[int, list[str]]]:
+    """Request bodies: every labelled stay of `split` (None: all) by its key
+    (`subject_id@prediction_time`), and the scaled copies of `n_scale` median stays."""
     from benchmarks.bench_service import to_json_events
-    from medtpe_core.meds import MedsDataset, read_labels
+    from benchmarks.label_stays import label_stays
 
-    dataset = MedsDataset.load(meds)
-    rows = read_labels(meds / "labels" / "icu_mortality.parquet")
-    names, sizes, events_of = [], [], []
-    for i, row in enumerate(rows):
-        events = to_json_events(dataset.events(row.subject_id).before(row.prediction_time))
+    names, sizes, events_of = {}, [], []
+    for i, (row, subject_events) in enumerate(label_stays(meds, TASK, split)):
+        events = to_json_events(subject_events)
         when = row.prediction_time.isoformat()
-        body = {"task": "icu_mortality", "events": events, "prediction_time": when}
+        body = {"task": TASK, "events": events, "prediction_time": when}
         (out / f"stay{i}.json").write_text(json.dumps(body))
-        names.append(f"stay{i}.json")
+        names[f"{row.subject_id}@{when}"] = f"stay{i}.json"
         sizes.append(len(events))
         events_of.append((body, events))
     median = np.median(sizes)
-    chosen = sorted(range(len(rows)), key=lambda i: abs(sizes[i] - median))[:n_scale]
+    chosen = sorted(range(len(sizes)), key=lambda i: abs(sizes[i] - median))[:n_scale]
     scaled: dict[int, list[str]] = {s: [] for s in SCALES}
     for i in chosen:
         body, events = events_of[i]
@@ -246,11 +292,92 @@ def _repeated(events: list[dict[str, Any]], times: int) -> list[dict[str, Any]]:
     return out
 
 
+def _pipeline(args: argparse.Namespace, bodies: Path, names: dict[str, str]) -> dict[str, Any]:
+    """Every stay through `/predict` (cold, then `--warm-passes` warm passes pooled), each
+    record's digest, and with `--ledger-share` the same passes with the ledger off."""
+    files = list(names.values())
+    passes = 1 + args.warm_passes
+    run = _run_workers(bodies, files, passes)[0]
+    warm = [row for rows in run["passes"][1:] for row in rows]
+    out: dict[str, Any] = {
+        "records": len(files),
+        "warm_passes": args.warm_passes,
+        "cold": _stats(run["passes"][0]),
+        "warm": _stats(warm),
+        "digests": dict(zip(names, run["digests"], strict=True)),
+    }
+    if args.ledger_share:
+        off = _run_workers(bodies, files, passes, ledger=False)[0]
+        if off["digests"] != run["digests"]:
+            raise RuntimeError("the same records gave other prompts with the ledger off")
+        off_warm = [row for rows in off["passes"][1:] for row in rows]
+        pairs = zip(warm, off_warm, strict=True)
+        written = [on["off_engine_ms"] - no["off_engine_ms"] for on, no in pairs]
+        out["ledger_off"] = {"cold": _stats(off["passes"][0]), "warm": _stats(off_warm)}
+        out["ledger_write_ms_warm"] = {
+            "p50": round(float(np.percentile(written, 50)), 2),
+            "p95": round(float(np.percentile(written, 95)), 2),
+            "share_of_off_engine_p50": round(
+                float(np.percentile(written, 50)) / out["warm"]["off_engine_ms_p50"], 3
+            ),
+        }
+    if args.digests_against:
+        before = json.loads(args.digests_against.read_text())["results"]["pipeline"]["digests"]
+        common = [key for key in out["digests"] if key in before]
+        out["digests_against"] = {
+            "file": str(args.digests_against),
+            "records_compared": len(common),
+            "records_identical": sum(before[k] == out["digests"][k] for k in common),
+        }
+    return out
+
+
+def _linearity(bodies: Path, scaled: dict[int, list[str]]) -> dict[str, Any]:
+    """The scaled stays (warm pass) at each scale."""
+    linear = {}
+    for scale in SCALES:
+        rows = _run_workers(bodies, scaled[scale], passes=2)[0]["passes"][1]
+        linear[f"x{scale}"] = _stats(rows)
+    return linear
+
+
+def _scaling(bodies: Path, files: list[str], processes: list[int]) -> dict[str, Any]:
+    """Records/s over `copies` API processes serving every stay at once (warm passes)."""
+    scaling = {}
+    for copies in processes:
+        outs = _run_workers(bodies, files, passes=2, copies=copies)
+        warm_s = max(o["wall_s"][1] for o in outs)  # the copies' warm passes overlap
+        scaling[str(copies)] = {
+            "records_per_s_total": round(len(files) * copies / warm_s, 1),
+            "off_engine_ms_p50": _stats([r for o in outs for r in o["passes"][1]])[
+                "off_engine_ms_p50"
+            ],
+        }
+        print("processes", copies, scaling[str(copies)], flush=True)
+    return scaling
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--meds", type=Path, required=True)
-    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--scale-records", type=int, default=6)
+    parser.add_argument(
+        "--split",
+        choices=SPLIT_NAMES,
+        help="only the stays of this split (medtpe_core.meds.subject_split); default: every one",
+    )
+    parser.add_argument("--warm-passes", type=int, default=1)
+    parser.add_argument(
+        "--ledger-share",
+        action="store_true",
+        help="also the same passes with MEDTPE_LEDGER_OFF: what the ledger write costs",
+    )
+    parser.add_argument(
+        "--digests-against",
+        type=Path,
+        help="an earlier results file: how many of the same stays gave the same prompt and ids",
+    )
+    parser.add_argument("--processes", type=int, nargs="*", default=[1, 2])
+    parser.add_argument("--scale-records", type=int, default=6, help="0: no linearity runs")
     parser.add_argument(
         "--api-workers", type=int, nargs="*", default=[], help="MEDTPE_API_WORKERS values to run"
     )
@@ -259,15 +386,21 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="only the first N stays (a smoke run)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    results: dict[str, Any] = {"budget": BUDGET, "engine": "InstantEngine (answers at once)"}
+    results: dict[str, Any] = {
+        "budget": BUDGET,
+        "split": args.split or "all",
+        "engine": "InstantEngine (answers at once)",
+        "load_avg_before": [round(x, 2) for x in os.getloadavg()],
+    }
     with tempfile.TemporaryDirectory() as tmp:
         bodies = Path(tmp)
-        names, scaled = _write_bodies(args.meds, bodies, args.scale_records)
-        names = names[: args.limit]
+        names, scaled = _write_bodies(args.meds, bodies, args.scale_records, args.split)
+        names = dict(list(names.items())[: args.limit])
+        files = list(names.values())
         launcher = {}
         for workers in args.api_workers:
             launcher[str(workers)] = _through_launcher(
-                bodies, names, workers, args.client_concurrency
+                bodies, files, workers, args.client_concurrency
             )
             print("api workers", workers, launcher[str(workers)], flush=True)
         if launcher:
@@ -279,37 +412,25 @@ def main() -> None:
             del results["engine"]
             write_results(args.out, " ".join(sys.argv), results)
             return
-        cold, warm = _run_workers(bodies, names, passes=2)[0]["passes"]
-        results["pipeline"] = {"cold": _stats(cold), "warm": _stats(warm)}
-        print("pipeline", json.dumps(results["pipeline"]), flush=True)
-        linear = {}
-        for scale in SCALES:
-            rows = _run_workers(bodies, scaled[scale], passes=2)[0]["passes"][1]
-            linear[f"x{scale}"] = _stats(rows)
-        results["pipeline"]["linearity"] = linear
-        print("linearity", json.dumps(linear), flush=True)
-        scaling = {}
-        for copies in args.processes:
-            outs = _run_workers(bodies, names, passes=2, copies=copies)
-            warm_s = max(o["wall_s"][1] for o in outs)  # the copies' warm passes overlap
-            scaling[str(copies)] = {
-                "records_per_s_total": round(len(names) * copies / warm_s, 1),
-                "off_engine_ms_p50": _stats([r for o in outs for r in o["passes"][1]])[
-                    "off_engine_ms_p50"
-                ],
-            }
-            print("processes", copies, scaling[str(copies)], flush=True)
-        results["api_processes"] = scaling
+        results["pipeline"] = _pipeline(args, bodies, names)
+        shown = {k: v for k, v in results["pipeline"].items() if k != "digests"}
+        print("pipeline", json.dumps(shown), flush=True)
+        if args.scale_records:
+            results["pipeline"]["linearity"] = _linearity(bodies, scaled)
+            print("linearity", json.dumps(results["pipeline"]["linearity"]), flush=True)
+        if args.processes:
+            results["api_processes"] = _scaling(bodies, files, args.processes)
     write_results(args.out, " ".join(sys.argv), results)
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        bodies_dir, names_file, n_passes, out_file = sys.argv[2:6]
+        bodies_dir, names_file, n_passes, ledger_url, out_file = sys.argv[2:7]
         worker(
             Path(bodies_dir),
             json.loads(Path(names_file).read_text()),
             int(n_passes),
+            ledger_url,
             Path(out_file),
         )
     else:
