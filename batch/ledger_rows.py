@@ -24,7 +24,7 @@ from inference.model import LoadedModel
 from inference.predictor import Answer, PreparedRecord
 from inference.receipt_facts import answer_facts, run_prediction_id
 from inference.sampling import Sampling
-from ledger.answers import answer_row
+from ledger.answers import basis_row, receipt_basis
 from ledger.settings import LedgerSettings
 from ledger.signing import Signer
 from ledger.store import Ledger, LedgerConflict, PredictionRow
@@ -80,13 +80,12 @@ class RunRecorder:
         """The row of the job's record `record` kept for `commit`; its prediction id."""
         assert self.engine is not None, "the engine answered"
         facts = answer_facts(self.model, self.engine, prepared, sampling, answer, latency_s)
-        row = answer_row(
-            facts,
+        row = basis_row(
+            receipt_basis(facts, keep_record=self.ledger.keep_records),
             self.signer,
             door=self.run.door,
             caller=CALLER,
             prediction_id=run_prediction_id(self.run.run, str(record)),
-            keep_record=self.ledger.keep_records,
         )
         self.pending.append(row)
         return row.prediction_id

@@ -1,8 +1,9 @@
 """One answer's ledger row from its facts (`inference.receipt_facts.answer_facts`, plain values),
 in two steps: `receipt_basis` computes what the answer was derived from (the receipt's digests
 and the row's figures, as JSON values a score cache can keep), `basis_row` signs it as one
-prediction (a new id and time). A CDS card served from the score cache is a prediction shown
-again: a new row on the cached basis. Every door writes its rows through these."""
+prediction (a new id and time): an answer's row is `basis_row(receipt_basis(facts), ...)`. A
+CDS card served from the score cache is a prediction shown again: a new row on the cached
+basis. Every door writes its rows through these."""
 
 from __future__ import annotations
 
@@ -90,33 +91,6 @@ def basis_row(
         compression_rate=row["compression_rate"],
         latency_ms=row["latency_ms"] if latency_ms is None else latency_ms,
         record=None if record is None else record.encode(),
-        silent=silent,
-        shadow_of=shadow_of,
-    )
-
-
-def answer_row(
-    facts: Mapping[str, Any],
-    signer: Signer,
-    *,
-    door: str,
-    caller: str,
-    site: str | None = None,
-    prediction_id: str | None = None,
-    keep_record: bool = False,
-    silent: bool = False,
-    shadow_of: str | None = None,
-) -> PredictionRow:
-    """The signed row of the answer `facts` describes (`receipt_basis` then `basis_row`;
-    `silent` and `shadow_of` as there)."""
-    basis = receipt_basis(facts, keep_record=keep_record)
-    return basis_row(
-        basis,
-        signer,
-        door=door,
-        caller=caller,
-        site=site,
-        prediction_id=prediction_id,
         silent=silent,
         shadow_of=shadow_of,
     )

@@ -1,5 +1,5 @@
 """The service's side of the prediction ledger: the ledger opened with the app (retried while it
-cannot be, `/readyz` not ready meanwhile), each answer's row built (`ledger.answers.answer_row`)
+cannot be, `/readyz` not ready meanwhile), each answer's row built (`ledger.answers.basis_row`)
 and committed before the answer leaves (fail closed: a row that cannot be written is a 503
 `ledger_unavailable` with `Retry-After`, and no answer), and who asked (`caller_id`).
 
@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ledger.answers import answer_row, basis_row, receipt_basis
+from ledger.answers import basis_row, receipt_basis
 from ledger.feedback import FeedbackRow, record_feedback
 from ledger.settings import LedgerSettings
 from ledger.signing import Signer
@@ -110,16 +110,9 @@ class ServiceLedger:
     ) -> PredictionRow:
         """The signed row of one answer's facts (`inference.receipt_facts.answer_facts`);
         `silent`: recorded, not shown; `shadow_of`: the prediction it shadows."""
-        assert self.signer is not None, "no rows with the ledger off"
-        return answer_row(
-            facts,
-            self.signer,
-            door=door,
-            caller=caller,
-            site=site,
-            keep_record=self.keep_records,
-            silent=silent,
-            shadow_of=shadow_of,
+        basis = receipt_basis(facts, keep_record=self.keep_records)
+        return self.basis_row(
+            basis, door=door, caller=caller, site=site, silent=silent, shadow_of=shadow_of
         )
 
     def basis(self, facts: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -136,11 +129,13 @@ class ServiceLedger:
         door: str,
         caller: str,
         site: str | None,
-        latency_ms: float,
+        latency_ms: float | None = None,
         silent: bool = False,
+        shadow_of: str | None = None,
     ) -> PredictionRow:
-        """A new prediction's signed row on `basis` (`ledger.answers.basis_row`); `silent`:
-        recorded, not shown."""
+        """A new prediction's signed row on `basis` (`ledger.answers.basis_row`); `latency_ms`:
+        this answer's, when not the basis' (a card from the score cache); `silent`: recorded, not
+        shown; `shadow_of`: the prediction it shadows."""
         assert self.signer is not None, "no rows with the ledger off"
         return basis_row(
             basis,
@@ -150,6 +145,7 @@ class ServiceLedger:
             site=site,
             latency_ms=latency_ms,
             silent=silent,
+            shadow_of=shadow_of,
         )
 
     async def require(self) -> None:
