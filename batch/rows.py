@@ -13,7 +13,7 @@ import meds
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from evaluation.predictions import PREDICTED_VALUE, results_table
+from medtpe_core.meds.predictions_file import PREDICTED_VALUE, results_table
 from medtpe_core.tasks import Prediction, Task
 
 
@@ -79,9 +79,9 @@ def records_table(rows: Sequence[RecordRow]) -> pa.Table:
 
 def predictions_table(task: Task, rows: Sequence[RecordRow], labelled: bool) -> pa.Table:
     """meds-evaluation predictions of `rows` in record order (the predictions file's columns and
-    conventions, `evaluation.predictions.results_table`; a record without a prediction time has
-    no row). Without labels: no `boolean_value`, and a null predicted value where the record
-    could not be scored."""
+    conventions, `medtpe_core.meds.predictions_file.results_table`; a record without a
+    prediction time has no row). Without labels: no `boolean_value`, and a null predicted value
+    where the record could not be scored."""
     timed = sorted((r for r in rows if r.prediction_time is not None), key=lambda r: r.record)
     table = results_table(
         task, [r.subject_id for r in timed], [r.prediction_time for r in timed], timed

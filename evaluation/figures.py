@@ -3,8 +3,9 @@
 Quality figures carry patient-level bootstrap intervals (`medtpe_core.metrics.scores`): F1 for every
 task (an unparsed answer counts as wrong, as in the paper), and for binary tasks AUROC, AUPRC,
 Brier score and ECE of `p_positive`. A record without `p_positive` (no first token spelled an
-option) scores `UNSCORED_PROBABILITY`. With both modes, the paired differences MedTPE - original
-(ΔF1, ΔAUROC, ΔAUPRC) come from the same resampled patients for both modes.
+option) scores `UNSCORED_PROBABILITY` (labels, predictions and scores as the predictions file
+reads them: `medtpe_core.meds.predictions_file`). With both modes, the paired differences
+MedTPE - original (ΔF1, ΔAUROC, ΔAUPRC) come from the same resampled patients for both modes.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from evaluation.record_result import RecordResult, ScoredRecord
+from evaluation.record_result import RecordResult
 from evaluation.report_schema import EvaluationReport, Fidelity, ModeSummary
 from medtpe_core.meds.prediction_point import subject_of
+from medtpe_core.meds.predictions_file import labels_matrix, positive_scores, scored_predictions
 from medtpe_core.metrics.fidelity import PairedAnswer, fidelity
 from medtpe_core.metrics.scores import (
     DEFAULT_RESAMPLES,
@@ -31,48 +33,11 @@ from medtpe_core.metrics.scores import (
     paired_interval,
     pearson,
     subject_resample_weights,
-    wrong_prediction,
 )
-from medtpe_core.tasks import Prediction, Task
+from medtpe_core.tasks import Task
 
 MODES = ("original", "medtpe")
-UNSCORED_PROBABILITY = 0.5
-"""p_positive of a record the model gave no option probability for (no information)."""
 PAIRED_METRICS = ("auroc", "auprc")
-
-
-def as_target(task: Task, value: Prediction | None) -> bool | list[bool]:
-    """A label or prediction as F1 input: a bool (binary) or one bool per label (no answer:
-    the negative class / no label)."""
-    if task.label_type == "binary":
-        return bool(value)
-    chosen = {value} if isinstance(value, str) else set(value or ())
-    return [label in chosen for label in task.labels]
-
-
-def labels_matrix(task: Task, results: Sequence[ScoredRecord]) -> np.ndarray:
-    """The records' labels as F1 input (rows, or rows x labels)."""
-    return np.array([as_target(task, r.label) for r in results], dtype=bool)
-
-
-def scored_predictions(task: Task, results: Sequence[ScoredRecord]) -> np.ndarray:
-    """The records' predictions as F1 input, an unparsed answer wrong on every label."""
-    return np.array(
-        [
-            as_target(task, r.prediction)
-            if r.format_ok
-            else wrong_prediction(as_target(task, r.label))
-            for r in results
-        ],
-        dtype=bool,
-    )
-
-
-def positive_scores(results: Sequence[ScoredRecord]) -> np.ndarray:
-    """`p_positive` per record, `UNSCORED_PROBABILITY` where there is none."""
-    return np.array(
-        [UNSCORED_PROBABILITY if r.p_positive is None else r.p_positive for r in results]
-    )
 
 
 def resample_weights(

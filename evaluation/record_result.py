@@ -3,21 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
-
-
-class ScoredRecord(Protocol):
-    """What a predictions file and the quality figures read of one record's result: a
-    `RecordResult`, or a batch job's row."""
-
-    @property
-    def label(self) -> Any: ...
-    @property
-    def prediction(self) -> Any: ...
-    @property
-    def format_ok(self) -> bool: ...
-    @property
-    def p_positive(self) -> float | None: ...
+from typing import Any
 
 
 @dataclass(frozen=True)

@@ -103,13 +103,14 @@ def test_the_engine_protocol_and_the_fake_engine_load_without_vllm() -> None:
     assert "vllm" not in loaded and "training" not in loaded
 
 
-BATCH_IMPORTS = {"medtpe_core", "inference", "evaluation", "ledger"}
+BATCH_IMPORTS = {"medtpe_core", "inference", "ledger"}
 """The project's packages `batch` may import."""
 
 
 def test_the_batch_layer_sits_between_the_library_and_the_command_line() -> None:
-    """`batch` (the population job) may import `medtpe_core`, `inference` and `evaluation`, not
-    `service`, `training` nor the CLI; of the project's packages only `medtpe_cli` imports it."""
+    """`batch` (the population job) may import `medtpe_core`, `inference` and `ledger`, not
+    `evaluation`, `service`, `training` nor the CLI; of the project's packages only `medtpe_cli`
+    imports it."""
     project = {
         "medtpe_core",
         "inference",

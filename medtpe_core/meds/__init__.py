@@ -9,7 +9,8 @@
 Modules: `events` (`MedsEvent`, the columnar `SubjectEvents`), `json_events` (a JSON array of
 events straight into columns), `readers` (datasets, code descriptions, label files, splits),
 `prediction_point` (a label file's row), `subject_split` (the one train / held-out split),
-`labels` (label files of the built-in tasks derived from events, or from ACES).
+`labels` (label files of the built-in tasks derived from events, or from ACES),
+`predictions_file` (results as a meds-evaluation predictions file).
 """
 
 from medtpe_core.meds.events import MedsEvent, SubjectEvents

@@ -10,7 +10,6 @@ import math
 import pytest
 
 from evaluation.figures import (
-    as_target,
     build_report,
     format_table,
     mode_agreement,
@@ -100,15 +99,6 @@ def test_multilabel_unparsed_answer_is_wrong_on_every_label() -> None:
     # label 0: tp 1, fn 1 -> 2/3; the other 24 labels: one false positive each -> 0
     assert figures["f1"]["value"] == pytest.approx((2 / 3) / len(PHENOTYPING.labels))
     assert "auroc" not in figures
-
-
-def test_targets_for_binary_and_multilabel() -> None:
-    assert as_target(MORTALITY, None) is False
-    assert as_target(MORTALITY, True) is True
-    first, third = PHENOTYPING.labels[0], PHENOTYPING.labels[2]
-    vector = as_target(PHENOTYPING, [first, third])
-    assert vector[0] and vector[2] and sum(vector) == 2
-    assert as_target(PHENOTYPING, None) == [False] * len(PHENOTYPING.labels)
 
 
 def test_mode_agreement_matches_records_by_key() -> None:

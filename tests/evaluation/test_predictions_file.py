@@ -1,5 +1,6 @@
-"""`predictions.parquet` as meds-evaluation reads it: written from per-record results and scored
-by the real meds-evaluation package (its Python API and its command line)."""
+"""`predictions.parquet` as meds-evaluation reads it: written from an evaluation's per-record
+results and scored by the real meds-evaluation package (its Python API and its command line); the
+format's layouts: tests/medtpe_core/meds/test_predictions_file.py."""
 
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ from medtpe_core.tasks import get_task
 
 WHEN = datetime(2150, 3, 2, 8)
 MORTALITY = get_task("icu_mortality")
-PHENOTYPING = get_task("phenotyping")
 
 
 def record(subject_id: int, label: object) -> EvalRecord:
@@ -100,24 +100,6 @@ def test_meds_evaluation_command_line_reads_the_file(tmp_path: Path) -> None:
     assert scores["samples_equally_weighted"]["roc_auc_score"] == pytest.approx(
         ours.auroc.value, abs=1e-6
     )
-
-
-def test_multilabel_predictions_have_one_row_per_label_in_label_order() -> None:
-    first, second = PHENOTYPING.labels[:2]
-    records = [record(1, [first]), record(2, [first, second])]
-    results = [result(records[0], [first], None), result(records[1], None, None, ok=False)]
-    table = predictions_table(PHENOTYPING, records, results)
-    n = len(PHENOTYPING.labels)
-    assert table.num_rows == 2 * n
-    PredictionSchema.align(table)
-    truth = table.column("boolean_value").to_pylist()
-    assert truth[:n] == [label == first for label in PHENOTYPING.labels]
-    predicted = table.column("predicted_boolean_value").to_pylist()
-    assert truth[:n] == predicted[:n]  # record 1 exactly right
-    assert predicted[n:] == [not v for v in truth[n:]]  # record 2 unparsed: wrong everywhere
-    scored = evaluate_binary_classification(pl.from_arrow(table))["samples_equally_weighted"]
-    assert scored["binary_accuracy"] == pytest.approx(0.5)
-    assert "roc_auc_score" not in scored  # no probabilities for a list answer
 
 
 def test_a_result_missing_for_a_record_is_an_error() -> None:
