@@ -27,7 +27,7 @@ from medtpe_core.cds.services import get_service
 from service.metrics import API_SITE
 from tests.support.deploy_support import DEPLOY, require_tool, substitute_grafana_macros
 from tests.support.service_support import (
-    SERVICE_API_KEY,
+    AUTH,
     instant_client,
     instant_settings,
     metric_value,
@@ -36,7 +36,6 @@ from tests.support.service_support import (
 from tests.support.unseen_codes import unseen_events
 
 TASK = "icu_mortality"
-AUTH = {"Authorization": f"Bearer {SERVICE_API_KEY}"}
 HOOK_SITE = get_service("medtpe-icu-mortality-patient-view").id
 RECORDS_PER_MINUTE = 3
 KNOWN_MINUTES = 1440
@@ -152,6 +151,18 @@ def rule_test(exported: dict[str, Any]) -> dict[str, Any]:
     return {"interval": "1m", "input_series": drift_series(exported), "alert_rule_test": checks}
 
 
+def promtool_test(document: dict[str, Any], path: Path) -> None:
+    """Write the promtool rule test `document` to `path` and pass it in `promtool test rules`."""
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    result = subprocess.run(
+        [require_tool("promtool"), "test", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
+
+
 def test_exported_figures_tell_unseen_codes_apart(exported: dict[str, Any]) -> None:
     known, unseen = exported["known"], exported["unseen"]
     build = exported["build"]
@@ -176,15 +187,7 @@ def test_the_drift_alerts_fire_on_unseen_codes_in_promtool(
         "evaluation_interval": "1m",
         "tests": [rule_test(exported)],
     }
-    path = tmp_path / "drift.test.yml"
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
-    result = subprocess.run(
-        [require_tool("promtool"), "test", "rules", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
+    promtool_test(document, tmp_path / "drift.test.yml")
 
 
 def test_the_committed_rule_test_holds_the_exported_series(exported: dict[str, Any]) -> None:
@@ -264,12 +267,4 @@ def test_the_dashboard_drift_panels_read_the_shares_of_the_exported_series(
         }
     )
     test = {"interval": "1m", "input_series": drift_series(exported), "promql_expr_test": checks}
-    path = tmp_path / "panels.test.yml"
-    path.write_text(yaml.safe_dump({"tests": [test]}, sort_keys=False))
-    result = subprocess.run(
-        [require_tool("promtool"), "test", "rules", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
+    promtool_test({"tests": [test]}, tmp_path / "panels.test.yml")

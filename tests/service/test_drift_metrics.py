@@ -21,7 +21,7 @@ from service.metrics import API_SITE
 from tests.support.cds_support import ICU_PATIENT, hook_request, load_bundle, prefetch_of
 from tests.support.ehr import Ehr
 from tests.support.service_support import (
-    SERVICE_API_KEY,
+    AUTH,
     instant_client,
     instant_settings,
     metric_value,
@@ -30,7 +30,6 @@ from tests.support.service_support import (
 from tests.support.unseen_codes import unseen_events
 
 TASK = "icu_mortality"
-AUTH = {"Authorization": f"Bearer {SERVICE_API_KEY}"}
 ICU = get_service("medtpe-icu-mortality-patient-view")
 BASE = "http://testserver"
 DRIFT = (
@@ -96,12 +95,7 @@ def test_build_figure_is_the_build_reports() -> None:
 
 @pytest.fixture(scope="module")
 def client(service_files: tuple[Path, Path], ehr: Ehr) -> Iterator[TestClient]:
-    settings = instant_settings(
-        service_files,
-        cds_issuers=json.loads(ehr.issuers_setting(["http://127.0.0.1:9"])),
-        cds_base_url=BASE,
-        cds_allow_http_fhir=True,
-    )
+    settings = instant_settings(service_files, **ehr.closed_fhir_settings(BASE))
     with instant_client(settings) as client:
         yield client
 

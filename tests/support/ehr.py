@@ -20,6 +20,8 @@ from tests.support.http_thread import serving_in_thread
 
 ISSUER = "https://ehr.test.invalid"
 TENANT = "tenant-a"
+CLOSED_FHIR_SERVER = "http://127.0.0.1:9"
+"""A FHIR server base URL on a closed port (a hook's fetch of it fails at once)."""
 
 
 @dataclass
@@ -63,6 +65,15 @@ class Ehr:
         """`MEDTPE_CDS_ISSUERS` naming this EHR, whose calls may name `fhir_servers` (base
         URLs, or `"*"`: any)."""
         return json.dumps({self.issuer: {"jwks_url": self.jwks_url, "fhir_servers": fhir_servers}})
+
+    def closed_fhir_settings(self, base_url: str) -> dict[str, Any]:
+        """`instant_settings` overrides of a CDS service at `base_url` this EHR calls, its calls
+        allowed to name one plain-HTTP FHIR server: a closed port on 127.0.0.1."""
+        return {
+            "cds_issuers": json.loads(self.issuers_setting([CLOSED_FHIR_SERVER])),
+            "cds_base_url": base_url,
+            "cds_allow_http_fhir": True,
+        }
 
 
 @contextmanager

@@ -58,11 +58,7 @@ FUZZ = settings(
 def client(service_files: tuple[Path, Path], ehr: Ehr) -> Iterator[TestClient]:
     """The app with API keys and `ehr` allowed to name one FHIR server: a closed port here."""
     settings = instant_settings(
-        service_files,
-        cds_issuers=json.loads(ehr.issuers_setting(["http://127.0.0.1:9"])),
-        cds_base_url=BASE,
-        cds_allow_http_fhir=True,
-        cds_fhir_timeout_s=2.0,
+        service_files, **ehr.closed_fhir_settings(BASE), cds_fhir_timeout_s=2.0
     )
     with instant_client(settings) as client:
         yield client
