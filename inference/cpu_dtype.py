@@ -8,7 +8,9 @@ also moves an answer's probability in steps of about 0.03 near p = 0.8.
 So `auto` here means float32 on such a CPU, vLLM's choice anywhere else (a GPU, a CPU with
 native bfloat16); an explicit dtype is always kept.
 
-Example: `resolved_dtype("auto", on_cpu=True, native_bfloat16=False)` -> `"float32"`.
+Example: `resolved_dtype("auto", on_cpu=True, native_bfloat16=False)` -> `"float32"`. What an
+engine runs in once started is vLLM's resolved `model_config.dtype` (`dtype_name`): `auto` left
+to vLLM is bfloat16 on a CPU with native bfloat16 (a float32 checkpoint is cast down).
 """
 
 from __future__ import annotations
@@ -19,6 +21,11 @@ from vllm.platforms import current_platform
 from inference.engine import Dtype
 
 FLOAT32: Dtype = "float32"
+_NAMES: dict[torch.dtype, Dtype] = {
+    torch.float32: "float32",
+    torch.bfloat16: "bfloat16",
+    torch.float16: "float16",
+}
 
 
 def resolved_dtype(requested: Dtype, *, on_cpu: bool, native_bfloat16: bool) -> Dtype:
@@ -41,3 +48,12 @@ def engine_dtype(requested: Dtype) -> Dtype:
 def cpu_has_native_bfloat16() -> bool:
     """Whether this CPU computes bfloat16 natively (AVX-512 BF16 or AMX tiles)."""
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def dtype_name(dtype: torch.dtype) -> Dtype:
+    """The name of the dtype a started engine runs in (vLLM's resolved `model_config.dtype`);
+    a ValueError for one no option names."""
+    try:
+        return _NAMES[dtype]
+    except KeyError:
+        raise ValueError(f"the engine runs in {dtype}, which no dtype option names") from None

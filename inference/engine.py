@@ -157,6 +157,9 @@ class Engine(Protocol):
     """Generates answers to token-id prompts; raises `EngineDead` once it cannot serve."""
 
     max_model_len: int
+    dtype: Dtype
+    """The dtype it computes in, as resolved when it started: never `auto` (a receipt names
+    it, and `medtpe verify` re-runs in it)."""
 
     @property
     def dead(self) -> bool:

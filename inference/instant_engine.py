@@ -19,6 +19,7 @@ from tokenizers import Tokenizer
 from inference.engine import (
     AnswerConstraint,
     Completion,
+    Dtype,
     EngineConfig,
     EngineDead,
     EngineFactory,
@@ -32,7 +33,9 @@ ANSWER = 'yes"}'
 class InstantEngine:
     """Answers `ANSWER` at once (after `delay_s`), with first-token logprobs on request."""
 
-    def __init__(self, model_dir: Path, max_model_len: int, delay_s: float = 0.0) -> None:
+    def __init__(
+        self, model_dir: Path, max_model_len: int, delay_s: float = 0.0, dtype: Dtype = "auto"
+    ) -> None:
         tokenizer = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
         self.answer_ids = tokenizer.encode(ANSWER, add_special_tokens=False).ids
         self.option_ids = {
@@ -40,6 +43,9 @@ class InstantEngine:
             for option in ("yes", "no")
         }
         self.max_model_len = max_model_len
+        self.dtype: Dtype = "float32" if dtype == "auto" else dtype
+        """The configured dtype; `auto` is float32 here (it computes nothing), as on a CPU
+        without native bfloat16."""
         self.delay_s = delay_s
         self.prompts: list[list[int]] = []
         self.cache_salts: list[str | None] = []
@@ -54,7 +60,8 @@ class InstantEngine:
         """An `EngineFactory` making instant engines with this delay."""
 
         def start(config: EngineConfig) -> InstantEngine:
-            return cls(config.model_dir, config.max_model_len or 8192, delay_s)
+            max_model_len = config.max_model_len or 8192
+            return cls(config.model_dir, max_model_len, delay_s, config.options.dtype)
 
         return start
 

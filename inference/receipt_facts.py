@@ -1,7 +1,8 @@
 """What every door records of one answer in the prediction ledger, as plain values: the record
 read (events, prediction time, a FHIR record's descriptions), the prompt's ids, the artefact's
 digest, the rendering settings, the model, the decoding settings, the versions, the answer and
-the response's figures. `ledger.answers.answer_row` hashes and signs them into a row.
+the response's figures. `ledger.answers.answer_row` hashes and signs them into a row. The
+dtype is the one the engine ran in (`Engine.dtype`), never the option's `auto`.
 
 `/predict`, `/predict/batch`, the CDS hooks and `medtpe predict` take their rows' facts from
 `answer_facts` only, so a row says the same things whichever door wrote it."""
@@ -53,7 +54,7 @@ def answer_facts(
         },
         "model": model.identity.name,
         "mode": model.identity.mode,
-        "dtype": str(model.engine_config.options.dtype),
+        "dtype": engine.dtype,
         "decoding": sampling.as_dict(),
         "engine_version": engine_version(engine),
         "product_version": product_version(),

@@ -23,10 +23,11 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
 from inference.cpu_cores import bind_engine_cores, reserved_from_env
-from inference.cpu_dtype import engine_dtype
+from inference.cpu_dtype import dtype_name, engine_dtype
 from inference.engine import (
     AnswerConstraint,
     Completion,
+    Dtype,
     EngineConfig,
     EngineDead,
     EngineOptions,
@@ -128,6 +129,7 @@ class VllmEngine:
         self._llm = llm
         self.config = config
         self.max_model_len: int = llm.model_config.max_model_len
+        self.dtype: Dtype = dtype_name(llm.model_config.dtype)
         self._dead = False
 
     @classmethod

@@ -88,8 +88,8 @@ class Receipt:
     model: str
     mode: str
     dtype: str
-    """The engine's weights and activations (p("yes") moves with it: bfloat16 puts it on steps
-    of 0.02–0.04)."""
+    """The dtype the engine ran in, as it resolved `auto` (p("yes") moves with it: bfloat16
+    puts it on steps of 0.02–0.04); receipts written before it was resolved say `auto`."""
     decoding: dict[str, Any]
     """The decoding settings (`inference.sampling.Sampling.as_dict`)."""
     engine_version: str

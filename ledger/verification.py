@@ -1,7 +1,7 @@
 """Checking a ledger row: its signature and its agreement with its receipt (`check_row`), then
 what was re-derived from the record, the artefact and the engine against what the receipt says
 (`compare`). Each check names the part that differs: signature invalid, row edited, record
-changed, artefact changed, rendering changed, prompt changed, engine drifted.
+changed, artefact changed, rendering changed, prompt changed, dtype changed, engine drifted.
 
 Re-deriving (reading the record, re-preparing the prompt, re-running the engine) needs the
 inference layer: the command line does it (`medtpe verify`) and hands the result here."""
@@ -20,6 +20,8 @@ from ledger.signing import verify_signature
 if TYPE_CHECKING:
     from ledger.store import PredictionRow
 
+AUTO = "auto"
+"""The dtype of a receipt written before receipts named the dtype the engine ran in."""
 P_TOLERANCE = 0.02
 """Largest |Δp("yes")| of a re-run taken as the same: a float32 re-run of a float32 answer moves p
 by float noise only; bfloat16 puts p on steps of 0.02–0.04 (re-run in the receipt's dtype)."""
@@ -42,6 +44,8 @@ class Rederived:
     artefact_digest: str
     rendering: dict[str, Any]
     prompt_ids_sha256: str
+    dtype: str
+    """The dtype the re-run's engine ran in."""
     answer: Any
     p_yes: float | None
 
@@ -92,7 +96,7 @@ def check_row(
 
 def compare(receipt: Receipt, again: Rederived, p_tolerance: float = P_TOLERANCE) -> list[Check]:
     """The re-derived prediction against its receipt, part by part: the inputs (record,
-    artefact, rendering), the prompt they give, the engine's answer and p("yes")."""
+    artefact, rendering), the prompt they give, the engine's dtype, answer and p("yes")."""
     checks = [
         _same("record", receipt.record_sha256, again.record_sha256, "record changed"),
         _same("artefact", receipt.artefact_digest, again.artefact_digest, "artefact changed"),
@@ -119,6 +123,7 @@ def compare(receipt: Receipt, again: Rederived, p_tolerance: float = P_TOLERANCE
             ),
         )
     )
+    checks.append(_dtype_check(receipt.dtype, again.dtype))
     same_answer = canonical_json(receipt.answer) == canonical_json(again.answer)
     checks.append(
         Check(
@@ -137,6 +142,19 @@ def _same(part: str, signed: str, found: str, difference: str) -> Check:
     if signed == found:
         return Check(part, True, f"same {part} (sha256 {found[:12]})")
     return Check(part, False, f"{difference}: sha256 {found[:12]}, the receipt's {signed[:12]}")
+
+
+def _dtype_check(signed: str, ran: str) -> Check:
+    if signed == ran:
+        return Check("dtype", True, f"same dtype ({ran})")
+    if signed == AUTO:
+        return Check(
+            "dtype",
+            True,
+            f"re-run in {ran}; the receipt says auto (written before receipts named the dtype "
+            "that ran: `--dtype` names it)",
+        )
+    return Check("dtype", False, f"dtype changed: re-run in {ran}, the receipt's {signed}")
 
 
 def _p_check(signed: float | None, found: float | None, tolerance: float) -> Check:

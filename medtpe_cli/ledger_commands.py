@@ -5,8 +5,9 @@ or `--ledger URL`.
 `medtpe verify` checks a row's signature and that the row says what its receipt signs, then
 re-derives the prediction — the record from `--meds DIR` / `--fhir DIR` or the row's stored
 record, the artefact's digest, the rendering, the prompt's ids, the engine's answer with the
-receipt's decoding settings — and names each part that differs; its exit status is 1 when any
-does. The engine (vLLM, torch) is imported inside the command only."""
+receipt's decoding settings, in the dtype the receipt names — and names each part that
+differs; its exit status is 1 when any does. The engine (vLLM, torch) is imported inside the
+command only."""
 
 from __future__ import annotations
 
@@ -16,19 +17,23 @@ import json
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import click
 
+from inference.engine import Dtype
 from ledger.receipt import Receipt, prompt_ids_digest, rendering_settings
 from ledger.settings import LedgerSettings
 from ledger.signing import SigningKeyError, public_key_from_jwk
-from ledger.verification import P_TOLERANCE, Check, Rederived, check_row, compare
+from ledger.verification import AUTO, P_TOLERANCE, Check, Rederived, check_row, compare
 from medtpe_cli import options
 from medtpe_core.meds.canonical import parse_canonical_record, record_digest
 
 if TYPE_CHECKING:  # the store (SQLAlchemy: the `service` extra) inside the commands only
     from ledger.store import PredictionRow
+
+RERUN_DTYPES = tuple(name for name in get_args(Dtype) if name != AUTO)
+"""What `medtpe verify --dtype` may name."""
 
 LEDGER_OPTION = click.option(
     "--ledger",
@@ -133,6 +138,14 @@ class RecordSource:
     help="Largest |Δp(yes)| of the re-run taken as the same.",
 )
 @click.option(
+    "--dtype",
+    type=click.Choice(RERUN_DTYPES),
+    default=None,
+    help="The re-run's dtype for a receipt that says `auto` (written before receipts named the "
+    "dtype that ran) [default: auto, as this machine resolves it]; a receipt naming its dtype "
+    "is re-run in it.",
+)
+@click.option(
     "--signature-only", is_flag=True, help="Check the signature and the row only (no engine)."
 )
 @options.MODEL_FILES_OPTIONS
@@ -145,6 +158,7 @@ def verify(
     codes_dir: Path | None,
     public_key_file: Path | None,
     p_tolerance: float,
+    dtype: str | None,
     signature_only: bool,
     model_dir: Path | None,
     artefact_dir: Path | None,
@@ -181,11 +195,25 @@ def verify(
         if codes_dir is None and row.door == "batch_meds":
             codes_dir = meds_dir
         files = options.model_files(model_dir, artefact_dir, export_dir)
-        again = rederive(row, receipt, source, files | {"codes_dir": codes_dir})
+        rerun = rerun_dtype(receipt.dtype, dtype)
+        again = rederive(row, receipt, source, files | {"codes_dir": codes_dir}, dtype=rerun)
         checks += compare(receipt, again, p_tolerance)
     click.echo(report(checks))
     if not all(check.ok for check in checks):
         raise SystemExit(1)
+
+
+def rerun_dtype(signed: str, given: str | None) -> str:
+    """The dtype `medtpe verify` re-runs in: the receipt's; for a receipt that says `auto`,
+    `--dtype` where given (else `auto`, resolved on this machine)."""
+    if given is None or given == signed:
+        return signed
+    if signed != AUTO:
+        raise click.UsageError(
+            f"the receipt names its dtype ({signed}): it is re-run in it; --dtype is for "
+            "receipts that say auto"
+        )
+    return given
 
 
 EngineStart = Callable[[Any], Any]
@@ -198,11 +226,14 @@ def rederive(
     model_files: dict[str, Any],
     start_engine: EngineStart | None = None,
     run: Callable[[Coroutine[Any, Any, Any]], Any] = asyncio.run,
+    *,
+    dtype: str | None = None,
 ) -> Rederived:
     """Re-derive the prediction of `row`: the model configured as the receipt says (mode,
-    budget, windowing, dtype, answer length), the record read from `source`, prepared and
-    answered with the receipt's decoding settings (`start_engine`: vLLM unless given; `run`:
-    the event loop's runner, one loop for every row where one engine serves several)."""
+    budget, windowing, dtype unless `dtype` is given, answer length), the record read from
+    `source`, prepared and answered with the receipt's decoding settings (`start_engine`: vLLM
+    unless given; `run`: the event loop's runner, one loop for every row where one engine
+    serves several); `Rederived.dtype` is what the engine ran in."""
     from inference.engine_factories import start_vllm
     from inference.model import ModelConfig, load_model
     from inference.record import FhirResources, MedsRecord
@@ -220,7 +251,7 @@ def rederive(
         window_policy=rendering["window_policy"],
         window_grid_hours=rendering["window_grid_hours"],
         max_new_tokens=receipt.decoding["max_new_tokens"],
-        dtype=receipt.dtype,
+        dtype=dtype or receipt.dtype,
     )
     prepare_model_files(config)
     loaded = load_model(config)
@@ -244,6 +275,7 @@ def rederive(
     engine = (start_engine or start_vllm)(loaded.engine_config)
     try:
         answer = run(predictor.answer(engine, prepared, Sampling(**receipt.decoding)))
+        ran = engine.dtype
     finally:
         engine.shutdown()
     return Rederived(
@@ -257,6 +289,7 @@ def rederive(
             config.windowing.grid_hours,
         ),
         prompt_ids_sha256=prompt_ids_digest(prepared.ids(receipt.mode)),
+        dtype=ran,
         answer=answer.prediction,
         p_yes=(answer.probabilities or {}).get("yes"),
     )

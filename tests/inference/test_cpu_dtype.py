@@ -1,5 +1,6 @@
 """`inference.cpu_dtype`: `auto` is float32 on a CPU without native bfloat16, vLLM's choice
-elsewhere, an explicit dtype always kept; every engine's arguments go through it."""
+elsewhere, an explicit dtype always kept; every engine's arguments go through it, and an
+engine reports the dtype vLLM resolved them to (never `auto`), which receipts record."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from inference.cpu_dtype import cpu_has_native_bfloat16, engine_dtype, resolved_dtype
+import torch
+
+from inference.cpu_dtype import cpu_has_native_bfloat16, dtype_name, engine_dtype, resolved_dtype
 from inference.engine import EngineConfig, EngineOptions
 from inference.vllm_engine import engine_args
+from medtpe_core.paths import default_model_dir
 
 
 @pytest.mark.parametrize(
@@ -36,3 +40,21 @@ def test_every_engine_runs_in_the_resolved_dtype(tmp_path: Path) -> None:
     assert engine_args(config).dtype == engine_dtype("auto")
     explicit = EngineConfig(tmp_path, 512, EngineOptions(dtype="bfloat16"))
     assert engine_args(explicit).dtype == "bfloat16"
+
+
+def test_the_dtype_an_engine_runs_in_is_what_auto_resolves_to(
+    service_files: tuple[Path, Path],
+) -> None:
+    """vLLM's configuration of the default model (what `VllmEngine` reads its `dtype` from,
+    no engine started): `auto` runs in bfloat16 on a CPU with native bfloat16, else float32."""
+    expected = "bfloat16" if cpu_has_native_bfloat16() else "float32"
+    for requested, ran in (("auto", expected), ("float32", "float32"), ("bfloat16", "bfloat16")):
+        config = EngineConfig(default_model_dir(), 512, EngineOptions(dtype=requested))
+        assert dtype_name(engine_args(config).create_model_config().dtype) == ran
+    assert [dtype_name(d) for d in (torch.float32, torch.bfloat16, torch.float16)] == [
+        "float32",
+        "bfloat16",
+        "float16",
+    ]
+    with pytest.raises(ValueError, match="no dtype option names"):
+        dtype_name(torch.float64)

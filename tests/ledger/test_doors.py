@@ -104,12 +104,24 @@ def test_a_row_the_service_wrote_re_derives_and_keeps_its_record_when_told(
         row = recorded_row(client, url, answer.json())
     assert row.record is not None
     receipt = Receipt.from_text(row.receipt)
+    assert (settings.dtype, receipt.dtype) == ("auto", "float32")  # what the engine ran in
     artefact, export = service_files
     files = {"artefact_dir": artefact, "export_dir": export, "codes_dir": None}
     again = rederive(row, receipt, RecordSource(), files, InstantEngine.factory())
     checks = {check.part: check for check in compare(receipt, again)}
     assert all(check.ok for check in checks.values()), checks
     assert checks["prompt"].detail == "same prompt"
+    assert checks["dtype"].detail == "same dtype (float32)"
+
+
+def test_a_receipt_names_the_dtype_set_for_the_engine(
+    service_files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+    with instant_client(instant_settings(service_files, ledger_url=url, dtype="bfloat16")) as c:
+        answer = post(c, "/predict", record(12))
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["receipt"]["receipt"]["dtype"] == "bfloat16"
 
 
 def test_no_answer_leaves_while_postgresql_is_down(

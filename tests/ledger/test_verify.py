@@ -1,7 +1,8 @@
 """`medtpe verify`'s re-derivation on the instant engine: a prediction recorded as a door
 records it re-derives to the same record, artefact, rendering, prompt, answer and p("yes");
-a changed record, artefact or engine is named; an edited row fails its signature check
-through the command line."""
+a changed record, artefact, dtype or engine is named; a receipt written before receipts named
+the dtype that ran (`auto`) still verifies; an edited row fails its signature check through the
+command line."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
+import click
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
@@ -30,8 +32,8 @@ from ledger.receipt import (
     utc_text,
 )
 from ledger.store import Ledger, PredictionRow
-from ledger.verification import compare
-from medtpe_cli.ledger_commands import RecordSource, rederive
+from ledger.verification import check_row, compare
+from medtpe_cli.ledger_commands import RecordSource, rederive, rerun_dtype
 from medtpe_cli.main import cli
 from medtpe_core.meds.canonical import canonical_record, record_digest
 from medtpe_core.meds.readers import MedsDataset
@@ -130,9 +132,10 @@ def test_a_recorded_prediction_re_derives_from_the_meds_dataset_and_the_stored_r
     for source in (RecordSource(meds_dir=meds_dir), RecordSource()):
         checks = rederived_checks(recorded, source, model_files)
         assert {part: check.ok for part, check in checks.items()} == dict.fromkeys(
-            ("record", "artefact", "rendering", "prompt", "answer", "p_yes"), True
+            ("record", "artefact", "rendering", "prompt", "dtype", "answer", "p_yes"), True
         ), checks
         assert checks["prompt"].detail == "same prompt"
+        assert checks["dtype"].detail == "same dtype (float32)"
 
 
 def test_a_changed_record_artefact_or_engine_is_named(
@@ -163,6 +166,38 @@ def test_a_changed_record_artefact_or_engine_is_named(
     assert checks["answer"].detail.startswith("engine drifted: answer True")
     assert checks["p_yes"].detail.startswith("engine drifted: |Δp(yes)|")
     assert checks["record"].ok and checks["prompt"].ok
+
+
+def test_a_receipt_that_says_auto_still_verifies(
+    recorded: PredictionRow, model_files: dict
+) -> None:
+    """A receipt written before receipts named the dtype that ran says `auto`: its signature
+    holds, the re-run is in `auto` as this machine resolves it or in `--dtype`, and the dtype
+    line says which; a re-run in another dtype than a receipt names is a difference."""
+    old = dataclasses.replace(Receipt.from_text(recorded.receipt), dtype="auto")
+    row = dataclasses.replace(
+        recorded, receipt=old.canonical().decode(), signature=SIGNER.sign(old)
+    )
+    receipt, row_checks = check_row(row, SIGNER.public_key)
+    assert receipt == old and all(check.ok for check in row_checks), row_checks
+    for given, ran in ((None, "float32"), ("bfloat16", "bfloat16")):
+        dtype = rerun_dtype(receipt.dtype, given)
+        again = rederive(
+            row, receipt, RecordSource(), model_files, InstantEngine.factory(), dtype=dtype
+        )
+        checks = {check.part: check for check in compare(receipt, again)}
+        assert all(check.ok for check in checks.values()), checks
+        assert checks["dtype"].detail.startswith(f"re-run in {ran}; the receipt says auto")
+    named = Receipt.from_text(recorded.receipt)
+    assert rerun_dtype(named.dtype, None) == rerun_dtype(named.dtype, "float32") == "float32"
+    with pytest.raises(click.UsageError, match=r"the receipt names its dtype \(float32\)"):
+        rerun_dtype(named.dtype, "bfloat16")
+    again = rederive(
+        recorded, named, RecordSource(), model_files, InstantEngine.factory(), dtype="float16"
+    )
+    checks = {check.part: check for check in compare(named, again)}
+    assert not checks["dtype"].ok
+    assert checks["dtype"].detail == "dtype changed: re-run in float16, the receipt's float32"
 
 
 def test_the_command_line_names_an_edited_row(
