@@ -4,13 +4,13 @@ Rendered records are made of lines that repeat across records and requests ("Hea
 "[08:00]"), so each distinct line is encoded once per process (a bounded LRU per encoder). When
 the encoder splits text at a newline between two non-space characters whatever surrounds it (true
 of byte-level BPE tokenizers with GPT-2, Llama-3 or Qwen2 pre-tokenisation, checked once per
-encoder by `splits_at_newlines`), a whole record's ids are the concatenation of its lines' ids:
-the record is never encoded as a whole.
+encoder by `splits_at_newlines`), a whole record's ids are the concatenation of its lines' ids (a line
+with whitespace at an end together with its neighbour there: `joined_pieces`): the record is
+never encoded as a whole.
 """
 
 from __future__ import annotations
 
-import re
 import threading
 from collections import OrderedDict
 from itertools import chain
@@ -48,9 +48,29 @@ def splits_at_newlines(encoder: TokenEncoder) -> bool:
     return all(ids[i] == ids[i + 1] + ids[i + 2] for i in range(0, len(ids), 3))
 
 
-_UNJOINABLE = re.compile(r"(?:^|\n)\s|\s(?:\n|$)")
-"""A line that starts or ends with whitespace (or is empty): its tokens may change when it sits
-next to a newline."""
+def _joinable(line: str) -> bool:
+    """Whether `line` starts and ends with a non-space character: a newline between two such
+    lines is where the text's ids may be split."""
+    return bool(line) and not line[0].isspace() and not line[-1].isspace()
+
+
+def joined_pieces(lines: list[str]) -> list[str]:
+    """The text of `lines` joined by newlines as consecutive pieces that are encoded apart: each
+    line with its newline, except that a line that is empty or starts or ends with whitespace is
+    kept in one piece with its neighbours on those sides (its tokens may change next to a
+    newline)."""
+    pieces: list[str] = []
+    glued = False  # whether the next line belongs to the last piece
+    for line in lines:
+        joinable = _joinable(line)
+        if pieces and (glued or not joinable):
+            pieces[-1] += line + "\n"
+        else:
+            pieces.append(line + "\n")
+        glued = not joinable
+    if pieces:
+        pieces[-1] = pieces[-1][:-1]
+    return pieces
 
 
 class PieceTokens:
@@ -86,13 +106,12 @@ class PieceTokens:
         """Token count of each piece."""
         return [len(ids) for ids in self.ids(pieces)]
 
-    def join(self, lines: list[str], text: str) -> list[int] | None:
-        """Ids of `text`, the `lines` joined by newlines, from the lines' cached ids; None when
-        the encoder or a line (empty, or with whitespace at an end) does not allow it."""
-        if not self.composes or _UNJOINABLE.search(text):
+    def join(self, lines: list[str]) -> list[int] | None:
+        """Ids of the `lines` joined by newlines, from the cached ids of their pieces
+        (`joined_pieces`); None when the encoder does not allow it."""
+        if not self.composes:
             return None
-        pieces = [line + "\n" for line in lines[:-1]] + lines[-1:]
-        return list(chain.from_iterable(self.ids(pieces)))
+        return list(chain.from_iterable(self.ids(joined_pieces(lines))))
 
 
 _REGISTRY_LOCK = threading.Lock()

@@ -358,7 +358,7 @@ def _encoded(out: list[str], encoder: TokenEncoder, pieces: PieceTokens) -> tupl
     """The text of these lines and its ids: joined from the lines' ids when the tokenizer allows,
     else the text encoded once."""
     text = "\n".join(out)
-    ids = pieces.join(out, text)
+    ids = pieces.join(out)
     return text, ids if ids is not None else encoder.encode_batch([text])[0]
 
 
