@@ -73,10 +73,7 @@ class RecordingEngine(InstantEngine):
 @pytest.fixture(scope="module")
 def settings(service_files: tuple[Path, Path], ehr: Ehr) -> ServiceSettings:
     return instant_settings(
-        service_files,
-        max_request_bytes=BODY_BYTES,
-        cds_base_url=BASE,
-        cds_issuers=json.loads(ehr.issuers_setting(["https://ehr.test.invalid/fhir"])),
+        service_files, max_request_bytes=BODY_BYTES, **ehr.service_settings(BASE)
     )
 
 

@@ -33,7 +33,12 @@ from tests.support.service_support import (
     metric_value,
     synthetic_events,
 )
-from tests.support.unseen_codes import unseen_events
+from tests.support.unseen_codes import (
+    BUILD_GAUGE,
+    DRIFT_COUNTERS,
+    drift_metrics,
+    unseen_events,
+)
 
 TASK = "icu_mortality"
 HOOK_SITE = get_service("medtpe-icu-mortality-patient-view").id
@@ -45,16 +50,6 @@ DRIFT_ALERTS = (
     "MedTPEUndescribedCodesRising",
     "MedTPEBudgetDropsRising",
 )
-COUNTERS = {
-    "medtpe_drift_events_total": {},
-    "medtpe_drift_events_dropped_total": {},
-    "medtpe_drift_events_undescribed_total": {},
-    "medtpe_drift_merged_tokens_total": {},
-    "medtpe_drift_prompt_tokens_total": {"tokenizer": "original"},
-    "medtpe_drift_prompt_tokens_total ": {"tokenizer": "medtpe"},
-}
-"""Counter name (a trailing space tells the two token series apart) -> extra labels."""
-BUILD = "medtpe_artefact_build_compression_rate"
 
 
 @pytest.fixture(scope="module")
@@ -68,21 +63,14 @@ def scrape(client: TestClient) -> str:
     return client.get("/metrics", headers=AUTH).text
 
 
-def counts(text: str) -> dict[str, float]:
-    return {
-        name: metric_value(text, name.strip(), task=TASK, site=API_SITE, **labels)
-        for name, labels in COUNTERS.items()
-    }
-
-
 def per_minute(client: TestClient, records: list[list[dict]]) -> dict[str, int]:
     """The counters' increase over the answers to `records` (a minute's traffic)."""
-    before = counts(scrape(client))
+    before = drift_metrics(scrape(client), TASK, API_SITE)
     for events in records:
         response = client.post("/predict", json={"task": TASK, "events": events}, headers=AUTH)
         assert response.status_code == 200, response.text
-    after = counts(scrape(client))
-    return {name: int(after[name] - before[name]) for name in COUNTERS}
+    after = drift_metrics(scrape(client), TASK, API_SITE)
+    return {name: int(after[name] - before[name]) for name in DRIFT_COUNTERS}
 
 
 @pytest.fixture(scope="module")
@@ -93,14 +81,15 @@ def exported(client: TestClient) -> dict[str, Any]:
     return {
         "known": per_minute(client, known),
         "unseen": per_minute(client, unseen),
-        "build": metric_value(scrape(client), BUILD),
+        "build": metric_value(scrape(client), BUILD_GAUGE),
     }
 
 
 def selector(name: str, site: str) -> str:
-    labels = {"task": TASK, "site": site, **COUNTERS[name]}
+    metric, extra = DRIFT_COUNTERS[name]
+    labels = {"task": TASK, "site": site, **extra}
     inner = ", ".join(f'{k}="{v}"' for k, v in labels.items())
-    return f"{name.strip()}{{{inner}}}"
+    return f"{metric}{{{inner}}}"
 
 
 def drift_series(exported: dict[str, Any]) -> list[dict[str, str]]:
@@ -108,12 +97,12 @@ def drift_series(exported: dict[str, Any]) -> list[dict[str, str]]:
     site known traffic throughout, the build's gauge."""
     total = KNOWN_MINUTES + UNSEEN_MINUTES
     series = []
-    for name in COUNTERS:
+    for name in DRIFT_COUNTERS:
         a, b = exported["known"][name], exported["unseen"][name]
         switched = f"0+{a}x{KNOWN_MINUTES} {KNOWN_MINUTES * a + b}+{b}x{UNSEEN_MINUTES - 1}"
         series.append({"series": selector(name, API_SITE), "values": switched})
         series.append({"series": selector(name, HOOK_SITE), "values": f"0+{a}x{total}"})
-    series.append({"series": BUILD, "values": f"{exported['build']}x{total}"})
+    series.append({"series": BUILD_GAUGE, "values": f"{exported['build']}x{total}"})
     return series
 
 
@@ -169,8 +158,7 @@ def test_exported_figures_tell_unseen_codes_apart(exported: dict[str, Any]) -> N
     assert 0 < build < 1
 
     def compression(m: dict[str, int]) -> float:
-        tokens = "medtpe_drift_prompt_tokens_total"
-        return 1 - m[tokens + " "] / m[tokens]
+        return 1 - m["medtpe"] / m["original"]
 
     assert compression(unseen) < build - 0.05 < build < compression(known) + 0.05
     assert (
@@ -230,15 +218,14 @@ def test_the_dashboard_drift_panels_read_the_shares_of_the_exported_series(
     records' for the CDS service's site."""
     board = json.loads((DEPLOY / "grafana" / "dashboards" / "medtpe.json").read_text())
     panels = [p for p in board["panels"] if p["title"].startswith("Drift:")]
-    tokens = "medtpe_drift_prompt_tokens_total"
 
     def shares(m: dict[str, int]) -> list[float]:
         shown = m["medtpe_drift_events_total"] - m["medtpe_drift_events_dropped_total"]
         return [
-            1 - m[tokens + " "] / m[tokens],
+            1 - m["medtpe"] / m["original"],
             m["medtpe_drift_events_undescribed_total"] / shown,
             m["medtpe_drift_events_dropped_total"] / m["medtpe_drift_events_total"],
-            m["medtpe_drift_merged_tokens_total"] / m[tokens + " "],
+            m["medtpe_drift_merged_tokens_total"] / m["medtpe"],
         ]
 
     expected = {API_SITE: shares(exported["unseen"]), HOOK_SITE: shares(exported["known"])}

@@ -19,25 +19,18 @@ from medtpe_core.meds import MedsEvent, SubjectEvents
 from medtpe_core.tasks import get_task
 from service.metrics import API_SITE
 from tests.support.cds_support import ICU_PATIENT, hook_request, load_bundle, prefetch_of
-from tests.support.ehr import Ehr
+from tests.support.ehr import CLOSED_FHIR_SERVER, Ehr
 from tests.support.service_support import (
     AUTH,
     instant_client,
     instant_settings,
-    metric_value,
     synthetic_events,
 )
-from tests.support.unseen_codes import unseen_events
+from tests.support.unseen_codes import drift_metrics, unseen_events
 
 TASK = "icu_mortality"
 ICU = get_service("medtpe-icu-mortality-patient-view")
 BASE = "http://testserver"
-DRIFT = (
-    "medtpe_drift_events_total",
-    "medtpe_drift_events_dropped_total",
-    "medtpe_drift_events_undescribed_total",
-    "medtpe_drift_merged_tokens_total",
-)
 
 
 @pytest.fixture(scope="module")
@@ -95,20 +88,14 @@ def test_build_figure_is_the_build_reports() -> None:
 
 @pytest.fixture(scope="module")
 def client(service_files: tuple[Path, Path], ehr: Ehr) -> Iterator[TestClient]:
-    settings = instant_settings(service_files, **ehr.closed_fhir_settings(BASE))
+    hooks = ehr.service_settings(BASE, CLOSED_FHIR_SERVER)
+    settings = instant_settings(service_files, **hooks, cds_allow_http_fhir=True)
     with instant_client(settings) as client:
         yield client
 
 
 def scraped(client: TestClient, site: str) -> dict[str, float]:
-    text = client.get("/metrics", headers=AUTH).text
-    values = {name: metric_value(text, name, task=TASK, site=site) for name in DRIFT}
-    for tokenizer in ("original", "medtpe"):
-        values[tokenizer] = metric_value(
-            text, "medtpe_drift_prompt_tokens_total", task=TASK, site=site, tokenizer=tokenizer
-        )
-    values["build"] = metric_value(text, "medtpe_artefact_build_compression_rate")
-    return values
+    return drift_metrics(client.get("/metrics", headers=AUTH).text, TASK, site)
 
 
 def increase(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

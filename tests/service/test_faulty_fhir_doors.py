@@ -44,10 +44,7 @@ BASE = "http://testserver"
 @pytest.fixture(scope="module")
 def settings(service_files: tuple[Path, Path], ehr: Ehr) -> ServiceSettings:
     return instant_settings(
-        service_files,
-        max_request_bytes=32 * 1024 * 1024,
-        cds_base_url=BASE,
-        cds_issuers=json.loads(ehr.issuers_setting(["https://ehr.test.invalid/fhir"])),
+        service_files, max_request_bytes=32 * 1024 * 1024, **ehr.service_settings(BASE)
     )
 
 

@@ -7,7 +7,6 @@ full replacement, named in `/readyz` and the job's summary."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Iterator
 from dataclasses import replace
@@ -65,8 +64,7 @@ def settings(service_files: tuple[Path, Path], ehr: Ehr, site: Path) -> ServiceS
         service_files,
         codes_dir=site,
         max_request_bytes=32 * 1024 * 1024,
-        cds_base_url=BASE,
-        cds_issuers=json.loads(ehr.issuers_setting(["https://ehr.test.invalid/fhir"])),
+        **ehr.service_settings(BASE),
     )
 
 

@@ -20,8 +20,10 @@ from tests.support.http_thread import serving_in_thread
 
 ISSUER = "https://ehr.test.invalid"
 TENANT = "tenant-a"
+FHIR_SERVER = f"{ISSUER}/fhir"
+"""The EHR's FHIR server base URL."""
 CLOSED_FHIR_SERVER = "http://127.0.0.1:9"
-"""A FHIR server base URL on a closed port (a hook's fetch of it fails at once)."""
+"""A plain-HTTP FHIR server base URL on a closed port (a hook's fetch of it fails at once)."""
 
 
 @dataclass
@@ -66,13 +68,12 @@ class Ehr:
         URLs, or `"*"`: any)."""
         return json.dumps({self.issuer: {"jwks_url": self.jwks_url, "fhir_servers": fhir_servers}})
 
-    def closed_fhir_settings(self, base_url: str) -> dict[str, Any]:
+    def service_settings(self, base_url: str, fhir_server: str = FHIR_SERVER) -> dict[str, Any]:
         """`instant_settings` overrides of a CDS service at `base_url` this EHR calls, its calls
-        allowed to name one plain-HTTP FHIR server: a closed port on 127.0.0.1."""
+        allowed to name `fhir_server`."""
         return {
-            "cds_issuers": json.loads(self.issuers_setting([CLOSED_FHIR_SERVER])),
+            "cds_issuers": json.loads(self.issuers_setting([fhir_server])),
             "cds_base_url": base_url,
-            "cds_allow_http_fhir": True,
         }
 
 

@@ -3,17 +3,21 @@ small MedTPE artefact for the default model, used only while no default artefact
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cache
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -49,37 +53,38 @@ _EVENTS = [
 ]
 
 
+def meds_event(
+    subject_id: int, time: datetime | None, code: str, value: float | None = None
+) -> dict[str, Any]:
+    """One MEDS JSON event: `time` as ISO text (None: a static event), a `numeric_value` only
+    when `value` is given."""
+    event: dict[str, Any] = {
+        "subject_id": subject_id,
+        "time": None if time is None else time.isoformat(),
+        "code": code,
+    }
+    if value is not None:
+        event["numeric_value"] = value
+    return event
+
+
 def synthetic_events(subject_id: int, n_events: int = 60, seed: int | None = None) -> list[dict]:
     """A plausible ICU record as MEDS JSON events: birth, admission, then measurements."""
     rng = random.Random(subject_id if seed is None else seed)
     start = datetime(2150, 1, 1) + timedelta(days=rng.randint(0, 3000), hours=rng.randint(0, 23))
-    events: list[dict[str, Any]] = [
-        {"subject_id": subject_id, "time": None, "code": "GENDER//F"},
-        {
-            "subject_id": subject_id,
-            "time": (start - timedelta(days=365 * rng.randint(25, 90))).isoformat(),
-            "code": "MEDS_BIRTH",
-        },
-        {"subject_id": subject_id, "time": start.isoformat(), "code": "ICU_ADMISSION//MICU"},
+    events = [
+        meds_event(subject_id, None, "GENDER//F"),
+        meds_event(subject_id, start - timedelta(days=365 * rng.randint(25, 90)), "MEDS_BIRTH"),
+        meds_event(subject_id, start, "ICU_ADMISSION//MICU"),
     ]
     time = start
     for _ in range(n_events):
         time += timedelta(minutes=rng.randint(0, 45))
         if rng.random() < 0.15:
-            events.append(
-                {"subject_id": subject_id, "time": time.isoformat(), "code": rng.choice(_EVENTS)}
-            )
+            events.append(meds_event(subject_id, time, rng.choice(_EVENTS)))
         else:
             code, low, high = rng.choice(_MEASUREMENTS)
-            value = round(rng.uniform(low, high), 1)
-            events.append(
-                {
-                    "subject_id": subject_id,
-                    "time": time.isoformat(),
-                    "code": code,
-                    "numeric_value": value,
-                }
-            )
+            events.append(meds_event(subject_id, time, code, round(rng.uniform(low, high), 1)))
     return events
 
 
@@ -174,10 +179,27 @@ SHUTDOWN_GRACE_S = 5
 stop test leaves in flight."""
 
 
+@cache
+def _ledgers_dir() -> Path:
+    """This process's folder of test ledgers (each pytest-xdist worker has its own), removed
+    when the process exits."""
+    folder = Path(tempfile.mkdtemp(prefix="medtpe-test-ledgers-"))
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
+
+
+def own_ledger_url() -> str:
+    """A new, empty SQLite ledger for one test service: a test never writes to the checkout's
+    default ledger (`.cache/ledger.sqlite3`), and no two pytest-xdist workers share a file."""
+    return f"sqlite:///{Path(tempfile.mkdtemp(dir=_ledgers_dir())) / 'ledger.sqlite3'}"
+
+
 def service_env(service_files: tuple[Path, Path], **overrides: str) -> dict[str, str]:
-    """Environment of a test service: small input budget and KV cache, eager float32 engine."""
+    """Environment of a test service: small input budget and KV cache, eager float32 engine,
+    a ledger of its own (`own_ledger_url`)."""
     artefact, export = service_files
     env = {
+        "MEDTPE_LEDGER_URL": own_ledger_url(),
         "MEDTPE_ARTEFACT_DIR": str(artefact),
         "MEDTPE_EXPORT_DIR": str(export),
         "MEDTPE_MAX_INPUT_TOKENS": "1024",
@@ -326,9 +348,11 @@ class ServedApi(httpx.Client):
 
 
 def instant_settings(service_files: tuple[Path, Path], **overrides: Any) -> ServiceSettings:
-    """In-process settings equal to `service_env`'s (small budget, API keys, 256 KiB bodies)."""
+    """In-process settings equal to `service_env`'s (small budget, API keys, 256 KiB bodies, a
+    ledger of its own)."""
     artefact, export = service_files
     values: dict[str, Any] = {
+        "ledger_url": own_ledger_url(),
         "artefact_dir": artefact,
         "export_dir": export,
         "max_input_tokens": 1024,

@@ -31,7 +31,7 @@ from tests.support.bad_requests import (
     mutated,
 )
 from tests.support.cds_support import ICU_PATIENT, hook_request, load_bundle, prefetch_of
-from tests.support.ehr import Ehr
+from tests.support.ehr import CLOSED_FHIR_SERVER, Ehr
 from tests.support.properties import examples
 from tests.support.service_support import (
     AUTH,
@@ -57,8 +57,9 @@ FUZZ = settings(
 @pytest.fixture(scope="module")
 def client(service_files: tuple[Path, Path], ehr: Ehr) -> Iterator[TestClient]:
     """The app with API keys and `ehr` allowed to name one FHIR server: a closed port here."""
+    hooks = ehr.service_settings(BASE, CLOSED_FHIR_SERVER)
     settings = instant_settings(
-        service_files, **ehr.closed_fhir_settings(BASE), cds_fhir_timeout_s=2.0
+        service_files, **hooks, cds_allow_http_fhir=True, cds_fhir_timeout_s=2.0
     )
     with instant_client(settings) as client:
         yield client
