@@ -100,19 +100,11 @@ class RecordSource:
 @click.command("verify")
 @click.argument("prediction_id")
 @LEDGER_OPTION
-@click.option(
-    "--meds",
-    "meds_dir",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    default=None,
-    help="The MEDS dataset the record comes from (its subject is the row's).",
+@options.meds_dir_option(
+    "The MEDS dataset the record comes from (its subject is the row's).", required=False
 )
-@click.option(
-    "--fhir",
-    "fhir_dirs",
-    multiple=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="In place of --meds: FHIR Bulk Data export directories holding the patient's resources.",
+@options.fhir_dirs_option(
+    "In place of --meds: FHIR Bulk Data export directories holding the patient's resources."
 )
 @options.FHIR_MAPPING_OPTION
 @click.option(

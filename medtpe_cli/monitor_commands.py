@@ -21,7 +21,12 @@ import click
 
 from ledger.settings import LedgerSettings
 from medtpe_cli.ledger_commands import LEDGER_OPTION
-from medtpe_cli.options import FHIR_MAPPING_OPTION, TASK_OPTION
+from medtpe_cli.options import (
+    FHIR_MAPPING_OPTION,
+    TASK_OPTION,
+    fhir_dirs_option,
+    meds_dir_option,
+)
 from medtpe_core.meds.readers import MedsDataset, MedsFormatError
 from medtpe_core.tasks import get_task
 from medtpe_core.thresholds import Thresholds, ThresholdsError
@@ -81,18 +86,12 @@ def _fhir_source(
 @click.command("outcomes")
 @LEDGER_OPTION
 @TASK_OPTION
-@click.option(
-    "--meds",
-    "meds_dir",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="A MEDS dataset holding what happened (the subjects' events after the predictions).",
+@meds_dir_option(
+    "A MEDS dataset holding what happened (the subjects' events after the predictions).",
+    required=False,
 )
-@click.option(
-    "--fhir",
-    "fhir_dirs",
-    multiple=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="A FHIR Bulk Data export directory instead (repeat for increments, oldest first).",
+@fhir_dirs_option(
+    "A FHIR Bulk Data export directory instead (repeat for increments, oldest first)."
 )
 @FHIR_MAPPING_OPTION
 @click.option(

@@ -1,5 +1,5 @@
-"""Click options shared by several commands (`render`, `evaluate`, `predict`, `labels`): one
-definition each, so their names, defaults and help read the same everywhere."""
+"""Click options shared by several commands (`render`, `evaluate`, `predict`, `labels`, `verify`,
+`outcomes`): one definition each, so their names, defaults and help read the same everywhere."""
 
 from __future__ import annotations
 
@@ -21,13 +21,24 @@ from medtpe_core.prompt import WindowPolicy
 F = TypeVar("F", bound=Callable[..., Any])
 ENV_PREFIX = "MEDTPE_"
 
-MEDS_DIR_OPTION = click.option(
-    "--meds",
-    "meds_dir",
-    required=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="MEDS dataset directory (data/, metadata/).",
-)
+INPUT_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
+"""The type of an option naming an existing input directory."""
+
+
+def meds_dir_option(
+    help: str = "MEDS dataset directory (data/, metadata/).", required: bool = True
+) -> Callable[[F], F]:
+    """`--meds DIR` (`meds_dir`): the MEDS dataset a command reads; `help` says what it holds."""
+    return click.option("--meds", "meds_dir", required=required, type=INPUT_DIR, help=help)
+
+
+def fhir_dirs_option(help: str) -> Callable[[F], F]:
+    """`--fhir DIR`, repeatable (`fhir_dirs`): FHIR Bulk Data export directories a command reads
+    in place of `--meds`; `help` says how."""
+    return click.option("--fhir", "fhir_dirs", multiple=True, type=INPUT_DIR, help=help)
+
+
+MEDS_DIR_OPTION = meds_dir_option()
 """The `--meds DIR` option of the commands that read a MEDS dataset."""
 ALL_SPLITS = "all"
 SPLITS = (meds.train_split, meds.tuning_split, meds.held_out_split, ALL_SPLITS)

@@ -108,15 +108,11 @@ def _with_server(text: str) -> str:
 
 
 FHIR_OPTIONS = options.together(
-    click.option(
-        "--fhir",
-        "fhir_dirs",
-        multiple=True,
-        type=click.Path(exists=True, file_okay=False, path_type=Path),
-        help="In place of --meds: a FHIR Bulk Data export directory (*.ndjson, *.ndjson.gz, its "
+    options.fhir_dirs_option(
+        "In place of --meds: a FHIR Bulk Data export directory (*.ndjson, *.ndjson.gz, its "
         "manifest.json), read through the site's FHIR mapping as /predict reads a Bundle. Repeat "
         "to read a base export then its _since increments (a later resource replaces its "
-        "earlier line); with --fhir-server, read before the new export.",
+        "earlier line); with --fhir-server, read before the new export."
     ),
     click.option(
         "--fhir-server",
@@ -274,12 +270,8 @@ def _fhir_source(fhir: dict[str, Any], out_dir: Path) -> Any:
 
 
 @click.command("predict")
-@click.option(
-    "--meds",
-    "meds_dir",
-    default=None,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="MEDS dataset directory (data/, metadata/); or give --fhir / --fhir-server.",
+@options.meds_dir_option(
+    "MEDS dataset directory (data/, metadata/); or give --fhir / --fhir-server.", required=False
 )
 @FHIR_OPTIONS
 @click.option(
