@@ -164,7 +164,9 @@ class ServiceLedger:
 
     async def commit_feedback(self, rows: Sequence[FeedbackRow]) -> None:
         """Commit CDS feedback rows before the feedback call is answered; a 503
-        `ledger_unavailable` (the EHR sends it again) when they cannot be."""
+        `ledger_unavailable` (the EHR sends it again) when they cannot be;
+        `ledger.feedback.UnrecordedPredictions` (nothing written) when the ledger holds no
+        prediction of some (cards issued while it was off)."""
         if self.off or not rows:
             return
         await self._write(record_feedback, rows)

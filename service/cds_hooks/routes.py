@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.responses import Response
 
-from ledger.feedback import FeedbackRow
+from ledger.feedback import FeedbackRow, UnrecordedPredictions
 from medtpe_core.cds.services import SERVICES, CdsService, UnknownServiceError, get_service
 from service.cds_hooks.audit import AuditEntry, audited, write
 from service.cds_hooks.hook_call import CdsHooks, answer_hook
@@ -36,6 +36,11 @@ logger = logging.getLogger("medtpe.service")
 UNKNOWN = "unknown"
 """The service label of a call naming no service of the discovery list."""
 UNKNOWN_CARD = "unknown_card"
+NOT_IN_LEDGER = "card_not_in_ledger"
+UNRECORDED = (
+    "the ledger holds no prediction of this card (issued while the ledger was off, or recorded "
+    "in another ledger): its feedback cannot be kept; do not send it again"
+)
 
 
 def _state(request: Request) -> ServiceState:
@@ -118,8 +123,9 @@ async def feedback(
     the answer: a 503 `ledger_unavailable` when it cannot be, so the EHR sends it again; counted
     per outcome in `/metrics`; the body is read after the JWT check): at most
     `MEDTPE_CDS_MAX_FEEDBACK_ITEMS` items, each about a card this service issued to the caller
-    (`IssuedCards`); otherwise nothing is recorded nor counted and the answer is a 422 naming
-    each item's card that was not."""
+    (`IssuedCards`) whose prediction the ledger holds; otherwise nothing is recorded nor counted
+    per outcome and the answer is a 422 naming each item's card that was not (`unknown_card`,
+    `card_not_in_ledger`: a card issued while the ledger was off)."""
     service = _service(service_id)
     body = read_feedback(await request.body(), state.settings.cds_max_feedback_items)
     cards = [item.card for item in body.feedback]
@@ -128,11 +134,17 @@ async def feedback(
     except StateUnavailable:
         raise state_unavailable("the issued cards' store did not answer") from None
     if unknown:
-        entry = AuditEntry(service.id, event="feedback", issuer=caller.issuer, jti=caller.jti)
-        entry.tenant, entry.outcome, entry.reason = caller.tenant, "invalid", UNKNOWN_CARD
-        write(entry, state.metrics)  # one line for the call: no line, no count per item
-        raise ApiError(422, "invalid_request", _unknown_cards(service, unknown))
-    await state.ledger.commit_feedback(feedback_rows(body.feedback, caller))  # else a 503
+        message = f"no card of {service.id} issued to this caller within MEDTPE_CDS_CARD_TTL_S"
+        raise _refused(state, service, caller, unknown, UNKNOWN_CARD, message)
+    try:
+        await state.ledger.commit_feedback(feedback_rows(body.feedback, caller))  # else a 503
+    except UnrecordedPredictions as exc:
+        logger.warning(
+            "CDS feedback refused: %d card(s) of %s without a prediction in the ledger",
+            len(exc.indices),
+            service.id,
+        )
+        raise _refused(state, service, caller, exc.indices, NOT_IN_LEDGER, UNRECORDED) from None
     for item in body.feedback:
         entry = AuditEntry(service.id, event="feedback", issuer=caller.issuer, card=item.card)
         entry.tenant, entry.jti, entry.outcome = caller.tenant, caller.jti, item.outcome.value
@@ -165,14 +177,26 @@ def feedback_rows(items: list[Feedback], caller: Caller) -> list[FeedbackRow]:
     return rows
 
 
-def _unknown_cards(service: CdsService, items: list[int]) -> list[dict[str, Any]]:
-    """The 422 detail naming the card of each feedback item in `items`."""
-    message = f"no card of {service.id} issued to this caller within MEDTPE_CDS_CARD_TTL_S"
-    return [
+def _refused(
+    state: ServiceState,
+    service: CdsService,
+    caller: Caller,
+    items: list[int],
+    reason: str,
+    message: str,
+) -> ApiError:
+    """The 422 of a feedback call refused whole, naming the card of each item in `items`; its
+    one audit line written (reason, no card) and counted as an invalid request."""
+    entry = AuditEntry(service.id, event="feedback", issuer=caller.issuer, jti=caller.jti)
+    entry.tenant, entry.outcome, entry.reason = caller.tenant, "invalid", reason
+    write(entry, state.metrics)
+    state.metrics.rejections.labels("invalid").inc()
+    detail = [
         error
         for i in items
-        for error in field_error(("body", "feedback", i, "card"), message, UNKNOWN_CARD)
+        for error in field_error(("body", "feedback", i, "card"), message, reason)
     ]
+    return ApiError(422, "invalid_request", detail)
 
 
 def install_cds_hooks(app: FastAPI, state: ServiceState) -> None:

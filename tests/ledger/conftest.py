@@ -1,5 +1,6 @@
-"""Fixtures of the ledger's tests: a real PostgreSQL server for the session, and each test's
-own empty ledger database on SQLite (WAL) and on PostgreSQL (`ledger_url`)."""
+"""Fixtures of the ledger's tests: a real PostgreSQL server for the session, each test's own
+empty ledger database on SQLite (WAL) and on PostgreSQL (`ledger_url`), and the security tests'
+redis-server (`redis_server`: state several instances share)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tests.service.security.conftest import redis_server
 from tests.support.postgres import POSTGRES_BIN, SKIP_REASON, PostgresServer, running_postgres
+
+__all__ = ["fresh_database", "ledger_url", "postgres_server", "redis_server"]
 
 _DATABASES = itertools.count()
 
