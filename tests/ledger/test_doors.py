@@ -25,13 +25,14 @@ from ledger.receipt import Receipt
 from ledger.schema import Feedback
 from ledger.signing import public_key_from_jwk
 from ledger.store import Ledger, PredictionRow
-from ledger.verification import check_row, compare
-from medtpe_cli.ledger_commands import RecordSource, rederive
+from ledger.verification import check_row
+from medtpe_cli.ledger_commands import RecordSource
 from medtpe_cli.main import cli
 from medtpe_core.cds.services import get_service
 from service.app import create_app
 from service.settings import ServiceSettings
 from tests.ledger.conftest import fresh_database
+from tests.ledger.rederived import rederived_checks, service_model_files
 from tests.ledger.rows import RFC8037_SEED_B64 as SEED
 from tests.support.cds_support import ICU_PATIENT, hook_request, load_bundle, prefetch_of
 from tests.support.ehr import Ehr
@@ -105,10 +106,7 @@ def test_a_row_the_service_wrote_re_derives_and_keeps_its_record_when_told(
     assert row.record is not None
     receipt = Receipt.from_text(row.receipt)
     assert (settings.dtype, receipt.dtype) == ("auto", "float32")  # what the engine ran in
-    artefact, export = service_files
-    files = {"artefact_dir": artefact, "export_dir": export, "codes_dir": None}
-    again = rederive(row, receipt, RecordSource(), files, InstantEngine.factory())
-    checks = {check.part: check for check in compare(receipt, again)}
+    checks = rederived_checks(row, RecordSource(), service_model_files(service_files))
     assert all(check.ok for check in checks.values()), checks
     assert checks["prompt"].detail == "same prompt"
     assert checks["dtype"].detail == "same dtype (float32)"

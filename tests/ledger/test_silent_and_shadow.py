@@ -19,13 +19,12 @@ from pydantic import ValidationError
 
 from inference.engine import Completion, EngineConfig
 from inference.instant_engine import InstantEngine
-from ledger.receipt import Receipt
 from ledger.store import Ledger, PredictionRow
-from ledger.verification import compare
-from medtpe_cli.ledger_commands import RecordSource, rederive
+from medtpe_cli.ledger_commands import RecordSource
 from medtpe_core.cds.risk import DEFAULT_TASK_BANDS
 from medtpe_core.cds.services import get_service
 from service.settings import ServiceSettings
+from tests.ledger.rederived import rederived_checks, service_model_files
 from tests.ledger.rows import RFC8037_SEED_B64 as SEED
 from tests.support.cds_support import ICU_PATIENT, hook_request, load_bundle, prefetch_of
 from tests.support.ehr import Ehr
@@ -167,11 +166,7 @@ def test_a_shadow_answers_the_original_ids_after_the_response_as_a_linked_row(
     assert len(shadow_ids) > len(answer_ids) and shadow.medtpe_tokens == len(shadow_ids)
     assert not set(shadow_ids) & set(tokenizer.evicted)
     # `medtpe verify` re-derives the shadow's prompt (and answer) from its stored record
-    artefact, export = service_files
-    files = {"artefact_dir": artefact, "export_dir": export, "codes_dir": None}
-    receipt = Receipt.from_text(shadow.receipt)
-    again = rederive(shadow, receipt, RecordSource(), files, InstantEngine.factory())
-    checks = {check.part: check for check in compare(receipt, again)}
+    checks = rederived_checks(shadow, RecordSource(), service_model_files(service_files))
     assert all(check.ok for check in checks.values()), checks
     assert checks["prompt"].detail == "same prompt"
 

@@ -38,6 +38,7 @@ from medtpe_cli.main import cli
 from medtpe_core.meds.canonical import canonical_record, record_digest
 from medtpe_core.meds.readers import MedsDataset
 from medtpe_core.tasks import get_task
+from tests.ledger.rederived import rederived_checks
 from tests.ledger.rows import SIGNER
 from tests.support.meds_fixtures import PREDICTION_TIME, write_meds_dataset, write_table
 
@@ -117,12 +118,6 @@ def recorded(model_files: dict[str, Path], meds_dir: Path) -> PredictionRow:
     engine = InstantEngine.factory()(loaded.engine_config)
     answer = asyncio.run(loaded.predictor.answer(engine, prepared, sampling))
     return door_row(loaded, prepared, sampling, answer)
-
-
-def rederived_checks(row: PredictionRow, source: RecordSource, files: dict, **receipt_changes):
-    receipt = dataclasses.replace(Receipt.from_text(row.receipt), **receipt_changes)
-    again = rederive(row, receipt, source, files, InstantEngine.factory())
-    return {check.part: check for check in compare(receipt, again)}
 
 
 def test_a_recorded_prediction_re_derives_from_the_meds_dataset_and_the_stored_record(
