@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import os
 import random
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -135,6 +136,15 @@ def small_medtpe(method: str = "bpe", max_n: int = 3) -> MedTPETokenizer:
 def small_extension(method: str = "bpe", max_n: int = 3) -> MedTPETokenizer:
     """The extension twin of `small_medtpe(method, max_n)` (no byte fallback)."""
     return extension_twin(small_medtpe(method, max_n))
+
+
+REPLACEMENT_BUILDS: dict[str, Callable[[], MedTPETokenizer]] = {
+    "smollm2-static": lambda: smollm2_medtpe("static", 2),
+    "smollm2-bpe3": lambda: smollm2_medtpe("bpe", 3),
+    "small-bpe3": lambda: small_medtpe("bpe", 3),
+    "small-static3": lambda: small_medtpe("static", 3),
+}
+"""The replacement builds the tokenizer invariants are checked on, by name (built on first use)."""
 
 
 EDGE_CASES = [

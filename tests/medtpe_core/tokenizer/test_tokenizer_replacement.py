@@ -12,22 +12,15 @@ from medtpe_core.tokenizer.replacement import MergeGraph, single_char_ids
 from tests.support.tokenizer_support import (
     ENGLISH,
     PROTECTED_TEXT,
+    REPLACEMENT_BUILDS,
     icu_records,
-    small_medtpe,
     smollm2_medtpe,
 )
 
-BUILDS = {
-    "smollm2-static": lambda: smollm2_medtpe("static", 2),
-    "smollm2-bpe3": lambda: smollm2_medtpe("bpe", 3),
-    "small-bpe3": lambda: small_medtpe("bpe", 3),
-    "small-static3": lambda: small_medtpe("static", 3),
-}
 
-
-@pytest.fixture(scope="module", params=sorted(BUILDS))
+@pytest.fixture(scope="module", params=sorted(REPLACEMENT_BUILDS))
 def tok(request: pytest.FixtureRequest) -> MedTPETokenizer:
-    return BUILDS[request.param]()
+    return REPLACEMENT_BUILDS[request.param]()
 
 
 def test_ids_are_reused_without_collision(tok: MedTPETokenizer) -> None:

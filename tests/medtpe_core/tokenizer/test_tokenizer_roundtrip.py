@@ -17,19 +17,16 @@ from tests.support.tokenizer_support import (
     DENSE_TEXT,
     EDGE_CASES,
     MIXED_TEXT,
+    REPLACEMENT_BUILDS,
     icu_records,
     small_extension,
-    small_medtpe,
     smollm2_dir,
     smollm2_extension,
     smollm2_medtpe,
 )
 
 TOKENIZERS = {
-    "smollm2-static": lambda: smollm2_medtpe("static", 2),
-    "smollm2-bpe3": lambda: smollm2_medtpe("bpe", 3),
-    "small-bpe3": lambda: small_medtpe("bpe", 3),
-    "small-static3": lambda: small_medtpe("static", 3),
+    **REPLACEMENT_BUILDS,
     "smollm2-bpe3-extension": lambda: smollm2_extension("bpe", 3),
     "small-bpe3-extension": lambda: small_extension("bpe", 3),
 }
