@@ -18,18 +18,24 @@ from batch.bulk_client import (
     STATE_FILE,
     ExportFailedError,
     ExportRequest,
-    ExportSettings,
     ServerAccess,
     export_from_server,
 )
 from batch.fhir_export import MANIFEST, export_files, patient_bundles, read_lines
-from batch.fhir_http import FhirServerError, HttpSettings
+from batch.fhir_http import FhirServerError
 from batch.smart_backend import KEY_ENV, ClientKey, SmartAuthError, public_jwks
 from medtpe_cli.predict_commands import _fhir_source
-from tests.support.bulk_server import BulkServer, pem, server_access, serving_bulk_data
+from tests.support.bulk_server import (
+    BULK_CLIENT,
+    BulkServer,
+    es384_key,
+    fast_export,
+    pem,
+    server_access,
+    serving_bulk_data,
+)
 
-CLIENT = "medtpe-nightly"
-FAST = ExportSettings(http=HttpSettings(default_wait_s=0.01, max_wait_s=0.05, retries=3))
+FAST = fast_export(retries=3)
 
 
 def patient(number: int, updated: str) -> list[dict[str, Any]]:
@@ -52,7 +58,7 @@ def patient(number: int, updated: str) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def es_key() -> ClientKey:
-    return ClientKey.from_pem(pem(ec.generate_private_key(ec.SECP384R1())))
+    return es384_key()
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +78,7 @@ def server(es_key: ClientKey, rsa_key: ClientKey) -> Iterator[BulkServer]:
     bulk = BulkServer(
         by_type,
         groups={"icu": ["p1", "p2"], "broken": ["p0"]},
-        clients={CLIENT: public_jwks(es_key, rsa_key)},
+        clients={BULK_CLIENT: public_jwks(es_key, rsa_key)},
         fail_group="broken",
     )
     with serving_bulk_data(bulk) as served:
@@ -80,7 +86,7 @@ def server(es_key: ClientKey, rsa_key: ClientKey) -> Iterator[BulkServer]:
 
 
 def access(server: BulkServer, key: ClientKey, tmp_path: Path) -> ServerAccess:
-    return server_access(server, CLIENT, key, tmp_path)
+    return server_access(server, BULK_CLIENT, key, tmp_path)
 
 
 def exported_ids(directory: Path) -> dict[str, list[str]]:
@@ -184,12 +190,12 @@ def test_a_failed_export_gives_the_servers_operation_outcome(
 def test_an_unregistered_key_is_refused_with_the_oauth_error(
     server: BulkServer, tmp_path: Path
 ) -> None:
-    stranger = ClientKey.from_pem(pem(ec.generate_private_key(ec.SECP384R1())))
+    stranger = es384_key()
     path = tmp_path / "k.pem"
     path.write_bytes(pem(stranger.key))
     with pytest.raises(SmartAuthError, match="invalid_client"):
         export_from_server(
-            ServerAccess(server.base, CLIENT, path),
+            ServerAccess(server.base, BULK_CLIENT, path),
             ExportRequest(),
             tmp_path / "x",
             FAST,
@@ -199,7 +205,11 @@ def test_an_unregistered_key_is_refused_with_the_oauth_error(
         ClientKey.from_pem(pem(ec.generate_private_key(ec.SECP256R1())))
     with pytest.raises(SmartAuthError, match=KEY_ENV):
         export_from_server(
-            ServerAccess(server.base, CLIENT), ExportRequest(), tmp_path / "y", FAST, environ={}
+            ServerAccess(server.base, BULK_CLIENT),
+            ExportRequest(),
+            tmp_path / "y",
+            FAST,
+            environ={},
         )
 
 
@@ -267,7 +277,7 @@ def test_the_commands_server_options_make_the_export_it_then_reads(
         "group_id": "icu",
         "export_types": ("Patient",),
         "since": None,
-        "client_id": CLIENT,
+        "client_id": BULK_CLIENT,
         "client_key": client.key_path,
         "client_kid": es_key.kid,
         "scope": "system/Patient.rs",

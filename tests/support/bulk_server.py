@@ -42,8 +42,9 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from batch.bulk_client import ServerAccess
+from batch.bulk_client import ExportSettings, ServerAccess
 from batch.fhir_export import referenced_id
+from batch.fhir_http import HttpSettings
 from batch.smart_backend import ClientKey
 from tests.support.http_thread import serving_in_thread
 
@@ -416,6 +417,21 @@ def pem(key: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey) -> bytes:
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
+
+
+BULK_CLIENT = "medtpe-nightly"
+"""The night job's client id at a test Bulk Data server."""
+
+
+def es384_key() -> ClientKey:
+    """A new ES384 client key (SMART Backend Services)."""
+    return ClientKey.from_pem(pem(ec.generate_private_key(ec.SECP384R1())))
+
+
+def fast_export(retries: int) -> ExportSettings:
+    """Export settings that wait 10 ms for a server's `Retry-After`-less retry and at most 50 ms
+    for any, with `retries` retries."""
+    return ExportSettings(http=HttpSettings(default_wait_s=0.01, max_wait_s=0.05, retries=retries))
 
 
 def server_access(

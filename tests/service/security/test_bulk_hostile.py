@@ -21,7 +21,6 @@ import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from cryptography.hazmat.primitives.asymmetric import ec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -30,7 +29,6 @@ from batch.bulk_client import (
     DEFAULT_TYPES,
     STATE_FILE,
     ExportRequest,
-    ExportSettings,
     ManifestError,
     check_manifest,
     export_from_server,
@@ -48,12 +46,18 @@ from medtpe_core.fhir import load_site_mapping
 from medtpe_core.fhir.mapping import READ_TYPES
 from medtpe_core.tasks import get_task
 from service.settings import ServiceSettings
-from tests.support.bulk_server import BulkServer, pem, server_access, serving_bulk_data
+from tests.support.bulk_server import (
+    BULK_CLIENT,
+    BulkServer,
+    es384_key,
+    fast_export,
+    server_access,
+    serving_bulk_data,
+)
 from tests.support.properties import examples
 from tests.support.service_support import instant_settings
 
-CLIENT = "medtpe-nightly"
-FAST = ExportSettings(http=HttpSettings(default_wait_s=0.01, max_wait_s=0.05, retries=1))
+FAST = fast_export(retries=1)
 TASK = get_task("icu_mortality")
 MAPPING = load_site_mapping()
 SUBJECT_SYSTEM = "http://mimic.mit.edu/fhir/mimic/identifier/patient"
@@ -66,13 +70,15 @@ VALID = ("valid-0", "valid-1", "valid-2")
 
 @pytest.fixture(scope="module")
 def key() -> ClientKey:
-    return ClientKey.from_pem(pem(ec.generate_private_key(ec.SECP384R1())))
+    return es384_key()
 
 
 @pytest.fixture
 def server(key: ClientKey) -> Iterator[BulkServer]:
     resources = {"Patient": [{"resourceType": "Patient", "id": "p0"}]}
-    with serving_bulk_data(BulkServer(resources, clients={CLIENT: public_jwks(key)})) as served:
+    with serving_bulk_data(
+        BulkServer(resources, clients={BULK_CLIENT: public_jwks(key)})
+    ) as served:
         yield served
 
 
@@ -121,7 +127,7 @@ def test_a_hostile_manifest_is_refused_naming_its_field(
 
     server.manifest = hostile  # type: ignore[method-assign]
     (tmp_path / "keys").mkdir()
-    access = server_access(server, CLIENT, key, tmp_path / "keys")
+    access = server_access(server, BULK_CLIENT, key, tmp_path / "keys")
     export = tmp_path / "out" / "export"
     with pytest.raises(
         ManifestError, match=f"manifest.*{field.replace('[', '.').replace(']', '.')}"
@@ -140,7 +146,7 @@ def test_a_hostile_manifest_is_refused_naming_its_field(
         "group_id": None,
         "export_types": (),
         "since": None,
-        "client_id": CLIENT,
+        "client_id": BULK_CLIENT,
         "client_key": access.key_path,
         "client_kid": key.kid,
         "scope": "system/*.rs",
@@ -155,7 +161,7 @@ def test_a_link_planted_in_the_export_folder_is_not_followed(
     server: BulkServer, key: ClientKey, tmp_path: Path
 ) -> None:
     (tmp_path / "keys").mkdir()
-    access = server_access(server, CLIENT, key, tmp_path / "keys")
+    access = server_access(server, BULK_CLIENT, key, tmp_path / "keys")
     outside = tmp_path / "outside.txt"
     outside.write_text("kept")
     for planted in ("Patient.000.ndjson.part", "Patient.000.ndjson"):
