@@ -4,9 +4,9 @@ Rendered records are made of lines that repeat across records and requests ("Hea
 "[08:00]"), so each distinct line is encoded once per process (a bounded LRU per encoder). When
 the encoder splits text at a newline between two non-space characters whatever surrounds it (true
 of byte-level BPE tokenizers with GPT-2, Llama-3 or Qwen2 pre-tokenisation, checked once per
-encoder by `splits_at_newlines`), a whole record's ids are the concatenation of its lines' ids (a line
-with whitespace at an end together with its neighbour there: `joined_pieces`): the record is
-never encoded as a whole.
+encoder by `splits_at_newlines`), a whole record's ids are the concatenation of its lines' ids
+(a line with whitespace at an end together with its neighbour there: `joined_pieces`): the
+record is never encoded as a whole.
 """
 
 from __future__ import annotations
@@ -48,29 +48,31 @@ def splits_at_newlines(encoder: TokenEncoder) -> bool:
     return all(ids[i] == ids[i + 1] + ids[i + 2] for i in range(0, len(ids), 3))
 
 
-def _joinable(line: str) -> bool:
-    """Whether `line` starts and ends with a non-space character: a newline between two such
-    lines is where the text's ids may be split."""
-    return bool(line) and not line[0].isspace() and not line[-1].isspace()
-
-
 def joined_pieces(lines: list[str]) -> list[str]:
     """The text of `lines` joined by newlines as consecutive pieces that are encoded apart: each
     line with its newline, except that a line that is empty or starts or ends with whitespace is
     kept in one piece with its neighbours on those sides (its tokens may change next to a
     newline)."""
-    pieces: list[str] = []
-    glued = False  # whether the next line belongs to the last piece
-    for line in lines:
-        joinable = _joinable(line)
-        if pieces and (glued or not joinable):
-            pieces[-1] += line + "\n"
+    pieces = [line + "\n" for line in lines[:-1]] + lines[-1:]
+    loose = [
+        i for i, line in enumerate(lines) if not line or line[0].isspace() or line[-1].isspace()
+    ]
+    if not loose:
+        return pieces
+    glued = set()  # piece k joins piece k - 1
+    for i in loose:
+        line = lines[i]
+        if not line or line[0].isspace():
+            glued.add(i)
+        if not line or line[-1].isspace():
+            glued.add(i + 1)
+    out: list[str] = []
+    for k, piece in enumerate(pieces):
+        if out and k in glued:
+            out[-1] += piece
         else:
-            pieces.append(line + "\n")
-        glued = not joinable
-    if pieces:
-        pieces[-1] = pieces[-1][:-1]
-    return pieces
+            out.append(piece)
+    return out
 
 
 class PieceTokens:

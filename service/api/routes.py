@@ -51,7 +51,12 @@ def _state(request: Request) -> ServiceState:
     return request.app.state.service
 
 
-StateDep = Annotated[ServiceState, Depends(_state)]
+async def _state_dependency(request: Request) -> ServiceState:
+    # async: FastAPI runs a plain function dependency in a worker thread, one hop per request
+    return _state(request)
+
+
+StateDep = Annotated[ServiceState, Depends(_state_dependency)]
 
 
 API_KEY_HEADER = "x-api-key"
@@ -98,7 +103,7 @@ class ApiRoute(FastJsonRoute):
         request.state.api_key = caller_key(state, request)
 
 
-def _cache_salt(request: Request, state: StateDep) -> str | None:
+async def _cache_salt(request: Request, state: StateDep) -> str | None:
     """The caller's cache salt (`service.tenancy`): of its API key, else of its tenant header."""
     api_key = request.state.api_key
     header = state.settings.cache_salt_header

@@ -113,7 +113,10 @@ def _within_text_caps(events: SubjectEvents) -> SubjectEvents:
         ("code", events.codes, MAX_EVENT_CODE_BYTES),
         ("text_value", events.text_values, MAX_EVENT_TEXT_BYTES),
     ):
-        if any(_over(text, limit) for text in column):
+        # a character takes at most 4 UTF-8 bytes: only a column whose longest text might be
+        # over the limit is looked at text by text
+        longest = max(map(len, filter(None, column)), default=0)
+        if longest * 4 > limit and any(_over(text, limit) for text in column):
             message = "an event's {field} holds more than {limit} UTF-8 bytes"
             error = PydanticCustomError("too_long", message, {"field": field, "limit": limit})
             detail = InitErrorDetails(type=error, loc=(field,), input="")
