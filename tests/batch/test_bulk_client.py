@@ -30,6 +30,7 @@ from tests.support.bulk_server import (
     BulkServer,
     es384_key,
     fast_export,
+    heart_rate,
     pem,
     server_access,
     serving_bulk_data,
@@ -43,16 +44,7 @@ def patient(number: int, updated: str) -> list[dict[str, Any]]:
     meta = {"lastUpdated": updated}
     return [
         {"resourceType": "Patient", "id": f"p{number}", "birthDate": "2100-01-01", "meta": meta},
-        {
-            "resourceType": "Observation",
-            "id": f"o{number}",
-            "status": "final",
-            "code": {"coding": [{"system": "http://loinc.org", "code": "8867-4"}]},
-            "subject": {"reference": f"Patient/p{number}"},
-            "effectiveDateTime": "2150-01-01T00:00:00Z",
-            "valueQuantity": {"value": 80 + number, "unit": "/min"},
-            "meta": meta,
-        },
+        heart_rate(f"o{number}", f"p{number}", 80 + number) | {"meta": meta},
     ]
 
 

@@ -419,6 +419,19 @@ def pem(key: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
+def heart_rate(observation_id: str, patient: str, value: float) -> dict[str, Any]:
+    """An Observation of `patient`'s heart rate (LOINC 8867-4, `value` /min) on 2150-01-01."""
+    return {
+        "resourceType": "Observation",
+        "id": observation_id,
+        "status": "final",
+        "code": {"coding": [{"system": "http://loinc.org", "code": "8867-4"}]},
+        "subject": {"reference": f"Patient/{patient}"},
+        "effectiveDateTime": "2150-01-01T00:00:00Z",
+        "valueQuantity": {"value": value, "unit": "/min"},
+    }
+
+
 BULK_CLIENT = "medtpe-nightly"
 """The night job's client id at a test Bulk Data server."""
 

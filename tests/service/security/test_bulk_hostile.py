@@ -37,20 +37,20 @@ from batch.fhir_export import ISSUES_FILE, MANIFEST, export_files, partition_exp
 from batch.fhir_http import FhirServerError, HttpSettings, retry_after_s
 from batch.fhir_job import FhirInput, run_fhir
 from batch.fhir_resource_types import R4_RESOURCE_TYPES
-from batch.job import Job
 from batch.smart_backend import ClientKey, public_jwks
 from evaluation.runner import Sampling
 from inference.instant_engine import InstantEngine
 from medtpe_cli.predict_commands import _fhir_source, _partition
 from medtpe_core.fhir import load_site_mapping
 from medtpe_core.fhir.mapping import READ_TYPES
-from medtpe_core.tasks import get_task
 from service.settings import ServiceSettings
+from tests.batch.test_fhir_job import job
 from tests.support.bulk_server import (
     BULK_CLIENT,
     BulkServer,
     es384_key,
     fast_export,
+    heart_rate,
     server_access,
     serving_bulk_data,
 )
@@ -58,9 +58,9 @@ from tests.support.properties import examples
 from tests.support.service_support import instant_settings
 
 FAST = fast_export(retries=1)
-TASK = get_task("icu_mortality")
 MAPPING = load_site_mapping()
 SUBJECT_SYSTEM = "http://mimic.mit.edu/fhir/mimic/identifier/patient"
+NIGHT_SAMPLING = Sampling(max_new_tokens=4)
 VALID = ("valid-0", "valid-1", "valid-2")
 """The export's well-formed patients (no hostile line names them)."""
 
@@ -237,31 +237,12 @@ def service(service_files: tuple[Path, Path]) -> ServiceSettings:
 
 def resource_lines(patient: str) -> dict[str, list[bytes]]:
     """A well-formed patient: the Patient and a heart rate, as export lines by type."""
-    observation = {
-        "resourceType": "Observation",
-        "id": f"{patient}-hr",
-        "status": "final",
-        "code": {"coding": [{"system": "http://loinc.org", "code": "8867-4"}]},
-        "subject": {"reference": f"Patient/{patient}"},
-        "effectiveDateTime": "2150-01-01T00:00:00Z",
-        "valueQuantity": {"value": 80, "unit": "/min"},
-    }
+    observation = heart_rate(f"{patient}-hr", patient, 80)
     birth = {"resourceType": "Patient", "id": patient, "birthDate": "2100-01-01"}
     return {
         "Patient": [json.dumps(birth).encode()],
         "Observation": [json.dumps(observation).encode()],
     }
-
-
-def night_job(tmp_path: Path, **changes: Any) -> Job:
-    values = {
-        "meds_dir": tmp_path,
-        "task": TASK,
-        "times": (None,),
-        "sampling": Sampling(max_new_tokens=4),
-        "concurrency": 1,
-    }
-    return Job(**(values | changes))
 
 
 def scored(out: Path) -> dict[int, str | None]:
@@ -354,14 +335,14 @@ def test_no_line_or_patient_stops_the_night_job(
     with pytest.raises(RuntimeError, match="no engine tonight"):
         run_fhir(
             service.model(),
-            night_job(tmp_path),
+            job(tmp_path, sampling=NIGHT_SAMPLING),
             FhirInput((export,)),
             out,
             engine_factory=no_engine,
         )
     summary = run_fhir(
         service.model(),
-        night_job(tmp_path),
+        job(tmp_path, sampling=NIGHT_SAMPLING),
         FhirInput((export,)),
         out,
         engine_factory=InstantEngine.factory(),
@@ -523,7 +504,7 @@ def test_any_bytes_in_an_export_leave_every_valid_patient_scored(
     before = snapshot(root, out)
     run_fhir(
         service.model(),
-        night_job(root),
+        job(root, sampling=NIGHT_SAMPLING),
         FhirInput((export,)),
         out,
         engine_factory=InstantEngine.factory(),
