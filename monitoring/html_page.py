@@ -91,22 +91,27 @@ def _table(first: str, rows: Sequence[tuple[str, dict[str, Any]]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _errorbars(axes: Any, labels: list[str], figures: list[dict[str, Any]], name: str) -> None:
+def _week_ticks(axes: Any, weeks: list[dict[str, Any]]) -> None:
+    """One x tick per entry of `weeks` (0, 1, ...), labelled with its ISO week."""
+    labels = [w["week"] for w in weeks]
+    axes.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=7)
+
+
+def _errorbars(axes: Any, figures: list[dict[str, Any]], name: str) -> None:
     xs = [i for i, f in enumerate(figures) if f[name]["value"] is not None]
     values = [figures[i][name]["value"] for i in xs]
     low = [values[k] - (figures[i][name]["low"] or values[k]) for k, i in enumerate(xs)]
     high = [(figures[i][name]["high"] or values[k]) - values[k] for k, i in enumerate(xs)]
     axes.errorbar(xs, values, yerr=[low, high], fmt="o-", capsize=3, label=name.upper())
-    axes.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=7)
 
 
 def _discrimination_by_week(task: dict[str, Any]) -> str:
     weeks = task["by_week"]
 
     def draw(axes: Any) -> None:
-        labels = [w["week"] for w in weeks]
-        _errorbars(axes, labels, weeks, "auroc")
-        _errorbars(axes, labels, weeks, "auprc")
+        _errorbars(axes, weeks, "auroc")
+        _errorbars(axes, weeks, "auprc")
+        _week_ticks(axes, weeks)
         axes.axhline(0.5, color="grey", linestyle="--", linewidth=1, label="AUROC of chance")
         axes.set_ylim(0, 1)
         axes.legend(fontsize=7)
@@ -126,13 +131,12 @@ def _volume_by_week(task: dict[str, Any]) -> str:
     weeks = task["by_week"]
 
     def draw(axes: Any) -> None:
-        labels = [w["week"] for w in weeks]
         axes.bar(range(len(weeks)), [w["n"] for w in weeks], color="#9cc3e6", label="predictions")
         axes.set_ylabel("predictions")
         twin = axes.twinx()
         twin.plot(range(len(weeks)), [100 * (w["flag_rate"] or 0) for w in weeks], "o-r")
         twin.set_ylabel("flag rate (%)", color="r")
-        axes.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=7)
+        _week_ticks(axes, weeks)
 
     return _figure(
         "Predictions and flag rate by week",
@@ -231,11 +235,10 @@ def _latency(task: dict[str, Any]) -> str:
     weeks = task["by_week"]
 
     def draw(axes: Any) -> None:
-        labels = [w["week"] for w in weeks]
         axes.plot(range(len(weeks)), [w["latency_ms"]["p50"] for w in weeks], "o-", label="p50")
         axes.plot(range(len(weeks)), [w["latency_ms"]["p95"] for w in weeks], "s-", label="p95")
         axes.set_ylabel("ms")
-        axes.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=7)
+        _week_ticks(axes, weeks)
         axes.legend(fontsize=7)
 
     return _figure(
@@ -254,10 +257,9 @@ def _shadow(task: dict[str, Any]) -> str:
 
     def draw(axes: Any) -> None:
         weeks = shadow["by_week"]
-        labels = [w["week"] for w in weeks]
         axes.plot(range(len(weeks)), [w["agreement"] for w in weeks], "o-", label="agreement")
         axes.plot(range(len(weeks)), [w["mean_abs_dp"] for w in weeks], "s-", label="mean |Δp|")
-        axes.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=7)
+        _week_ticks(axes, weeks)
         axes.set_ylim(0, 1)
         axes.legend(fontsize=7)
 
