@@ -11,12 +11,9 @@ from hypothesis import strategies as st
 
 from medtpe_core.tokenizer import MedTPETokenizer
 from tests.support.properties import examples
-from tests.support.tokenizer_support import MIXED_TEXT, small_medtpe, smollm2_medtpe
+from tests.support.tokenizer_support import MIXED_TEXT, REPLACEMENT_BUILDS
 
-TOKENIZERS = {
-    "smollm2-static": lambda: smollm2_medtpe("static", 2),
-    "small-bpe3": lambda: small_medtpe("bpe", 3),
-}
+TOKENIZERS = {name: REPLACEMENT_BUILDS[name] for name in ("smollm2-static", "small-bpe3")}
 
 
 @pytest.fixture(scope="module", params=sorted(TOKENIZERS))
