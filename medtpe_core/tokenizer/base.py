@@ -144,9 +144,9 @@ class BaseTokenizer:
         return tok.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str], special_tokens: bool = False) -> list[list[int]]:
-        """`encode` over many texts (parallel in Rust)."""
+        """`encode` over many texts (parallel in Rust; no character offsets tracked)."""
         tok = self.tokenizer if special_tokens else self._plain
-        return [e.ids for e in tok.encode_batch(list(texts), add_special_tokens=False)]
+        return [e.ids for e in tok.encode_batch_fast(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of base ids, special tokens included."""
