@@ -12,7 +12,7 @@ record is never encoded as a whole.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from itertools import chain
 from typing import Protocol
 
@@ -90,23 +90,23 @@ class PieceTokens:
         """Token ids of each piece; the pieces not seen lately are encoded in one batch
         (thread-safe: records are rendered in worker threads)."""
         cache = self._ids
+        distinct = dict.fromkeys(pieces)
         with self._lock:
-            found = {p: cache[p] for p in dict.fromkeys(pieces) if p in cache}
-            for piece in found:
-                cache.move_to_end(piece)
-        missing = [p for p in dict.fromkeys(pieces) if p not in found]
-        if missing:
+            found = {p: cache[p] for p in distinct if p in cache}
+            deque(map(cache.move_to_end, found), maxlen=0)  # the newest in the LRU order
+        if len(found) < len(distinct):
+            missing = [p for p in distinct if p not in found]
             encoded = dict(zip(missing, self.encoder.encode_batch(missing), strict=True))
             found.update(encoded)
             with self._lock:
                 cache.update(encoded)
                 while len(cache) > self.capacity:
                     cache.popitem(last=False)
-        return [found[p] for p in pieces]
+        return list(map(found.__getitem__, pieces))
 
     def counts(self, pieces: list[str]) -> list[int]:
         """Token count of each piece."""
-        return [len(ids) for ids in self.ids(pieces)]
+        return list(map(len, self.ids(pieces)))
 
     def join(self, lines: list[str]) -> list[int] | None:
         """Ids of the `lines` joined by newlines, from the cached ids of their pieces
