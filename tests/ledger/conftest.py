@@ -24,7 +24,7 @@ def postgres_server() -> Iterator[PostgresServer]:
     """A PostgreSQL server on 127.0.0.1 for the session (skipped where it is not installed)."""
     if POSTGRES_BIN is None:
         pytest.skip(SKIP_REASON)
-    with running_postgres() as server:
+    with running_postgres(fsync=False) as server:
         yield server
 
 
