@@ -279,11 +279,12 @@ class Predictor:
     def option_probabilities(
         self, task: Task, first_logprobs: Mapping[int, float] | None
     ) -> dict[str, float] | None:
-        """{answer option: probability} from first-token logprobs (token ids decoded by this
-        mode's tokenizer); None without logprobs, options or mass on any option."""
+        """{answer option: probability} from first-token logprobs (token ids decoded here, by
+        this mode's tokenizer, before the core reads the pairs); None without logprobs, options
+        or mass on any option."""
         if not first_logprobs or not task.answer_options:
             return None
-        tokens = ((self.decode([token_id]), lp) for token_id, lp in first_logprobs.items())
+        tokens = [(self.decode([token_id]), lp) for token_id, lp in first_logprobs.items()]
         return option_probabilities(tokens, task.answer_options)
 
     def value_logprobs(

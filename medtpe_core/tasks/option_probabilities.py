@@ -15,7 +15,7 @@ to sum to 1 over the options (an option without mass gets 0). No mass at all giv
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from medtpe_core.tasks.task import Task
 
@@ -34,7 +34,7 @@ def matching_option(text: str, options: Sequence[str]) -> str | None:
 
 
 def option_probabilities(
-    token_logprobs: Iterable[tuple[str, float]], options: Sequence[str]
+    token_logprobs: Sequence[tuple[str, float]], options: Sequence[str]
 ) -> dict[str, float] | None:
     """{option: probability} from (decoded token text, logprob) pairs; None when no token counts
     toward any option."""
