@@ -1,18 +1,27 @@
 """Everything the service does around the engine, per record: read and validate the JSON body,
 render within the budget, tokenize (original + MedTPE), answer — with the engine excluded.
 
-The app is the real one (`service.app.create_app`, default settings but the budget and body
-limit below), driven in-process over ASGI by httpx; generation is the project's fake engine
+The app is the real one (`service.app.create_app`, default settings but the budget, body limit,
+API keys and ledger file below), driven in-process over ASGI by httpx; generation is the fake engine
 `inference.instant_engine.InstantEngine`, which answers every prompt at once with a fixed
 well-formed answer.
 Per record the off-engine time is the request's wall time minus the engine's `generate` time
 the service reports; CPU time per record is the process's CPU time (all threads) over the call.
 
+The ledger is the default kind, a SQLite file (new for each run), written before each answer;
+`--ledger-share` runs the same passes again with `MEDTPE_LEDGER_OFF` and reports the per-record
+difference. Per record the worker writes a SHA-256 of the prompt text and both id lists
+(`Predictor.prepare` on the body as the API decodes it; the MedTPE ids checked against those the
+engine received); `--digests-against` counts the records whose digest equals an earlier results
+file's (the same prompts before and after a change to the code).
+
 One run measures this checkout's code, each pass in a fresh worker process, on the same request
 bodies (the comparison with an older tree, `--old-src`, was retired: its figures stay in
-benchmarks/results/bench_pipeline.json):
+benchmarks/results/bench_pipeline.json; run an older tree's copy of this file from its own
+directory instead):
 - every ICU stay of the label file (events up to the prediction time, as a hospital would send
-  them), two passes: `cold` (first sight of every record in a fresh process) and `warm`;
+  them), or with `--split` those of one split of the subject split (`held_out`), two passes:
+  `cold` (first sight of every record in a fresh process) and `warm` (`--warm-passes`, pooled);
 - API-process scaling: `--processes 1 2 ...` copies of the new code each serving every record
   (warm pass), at once: records/s in total;
 - linearity: the `--scale-records` stays closest to the median size, their events repeated 1x,
@@ -25,6 +34,9 @@ benchmarks/results/bench_pipeline.json):
 
     .venv/bin/python -m benchmarks.bench_pipeline --meds ../shared/data/mimic-iv-demo-meds \
         --out benchmarks/results/bench_pipeline.json
+    .venv/bin/python -m benchmarks.bench_pipeline --meds ../shared/data/mimic-iv-demo-meds \
+        --split held_out --warm-passes 3 --ledger-share --processes --scale-records 0 \
+        --out benchmarks/results/bench_pipeline_held_out.json
 """
 
 from __future__ import annotations
