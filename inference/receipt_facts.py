@@ -1,8 +1,9 @@
 """What every door records of one answer in the prediction ledger, as plain values: the record
 read (events, prediction time, a FHIR record's descriptions), the prompt's ids, the artefact's
 digest, the rendering settings, the model, the decoding settings, the versions, the answer and
-the response's figures. `ledger.answers.answer_row` hashes and signs them into a row. The
-dtype is the one the engine ran in (`Engine.dtype`), never the option's `auto`.
+the response's figures. `ledger.answers.receipt_basis` hashes them into a receipt basis and
+`ledger.answers.basis_row` signs that into a row. The dtype is the one the engine ran in
+(`Engine.dtype`), never the option's `auto`.
 
 `/predict`, `/predict/batch`, the CDS hooks and `medtpe predict` take their rows' facts from
 `answer_facts` only, so a row says the same things whichever door wrote it."""
@@ -31,7 +32,7 @@ def answer_facts(
     latency_s: float,
 ) -> dict[str, Any]:
     """The facts of `answer` to `prepared` by `model` on `engine`, `latency_s` after the
-    record's work began (`ledger.answers.answer_row`'s `facts`)."""
+    record's work began (`ledger.answers.receipt_basis`'s `facts`)."""
     predictor = model.predictor
     fhir = prepared.fhir
     seg = prepared.segmentation
