@@ -1,6 +1,7 @@
 """The real vLLM engine behind `inference.engine.Engine`, medtpe mode on the default model, one
-engine for the module (one start): constrained answers at temperature 0.7, with and without the
-answer prefill, every sampled answer parsing; p_positive from one short synthetic record through
+engine for the module (one start): the dtype it reports (the one asked for, resolved);
+constrained answers at temperature 0.7, with and without the answer prefill, every sampled
+answer parsing; p_positive from one short synthetic record through
 the evaluation path (`evaluate_mode` -> `Predictor.answer` -> first-token logprobs); the model
 computed in the engine core, on every allowed core; then its engine process is killed and the
 engine must report death and refuse to generate (what the service maps to 503 and red
@@ -22,6 +23,7 @@ from evaluation.record_result import RecordResult
 from evaluation.records import EvalRecord, load_records
 from evaluation.runner import evaluate_mode, measured
 from inference.cpu_cores import SMALL_MACHINE_CORES
+from inference.cpu_dtype import engine_dtype
 from inference.engine import EngineDead, Finish
 from inference.model import load_model
 from inference.predictor import Predictor
@@ -29,7 +31,7 @@ from inference.sampling import Sampling
 from inference.vllm_engine import VllmEngine
 from medtpe_core.tasks import Task, get_task
 from tests.support.meds_fixtures import write_meds_dataset
-from tests.support.service_support import engine_test_config
+from tests.support.service_support import ENGINE_DTYPE, engine_test_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
 
@@ -71,6 +73,9 @@ def run(
 
 
 def test_constrained_answers_always_parse(run: EngineRun) -> None:
+    # the dtype it reports (receipts name it) is the one asked for, resolved, never auto
+    assert run.engine.dtype == engine_dtype(run.engine.config.options.dtype) == ENGINE_DTYPE
+    assert run.engine.dtype != "auto"
     for name, prefill in CASES:
         task = get_task(name).model_copy(update={"prefill_answer": prefill})
         # the fixture's mortality rows; phenotyping labels do not matter here
