@@ -46,7 +46,12 @@ from tests.support.cds_support import hook_request, prefetch_of
 from tests.support.ehr import Ehr
 from tests.support.mimic_fhir_fixture import FIXTURE
 from tests.support.paths import SHARED
-from tests.support.service_support import SERVICE_API_KEY, instant_client, instant_settings
+from tests.support.service_support import (
+    SERVICE_API_KEY,
+    instant_client,
+    instant_settings,
+    own_ledger_environment,
+)
 
 ICU = get_service("medtpe-icu-mortality-patient-view")
 TASK = get_task("icu_mortality")
@@ -57,6 +62,9 @@ SHARED_STAYS = 2
 """Labelled stays of the shared demo checked (of distinct subjects, spread over the labels)."""
 EVENTS_AFTER = 50
 """Events after a stay's prediction time in its export (the mapping leaves them out)."""
+
+own_ledger = pytest.fixture(scope="module", autouse=True)(own_ledger_environment)
+"""The module's batch runs record to a ledger of their own, signed with the test key."""
 
 
 class RecordingEngine(InstantEngine):

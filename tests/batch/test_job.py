@@ -22,9 +22,12 @@ from inference.sampling import Sampling
 from medtpe_cli.predict_commands import predict
 from medtpe_core.tasks import get_task
 from tests.support.meds_fixtures import PREDICTION_TIME, write_meds_dataset
-from tests.support.service_support import engine_test_config
+from tests.support.service_support import engine_test_config, own_ledger_environment
 
 SUBJECTS = (1, 2, 3, 4)
+
+own_ledger = pytest.fixture(scope="module", autouse=True)(own_ledger_environment)
+"""The module's batch runs record to a ledger of their own, signed with the test key."""
 
 
 class FailingEngine(InstantEngine):

@@ -204,7 +204,9 @@ def test_the_signing_key_is_a_secret(service_files: tuple[Path, Path]) -> None:
     settings: ServiceSettings = instant_settings(service_files, ledger_signing_key=SEED)
     assert SEED in settings.secrets() and SEED not in repr(settings)
     with pytest.raises(ValidationError, match="MEDTPE_LEDGER_SIGNING_KEY"):
-        instant_settings(service_files, ledger_url="postgresql://db/ledger")
+        instant_settings(
+            service_files, ledger_url="postgresql://db/ledger", ledger_signing_key=None
+        )
 
 
 @pytest.fixture

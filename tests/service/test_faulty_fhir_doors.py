@@ -34,11 +34,15 @@ from tests.support.service_support import (
     instant_client,
     instant_settings,
     metric_value,
+    own_ledger_environment,
 )
 
 ICU = get_service("medtpe-icu-mortality-patient-view")
 TASK = get_task("icu_mortality")
 BASE = "http://testserver"
+
+own_ledger = pytest.fixture(scope="module", autouse=True)(own_ledger_environment)
+"""The module's batch runs record to a ledger of their own, signed with the test key."""
 
 
 @pytest.fixture(scope="module")

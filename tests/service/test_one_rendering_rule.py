@@ -32,12 +32,20 @@ from tests.support.bulk_server import resources_by_type, write_export
 from tests.support.cds_support import hook_request, prefetch_of
 from tests.support.ehr import Ehr
 from tests.support.mimic_fhir_fixture import FIXTURE
-from tests.support.service_support import SERVICE_API_KEY, instant_client, instant_settings
+from tests.support.service_support import (
+    SERVICE_API_KEY,
+    instant_client,
+    instant_settings,
+    own_ledger_environment,
+)
 
 ICU = get_service("medtpe-icu-mortality-patient-view")
 TASK = get_task("icu_mortality")
 BASE = "http://testserver"
 AUTH = {"Authorization": f"Bearer {SERVICE_API_KEY}"}
+
+own_ledger = pytest.fixture(scope="module", autouse=True)(own_ledger_environment)
+"""The module's batch runs record to a ledger of their own, signed with the test key."""
 
 
 @pytest.fixture(scope="module")

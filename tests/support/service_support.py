@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import httpx
 import psutil
+import pytest
 from starlette.testclient import TestClient
 
 from inference.engine import EngineFactory
@@ -30,6 +31,7 @@ from inference.instant_engine import InstantEngine
 from service.app import create_app
 from service.drain import DrainingServer, draining_server
 from service.settings import ServiceSettings
+from tests.ledger.rows import RFC8037_SEED_B64
 
 # (code, low, high): ICU chart items and labs in MIMIC-IV MEDS spelling, without descriptions.
 _MEASUREMENTS = [
@@ -194,12 +196,30 @@ def own_ledger_url() -> str:
     return f"sqlite:///{Path(tempfile.mkdtemp(dir=_ledgers_dir())) / 'ledger.sqlite3'}"
 
 
+TEST_SIGNING_KEY = RFC8037_SEED_B64
+"""The receipts' signing key of the test services and batch runs (RFC 8037's test seed): none
+of them generates the checkout's `.cache/ledger-signing-key`."""
+
+
+def own_ledger_environment() -> Iterator[str]:
+    """A module fixture's body (`pytest.fixture(scope="module", autouse=True)(...)`): while the
+    module runs, `MEDTPE_LEDGER_URL` names a ledger of its own (`own_ledger_url`) and
+    `MEDTPE_LEDGER_SIGNING_KEY` the test key, for the batch runs and commands that read them
+    (`run_local`, `run_fhir`, `medtpe predict`); yields the ledger's URL."""
+    with pytest.MonkeyPatch.context() as patch:
+        url = own_ledger_url()
+        patch.setenv("MEDTPE_LEDGER_URL", url)
+        patch.setenv("MEDTPE_LEDGER_SIGNING_KEY", TEST_SIGNING_KEY)
+        yield url
+
+
 def service_env(service_files: tuple[Path, Path], **overrides: str) -> dict[str, str]:
     """Environment of a test service: small input budget and KV cache, eager float32 engine,
-    a ledger of its own (`own_ledger_url`)."""
+    a ledger of its own (`own_ledger_url`) and the test signing key."""
     artefact, export = service_files
     env = {
         "MEDTPE_LEDGER_URL": own_ledger_url(),
+        "MEDTPE_LEDGER_SIGNING_KEY": TEST_SIGNING_KEY,
         "MEDTPE_ARTEFACT_DIR": str(artefact),
         "MEDTPE_EXPORT_DIR": str(export),
         "MEDTPE_MAX_INPUT_TOKENS": "1024",
@@ -349,10 +369,11 @@ class ServedApi(httpx.Client):
 
 def instant_settings(service_files: tuple[Path, Path], **overrides: Any) -> ServiceSettings:
     """In-process settings equal to `service_env`'s (small budget, API keys, 256 KiB bodies, a
-    ledger of its own)."""
+    ledger of its own, the test signing key)."""
     artefact, export = service_files
     values: dict[str, Any] = {
         "ledger_url": own_ledger_url(),
+        "ledger_signing_key": TEST_SIGNING_KEY,
         "artefact_dir": artefact,
         "export_dir": export,
         "max_input_tokens": 1024,

@@ -55,7 +55,7 @@ from tests.support.bulk_server import (
     serving_bulk_data,
 )
 from tests.support.properties import examples
-from tests.support.service_support import instant_settings
+from tests.support.service_support import instant_settings, own_ledger_environment
 
 FAST = fast_export(retries=1)
 MAPPING = load_site_mapping()
@@ -63,6 +63,9 @@ SUBJECT_SYSTEM = "http://mimic.mit.edu/fhir/mimic/identifier/patient"
 NIGHT_SAMPLING = Sampling(max_new_tokens=4)
 VALID = ("valid-0", "valid-1", "valid-2")
 """The export's well-formed patients (no hostile line names them)."""
+
+own_ledger = pytest.fixture(scope="module", autouse=True)(own_ledger_environment)
+"""The module's batch runs record to a ledger of their own, signed with the test key."""
 
 
 # --- the Bulk Data client against a hostile server ------------------------------------------
