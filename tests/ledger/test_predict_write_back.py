@@ -26,6 +26,7 @@ from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
 from medtpe_core.meds import MedsDataset
 from tests.support.bulk_server import pem, resources_by_type
 from tests.support.mimic_fhir_fixture import FIXTURE
+from tests.support.service_support import TEST_SIGNING_KEY
 from tests.support.transaction_server import TransactionServer, serving_transactions
 
 CLIENT = "medtpe-night-job"
@@ -54,6 +55,7 @@ def test_the_night_job_writes_each_answer_back_once(
     key_file.write_bytes(pem(key.key))
     ledger_url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
     monkeypatch.setenv("MEDTPE_LEDGER_URL", ledger_url)
+    monkeypatch.setenv("MEDTPE_LEDGER_SIGNING_KEY", TEST_SIGNING_KEY)
     monkeypatch.setitem(fhir_job.run_fhir.__kwdefaults__, "engine_factory", InstantEngine.factory())
     arguments = [
         *("--fhir-server", ehr.base, "--client-id", CLIENT, "--client-key", str(key_file)),

@@ -28,7 +28,7 @@ from monitoring.frame import naive_utc as naive
 from tests.monitoring.commands import invoke
 from tests.monitoring.seismometer_venv import seismometer_load, seismometer_python
 from tests.support.paths import SHARED
-from tests.support.service_support import engine_test_config
+from tests.support.service_support import TEST_SIGNING_KEY, engine_test_config
 
 DEMO = SHARED / "data" / "mimic-iv-demo-meds"
 LABELS = DEMO / "labels" / "icu_mortality.parquet"
@@ -50,7 +50,7 @@ def _scored(service_files: tuple[Path, Path], out: Path, ledger_url: str) -> lis
     def instant(engine: EngineConfig) -> InstantEngine:
         return InstantEngine(engine.model_dir, engine.max_model_len or 8192)
 
-    ledger = LedgerSettings(ledger_url, "digest", None, False)
+    ledger = LedgerSettings(ledger_url, "digest", TEST_SIGNING_KEY, False)
     run_local(config, job, out, engine_factory=instant, ledger=ledger)
     tables = [pq.read_table(p) for p in sorted(out.rglob("*.records.pq"))]
     return [r for r in pa.concat_tables(tables).to_pylist() if r["error"] is None]
