@@ -394,9 +394,10 @@ def instant_client(
     app = create_app(settings, engine_factory or InstantEngine.factory(delay_s))
     with TestClient(app, base_url="http://testserver") as client:
         deadline = time.monotonic() + 300
-        while client.get("/readyz").status_code != 200:
-            if time.monotonic() > deadline or client.get("/readyz").json()["status"] == "failed":
-                raise RuntimeError(f"in-process app not ready: {client.get('/readyz').json()}")
+        # one probe a poll: each competes for the GIL with the start-up loading the model
+        while (ready := client.get("/readyz")).status_code != 200:
+            if time.monotonic() > deadline or ready.json()["status"] == "failed":
+                raise RuntimeError(f"in-process app not ready: {ready.json()}")
             time.sleep(0.05)
         yield client
 

@@ -76,13 +76,20 @@ def key() -> ClientKey:
     return es384_key()
 
 
-@pytest.fixture
-def server(key: ClientKey) -> Iterator[BulkServer]:
+@pytest.fixture(scope="module")
+def serving(key: ClientKey) -> Iterator[BulkServer]:
     resources = {"Patient": [{"resourceType": "Patient", "id": "p0"}]}
     with serving_bulk_data(
         BulkServer(resources, clients={BULK_CLIENT: public_jwks(key)})
     ) as served:
         yield served
+
+
+@pytest.fixture
+def server(serving: BulkServer) -> BulkServer:
+    """The module's server (one start, one stop), its request log emptied for the test."""
+    serving.requests.clear()
+    return serving
 
 
 def _set(field: str, value: Any, key: str = "output") -> Callable[[dict[str, Any]], None]:
@@ -118,7 +125,7 @@ def files_under(root: Path) -> list[str]:
 
 @pytest.mark.parametrize("case", sorted(HOSTILE_MANIFESTS))
 def test_a_hostile_manifest_is_refused_naming_its_field(
-    server: BulkServer, key: ClientKey, tmp_path: Path, case: str
+    server: BulkServer, key: ClientKey, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
 ) -> None:
     edit, field = HOSTILE_MANIFESTS[case]
     honest = server.manifest
@@ -128,7 +135,7 @@ def test_a_hostile_manifest_is_refused_naming_its_field(
         edit(document)
         return document
 
-    server.manifest = hostile  # type: ignore[method-assign]
+    monkeypatch.setattr(server, "manifest", hostile)  # the honest one again after the test
     (tmp_path / "keys").mkdir()
     access = server_access(server, BULK_CLIENT, key, tmp_path / "keys")
     export = tmp_path / "out" / "export"
