@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from medtpe_core.tokenizer import BaseTokenizer, MedTPETokenizer
+from medtpe_core.tokenizer.base import bytes_to_unicode
 from medtpe_core.tokenizer.build import build_tokenizer
 from medtpe_core.tokenizer.without_replacement import extension_twin
 from tests.support.paths import FIXTURES, ROOT
@@ -90,19 +91,22 @@ def replace_file(path: Path, data: bytes) -> None:
 
 
 @cache
-def small_tokenizer_file() -> Path:
-    """A byte-level BPE (vocabulary 700) trained here on fixture text, with two special tokens."""
+def small_tokenizer_file(missing: tuple[int, ...] = ()) -> Path:
+    """A byte-level BPE (vocabulary 700) trained here on fixture text, with two special tokens;
+    its alphabet lacks the bytes `missing` (none: every byte has a token)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
+    absent = {bytes_to_unicode()[b] for b in missing}
     trainer = trainers.BpeTrainer(
         vocab_size=700,
         special_tokens=["<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        initial_alphabet=[c for c in pre_tokenizers.ByteLevel.alphabet() if c not in absent],
         show_progress=False,
     )
     tok.train_from_iterator(icu_records(30, seed=7) + [ENGLISH] * 5, trainer=trainer)
-    out = ROOT / ".cache" / "test-fixtures" / "small-bpe.json"
+    name = "small-bpe" + "".join(f"-{b:02x}" for b in missing)
+    out = ROOT / ".cache" / "test-fixtures" / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     replace_file(out, tok.to_str(pretty=True).encode())
     return out
@@ -124,9 +128,11 @@ def smollm2_extension(method: str = "static", max_n: int = 2) -> MedTPETokenizer
 
 
 @cache
-def small_medtpe(method: str = "bpe", max_n: int = 3) -> MedTPETokenizer:
-    """MedTPE on the small trained tokenizer."""
-    base = BaseTokenizer.load(small_tokenizer_file())
+def small_medtpe(
+    method: str = "bpe", max_n: int = 3, missing: tuple[int, ...] = ()
+) -> MedTPETokenizer:
+    """MedTPE on the small trained tokenizer (lacking the bytes `missing`)."""
+    base = BaseTokenizer.load(small_tokenizer_file(missing))
     return build_tokenizer(
         base, icu_records(40), 60, max_n, method, [PROTECTED_TEXT], progress=False
     )
