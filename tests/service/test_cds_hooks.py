@@ -48,6 +48,9 @@ API_KEY = {"Authorization": f"Bearer {SERVICE_API_KEY}"}
 UNREACHABLE = "http://127.0.0.1:9"
 """A FHIR server the test issuer may name that nothing answers (the discard port)."""
 HOSPITAL_FHIR = "https://fhir.hospital.test.invalid/r4"
+FETCH_DEADLINE_S = 2.0
+"""The module service's FHIR fetch deadline: a full fetch from the test server takes well under
+0.5 s; its `slow-` patients answer after 20 s."""
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +60,7 @@ def client(service_files: tuple[Path, Path], ehr: Ehr, fhir_server: str) -> Iter
         cds_issuers=json.loads(ehr.issuers_setting([fhir_server, UNREACHABLE])),
         cds_base_url=BASE,
         cds_allow_http_fhir=True,
-        cds_fhir_timeout_s=8.0,
+        cds_fhir_timeout_s=FETCH_DEADLINE_S,
     )
     with instant_client(settings) as client:
         yield client
@@ -140,7 +143,7 @@ def test_an_operation_outcome_in_place_of_a_prefetch_is_fetched(
     ("patient", "token", "server", "detail"),
     [
         ("broken-1", FHIR_TOKEN, None, ": status 500"),
-        ("slow-1", FHIR_TOKEN, None, "no answer within 8 s"),
+        ("slow-1", FHIR_TOKEN, None, f"no answer within {FETCH_DEADLINE_S:g} s"),
         (ICU_PATIENT, "a-token-the-server-refuses", None, "status 401: token refused"),
         (ICU_PATIENT, FHIR_TOKEN, UNREACHABLE, "no answer (ConnectError)"),
     ],
@@ -171,15 +174,17 @@ def test_a_failing_fhir_server_is_a_412_saying_only_fhir_unavailable(
 
 
 def test_a_fetch_outside_the_issuers_fhir_servers_is_refused(
-    service_files: tuple[Path, Path], ehr: Ehr, fhir_server: str
+    client: TestClient, service_files: tuple[Path, Path], ehr: Ehr, fhir_server: str
 ) -> None:
-    """Another server than the issuer's, or an http one without MEDTPE_CDS_ALLOW_HTTP_FHIR."""
-    for servers, allow_http in [([HOSPITAL_FHIR], True), ([fhir_server], False)]:
-        issuers = json.loads(ehr.issuers_setting(servers))
-        values = {"cds_issuers": issuers, "cds_allow_http_fhir": allow_http}
-        settings = instant_settings(service_files, cds_base_url=BASE, **values)
-        with instant_client(settings) as other:
-            answer = call(other, ehr, hook_request(ICU, ICU_PATIENT, fhir_server=fhir_server))
+    """Another server than the issuer's (the module's service: http allowed, the issuer names
+    `fhir_server` and `UNREACHABLE`), or an http one without MEDTPE_CDS_ALLOW_HTTP_FHIR (a
+    service of its own: the issuer names the server)."""
+    elsewhere = call(client, ehr, hook_request(ICU, ICU_PATIENT, fhir_server=HOSPITAL_FHIR))
+    issuers = json.loads(ehr.issuers_setting([fhir_server]))
+    values = {"cds_issuers": issuers, "cds_allow_http_fhir": False}
+    with instant_client(instant_settings(service_files, cds_base_url=BASE, **values)) as other:
+        plain_http = call(other, ehr, hook_request(ICU, ICU_PATIENT, fhir_server=fhir_server))
+    for answer in (elsewhere, plain_http):
         assert (answer.status_code, answer.json()["error"]) == (412, "fhir_server_not_allowed")
 
 
