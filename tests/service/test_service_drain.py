@@ -83,9 +83,10 @@ def assert_shutting_down(response: httpx.Response) -> None:
 def test_a_stop_answers_every_request(
     service_files: tuple[Path, Path], outlives_grace: bool
 ) -> None:
-    # the cut: a grace long enough for the requests the test sends during the drain, on a busy
-    # machine too; drained: the engine holds the request until they are answered
-    grace, hold = (6.0, 600.0) if outlives_grace else (120.0, 600.0)
+    # the cut: a grace long enough for the four requests the test sends during the drain (each
+    # refused or read at once), on a busy machine too; drained: the engine holds the request
+    # until they are answered
+    grace, hold = (3.0, 600.0) if outlives_grace else (120.0, 600.0)
     settings = instant_settings(service_files, api_keys=[], shutdown_grace_s=grace)
     with serving_in_thread(settings, delay_s=hold) as served:
         started = time.monotonic()
