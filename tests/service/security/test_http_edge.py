@@ -43,12 +43,16 @@ TOKENIZE_CAP = 4096
 """The `/tokenize` text cap of these tests' app (the default is 64 KiB)."""
 DESCRIPTION_PATHS = ("/openapi.json", "/docs", "/redoc")
 AUTH_RAW = [(k.lower().encode(), v.encode()) for k, v in AUTH.items()]
+METRICS_KEY = "scrape-token-1"
 
 
 @pytest.fixture(scope="module")
 def client(service_files: tuple[Path, Path]) -> Iterator[TestClient]:
-    """The app with API keys (`instant_settings`) and a small `/tokenize` text cap."""
-    settings = instant_settings(service_files, max_tokenize_text_bytes=TOKENIZE_CAP)
+    """The app with API keys (`instant_settings`), a metrics key and a small `/tokenize` text
+    cap."""
+    settings = instant_settings(
+        service_files, max_tokenize_text_bytes=TOKENIZE_CAP, metrics_keys=[METRICS_KEY]
+    )
     with instant_client(settings) as client:
         yield client
 
@@ -236,14 +240,12 @@ def test_the_probes_and_the_page_stay_open(client: TestClient) -> None:
     assert client.get("/ui/").status_code == 200
 
 
-def test_a_metrics_key_opens_metrics_only(service_files: tuple[Path, Path]) -> None:
+def test_a_metrics_key_opens_metrics_only(client: TestClient) -> None:
     """Prometheus' token (`MEDTPE_METRICS_KEYS`) reads `/metrics` and nothing else."""
-    settings = instant_settings(service_files, metrics_keys=["scrape-token-1"])
-    scrape = {"Authorization": "Bearer scrape-token-1"}
-    with instant_client(settings) as client:
-        assert client.get("/metrics", headers=scrape).status_code == 200
-        assert client.get("/openapi.json", headers=scrape).status_code == 401
-        assert post(client, "/tokenize", {"text": "a"}, headers=scrape).status_code == 401
+    scrape = {"Authorization": f"Bearer {METRICS_KEY}"}
+    assert client.get("/metrics", headers=scrape).status_code == 200
+    assert client.get("/openapi.json", headers=scrape).status_code == 401
+    assert post(client, "/tokenize", {"text": "a"}, headers=scrape).status_code == 401
 
 
 def test_settings_open_metrics_and_the_description(service_files: tuple[Path, Path]) -> None:
