@@ -190,7 +190,10 @@ DENSE_TEXT = st.lists(
 ).map("".join)
 MIXED_TEXT = st.lists(
     st.one_of(
-        ANY_TEXT, DENSE_TEXT, st.sampled_from(EDGE_CASES), st.sampled_from(icu_records(3, seed=5))
+        ANY_TEXT,
+        DENSE_TEXT,
+        st.sampled_from(EDGE_CASES),
+        st.sampled_from(icu_records(18, seed=5, lines=20)),
     ),
     max_size=4,
 ).map("".join)
