@@ -3,8 +3,6 @@ replacement builds and their extension ("without replacement") twins."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -79,32 +77,31 @@ def test_encode_batch_matches_encode(texts: list[str]) -> None:
     assert tok.encode_batch(texts) == [tok.encode(t) for t in texts]
 
 
-def test_stock_detokenizer_decodes_medtpe_ids(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def stock_detokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Tokenizer]:
+    """Each build saved once, its tokenizer.json read back by the stock `tokenizers` library."""
+    out = tmp_path_factory.mktemp("detok")
     for name, make in TOKENIZERS.items():
-        tok = make()
-        tok.save(tmp_path / name)
-        detok = Tokenizer.from_file(str(tmp_path / name / "tokenizer.json"))
+        make().save(out / name)
+    return {name: Tokenizer.from_file(str(out / name / "tokenizer.json")) for name in TOKENIZERS}
+
+
+def test_stock_detokenizer_decodes_medtpe_ids(stock_detokenizers: dict[str, Tokenizer]) -> None:
+    for name, make in TOKENIZERS.items():
+        tok, detok = make(), stock_detokenizers[name]
         assert detok.get_vocab_size(with_added_tokens=True) == tok.vocab_size
         for text in [*EDGE_CASES, *icu_records(3, seed=11)]:
             ids = tok.encode(text)
             assert detok.decode(ids, skip_special_tokens=False) == tok.decode(ids) == text
 
 
-_DETOK: dict[str, Tokenizer] = {}
-
-
 @settings(max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=MIXED_TEXT)
 def test_stock_detokenizer_matches_on_any_string(
-    tmp_path_factory: pytest.TempPathFactory, text: str
+    stock_detokenizers: dict[str, Tokenizer], text: str
 ) -> None:
-    tok = smollm2_medtpe("bpe", 3)
-    if "smollm2-bpe3" not in _DETOK:
-        out = tmp_path_factory.mktemp("detok")
-        tok.save(out)
-        _DETOK["smollm2-bpe3"] = Tokenizer.from_file(str(out / "tokenizer.json"))
-    ids = tok.encode(text)
-    assert _DETOK["smollm2-bpe3"].decode(ids, skip_special_tokens=False) == text
+    ids = smollm2_medtpe("bpe", 3).encode(text)
+    assert stock_detokenizers["smollm2-bpe3"].decode(ids, skip_special_tokens=False) == text
 
 
 def test_fixture_is_the_default_model_tokenizer() -> None:
