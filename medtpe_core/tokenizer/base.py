@@ -61,11 +61,13 @@ UTF8_BYTES = frozenset([*range(0xC0), *range(0xC2, 0xF5)])
 
 
 def token_texts(
-    ids: Sequence[int], known: dict[int, str], decode: Callable[[Sequence[int]], str]
+    ids: Sequence[int], known: dict[int, str], texts_of: Callable[[list[int]], list[str]]
 ) -> list[str]:
-    """`decode([i])` of each id, remembered in `known` (a token's text never changes)."""
+    """Each id's own text (`texts_of(ids)`: one decoding per id, in one call), remembered in
+    `known` (a token's text never changes)."""
     missing = [i for i in dict.fromkeys(ids) if i not in known]
-    known.update((i, decode([i])) for i in missing)
+    if missing:
+        known.update(zip(missing, texts_of(missing), strict=True))
     return list(map(known.__getitem__, ids))
 
 
@@ -154,7 +156,16 @@ class BaseTokenizer:
 
     def tokens(self, ids: Sequence[int]) -> list[str]:
         """Readable text of each token (its own decoding), each id decoded once per process."""
-        return token_texts(ids, self._token_texts, self.decode)
+        return token_texts(ids, self._token_texts, self.decode_each)
+
+    def decode_each(self, ids: Sequence[int]) -> list[str]:
+        """`decode([i])` of each id, in one call (one id at a time took 1.6 s of every model
+        load for SmolLM2's vocabulary)."""
+        return self.decode_batch([[i] for i in ids])
+
+    def decode_batch(self, sequences: Sequence[Sequence[int]]) -> list[str]:
+        """`decode` of each sequence, in one call (parallel in Rust)."""
+        return self.tokenizer.decode_batch([list(s) for s in sequences], skip_special_tokens=False)
 
     @property
     def vocab_size(self) -> int:

@@ -308,7 +308,18 @@ class MedTPETokenizer:
 
     def tokens(self, ids: Sequence[int]) -> list[str]:
         """Readable text of each token, for display (each id decoded once per process)."""
-        return token_texts(ids, self._token_texts, self.decode)
+        return token_texts(ids, self._token_texts, self.decode_each)
+
+    def decode_each(self, ids: Sequence[int]) -> list[str]:
+        """`decode([i])` of each id, in one call: the base decodes every id's constituents at
+        once; a byte-fallback id goes through `decode`."""
+        arr = np.asarray(ids, dtype=np.int64)
+        pieces = np.split(self._to_base(arr), np.cumsum(self._to_base.lengths(arr))[:-1])
+        texts = self.base.decode_batch([piece.tolist() for piece in pieces])
+        if self._fallback is not None:
+            for k in np.flatnonzero(self._is_fallback[arr]).tolist():
+                texts[k] = self.decode([int(arr[k])])
+        return texts
 
     def save(self, path: str | Path) -> None:
         """Write the artefact (medtpe.json, detokenizer tokenizer.json, model tokenizer files);

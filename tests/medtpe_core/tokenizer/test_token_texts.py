@@ -1,0 +1,26 @@
+"""Each id's own text in one call (`decode_each`, behind `tokens` and the stop rule's
+`answer_end_ids`) is `decode([i])` of every id: on the base tokenizer, a replacement artefact
+with byte fallback (the default one), and an extension artefact whose fresh ids lie past the base
+vocabulary."""
+
+from __future__ import annotations
+
+import pytest
+
+from medtpe_core.tokenizer import MedTPETokenizer
+from tests.support.paths import ROOT
+from tests.support.tokenizer_support import smollm2_extension
+
+DEFAULT_ARTEFACT = ROOT / "artefacts" / "smollm2-135m-icu"
+
+
+@pytest.mark.parametrize("name", ["default artefact", "extension"])
+def test_each_ids_text_in_one_call_is_its_own_decoding(name: str) -> None:
+    tok = MedTPETokenizer.load(DEFAULT_ARTEFACT) if name == "default artefact" else None
+    tok = tok or smollm2_extension("bpe", 3)
+    ids = list(range(tok.vocab_size))
+    each = [tok.decode([i]) for i in ids]
+    assert tok.decode_each(ids) == each
+    assert tok.tokens(ids[::-1]) == each[::-1]
+    if name == "default artefact":
+        assert tok.byte_fallback  # its fallback ids decode through the byte decoder
