@@ -164,10 +164,10 @@ def ehr() -> Iterator[Ehr]:
 @pytest.fixture(scope="session")
 def fhir_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The test FHIR server (tests/support/fhir_server.py) holding the CDS Hooks test patient;
-    `slow-` patients answer after 20 s (past the hooks' FHIR deadline in the tests)."""
+    `slow-` patients answer after 6 s (past the hooks' FHIR deadline in the tests, 2 s)."""
     data = tmp_path_factory.mktemp("fhir-data")
     (data / "icu.json").write_text(ICU_BUNDLE.read_text())
-    with running_fhir_server(data, FHIR_TOKEN, data / "server.log", delay_s=20) as url:
+    with running_fhir_server(data, FHIR_TOKEN, data / "server.log", delay_s=6) as url:
         yield url
 
 

@@ -50,7 +50,7 @@ UNREACHABLE = "http://127.0.0.1:9"
 HOSPITAL_FHIR = "https://fhir.hospital.test.invalid/r4"
 FETCH_DEADLINE_S = 2.0
 """The module service's FHIR fetch deadline: a full fetch from the test server takes well under
-0.5 s; its `slow-` patients answer after 20 s."""
+0.5 s; its `slow-` patients answer after 6 s."""
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ def serving_in_thread(handler: type[BaseHTTPRequestHandler]) -> Iterator[Threadi
     (`server.server_address[1]` is the port); shut down and closed after it."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # polled every 50 ms, so a stop takes that long at most (the default 0.5 s, once per server)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
         yield server
