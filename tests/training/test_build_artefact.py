@@ -51,15 +51,11 @@ n_gate: 3
 mining_max_tokens: 900
 losses: [ce, kl]
 max_steps: 2
-eval_every: 2
+eval_every: 1
 lr: 0.01
 max_new_tokens: 8
 device: cpu
 """
-
-CE_ONLY = SETTINGS.replace("losses: [ce, kl]", "losses: [ce]")
-"""One SSFT run a build: for the tests of the build's wiring (a rebuild, a failed gate, a first
-stage), where the loss picked does not matter."""
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +207,6 @@ def test_a_rebuild_into_an_artefact_replaces_its_manifest(
 ) -> None:
     """Building again into a directory that holds an artefact (other settings, --restart) writes
     a manifest for the new files instead of tripping over the earlier one's."""
-    config_file.write_text(CE_ONLY)
     out = tmp_path / "artefact"
     args = _args(config_file, base_dir, meds_dir, out)
     assert _build(*args).exit_code == 0
@@ -233,7 +228,7 @@ def test_a_second_stage_continues_from_an_artefact(
     first = tmp_path / "stage1"
     # stage 1 trains CE only, so the rows it keeps are trained ones (a KL run on this tiny model
     # may keep its starting rows)
-    config_file.write_text(CE_ONLY)
+    config_file.write_text(SETTINGS.replace("losses: [ce, kl]", "losses: [ce]"))
     assert _build(*_args(config_file, base_dir, meds_dir, first)).exit_code == 0
     config_file.write_text(SETTINGS + f"init_from: {first}\n")
     second = tmp_path / "stage2"
@@ -275,7 +270,6 @@ def test_a_build_that_fails_its_fidelity_gate_writes_nothing(
                 self.answer_ids = MedTPETokenizer.load(model_dir).encode('no"}')
 
     monkeypatch.setattr(build_module, "start_vllm", Contrary.factory())
-    config_file.write_text(CE_ONLY)
     out = tmp_path / "artefact"
     args = _args(config_file, base_dir, meds_dir, out)
     failed = _build(*args)
