@@ -28,7 +28,7 @@ from service.settings import ServiceSettings
 from tests.support.mimic_fhir_fixture import FIXTURE
 from tests.support.paths import ROOT
 from tests.support.render_pins import SHARED_MEDS
-from tests.support.service_support import instant_client
+from tests.support.service_support import TEST_SIGNING_KEY, instant_client, own_ledger_url
 
 HELD_OUT = 10012853
 """A subject of the MIMIC-IV demo held out of the default artefact's build (its split in
@@ -38,9 +38,11 @@ TASK = "icu_mortality"
 
 
 def default_settings(service_files: tuple[Path, Path], **overrides: Any) -> ServiceSettings:
-    """The service's defaults, but for the test model files' paths."""
+    """The service's defaults, but for the test model files' paths and a ledger of the test's own
+    (the default one is the checkout's `.cache/ledger.sqlite3`)."""
     artefact, export = service_files
-    return ServiceSettings(artefact_dir=artefact, export_dir=export, **overrides)
+    ledger = {"ledger_url": own_ledger_url(), "ledger_signing_key": TEST_SIGNING_KEY}
+    return ServiceSettings(artefact_dir=artefact, export_dir=export, **ledger, **overrides)
 
 
 @pytest.fixture(scope="module")

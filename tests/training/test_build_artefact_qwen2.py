@@ -29,7 +29,12 @@ from medtpe_core.tokenizer import MedTPETokenizer
 from service.settings import ServiceSettings
 from tests.support.meds_fixtures import write_meds_dataset
 from tests.support.model_fixtures import QWEN25_VOCAB_SIZE, tiny_qwen2
-from tests.support.service_support import instant_client, synthetic_events
+from tests.support.service_support import (
+    TEST_SIGNING_KEY,
+    instant_client,
+    own_ledger_url,
+    synthetic_events,
+)
 from training.export import load_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(1800)]
@@ -96,7 +101,13 @@ def test_qwen2_build_export_serve_predict(tmp_path: Path) -> None:
     assert (rope["rope_type"], rope["factor"]) == ("yarn", 1 / 1.5)  # vLLM serves it stretched
 
     settings = ServiceSettings(
-        model_dir=base, artefact_dir=out, export_dir=export, max_input_tokens=512, max_new_tokens=8
+        model_dir=base,
+        artefact_dir=out,
+        export_dir=export,
+        max_input_tokens=512,
+        max_new_tokens=8,
+        ledger_url=own_ledger_url(),
+        ledger_signing_key=TEST_SIGNING_KEY,
     )
     with instant_client(settings) as client:
         body = {"task": "icu_mortality", "events": synthetic_events(1, 80)}
