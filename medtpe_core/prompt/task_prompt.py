@@ -207,7 +207,16 @@ def min_input_tokens(
         build_prompt(task, [], _LATEST, base_tokenizer, chat_template, 2**31).n_tokens_original
         for task in (tasks if tasks is not None else list_tasks())
     )
-    return shell + _cut_record_tokens(base_tokenizer)
+    content = base_tokenizer.content_fingerprint
+    if content not in _CUT_RECORD_TOKENS:
+        _CUT_RECORD_TOKENS[content] = _cut_record_tokens(base_tokenizer)
+    return shell + _CUT_RECORD_TOKENS[content]
+
+
+_CUT_RECORD_TOKENS: dict[str, int] = {}
+"""`_cut_record_tokens` by the base tokenizer's content fingerprint: found once per vocabulary
+in a process (each search renders a record of `MAX_EVENTS_PER_RECORD` events about ten times,
+~0.2 s), where every service start and model load asks for it."""
 
 
 def _cut_record_tokens(base_tokenizer: BaseTokenizer) -> int:

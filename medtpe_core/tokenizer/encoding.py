@@ -7,6 +7,7 @@ vocabulary has no bytes for (the base tokenizer drops them).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -108,7 +109,13 @@ def merge_depth(merges: Sequence[tuple[int, int, int]]) -> int:
 
 def utf8_char_pattern(byte_values: Iterable[int]) -> re.Pattern[str] | None:
     """A regex matching runs of characters whose UTF-8 encoding holds any of `byte_values`
-    (None when no character does). Built from numpy over all code points (tens of ms)."""
+    (None when no character does). Built from numpy over all code points (tens of ms), once per
+    set of bytes in a process (every load of an artefact asks for the same)."""
+    return _utf8_char_pattern(frozenset(byte_values))
+
+
+@functools.lru_cache(maxsize=8)
+def _utf8_char_pattern(byte_values: frozenset[int]) -> re.Pattern[str] | None:
     wanted = np.zeros(256, dtype=bool)
     wanted[list(byte_values)] = True
     cp = np.arange(0x110000, dtype=np.int64)

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,13 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from medtpe_core.tokenizer import artefact_files
-from medtpe_core.tokenizer.base import BaseTokenizer, bytes_to_unicode, memoised, token_texts
+from medtpe_core.tokenizer.base import (
+    MEMO_SIZE,
+    BaseTokenizer,
+    bytes_to_unicode,
+    memoised,
+    token_texts,
+)
 from medtpe_core.tokenizer.encoding import ByteFallback, IdExpansion, PairMerger
 
 PLAIN_TAIL = "plain_tail"
@@ -42,6 +50,32 @@ class NewToken:
     id: int
     constituents: tuple[int, ...]
     string: str
+
+
+@dataclass
+class _VocabularyTexts:
+    """What one vocabulary's ids read as, shared by every tokenizer of that vocabulary in a
+    process (`_vocabulary_texts`): each id's text, as decoded so far, and the byte-fallback
+    decoder (built on first use: ~0.3 s for SmolLM2's)."""
+
+    texts: dict[int, str] = field(default_factory=dict)
+    byte_decoder: Tokenizer | None = None
+
+
+_vocabularies: OrderedDict[str, _VocabularyTexts] = OrderedDict()
+_vocabularies_lock = threading.Lock()
+
+
+def _vocabulary_texts(key: str) -> _VocabularyTexts:
+    """The shared `_VocabularyTexts` of the vocabulary `key` names, among the `MEMO_SIZE` most
+    recently used: a service, a build or a test session loads the same artefact many times, and
+    its stop rule reads every id's text (49,152 for SmolLM2) at each load."""
+    with _vocabularies_lock:
+        shared = _vocabularies.pop(key, None) or _VocabularyTexts()
+        _vocabularies[key] = shared
+        while len(_vocabularies) > MEMO_SIZE:
+            _vocabularies.popitem(last=False)
+        return shared
 
 
 class MedTPETokenizer:
@@ -70,7 +104,6 @@ class MedTPETokenizer:
         self.evicted = dict(evicted)
         self.settings = dict(settings or {})
         self.corpus_stats = dict(corpus_stats or {})
-        self._token_texts: dict[int, str] = {}
         parts: dict[int, tuple[int, ...]] = {}
         for left, right, new in self.merges:
             parts[new] = parts.get(left, (left,)) + parts.get(right, (right,))
@@ -90,7 +123,6 @@ class MedTPETokenizer:
         self._fallback_re = self._fallback.pattern if self._fallback else None
         self._is_fallback = np.zeros(size, dtype=bool)
         self._is_fallback[list(fallback_ids)] = True
-        self._fallback_decoder: Tokenizer | None = None
         self._decompose = IdExpansion(self.evicted, size)
         self._merge = PairMerger(self.merges, size)
         self._to_base = IdExpansion(parts, size)
@@ -98,6 +130,7 @@ class MedTPETokenizer:
         self.plain_tail = self.settings.get(PLAIN_TAIL, 0)
         if not isinstance(self.plain_tail, int) or self.plain_tail < 0:
             raise ValueError(f"setting {PLAIN_TAIL!r}: expected an integer >= 0")
+        self._shared = _vocabulary_texts(self._vocabulary_digest())
 
     def with_settings(self, **settings: Any) -> MedTPETokenizer:
         """This tokenizer with `settings` added to (or replacing) its own.
@@ -134,6 +167,13 @@ class MedTPETokenizer:
             parts.append({PLAIN_TAIL: self.plain_tail})
         blob = json.dumps(parts)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    def _vocabulary_digest(self) -> str:
+        """sha256 of what every id reads as: the base's content, the merges, the evictions and
+        the byte fallback."""
+        parts = [self.base.content_fingerprint, self.merges, sorted(self.evicted.items())]
+        parts.append(sorted(self.byte_fallback.items()))
+        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
     def base_encode(self, text: str, special_tokens: bool = False) -> list[int]:
         """The unmodified base tokenizer's ids."""
@@ -296,19 +336,20 @@ class MedTPETokenizer:
 
     def _byte_decoder(self) -> Tokenizer:
         """The base tokenizer with each byte-fallback id's vocabulary entry renamed to its byte's
-        symbol (built on first use)."""
-        if self._fallback_decoder is None:
+        symbol (built on first use, once per vocabulary in a process)."""
+        if self._shared.byte_decoder is None:
             obj, _ = artefact_files.detokenizer_json(self.base, self._fallback_strings())
-            self._fallback_decoder = Tokenizer.from_str(json.dumps(obj))
-        return self._fallback_decoder
+            self._shared.byte_decoder = Tokenizer.from_str(json.dumps(obj))
+        return self._shared.byte_decoder
 
     def _fallback_strings(self) -> dict[int, str]:
         symbol = bytes_to_unicode()
         return {i: symbol[b] for b, i in self.byte_fallback.items()}
 
     def tokens(self, ids: Sequence[int]) -> list[str]:
-        """Readable text of each token, for display (each id decoded once per process)."""
-        return token_texts(ids, self._token_texts, self.decode_each)
+        """Readable text of each token, for display (each id decoded once per vocabulary in a
+        process)."""
+        return token_texts(ids, self._shared.texts, self.decode_each)
 
     def decode_each(self, ids: Sequence[int]) -> list[str]:
         """`decode([i])` of each id, in one call: the base decodes every id's constituents at

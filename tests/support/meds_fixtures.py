@@ -3,6 +3,7 @@ byte-level BPE tokenizer trained on its rendered text (standing in for a base to
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -169,7 +170,8 @@ def train_tokenizer(texts: list[str], vocab_size: int = 400) -> BaseTokenizer:
         show_progress=False,
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
-    return BaseTokenizer.from_json_obj(json.loads(tokenizer.to_str()), fingerprint="test")
+    raw = tokenizer.to_str()  # the fingerprint a tokenizer.json of this content would have
+    return BaseTokenizer.from_json_obj(json.loads(raw), hashlib.sha256(raw.encode()).hexdigest())
 
 
 def write_sharded_data(
