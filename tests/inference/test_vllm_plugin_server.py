@@ -59,15 +59,16 @@ class VllmServer:
     def wait_ready(self, timeout_s: float = 600) -> None:
         """Poll `/health`; fail with the log tail if the server exits or never comes up."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"vllm exited:\n{self.log_path.read_text()[-4000:]}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(READY_POLL_S)
+        with httpx.Client(timeout=5) as client:  # one TLS context for every poll
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"vllm exited:\n{self.log_path.read_text()[-4000:]}")
+                try:
+                    if client.get(f"{self.url}/health").status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                time.sleep(READY_POLL_S)
         raise TimeoutError(f"vllm not up:\n{self.log_path.read_text()[-4000:]}")
 
     def stop(self) -> None:

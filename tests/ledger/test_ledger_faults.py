@@ -67,11 +67,12 @@ def api_processes(
     urls = [f"http://127.0.0.1:{port}" for port in ports]
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
-        for process, base in zip(processes, urls, strict=True):
-            while not _ready(base):
-                assert process.poll() is None, (tmp_path / f"api-{base[-5:]}.log").read_text()
-                assert time.monotonic() < deadline, "API processes not ready"
-                time.sleep(0.1)
+        with httpx.Client(timeout=2) as client:  # one TLS context for every poll
+            for process, base in zip(processes, urls, strict=True):
+                while not _ready(client, base):
+                    assert process.poll() is None, (tmp_path / f"api-{base[-5:]}.log").read_text()
+                    assert time.monotonic() < deadline, "API processes not ready"
+                    time.sleep(0.1)
         yield processes, urls, url
     finally:
         for process in processes:
@@ -81,9 +82,9 @@ def api_processes(
             log.close()
 
 
-def _ready(base: str) -> bool:
+def _ready(client: httpx.Client, base: str) -> bool:
     try:
-        return httpx.get(base + "/readyz", timeout=2).status_code == 200
+        return client.get(base + "/readyz").status_code == 200
     except httpx.TransportError:
         return False
 

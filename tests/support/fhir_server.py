@@ -219,16 +219,17 @@ def running_fhir_server(
     process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root)
     try:
         deadline = time.monotonic() + 120
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"FHIR server exited:\n{log_path.read_text()[-3000:]}")
-            try:
-                httpx.get(url + "/metadata", timeout=2)
-                break
-            except httpx.TransportError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError("FHIR server did not start") from None
-                time.sleep(0.2)
+        with httpx.Client(timeout=2) as client:  # one TLS context for every poll
+            while True:
+                if process.poll() is not None:
+                    raise RuntimeError(f"FHIR server exited:\n{log_path.read_text()[-3000:]}")
+                try:
+                    client.get(url + "/metadata")
+                    break
+                except httpx.TransportError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("FHIR server did not start") from None
+                    time.sleep(0.2)
         yield url
     finally:
         process.terminate()
