@@ -14,8 +14,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tokenizers import Tokenizer
-
 from inference.engine import (
     AnswerConstraint,
     Completion,
@@ -25,6 +23,7 @@ from inference.engine import (
     EngineFactory,
     Finish,
 )
+from medtpe_core.tokenizer import BaseTokenizer
 
 ANSWER = 'yes"}'
 """What follows the `{"answer": "` prefill: a well-formed binary answer."""
@@ -36,11 +35,10 @@ class InstantEngine:
     def __init__(
         self, model_dir: Path, max_model_len: int, delay_s: float = 0.0, dtype: Dtype = "auto"
     ) -> None:
-        tokenizer = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
-        self.answer_ids = tokenizer.encode(ANSWER, add_special_tokens=False).ids
+        tokenizer = BaseTokenizer.load(model_dir)  # parsed once per content in a process
+        self.answer_ids = tokenizer.encode(ANSWER, special_tokens=True)
         self.option_ids = {
-            option: tokenizer.encode(option, add_special_tokens=False).ids[0]
-            for option in ("yes", "no")
+            option: tokenizer.encode(option, special_tokens=True)[0] for option in ("yes", "no")
         }
         self.max_model_len = max_model_len
         self.dtype: Dtype = "float32" if dtype == "auto" else dtype
