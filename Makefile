@@ -79,17 +79,18 @@ seismometer-venv: $(SEISMOMETER_STAMP)
 # Second command of the README: set up and pass the tests, every one (real-engine tests included),
 # in two pytest-xdist workers (tests/conftest.py groups and orders them, the real-engine groups
 # first; tests/support/xdist_schedule.py spreads those over the workers: tests/README.md); the 25
-# slowest are listed at the end.
+# slowest are listed at the end. The default model is prepared first, with the rest of the set-up
+# (the service tests' fixtures need it; converting it takes ~25 s on a 2-core machine).
 TEST_WORKERS ?= 2
 PYTEST_XDIST := -n $(TEST_WORKERS) --dist loadgroup
-test: install deps-system deps-deploy seismometer-venv
+test: install deps-system deps-deploy seismometer-venv model
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_XDIST)
 
 # The contributor's loop: every test that starts no real vLLM engine (marker `engine`) and is not
 # marked `slow` (builds, Ray clusters, processes that must refuse to start), each property test on
 # a fifth of its examples (tests/support/properties.py). `make test` still runs them all, in full.
-test-fast: install deps-system deps-deploy seismometer-venv
+test-fast: install deps-system deps-deploy seismometer-venv model
 	$(BIN)/ruff check .
 	FAST_PROPERTIES=1 $(BIN)/python -m pytest -q --durations=10 $(PYTEST_XDIST) -m "not engine and not slow"
 
