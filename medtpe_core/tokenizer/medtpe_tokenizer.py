@@ -171,8 +171,12 @@ class MedTPETokenizer:
     def _vocabulary_digest(self) -> str:
         """sha256 of what every id reads as: the base's content, the merges, the evictions and
         the byte fallback."""
-        parts = [self.base.content_fingerprint, self.merges, sorted(self.evicted.items())]
-        parts.append(sorted(self.byte_fallback.items()))
+        parts = [
+            self.base.content_fingerprint,
+            self.merges,
+            sorted(self.evicted.items()),
+            sorted(self.byte_fallback.items()),
+        ]
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
     def base_encode(self, text: str, special_tokens: bool = False) -> list[int]:

@@ -28,7 +28,7 @@ from service.settings import ServiceSettings
 from tests.support.mimic_fhir_fixture import FIXTURE
 from tests.support.paths import ROOT
 from tests.support.render_pins import SHARED_MEDS
-from tests.support.service_support import TEST_SIGNING_KEY, instant_client, own_ledger_url
+from tests.support.service_support import instant_client, own_ledger_settings
 
 HELD_OUT = 10012853
 """A subject of the MIMIC-IV demo held out of the default artefact's build (its split in
@@ -41,8 +41,9 @@ def default_settings(service_files: tuple[Path, Path], **overrides: Any) -> Serv
     """The service's defaults, but for the test model files' paths and a ledger of the test's own
     (the default one is the checkout's `.cache/ledger.sqlite3`)."""
     artefact, export = service_files
-    ledger = {"ledger_url": own_ledger_url(), "ledger_signing_key": TEST_SIGNING_KEY}
-    return ServiceSettings(artefact_dir=artefact, export_dir=export, **ledger, **overrides)
+    return ServiceSettings(
+        artefact_dir=artefact, export_dir=export, **own_ledger_settings(), **overrides
+    )
 
 
 @pytest.fixture(scope="module")

@@ -201,6 +201,12 @@ TEST_SIGNING_KEY = RFC8037_SEED_B64
 of them generates the checkout's `.cache/ledger-signing-key`."""
 
 
+def own_ledger_settings() -> dict[str, str]:
+    """The `ServiceSettings` fields of an in-process test app's ledger: a ledger of its own
+    (`own_ledger_url`), signed with the test key (the defaults name the checkout's `.cache/`)."""
+    return {"ledger_url": own_ledger_url(), "ledger_signing_key": TEST_SIGNING_KEY}
+
+
 def own_ledger_environment() -> Iterator[str]:
     """A module fixture's body (`pytest.fixture(scope="module", autouse=True)(...)`): while the
     module runs, `MEDTPE_LEDGER_URL` names a ledger of its own (`own_ledger_url`) and
@@ -375,8 +381,7 @@ def instant_settings(service_files: tuple[Path, Path], **overrides: Any) -> Serv
     ledger of its own, the test signing key)."""
     artefact, export = service_files
     values: dict[str, Any] = {
-        "ledger_url": own_ledger_url(),
-        "ledger_signing_key": TEST_SIGNING_KEY,
+        **own_ledger_settings(),
         "artefact_dir": artefact,
         "export_dir": export,
         "max_input_tokens": 1024,

@@ -29,12 +29,7 @@ from medtpe_core.tokenizer import MedTPETokenizer
 from service.settings import ServiceSettings
 from tests.support.meds_fixtures import write_meds_dataset
 from tests.support.model_fixtures import QWEN25_VOCAB_SIZE, tiny_qwen2
-from tests.support.service_support import (
-    TEST_SIGNING_KEY,
-    instant_client,
-    own_ledger_url,
-    synthetic_events,
-)
+from tests.support.service_support import instant_client, own_ledger_settings, synthetic_events
 from training.export import load_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(1800)]
@@ -106,8 +101,7 @@ def test_qwen2_build_export_serve_predict(tmp_path: Path) -> None:
         export_dir=export,
         max_input_tokens=512,
         max_new_tokens=8,
-        ledger_url=own_ledger_url(),
-        ledger_signing_key=TEST_SIGNING_KEY,
+        **own_ledger_settings(),
     )
     with instant_client(settings) as client:
         body = {"task": "icu_mortality", "events": synthetic_events(1, 80)}
