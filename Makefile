@@ -72,7 +72,7 @@ deps-deploy: $(DEPLOY_STAMP)
 # requirements: the monitoring export's test loads the export with it.
 SEISMOMETER_STAMP := $(CACHE)/seismometer-venv/.requirements-sha256
 $(SEISMOMETER_STAMP): $(STAMP) requirements/seismometer.txt
-	$(BIN)/python -m scripts.seismometer_venv
+	$(BIN)/python -m tools.scripts.seismometer_venv
 
 seismometer-venv: $(SEISMOMETER_STAMP)
 

@@ -13,9 +13,9 @@ from filelock import FileLock
 from hypothesis import HealthCheck, settings
 from starlette.testclient import TestClient
 
-from medtpe_core.meds import MedsDataset
-from medtpe_core.prompt import ChatTemplate, render_record
-from medtpe_core.tokenizer import BaseTokenizer
+from medtpe.core.meds import MedsDataset
+from medtpe.core.prompt import ChatTemplate, render_record
+from medtpe.core.tokenizer import BaseTokenizer
 from tests.support.cds_support import FHIR_TOKEN, ICU_BUNDLE
 from tests.support.ehr import Ehr, serving_ehr
 from tests.support.fhir_server import running_fhir_server
@@ -59,8 +59,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 def pytest_configure(config: pytest.Config) -> None:
     """In a run of several pytest-xdist workers, each worker (and every engine, service and
     process it starts) keeps to its own equal share of the allowed cores: the engine wrapper
-    gives an engine all the cores its process may use (`inference.cpu_cores`), and two engines'
-    OpenMP threads on the same two cores wait on each other's time slices at every barrier."""
+    gives an engine all the cores its process may use (`medtpe.inference.cpu_cores`), and two
+    engines' OpenMP threads on the same two cores wait on each other's time slices at every
+    barrier."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     cores = sorted(os.sched_getaffinity(0))
@@ -146,7 +147,7 @@ def _file(item: pytest.Item) -> str:
 def service_files() -> tuple[Path, Path]:
     """(artefact dir, export dir) the service tests run on, prepared once (under a file lock:
     test runs side by side may prepare the same cache at the same time)."""
-    from medtpe_core.paths import cache_dir
+    from medtpe.core.paths import cache_dir
 
     cache = cache_dir() / "test-fixtures"
     cache.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,14 @@
-"""The layers' import rules, checked on the code and on a fresh interpreter: serving (`inference`,
-`service`) imports nothing from `training`, at module level or inside a function; the engine
-protocol (`inference.engine`) imports no engine implementation; `research` (the studies'
-workbenches) may import every layer, and nothing but its own tests imports it. The core
-(`medtpe_core`) imports no layer above it (nor torch or vLLM) and has no import circle."""
+"""The layers' import rules, checked on the code and on a fresh interpreter.
+
+Everything that ships is one import root, `medtpe`; its subpackages are layers, each allowed to
+import only the ones below it (`ALLOWED`, a module-level or lazy import alike): the core at the
+bottom (no torch, no vLLM, no import circle), then the engine (`inference`), the ledger and the
+model card, the FHIR resources written back, the evaluation, then the four siblings that never
+import each other (`service`, `batch`, `monitoring`, `training`), and the command line above
+all. The engine protocol imports no engine implementation; no module imports another module's
+private name; the tools (`tools/`: benchmarks, research, scripts) may import every layer, and
+`medtpe` imports none of them.
+"""
 
 from __future__ import annotations
 
@@ -16,59 +22,155 @@ import pytest
 
 from tests.support.paths import ROOT
 
-SERVING = ("inference", "service")
+PACKAGE = ROOT / "medtpe"
+CORE = {"core"}
+ALLOWED: dict[str, set[str]] = {
+    "core": set(),
+    "inference": CORE,
+    "ledger": CORE,
+    "model_card": CORE,
+    "fhir_resources": CORE | {"model_card"},
+    "evaluation": CORE | {"inference"},
+    "service": CORE | {"inference", "ledger", "model_card", "fhir_resources"},
+    "batch": CORE | {"inference", "ledger", "model_card", "fhir_resources"},
+    "monitoring": CORE | {"ledger"},
+    "training": CORE | {"inference", "evaluation"},
+    "cli": CORE
+    | {"inference", "ledger", "model_card", "fhir_resources", "evaluation"}
+    | {"service", "batch", "monitoring", "training"},
+}
+"""Each layer of `medtpe` and the layers it may import (its own modules always)."""
+SIBLINGS = ("service", "batch", "monitoring", "training")
+
+
+def imports_of(path: Path) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement of `path`, anywhere in the file (lazy imports included)."""
+    tree = ast.parse(path.read_text(), str(path))
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
 
 
 def imported_modules(path: Path) -> set[str]:
-    """Every module `path` imports, anywhere in the file (lazy imports included)."""
+    """Every module `path` imports (absolute imports; the project uses no relative ones)."""
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in imports_of(path):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        elif node.module and not node.level:
             names.add(node.module)
     return names
 
 
-@pytest.mark.parametrize("package", SERVING)
-def test_serving_code_never_imports_training(package: str) -> None:
-    offenders = {
-        str(path.relative_to(ROOT)): sorted(
-            name for name in imported_modules(path) if name.split(".")[0] == "training"
-        )
-        for path in sorted((ROOT / package).rglob("*.py"))
-    }
-    assert {path: names for path, names in offenders.items() if names} == {}
+def layer_of(path: Path) -> str:
+    """The layer a module of `medtpe` belongs to (its first folder under `medtpe/`)."""
+    parts = path.relative_to(PACKAGE).parts
+    return parts[0] if len(parts) > 1 else ""
 
 
-def test_only_research_and_its_tests_import_research() -> None:
-    research_tests = ROOT / "tests" / "research"
-    packages = [p for p in sorted(ROOT.iterdir()) if (p / "__init__.py").is_file()]
+def test_every_layer_is_declared() -> None:
+    layers = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert layers == set(ALLOWED)
+    assert all(set(ALLOWED[layer]) <= set(ALLOWED) for layer in ALLOWED)
+
+
+def test_each_layer_imports_only_the_layers_below_it() -> None:
+    offenders = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        layer = layer_of(path)
+        allowed = {*ALLOWED.get(layer, set()), layer}
+        bad = sorted(
+            name
+            for name in imported_modules(path)
+            if name.split(".")[0] == "medtpe"
+            and len(name.split(".")) > 1
+            and name.split(".")[1] not in allowed
+        )
+        if bad:
+            offenders[str(path.relative_to(ROOT))] = bad
+    assert offenders == {}
+
+
+def test_the_siblings_are_independent() -> None:
+    for one in SIBLINGS:
+        assert not (set(SIBLINGS) - {one}) & ALLOWED[one], one
+
+
+def test_the_layers_have_no_circle() -> None:
+    done: set[str] = set()
+
+    def visit(layer: str, path: tuple[str, ...]) -> None:
+        assert layer not in path, [*path, layer]
+        if layer not in done:
+            for below in ALLOWED[layer]:
+                visit(below, (*path, layer))
+            done.add(layer)
+
+    for layer in ALLOWED:
+        visit(layer, ())
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    offenders = []
+    for folder in ("medtpe", "tools", "tests"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in imports_of(path):
+                if not isinstance(node, ast.ImportFrom) or not node.module:
+                    continue
+                if node.module.split(".")[0] != "medtpe":
+                    continue
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                private = [name for name in private if not name.startswith("__")]
+                if private:
+                    offenders.append(f"{path.relative_to(ROOT)}: {node.module} {private}")
+    assert offenders == []
+
+
+def test_the_product_imports_no_tool_and_no_test() -> None:
     offenders = {
         str(path.relative_to(ROOT)): sorted(
-            name for name in imported_modules(path) if name.split(".")[0] == "research"
+            name for name in imported_modules(path) if name.split(".")[0] in {"tools", "tests"}
         )
-        for package in packages
-        if package.name != "research"
-        for path in sorted(package.rglob("*.py"))
-        if not path.is_relative_to(research_tests)
+        for path in sorted(PACKAGE.rglob("*.py"))
     }
-    assert "research" in {p.name for p in packages}
     assert {path: names for path, names in offenders.items() if names} == {}
 
 
 def test_the_engine_protocol_imports_no_implementation() -> None:
-    imports = imported_modules(ROOT / "inference" / "engine.py")
-    assert {name for name in imports if name.startswith(("inference.", "vllm"))} == set()
+    imports = imported_modules(PACKAGE / "inference" / "engines" / "protocol.py")
+    assert {name for name in imports if name.startswith(("medtpe.inference", "vllm"))} == set()
+
+
+THIRD_PARTY_BELOW: dict[str, set[str]] = {
+    "core": {"torch", "vllm", "transformers", "fastapi", "sqlalchemy"},
+    "ledger": {"torch", "vllm", "transformers", "fastapi"},
+    "monitoring": {"torch", "vllm", "transformers", "fastapi"},
+    "model_card": {"torch", "vllm", "transformers", "fastapi", "sqlalchemy"},
+    "fhir_resources": {"torch", "vllm", "transformers", "fastapi", "sqlalchemy"},
+}
+"""Libraries a layer must not import: the core stays free of torch and of every server."""
+
+
+@pytest.mark.parametrize("layer", sorted(THIRD_PARTY_BELOW))
+def test_the_lower_layers_import_no_heavy_library(layer: str) -> None:
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(
+            name
+            for name in imported_modules(path)
+            if name.split(".")[0] in THIRD_PARTY_BELOW[layer]
+        )
+        for path in sorted((PACKAGE / layer).rglob("*.py"))
+    }
+    assert {path: names for path, names in offenders.items() if names} == {}
 
 
 def loaded_after(modules: list[str]) -> set[str]:
-    """The top-level packages in `sys.modules` of a fresh interpreter that imported `modules`."""
+    """The `medtpe` layers and top-level packages in `sys.modules` of a fresh interpreter that
+    imported `modules` (a layer as `medtpe.<layer>`)."""
     code = (
         "import importlib, json, sys\n"
         f"for name in {modules!r}:\n"
         "    importlib.import_module(name)\n"
-        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n"
+        "print(json.dumps(sorted({'.'.join(m.split('.')[:2]) if m.startswith('medtpe.') "
+        "else m.split('.')[0] for m in sys.modules})))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
@@ -82,141 +184,29 @@ def test_importing_inference_and_service_leaves_training_out() -> None:
     pytest.importorskip("vllm")
     loaded = loaded_after(
         [
-            "service.app",
-            "service.api_processes",
-            "inference.model",
-            "inference.predictor",
-            "inference.engine_factories",
-            "inference.instant_engine",
-            "inference.vllm_engine",
-            "medtpe_cli.service_commands",
+            "medtpe.service.app",
+            "medtpe.service.api_processes",
+            "medtpe.inference.model",
+            "medtpe.inference.predictor",
+            "medtpe.inference.engines.factories",
+            "medtpe.inference.engines.instant",
+            "medtpe.inference.engines.vllm_engine",
+            "medtpe.cli.service_commands",
         ]
     )
-    assert {"inference", "service", "vllm"} <= loaded
-    assert "training" not in loaded
+    assert {"medtpe.inference", "medtpe.service", "vllm"} <= loaded
+    assert "medtpe.training" not in loaded and "torch" in loaded
 
 
 def test_the_engine_protocol_and_the_fake_engine_load_without_vllm() -> None:
     loaded = loaded_after(
-        ["inference.engine", "inference.engine_factories", "inference.instant_engine"]
+        [
+            "medtpe.inference.engines.protocol",
+            "medtpe.inference.engines.factories",
+            "medtpe.inference.engines.instant",
+        ]
     )
-    assert "vllm" not in loaded and "training" not in loaded
-
-
-BATCH_IMPORTS = {"medtpe_core", "inference", "ledger"}
-"""The project's packages `batch` may import."""
-
-
-def test_the_batch_layer_sits_between_the_library_and_the_command_line() -> None:
-    """`batch` (the population job) may import `medtpe_core`, `inference` and `ledger`, not
-    `evaluation`, `service`, `training` nor the CLI; of the project's packages only `medtpe_cli`
-    imports it."""
-    project = {
-        "medtpe_core",
-        "inference",
-        "evaluation",
-        "ledger",
-        "service",
-        "training",
-        "medtpe_cli",
-    }
-    below = {
-        str(path.relative_to(ROOT)): sorted(
-            name for name in imported_modules(path) if name.split(".")[0] in project - BATCH_IMPORTS
-        )
-        for path in sorted((ROOT / "batch").rglob("*.py"))
-    }
-    assert {path: names for path, names in below.items() if names} == {}
-    above = {
-        str(path.relative_to(ROOT))
-        for package in project - {"medtpe_cli"}
-        for path in sorted((ROOT / package).rglob("*.py"))
-        if any(name.split(".")[0] == "batch" for name in imported_modules(path))
-    }
-    assert above == set()
-
-
-LEDGER_IMPORTS = {"ledger", "medtpe_core", "sqlalchemy", "alembic", "cryptography"}
-"""What `ledger` may import besides the standard library."""
-
-
-def test_the_ledger_imports_the_core_and_its_database_and_crypto_libraries_only() -> None:
-    """`ledger` (the prediction ledger, the model card) is written to by the service, the
-    batch job and the command line, and imports none of them, nor the engine; only those
-    layers import it."""
-    outside = {
-        str(path.relative_to(ROOT)): sorted(
-            name
-            for name in imported_modules(path)
-            if name.split(".")[0] not in LEDGER_IMPORTS | sys.stdlib_module_names
-        )
-        for path in sorted((ROOT / "ledger").rglob("*.py"))
-    }
-    assert {path: names for path, names in outside.items() if names} == {}
-    below = {
-        str(path.relative_to(ROOT))
-        for package in ("medtpe_core", "inference", "training", "evaluation")
-        for path in sorted((ROOT / package).rglob("*.py"))
-        if any(name.split(".")[0] == "ledger" for name in imported_modules(path))
-    }
-    assert below == set()
-
-
-MONITORING_IMPORTS = {"monitoring", "ledger", "medtpe_core"}
-"""The project's packages `monitoring` may import."""
-PROJECT = {
-    "medtpe_core", "inference", "evaluation", "ledger", "service", "training", "batch",
-    "medtpe_cli", "monitoring", "research", "benchmarks",
-}  # fmt: skip
-
-
-def test_monitoring_reads_the_ledger_and_the_core_only() -> None:
-    """`monitoring` (outcomes joined to the ledger, the report) imports the ledger and the
-    core, never the engine, the service, the batch job nor torch; of the layers only the command
-    line imports it."""
-    outside = {
-        str(path.relative_to(ROOT)): sorted(
-            name
-            for name in imported_modules(path)
-            if name.split(".")[0] in (PROJECT - MONITORING_IMPORTS) | {"torch", "vllm"}
-        )
-        for path in sorted((ROOT / "monitoring").rglob("*.py"))
-    }
-    assert {path: names for path, names in outside.items() if names} == {}
-    importers = {
-        str(path.relative_to(ROOT))
-        for package in PROJECT - {"monitoring", "medtpe_cli", "benchmarks", "research"}
-        for path in sorted((ROOT / package).rglob("*.py"))
-        if any(name.split(".")[0] == "monitoring" for name in imported_modules(path))
-    }
-    assert importers == set()
-
-
-CORE = "medtpe_core"
-ABOVE_THE_CORE = (
-    "training",
-    "inference",
-    "service",
-    "evaluation",
-    "batch",
-    "ledger",
-    "monitoring",
-    "medtpe_cli",
-    "research",
-    "benchmarks",
-    "torch",
-    "vllm",
-)
-
-
-def test_the_core_imports_no_layer_above_it() -> None:
-    offenders = {
-        str(path.relative_to(ROOT)): sorted(
-            name for name in imported_modules(path) if name.split(".")[0] in ABOVE_THE_CORE
-        )
-        for path in sorted((ROOT / CORE).rglob("*.py"))
-    }
-    assert {path: names for path, names in offenders.items() if names} == {}
+    assert "vllm" not in loaded and "medtpe.training" not in loaded
 
 
 def core_graph() -> dict[str, set[str]]:
@@ -225,15 +215,15 @@ def core_graph() -> dict[str, set[str]]:
     else `a`)."""
     files = {
         ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
-        for path in (ROOT / CORE).rglob("*.py")
+        for path in (PACKAGE / "core").rglob("*.py")
     }
     graph = {}
     for name, path in files.items():
         targets = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in imports_of(path):
             if isinstance(node, ast.Import):
                 targets.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module:
+            elif node.module:
                 for alias in node.names:
                     submodule = f"{node.module}.{alias.name}"
                     targets.add(submodule if submodule in files else node.module)

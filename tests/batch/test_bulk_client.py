@@ -1,7 +1,7 @@
-"""The Bulk Data client and SMART Backend Services (`batch.bulk_client`, `batch.smart_backend`)
-against a local Bulk Data server over real HTTP (tests/support/bulk_server.py): kick-off at each
-level with `_type` and `_since`, polling, downloads resumed, the server's errors and retries, and
-where the access token goes."""
+"""The Bulk Data client and SMART Backend Services (`medtpe.batch.bulk_client`,
+`medtpe.batch.smart_backend`) against a local Bulk Data server over real HTTP
+(tests/support/bulk_server.py): kick-off at each level with `_type` and `_since`, polling, downloads
+resumed, the server's errors and retries, and where the access token goes."""
 
 from __future__ import annotations
 
@@ -14,17 +14,17 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from batch.bulk_client import (
+from medtpe.batch.bulk_client import (
     STATE_FILE,
     ExportFailedError,
     ExportRequest,
     ServerAccess,
     export_from_server,
 )
-from batch.fhir_export import MANIFEST, export_files, patient_bundles, read_lines
-from batch.fhir_http import FhirServerError
-from batch.smart_backend import KEY_ENV, ClientKey, SmartAuthError, public_jwks
-from medtpe_cli.predict_commands import _fhir_source
+from medtpe.batch.fhir_export import MANIFEST, export_files, patient_bundles, read_lines
+from medtpe.batch.fhir_http import FhirServerError
+from medtpe.batch.smart_backend import KEY_ENV, ClientKey, SmartAuthError, public_jwks
+from medtpe.cli.predict_commands import fhir_source
 from tests.support.bulk_server import (
     BULK_CLIENT,
     BulkServer,
@@ -276,7 +276,7 @@ def test_the_commands_server_options_make_the_export_it_then_reads(
         "fhir_mapping": None,
         "bucket_mib": 64,
     }
-    source = _fhir_source(options, tmp_path / "out")
+    source = fhir_source(options, tmp_path / "out")
     assert source.export_dirs == (tmp_path / "out" / "export",) and source.bucket_mib == 64
     assert exported_ids(tmp_path / "out" / "export") == {"Patient": ["p1", "p2"]}
     (kick_off,) = [r for r in server.requests if "$export" in r["path"]]

@@ -1,6 +1,6 @@
-"""An export directory grouped by patient on disk (`batch.fhir_export`): each patient gets exactly
-their resources (and the shared ones they reference), whatever the files' split, compression and
-bucket count; bad lines are counted and located, never a crash."""
+"""An export directory grouped by patient on disk (`medtpe.batch.fhir_export`): each patient gets
+exactly their resources (and the shared ones they reference), whatever the files' split, compression
+and bucket count; bad lines are counted and located, never a crash."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from batch.fhir_export import (
+from medtpe.batch.fhir_export import (
     ISSUES_FILE,
     MAX_GZIP_RATIO,
     ExportError,
@@ -21,9 +21,9 @@ from batch.fhir_export import (
     partition_export,
     patient_bundles,
 )
-from medtpe_core.fhir import load_site_mapping
-from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
-from medtpe_core.meds import MedsDataset
+from medtpe.core.fhir import load_site_mapping
+from medtpe.core.fhir.from_meds import fhir_bundle_from_meds
+from medtpe.core.meds import MedsDataset
 from tests.support.bulk_server import resources_by_type, write_export
 from tests.support.mimic_fhir_fixture import FIXTURE
 from tests.support.paths import FIXTURES

@@ -1,6 +1,6 @@
-"""`medtpe predict --fhir` (`batch.fhir_job.run_fhir`) on an engine that answers at once: the same
-record through every door (a patient's export gives the prompt `/predict` gives their Bundle and
-a CDS hook their prefetch: the engine ids compared), the job's outputs and failures located in
+"""`medtpe predict --fhir` (`medtpe.batch.fhir_job.run_fhir`) on an engine that answers at once: the
+same record through every door (a patient's export gives the prompt `/predict` gives their Bundle
+and a CDS hook their prefetch: the engine ids compared), the job's outputs and failures located in
 the export, resumption, and an export that changed under `--out`."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from click.testing import CliRunner
 from meds_evaluation.schema import PredictionSchema
 from starlette.testclient import TestClient
 
-from batch.fhir_export import export_files, partition_export
-from batch.fhir_job import (
+from medtpe.batch.fhir_export import export_files, partition_export
+from medtpe.batch.fhir_job import (
     NO_FHIR_EVENTS,
     NO_PATIENT,
     ExportChangedError,
@@ -29,18 +29,18 @@ from batch.fhir_job import (
     prepare_patient,
     run_fhir,
 )
-from batch.job import Job
-from inference.engine import EngineConfig
-from inference.instant_engine import InstantEngine
-from inference.model import load_model
-from inference.sampling import Sampling
-from medtpe_cli.predict_commands import predict
-from medtpe_core.cds.services import get_service
-from medtpe_core.fhir import load_site_mapping
-from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
-from medtpe_core.meds import MedsDataset, read_labels
-from medtpe_core.tasks import get_task
-from service.settings import ServiceSettings
+from medtpe.batch.job import Job
+from medtpe.cli.predict_commands import predict
+from medtpe.core.cds.services import get_service
+from medtpe.core.fhir import load_site_mapping
+from medtpe.core.fhir.from_meds import fhir_bundle_from_meds
+from medtpe.core.meds import MedsDataset, read_labels
+from medtpe.core.tasks import get_task
+from medtpe.inference.engines.instant import InstantEngine
+from medtpe.inference.engines.protocol import EngineConfig
+from medtpe.inference.model import load_model
+from medtpe.inference.sampling import Sampling
+from medtpe.service.settings import ServiceSettings
 from tests.support.bulk_server import resources_by_type, write_export
 from tests.support.cds_support import hook_request, prefetch_of
 from tests.support.ehr import Ehr

@@ -1,4 +1,4 @@
-"""`medtpe predict`'s local job (`batch.job.run_local`) on the project's synthetic MEDS
+"""`medtpe predict`'s local job (`medtpe.batch.job.run_local`) on the project's synthetic MEDS
 dataset: the real model files, prompts and tokenizers, an engine that answers at once (the engine
 is not the point here; tests/batch/test_job_engine.py runs the real one)."""
 
@@ -14,13 +14,22 @@ import pytest
 from click.testing import CliRunner
 from meds_evaluation.schema import PredictionSchema
 
-from batch.fhir_job import FhirShardPlan
-from batch.job import NO_EVENTS, UNPARSED, Job, Request, ShardPlan, limited, plan_shards, run_local
-from inference.engine import Completion, EngineConfig
-from inference.instant_engine import InstantEngine
-from inference.sampling import Sampling
-from medtpe_cli.predict_commands import predict
-from medtpe_core.tasks import get_task
+from medtpe.batch.fhir_job import FhirShardPlan
+from medtpe.batch.job import (
+    NO_EVENTS,
+    UNPARSED,
+    Job,
+    Request,
+    ShardPlan,
+    limited,
+    plan_shards,
+    run_local,
+)
+from medtpe.cli.predict_commands import predict
+from medtpe.core.tasks import get_task
+from medtpe.inference.engines.instant import InstantEngine
+from medtpe.inference.engines.protocol import Completion, EngineConfig
+from medtpe.inference.sampling import Sampling
 from tests.support.meds_fixtures import PREDICTION_TIME, write_meds_dataset
 from tests.support.service_support import engine_test_config, own_ledger_environment
 

@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 from meds_evaluation.schema import PredictionSchema
 
-from batch.job import NO_EVENTS
-from medtpe_cli.command_line import medtpe_command
+from medtpe.batch.job import NO_EVENTS
+from medtpe.cli.command_line import medtpe_command
 from tests.support.meds_fixtures import PREDICTION_TIME, write_meds_dataset
 from tests.support.service_support import service_env
 

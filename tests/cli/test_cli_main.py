@@ -12,7 +12,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from medtpe_cli.main import MedtpeGroup, add_commands, cli, optional_modules
+from medtpe.cli.main import MedtpeGroup, add_commands, cli, optional_modules
 
 
 def run_without(modules: list[str], code: str) -> subprocess.CompletedProcess[str]:
@@ -36,7 +36,7 @@ def test_optional_modules_are_read_from_the_package_extras() -> None:
 def test_every_command_loads_without_any_optional_extra() -> None:
     out = run_without(
         sorted(optional_modules()),
-        "from medtpe_cli.main import cli\nprint(' '.join(sorted(cli.commands)))",
+        "from medtpe.cli.main import cli\nprint(' '.join(sorted(cli.commands)))",
     )
     assert out.returncode == 0, out.stderr
     assert set(out.stdout.split()) == set(cli.commands)
@@ -45,7 +45,7 @@ def test_every_command_loads_without_any_optional_extra() -> None:
 
 def test_a_command_missing_an_extra_names_the_extra(tmp_path: Path) -> None:
     code = (
-        "from medtpe_cli.main import main\n"
+        "from medtpe.cli.main import main\n"
         f"sys.argv = ['medtpe', 'prepare-model', '--out', {str(tmp_path / 'model')!r}]\n"
         "main()"
     )
@@ -59,20 +59,20 @@ def test_a_command_missing_an_extra_names_the_extra(tmp_path: Path) -> None:
 def test_other_import_errors_are_raised() -> None:
     @click.command("broken")
     def broken() -> None:
-        import medtpe_core.no_such_module  # noqa: F401
+        import medtpe.core.no_such_module  # noqa: F401
 
     group = MedtpeGroup()
     group.add_command(broken)
     result = CliRunner().invoke(group, ["broken"])
     assert isinstance(result.exception, ModuleNotFoundError)
-    assert result.exception.name == "medtpe_core.no_such_module"
+    assert result.exception.name == "medtpe.core.no_such_module"
 
 
 def test_a_command_module_that_fails_to_import_is_not_skipped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with pytest.raises(ModuleNotFoundError, match=r"medtpe_cli\.no_such_commands"):
-        add_commands(click.Group(), ("medtpe_cli.no_such_commands",))
+    with pytest.raises(ModuleNotFoundError, match=r"medtpe\.cli\.no_such_commands"):
+        add_commands(click.Group(), ("medtpe.cli.no_such_commands",))
     (tmp_path / "broken_commands.py").write_text("import no_such_dependency\ncommands = []\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ModuleNotFoundError, match="no_such_dependency"):

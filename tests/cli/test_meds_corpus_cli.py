@@ -9,10 +9,10 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from medtpe_cli.meds_commands import render
-from medtpe_core.meds import MedsDataset
-from medtpe_core.prompt import render_record
-from medtpe_core.tokenizer.corpus import iter_meds_corpus_texts
+from medtpe.cli.meds_commands import render
+from medtpe.core.meds import MedsDataset
+from medtpe.core.prompt import render_record
+from medtpe.core.tokenizer.corpus import iter_meds_corpus_texts
 from tests.support.meds_fixtures import train_tokenizer, write_meds_dataset
 from tests.support.paths import FIXTURES
 
@@ -42,7 +42,7 @@ def test_corpus_from_label_times(meds_dir):
 
 
 def test_corpus_budgeted(meds_dir, model_dir):
-    from medtpe_core.tokenizer import BaseTokenizer
+    from medtpe.core.tokenizer import BaseTokenizer
 
     tokenizer = BaseTokenizer.load(model_dir)
     texts = list(iter_meds_corpus_texts(meds_dir, tokenizer, max_tokens=200))

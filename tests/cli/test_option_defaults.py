@@ -11,16 +11,16 @@ from pathlib import Path
 import click
 import pytest
 
-from inference.engine import EngineOptions
-from inference.model import ModelConfig
-from medtpe_cli.evaluation_commands import evaluate
-from medtpe_cli.meds_commands import render
-from medtpe_cli.options import MODEL_OPTION_FLAGS, model_files
-from medtpe_cli.predict_commands import predict
-from service.settings import ENV_PREFIX, ServiceSettings
-from training.build_artefact import gate_model
-from training.build_config import BuildConfig
-from training.pseudo_labels import BUILD_KV_CACHE_GIB
+from medtpe.cli.evaluation_commands import evaluate
+from medtpe.cli.meds_commands import render
+from medtpe.cli.options import MODEL_OPTION_FLAGS, model_files
+from medtpe.cli.predict_commands import predict
+from medtpe.inference.engines.protocol import EngineOptions
+from medtpe.inference.model import ModelConfig
+from medtpe.service.settings import ENV_PREFIX, ServiceSettings
+from medtpe.training.build_artefact import gate_model
+from medtpe.training.build_config import BuildConfig
+from medtpe.training.pseudo_labels import BUILD_KV_CACHE_GIB
 
 
 @pytest.fixture(autouse=True)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from medtpe_cli.main import cli
-from medtpe_core import MedTPETokenizer
+from medtpe.cli.main import cli
+from medtpe.core import MedTPETokenizer
 from tests.support.tokenizer_support import icu_records, smollm2_dir
 
 

@@ -21,7 +21,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from medtpe_cli.main import cli
+from medtpe.cli.main import cli
 from tests.deploy.test_deploy_static import KUBERNETES_VERSIONS, k8s_documents, parse_dockerfile
 from tests.support.deploy_support import DEPLOY, ROOT
 

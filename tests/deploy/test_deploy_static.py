@@ -5,8 +5,8 @@ Instead: hadolint lints the Dockerfile, the docker compose binary normalises and
 compose files (`config` needs no daemon), kubernetes-validate checks the manifests against the
 Kubernetes API schemas, promtool checks the Prometheus configuration, unit-tests the alert rules
 and parses every dashboard query; and the files are cross-checked against each other and against
-the code: ports, probe paths, MEDTPE_* variables (service/settings.py), metric names
-(service/metrics.py's registries).
+the code: ports, probe paths, MEDTPE_* variables (medtpe/service/settings.py), metric names
+(medtpe/service/plumbing/metrics.py's registries).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import ValidationError
 
-from medtpe_core.paths import DEFAULT_ARTEFACT_NAME
+from medtpe.core.paths import DEFAULT_ARTEFACT_NAME
 from tests.support.deploy_support import (
     DEPLOY,
     ROOT,

@@ -23,8 +23,8 @@ import pytest
 import yaml
 from starlette.testclient import TestClient
 
-from medtpe_core.cds.services import get_service
-from service.metrics import API_SITE
+from medtpe.core.cds.services import get_service
+from medtpe.service.plumbing.metrics import API_SITE
 from tests.support.deploy_support import DEPLOY, require_tool, substitute_grafana_macros
 from tests.support.service_support import (
     AUTH,

@@ -1,4 +1,4 @@
-"""docs/cli.md is the `medtpe` command as it is: its reference part is what `scripts.cli_doc`
+"""docs/cli.md is the `medtpe` command as it is: its reference part is what `tools.scripts.cli_doc`
 writes from the click group today, and its hand-written overview names every command, no
 command that is gone, and only options the command has."""
 
@@ -9,8 +9,8 @@ import re
 import click
 import pytest
 
-from medtpe_cli.main import cli
-from scripts.cli_doc import PAGE, markdown_text, reference, with_reference
+from medtpe.cli.main import cli
+from tools.scripts.cli_doc import PAGE, markdown_text, reference, with_reference
 
 PAGE_TEXT = PAGE.read_text()
 OVERVIEW = PAGE_TEXT.split("## Reference", 1)[0]
@@ -28,7 +28,8 @@ def overview_rows() -> list[tuple[str, str]]:
 
 def test_the_reference_is_what_the_command_declares() -> None:
     assert with_reference(PAGE_TEXT, reference()) == PAGE_TEXT, (
-        "docs/cli.md's reference is not the command's: run .venv/bin/python -m scripts.cli_doc"
+        "docs/cli.md's reference is not the command's: "
+        "run .venv/bin/python -m tools.scripts.cli_doc"
     )
 
 

@@ -5,15 +5,16 @@ artefact's README) except the research logs under docs/research/, which record w
 a given day with the files of that day (git keeps those). What is checked, anywhere in a
 document's text (prose, inline code and fenced blocks alike):
 
-- a path that starts with one of the repository's top-level folders (`service/x.py`,
+- a path that starts with one of the repository's top-level folders (`medtpe/service/x.py`,
   `tests/...`, `deploy/k8s/`): it exists; `*` globs match at least one file and `{a,b}` stands for
   both. A path with a placeholder (`<shard>`, `$budget`, `…`) or through a hidden folder
   (`.cache/`, `.build/`) is not a repository path and is skipped, as is anything after `../`
   (`../shared`), inside a URL, or after a git revision: a file the repository no longer holds is
   named the way `git show` reads it, `95bf344:benchmarks/bench_x.py`;
-- a dotted name in one of the Python packages (`inference.engine.EngineOptions`,
+- a dotted name in one of the Python packages (`medtpe.inference.engines.protocol.EngineOptions`,
   `python -m benchmarks.bench_x`): the module exists and defines the name (a class's method one
-  level further down); a capitalised placeholder (`benchmarks.NAME`) is skipped;
+  level further down); a capitalised placeholder (`tools.benchmarks.NAME`) and a logger's name
+  (`medtpe.audit`) are skipped;
 - a Markdown link's target, relative to the document, and its `#anchor` when it points at a
   heading of a Markdown file.
 """
@@ -39,8 +40,8 @@ EXCLUDED = {"tests/fixtures", "docs/research"}
 # still name after they are gone (the check must fail then, not skip the path).
 KNOWN_TOPS = {
     "artefacts", "batch", "benchmarks", "deploy", "docs", "evaluation", "inference", "ledger",
-    "medtpe_cli", "medtpe_core", "meds_dev", "monitoring", "requirements", "research", "scripts",
-    "service", "tests", "training",
+    "medtpe", "medtpe_cli", "medtpe_core", "meds_dev", "monitoring", "requirements", "research",
+    "scripts", "service", "tests", "tools", "training",
 }  # fmt: skip
 KNOWN_PACKAGES = KNOWN_TOPS - {"artefacts", "deploy", "docs", "meds_dev", "requirements", "scripts"}
 FILE_SUFFIXES = {
@@ -143,17 +144,28 @@ def module_file(parts: list[str]) -> Path | None:
     return None
 
 
+@cache
+def logger_names() -> frozenset[str]:
+    """The names of the product's loggers (`medtpe.audit`): dotted, but not modules."""
+    found = set()
+    for path in (ROOT / "medtpe").rglob("*.py"):
+        found.update(re.findall(r"getLogger\(\s*\"([\w.]+)\"", path.read_text()))
+    return frozenset(found)
+
+
 def dotted_problem(name: str) -> str | None:
     """Why a dotted module name (with an optional attribute) does not resolve, or None."""
     parts = name.split(".")
     if parts[-1] in FILE_SUFFIXES:
         return None  # a file name such as `service.yaml`
+    if name in logger_names():
+        return None
     depth = next((i for i in range(len(parts), 0, -1) if module_file(parts[:i])), 0)
     rest = parts[depth:]
     if not rest:
         return None
     if re.fullmatch(r"[A-Z]+", rest[0]):
-        return None  # a placeholder: `benchmarks.NAME`
+        return None  # a placeholder: `tools.benchmarks.NAME`
     source = module_file(parts[:depth])
     names = defined_names(source) if source else {}
     if rest[0] not in names:
@@ -228,12 +240,12 @@ def test_every_link_of_a_document_leads_somewhere(document: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "found"),
     [
-        ("see `service/fhir_input.py` and tests/x/", ["service/fhir_input.py", "tests/x/"]),
-        ("`benchmarks/r/a_{1,2}.json`.", ["benchmarks/r/a_1.json", "benchmarks/r/a_2.json"]),
+        ("see `medtpe/service/x.py` and tests/x/", ["medtpe/service/x.py", "tests/x/"]),
+        ("`tools/r/a_{1,2}.json`.", ["tools/r/a_1.json", "tools/r/a_2.json"]),
         ("`.cache/tests/x`, ../shared/data, https://h.org/docs/x.md", []),
-        ("`benchmarks/results/<name>.json`, `research/results/…`", []),
-        ("artefacts/a/.build/x, `95bf344:benchmarks/gone.py`, `benchmarks/r/b_$budget.json`", []),
-        ("[log](research/log.md)", []),
+        ("`tools/benchmarks/results/<name>.json`, `tools/research/results/…`", []),
+        ("artefacts/a/.build/x, `95bf344:benchmarks/gone.py`, `tools/r/b_$budget.json`", []),
+        ("[log](tools/research/log.md)", []),
     ],
 )  # fmt: skip
 def test_repository_paths_are_read_from_prose_and_code(text: str, found: list[str]) -> None:
@@ -241,11 +253,14 @@ def test_repository_paths_are_read_from_prose_and_code(text: str, found: list[st
 
 
 def test_a_gone_module_and_a_gone_name_are_reported() -> None:
-    assert dotted_problem("inference.engine") is None
-    assert dotted_problem("inference.engine.EngineOptions") is None
-    assert dotted_problem("benchmarks.NAME") is None
+    assert dotted_problem("medtpe.inference.engines.protocol") is None
+    assert dotted_problem("medtpe.inference.engines.protocol.EngineOptions") is None
+    assert dotted_problem("tools.benchmarks.NAME") is None
+    assert dotted_problem("medtpe.audit") is None  # a logger's name
     assert dotted_problem("service.yaml") is None
     assert (
-        dotted_problem("inference.engine.NoSuchThing") == "inference.engine defines no NoSuchThing"
+        dotted_problem("medtpe.inference.engines.protocol.NoSuchThing")
+        == "medtpe.inference.engines.protocol defines no NoSuchThing"
     )
-    assert dotted_problem("inference.no_such_module") == "inference defines no no_such_module"
+    assert dotted_problem("medtpe.no_such_module") == "medtpe defines no no_such_module"
+    assert dotted_problem("inference.engine") == " defines no inference"  # a gone top level

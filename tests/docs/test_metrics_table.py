@@ -11,7 +11,7 @@ from typing import NamedTuple
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.metrics import ENGINE_METRIC_PREFIX, ServiceMetrics
+from medtpe.service.plumbing.metrics import ENGINE_METRIC_PREFIX, ServiceMetrics
 from tests.support.paths import ROOT
 
 TABLE_HEADING = "### Prometheus metric names"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from medtpe_cli.command_line import medtpe_command
+from medtpe.cli.command_line import medtpe_command
 from tests.support.meds_fixtures import write_meds_dataset
 from tests.support.service_support import service_env
 

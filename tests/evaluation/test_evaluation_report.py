@@ -9,7 +9,10 @@ import math
 
 import pytest
 
-from evaluation.figures import (
+from medtpe.core.meds.prediction_point import record_key
+from medtpe.core.metrics.scores import f1
+from medtpe.core.tasks import get_task
+from medtpe.evaluation.figures import (
     build_report,
     format_table,
     mode_agreement,
@@ -19,10 +22,7 @@ from evaluation.figures import (
     resample_weights,
     summarise_mode,
 )
-from evaluation.record_result import RecordResult
-from medtpe_core.meds.prediction_point import record_key
-from medtpe_core.metrics.scores import f1
-from medtpe_core.tasks import get_task
+from medtpe.evaluation.record_result import RecordResult
 
 MORTALITY = get_task("icu_mortality")
 PHENOTYPING = get_task("phenotyping")
@@ -197,7 +197,8 @@ def test_p_positive_shift_between_modes() -> None:
 
 
 def test_results_without_p_positive_still_load_and_report() -> None:
-    # a record as written before p_positive existed (evaluation.stored_report loads rows like this)
+    # a record as written before p_positive existed (medtpe.evaluation.stored_report loads rows like
+    # this)
     row = MEDTPE[0].to_json()
     del row["probabilities"], row["p_positive"]
     old = RecordResult(**row)

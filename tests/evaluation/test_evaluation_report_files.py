@@ -1,7 +1,7 @@
-"""The typed evaluation report (`evaluation.report_schema.EvaluationReport`): a built report
+"""The typed evaluation report (`medtpe.evaluation.report_schema.EvaluationReport`): a built report
 survives `to_json` / `from_json` unchanged with the fidelity block first, and every report file
-in `benchmarks/results/` and `research/results/` loads, including those written before the
-bootstrap intervals, and is written back with the same keys (the top level in the same order)
+in `tools/benchmarks/results/` and `tools/research/results/` loads, including those written before
+the bootstrap intervals, and is written back with the same keys (the top level in the same order)
 and the same figures."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from evaluation.figures import build_report, format_table
-from evaluation.report_schema import EvaluationReport, ModeSummary
-from medtpe_core.metrics import Interval
+from medtpe.core.metrics import Interval
+from medtpe.evaluation.figures import build_report, format_table
+from medtpe.evaluation.report_schema import EvaluationReport, ModeSummary
 from tests.evaluation.test_evaluation_report import MEDTPE, MORTALITY, ORIGINAL
 from tests.support.paths import ROOT
 
-RESULTS = ROOT / "benchmarks" / "results"
-REPORT_FILES = sorted((ROOT / "research" / "results").glob("fidelity_*.json")) + [
+RESULTS = ROOT / "tools" / "benchmarks" / "results"
+REPORT_FILES = sorted((ROOT / "tools" / "research" / "results").glob("fidelity_*.json")) + [
     path
     for path in sorted(RESULTS.glob("eval_*.json"))
     if path.name not in ("eval_grid_v2.json", "eval_tasks.json")  # reports nested inside

@@ -1,6 +1,6 @@
 """`predictions.parquet` as meds-evaluation reads it: written from an evaluation's per-record
 results and scored by the real meds-evaluation package (its Python API and its command line); the
-format's layouts: tests/medtpe_core/meds/test_predictions_file.py."""
+format's layouts: tests/core/meds/test_predictions_file.py."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ import pytest
 from meds_evaluation.evaluate import evaluate_binary_classification
 from meds_evaluation.schema import PredictionSchema
 
-from evaluation.figures import summarise_mode
-from evaluation.predictions import predictions_table, write_predictions
-from evaluation.record_result import RecordResult
-from evaluation.records import EvalRecord
-from medtpe_core.meds import MedsEvent, PredictionPoint, SubjectEvents
-from medtpe_core.tasks import get_task
+from medtpe.core.meds import MedsEvent, PredictionPoint, SubjectEvents
+from medtpe.core.tasks import get_task
+from medtpe.evaluation.figures import summarise_mode
+from medtpe.evaluation.predictions import predictions_table, write_predictions
+from medtpe.evaluation.record_result import RecordResult
+from medtpe.evaluation.records import EvalRecord
 
 WHEN = datetime(2150, 3, 2, 8)
 MORTALITY = get_task("icu_mortality")

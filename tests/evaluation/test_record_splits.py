@@ -1,4 +1,4 @@
-"""Evaluation and batch prediction keep one split's subjects (`medtpe_core.meds.subject_split`):
+"""Evaluation and batch prediction keep one split's subjects (`medtpe.core.meds.subject_split`):
 the dataset's `metadata/subject_splits.parquet`, or without one the seeded held-out fraction of
 the label file's subjects, the same in `load_records` and `medtpe predict`'s plan."""
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from batch.job import Job, plan_shards
-from evaluation.records import load_records
-from medtpe_core.meds.subject_split import HELD_OUT, TRAIN, TUNING, seeded_split
-from medtpe_core.tasks import get_task
+from medtpe.batch.job import Job, plan_shards
+from medtpe.core.meds.subject_split import HELD_OUT, TRAIN, TUNING, seeded_split
+from medtpe.core.tasks import get_task
+from medtpe.evaluation.records import load_records
 from tests.support.meds_fixtures import write_meds_dataset, write_subject_splits
 
 TASK = get_task("icu_mortality")

@@ -1,5 +1,5 @@
-"""Several evaluation settings on one engine (`evaluation.settings_sweep`): one engine for the
-whole sweep, each setting at its own input budget, its results saved as soon as they exist,
+"""Several evaluation settings on one engine (`medtpe.evaluation.settings_sweep`): one engine for
+the whole sweep, each setting at its own input budget, its results saved as soon as they exist,
 the engine shut down also when a setting fails. The engine is the project's fake one; the
 model, tokenizer and prompts are the real ones of the test artefact."""
 
@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.record_result import RecordResult
-from evaluation.records import load_records
-from evaluation.settings_sweep import EvalSetting, evaluate_settings
-from inference.engine import EngineConfig, EngineFactory
-from inference.instant_engine import InstantEngine
-from inference.model import LoadedModel, load_model
-from inference.sampling import Sampling
-from medtpe_core.tasks import get_task
+from medtpe.core.tasks import get_task
+from medtpe.evaluation.record_result import RecordResult
+from medtpe.evaluation.records import load_records
+from medtpe.evaluation.settings_sweep import EvalSetting, evaluate_settings
+from medtpe.inference.engines.instant import InstantEngine
+from medtpe.inference.engines.protocol import EngineConfig, EngineFactory
+from medtpe.inference.model import LoadedModel, load_model
+from medtpe.inference.sampling import Sampling
 from tests.support.meds_fixtures import write_meds_dataset
 from tests.support.service_support import engine_test_config
 

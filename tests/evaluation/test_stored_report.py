@@ -11,12 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from evaluation.figures import build_report
-from evaluation.record_result import RecordResult
-from evaluation.records import load_records
-from evaluation.stored_report import compare_runs, mode_results, stored_results
-from medtpe_cli.main import cli
-from medtpe_core.tasks import get_task
+from medtpe.cli.main import cli
+from medtpe.core.tasks import get_task
+from medtpe.evaluation.figures import build_report
+from medtpe.evaluation.record_result import RecordResult
+from medtpe.evaluation.records import load_records
+from medtpe.evaluation.stored_report import compare_runs, mode_results, stored_results
 from tests.support.meds_fixtures import write_meds_dataset
 
 MORTALITY = get_task("icu_mortality")

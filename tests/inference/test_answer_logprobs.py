@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from inference.engine import AnswerConstraint, Completion
-from inference.predictor import Predictor, answer_constraint
-from medtpe_core.meds import MedsEvent, SubjectEvents
-from medtpe_core.prompt import ChatTemplate
-from medtpe_core.tasks import get_task
+from medtpe.core.meds import MedsEvent, SubjectEvents
+from medtpe.core.prompt import ChatTemplate
+from medtpe.core.tasks import get_task
+from medtpe.inference.engines.protocol import AnswerConstraint, Completion
+from medtpe.inference.predictor import Predictor, answer_constraint
 from tests.support.service_support import synthetic_events
 from tests.support.tokenizer_support import smollm2_dir, smollm2_medtpe
 

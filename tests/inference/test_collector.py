@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import threading
 
-from inference.collector import collector_paused
+from medtpe.inference.collector import collector_paused
 
 
 def test_paused_inside_and_resumed_after_even_on_error() -> None:

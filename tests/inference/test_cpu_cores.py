@@ -1,4 +1,4 @@
-"""The CPU engine's cores (`inference.cpu_cores`): every allowed core on a small machine, a
+"""The CPU engine's cores (`medtpe.inference.cpu_cores`): every allowed core on a small machine, a
 reservation on request, vLLM's own choice on a big machine, the operator's variables never
 replaced. (The real engine's threads on every core: tests/inference/test_vllm_engine.py.)"""
 
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from inference.cpu_cores import (
+from medtpe.inference.cpu_cores import (
     BIND_ENV,
     MULTIPROCESSING_ENV,
     RESERVED_ENV,
@@ -17,7 +17,7 @@ from inference.cpu_cores import (
     cpu_binding,
     reserved_from_env,
 )
-from service.settings import ServiceSettings
+from medtpe.service.settings import ServiceSettings
 
 
 def test_small_machine_engine_gets_every_core_unpinned_in_its_core_process() -> None:

@@ -1,4 +1,4 @@
-"""`inference.cpu_dtype`: `auto` is float32 on a CPU without native bfloat16, vLLM's choice
+"""`medtpe.inference.cpu_dtype`: `auto` is float32 on a CPU without native bfloat16, vLLM's choice
 elsewhere, an explicit dtype always kept; every engine's arguments go through it, and an
 engine reports the dtype vLLM resolved them to (never `auto`), which receipts record."""
 
@@ -12,10 +12,15 @@ pytest.importorskip("vllm")
 
 import torch
 
-from inference.cpu_dtype import cpu_has_native_bfloat16, dtype_name, engine_dtype, resolved_dtype
-from inference.engine import EngineConfig, EngineOptions
-from inference.vllm_engine import engine_args
-from medtpe_core.paths import default_model_dir
+from medtpe.core.paths import default_model_dir
+from medtpe.inference.cpu_dtype import (
+    cpu_has_native_bfloat16,
+    dtype_name,
+    engine_dtype,
+    resolved_dtype,
+)
+from medtpe.inference.engines.protocol import EngineConfig, EngineOptions
+from medtpe.inference.engines.vllm_engine import engine_args
 
 
 @pytest.mark.parametrize(

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from inference.checkpoints import EXPORT_STAMP, ModelFilesMissing, check_export
-from medtpe_core.paths import default_model_dir
-from medtpe_core.tokenizer.artefact_manifest import content_digest
-from service.settings import ServiceSettings
+from medtpe.core.paths import default_model_dir
+from medtpe.core.tokenizer.artefact_manifest import content_digest
+from medtpe.inference.checkpoints import EXPORT_STAMP, ModelFilesMissing, check_export
+from medtpe.service.settings import ServiceSettings
 from tests.support.service_support import build_test_artefact, instant_client, instant_settings
 
 pytestmark = [pytest.mark.timeout(600)]
@@ -68,9 +68,9 @@ def test_ensure_export_stamps_skips_a_current_export_and_redoes_a_stale_one(
     tmp_path: Path,
 ) -> None:
     pytest.importorskip("transformers")
+    from medtpe.training.embedding_init import NewRows
+    from medtpe.training.export import ensure_export, load_rows, save_rows
     from tests.support.model_fixtures import tiny_llama
-    from training.embedding_init import NewRows
-    from training.export import ensure_export, load_rows, save_rows
 
     base = tiny_llama(tmp_path / "base")
     artefact = build_test_artefact(base, tmp_path / "artefact", budget=40)

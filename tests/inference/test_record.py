@@ -1,5 +1,5 @@
-"""The record objects every door prepares (`inference.record`), the mode-free prepared record
-(`PreparedRecord.ids`) and the one decoding type (`inference.sampling.Sampling`) as
+"""The record objects every door prepares (`medtpe.inference.record`), the mode-free prepared record
+(`PreparedRecord.ids`) and the one decoding type (`medtpe.inference.sampling.Sampling`) as
 `Predictor.answer` hands it to the engine: real tokenizers, prompt builder and site mapping; an
 engine that answers at once and records what it was asked (the engine is not the point here)."""
 
@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from inference.engine import Completion
-from inference.instant_engine import InstantEngine
-from inference.predictor import Predictor
-from inference.record import FhirResources, MedsRecord, NoEventsError
-from inference.sampling import Sampling
-from medtpe_core.fhir import load_site_mapping
-from medtpe_core.meds import MedsEvent, SubjectEvents
-from medtpe_core.prompt import ChatTemplate
-from medtpe_core.tasks import get_task
+from medtpe.core.fhir import load_site_mapping
+from medtpe.core.meds import MedsEvent, SubjectEvents
+from medtpe.core.prompt import ChatTemplate
+from medtpe.core.tasks import get_task
+from medtpe.inference.engines.instant import InstantEngine
+from medtpe.inference.engines.protocol import Completion
+from medtpe.inference.predictor import Predictor
+from medtpe.inference.record import FhirResources, MedsRecord, NoEventsError
+from medtpe.inference.sampling import Sampling
 from tests.support.cds_support import load_bundle
 from tests.support.service_support import synthetic_events
 from tests.support.tokenizer_support import smollm2_dir, smollm2_medtpe

@@ -1,7 +1,7 @@
-"""The real vLLM engine behind `inference.engine.Engine`, medtpe mode on the default model, one
-engine for the module (one start): the dtype it reports (the one asked for, resolved);
-constrained answers at temperature 0.7, with and without the answer prefill, every sampled
-answer parsing; p_positive from one short synthetic record through
+"""The real vLLM engine behind `medtpe.inference.engines.protocol.Engine`, medtpe mode on the
+default model, one engine for the module (one start): the dtype it reports (the one asked for,
+resolved); constrained answers at temperature 0.7, with and without the answer prefill, every
+sampled answer parsing; p_positive from one short synthetic record through
 the evaluation path (`evaluate_mode` -> `Predictor.answer` -> first-token logprobs); the model
 computed in the engine core, on every allowed core; then its engine process is killed and the
 engine must report death and refuse to generate (what the service maps to 503 and red
@@ -18,18 +18,18 @@ from pathlib import Path
 import psutil
 import pytest
 
-from evaluation.figures import build_report
-from evaluation.record_result import RecordResult
-from evaluation.records import EvalRecord, load_records
-from evaluation.runner import evaluate_mode, measured
-from inference.cpu_cores import SMALL_MACHINE_CORES
-from inference.cpu_dtype import engine_dtype
-from inference.engine import EngineDead, Finish
-from inference.model import load_model
-from inference.predictor import Predictor
-from inference.sampling import Sampling
-from inference.vllm_engine import VllmEngine
-from medtpe_core.tasks import Task, get_task
+from medtpe.core.tasks import Task, get_task
+from medtpe.evaluation.figures import build_report
+from medtpe.evaluation.record_result import RecordResult
+from medtpe.evaluation.records import EvalRecord, load_records
+from medtpe.evaluation.runner import evaluate_mode, measured
+from medtpe.inference.cpu_cores import SMALL_MACHINE_CORES
+from medtpe.inference.cpu_dtype import engine_dtype
+from medtpe.inference.engines.protocol import EngineDead, Finish
+from medtpe.inference.engines.vllm_engine import VllmEngine
+from medtpe.inference.model import load_model
+from medtpe.inference.predictor import Predictor
+from medtpe.inference.sampling import Sampling
 from tests.support.meds_fixtures import write_meds_dataset
 from tests.support.service_support import ENGINE_DTYPE, engine_test_config
 

@@ -2,7 +2,7 @@
 prompts in: the MedTPE plugin (found by its entry point, the model picked by its `medtpe.json`)
 encodes and decodes them, and a general-text question gets the answer the same export gives its
 MedTPE ids through the service's engine wrapper (greedy, the engine's own dtype). Not the base
-model's: the export reads every prompt with its RoPE stretch (`medtpe_core/rope_stretch.py`), so
+model's: the export reads every prompt with its RoPE stretch (`medtpe/core/rope_stretch.py`), so
 a question whose first answer token the base model nearly ties (this one: 0.08 nats between
 "The" and "L'") may be answered otherwise (docs/serving.md)."""
 
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from inference.cpu_dtype import engine_dtype
-from medtpe_core.prompt import ChatTemplate
-from medtpe_core.tokenizer import MedTPETokenizer
-from training.pseudo_labels import greedy_generate
+from medtpe.core.prompt import ChatTemplate
+from medtpe.core.tokenizer import MedTPETokenizer
+from medtpe.inference.cpu_dtype import engine_dtype
+from medtpe.training.pseudo_labels import greedy_generate
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
 

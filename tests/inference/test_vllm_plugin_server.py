@@ -18,8 +18,8 @@ import httpx
 import pytest
 from tokenizers import Tokenizer
 
-from medtpe_core.prompt import ChatTemplate
-from medtpe_core.tokenizer import MedTPETokenizer
+from medtpe.core.prompt import ChatTemplate
+from medtpe.core.tokenizer import MedTPETokenizer
 from tests.support.service_support import ENGINE_DTYPE, READY_POLL_S, free_port
 
 openai = pytest.importorskip("openai")

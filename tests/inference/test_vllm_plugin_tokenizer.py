@@ -1,4 +1,4 @@
-"""The MedTPE tokenizer vLLM loads (`inference.vllm_tokenizer`), without an engine: on the
+"""The MedTPE tokenizer vLLM loads (`medtpe.inference.vllm_tokenizer`), without an engine: on the
 committed default artefact (a directory with `medtpe.json`, the detokenizer `tokenizer.json`,
 the tokenizer config and the chat template, as an export has them). Text in: MedTPE ids, as the
 project's `MedTPETokenizer` gives them; ids out: lossless text, also through vLLM's own
@@ -21,10 +21,10 @@ from vllm.tokenizers.registry import get_tokenizer
 from vllm.v1.engine import EngineCoreRequest
 from vllm.v1.engine.detokenizer import FastIncrementalDetokenizer, IncrementalDetokenizer
 
-from inference.vllm_plugin import register
-from inference.vllm_tokenizer import MedTPEEncoding, load_medtpe_tokenizer
-from medtpe_core.paths import default_artefact_dir
-from medtpe_core.prompt import ChatTemplate
+from medtpe.core.paths import default_artefact_dir
+from medtpe.core.prompt import ChatTemplate
+from medtpe.inference.vllm_plugin import register
+from medtpe.inference.vllm_tokenizer import MedTPEEncoding, load_medtpe_tokenizer
 from tests.support.properties import examples
 from tests.support.tokenizer_support import EDGE_CASES, MIXED_TEXT
 

@@ -1,4 +1,4 @@
-"""A ledger row re-derived as `medtpe verify` does it (`medtpe_cli.ledger_commands.rederive`), on
+"""A ledger row re-derived as `medtpe verify` does it (`medtpe.cli.ledger_commands.rederive`), on
 the instant engine."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from inference.instant_engine import InstantEngine
-from ledger.receipt import Receipt
-from ledger.store import PredictionRow
-from ledger.verification import Check, compare
-from medtpe_cli.ledger_commands import RecordSource, rederive
+from medtpe.cli.ledger_commands import RecordSource, rederive
+from medtpe.inference.engines.instant import InstantEngine
+from medtpe.ledger.receipt import Receipt
+from medtpe.ledger.store import PredictionRow
+from medtpe.ledger.verification import Check, compare
 
 
 def service_model_files(service_files: tuple[Path, Path]) -> dict[str, Any]:

@@ -11,17 +11,17 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ledger.receipt import (
+from medtpe.core.meds import SubjectEvents
+from medtpe.core.meds.canonical import canonical_record, record_digest
+from medtpe.ledger.receipt import (
     Receipt,
     prompt_ids_digest,
     rendering_digest,
     rendering_settings,
     utc_text,
 )
-from ledger.signing import Signer
-from ledger.store import PredictionRow
-from medtpe_core.meds import SubjectEvents
-from medtpe_core.meds.canonical import canonical_record, record_digest
+from medtpe.ledger.signing import Signer
+from medtpe.ledger.store import PredictionRow
 
 RFC8037_SEED = "nWGxne_9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2A"
 """RFC 8037 Appendix A.1's Ed25519 private key `d`; A.3 gives its thumbprint."""

@@ -13,17 +13,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batch.fhir_job import FhirInput, run_fhir
-from batch.job import Job, run_local
-from inference.instant_engine import InstantEngine
-from inference.sampling import Sampling
-from ledger.receipt import Receipt
-from ledger.settings import LedgerSettings
-from ledger.signing import parse_private_key, verify_signature
-from ledger.store import Ledger, LedgerUnavailable
-from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
-from medtpe_core.meds import MedsDataset
-from medtpe_core.tasks import get_task
+from medtpe.batch.fhir_job import FhirInput, run_fhir
+from medtpe.batch.job import Job, run_local
+from medtpe.core.fhir.from_meds import fhir_bundle_from_meds
+from medtpe.core.meds import MedsDataset
+from medtpe.core.tasks import get_task
+from medtpe.inference.engines.instant import InstantEngine
+from medtpe.inference.sampling import Sampling
+from medtpe.ledger.receipt import Receipt
+from medtpe.ledger.settings import LedgerSettings
+from medtpe.ledger.signing import parse_private_key, verify_signature
+from medtpe.ledger.store import Ledger, LedgerUnavailable
 from tests.ledger.rows import RFC8037_SEED_B64 as SEED
 from tests.support.bulk_server import resources_by_type, write_export
 from tests.support.meds_fixtures import write_meds_dataset

@@ -17,11 +17,11 @@ from fhir.resources.R4B.riskassessment import RiskAssessment
 from pydantic import ValidationError
 from starlette.testclient import TestClient
 
-from ledger.fhir_resources import AIAST, PREDICTION_ID_SYSTEM, outcome_concept
-from ledger.store import Ledger
-from medtpe_core.cds.services import get_service
-from medtpe_core.tasks import get_task
-from service.settings import ServiceSettings
+from medtpe.core.cds.services import get_service
+from medtpe.core.tasks import get_task
+from medtpe.fhir_resources.bundles import AIAST, PREDICTION_ID_SYSTEM, outcome_concept
+from medtpe.ledger.store import Ledger
+from medtpe.service.settings import ServiceSettings
 from tests.support.cds_support import ICU_PATIENT, hook_request, load_bundle, prefetch_of
 from tests.support.ehr import Ehr
 from tests.support.paths import FIXTURES

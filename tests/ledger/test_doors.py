@@ -20,17 +20,17 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from sqlalchemy import select
 
-from inference.instant_engine import InstantEngine
-from ledger.receipt import Receipt
-from ledger.schema import Feedback
-from ledger.signing import public_key_from_jwk
-from ledger.store import Ledger, PredictionRow
-from ledger.verification import check_row
-from medtpe_cli.ledger_commands import RecordSource
-from medtpe_cli.main import cli
-from medtpe_core.cds.services import get_service
-from service.app import create_app
-from service.settings import ServiceSettings
+from medtpe.cli.ledger_commands import RecordSource
+from medtpe.cli.main import cli
+from medtpe.core.cds.services import get_service
+from medtpe.inference.engines.instant import InstantEngine
+from medtpe.ledger.receipt import Receipt
+from medtpe.ledger.schema import Feedback
+from medtpe.ledger.signing import public_key_from_jwk
+from medtpe.ledger.store import Ledger, PredictionRow
+from medtpe.ledger.verification import check_row
+from medtpe.service.app import create_app
+from medtpe.service.settings import ServiceSettings
 from tests.ledger.conftest import fresh_database
 from tests.ledger.rederived import rederived_checks, service_model_files
 from tests.ledger.rows import RFC8037_SEED_B64 as SEED

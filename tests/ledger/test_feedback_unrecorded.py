@@ -17,10 +17,10 @@ import pytest
 from sqlalchemy import select
 from starlette.testclient import TestClient
 
-from ledger.schema import Feedback
-from ledger.store import Ledger
-from medtpe_core.cds.services import get_service
-from service.settings import ServiceSettings
+from medtpe.core.cds.services import get_service
+from medtpe.ledger.schema import Feedback
+from medtpe.ledger.store import Ledger
+from medtpe.service.settings import ServiceSettings
 from tests.support.cds_support import ICU_PATIENT, hook_request, load_bundle, prefetch_of
 from tests.support.ehr import CLOSED_FHIR_SERVER, Ehr
 from tests.support.hostile_fhir import audit_lines

@@ -1,7 +1,7 @@
-"""Predictions written back to the EHR (`ledger.fhir_resources`, `batch.write_back`): every
-resource valid under `fhir.resources`' R4B models; against a FHIR server of the tests' own over
-real HTTP (tests/support/transaction_server.py, SMART Backend Services): a first run creates one
-RiskAssessment and one Provenance per prediction in Bundles of bounded size, a rerun creates
+"""Predictions written back to the EHR (`medtpe.fhir_resources.bundles`, `medtpe.batch.write_back`):
+every resource valid under `fhir.resources`' R4B models; against a FHIR server of the tests' own
+over real HTTP (tests/support/transaction_server.py, SMART Backend Services): a first run creates
+one RiskAssessment and one Provenance per prediction in Bundles of bounded size, a rerun creates
 nothing, and the token goes to that server only."""
 
 from __future__ import annotations
@@ -23,19 +23,21 @@ from fhir.resources.R4B.documentreference import DocumentReference
 from fhir.resources.R4B.provenance import Provenance
 from fhir.resources.R4B.riskassessment import RiskAssessment
 
-from batch.fhir_http import FhirServerError, HttpSettings
-from batch.fhir_job import FhirShardPlan
-from batch.job import Request, records_path
-from batch.rows import RecordRow, records_table
-from batch.smart_backend import ClientKey, public_jwks
-from batch.write_back import (
+from medtpe.batch.fhir_http import FhirServerError, HttpSettings
+from medtpe.batch.fhir_job import FhirShardPlan
+from medtpe.batch.job import Request, records_path
+from medtpe.batch.rows import RecordRow, records_table
+from medtpe.batch.smart_backend import ClientKey, public_jwks
+from medtpe.batch.write_back import (
     WRITE_BACK_SCOPE,
     FhirWriter,
     WriteBackError,
     fhir_job_predictions,
     write_back,
 )
-from ledger.fhir_resources import (
+from medtpe.core.tasks import get_task
+from medtpe.core.tokenizer.artefact_manifest import ArtefactBundle
+from medtpe.fhir_resources.bundles import (
     AIAST,
     MAX_BUNDLE_ENTRIES,
     PREDICTION_ID_SYSTEM,
@@ -45,10 +47,8 @@ from ledger.fhir_resources import (
     system_action,
     transaction_bundles,
 )
-from ledger.model_card import build_model_card, card_digest
-from ledger.model_card_xml import model_card_xml
-from medtpe_core.tasks import get_task
-from medtpe_core.tokenizer.artefact_manifest import ArtefactBundle
+from medtpe.model_card.card import build_model_card, card_digest
+from medtpe.model_card.xml import model_card_xml
 from tests.support.bulk_server import pem, server_access
 from tests.support.transaction_server import TransactionServer, serving_transactions
 

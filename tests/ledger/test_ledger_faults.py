@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ledger.store import Ledger
+from medtpe.ledger.store import Ledger
 from tests.ledger.conftest import fresh_database
 from tests.ledger.rows import RFC8037_SEED_B64 as SEED
 from tests.support.paths import ROOT

@@ -1,5 +1,5 @@
-"""The generated model card (`ledger.model_card`, `ledger.model_card_xml`): built from the default
-artefact's manifest, build and evaluation reports and the tasks; its XML form valid against
+"""The generated model card (`medtpe.model_card.card`, `medtpe.model_card.xml`): built from the
+default artefact's manifest, build and evaluation reports and the tasks; its XML form valid against
 CHAI's published Applied Model Card schema (v0.2, tests/fixtures/chai); the known risk (the
 default model does not discriminate) derived from the recorded figures; the routes."""
 
@@ -15,16 +15,16 @@ import xmlschema
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from ledger.model_card import (
+from medtpe.core.tasks import get_task, list_tasks
+from medtpe.core.tokenizer.artefact_manifest import ArtefactBundle
+from medtpe.model_card.card import (
     EVALUATION_FILE,
     build_model_card,
     card_digest,
     write_evaluation_report,
 )
-from ledger.model_card_xml import model_card_xml
-from medtpe_core.tasks import get_task, list_tasks
-from medtpe_core.tokenizer.artefact_manifest import ArtefactBundle
-from service.model_card_route import router
+from medtpe.model_card.xml import model_card_xml
+from medtpe.service.model_card.routes import router
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTEFACT = ROOT / "artefacts" / "smollm2-135m-icu"
@@ -32,8 +32,8 @@ CHAI_XSD = ROOT / "tests" / "fixtures" / "chai" / "schema-v0.2.xsd"
 DSIG = "http://www.w3.org/2000/09/xmldsig#"
 DSIG_XSD = Path(xmlschema.__file__).parent / "schemas" / "DSIG" / "xmldsig-core-schema.xsd"
 EVALUATION_RUNS = [
-    (Path("benchmarks/results/eval_all_stays_1024_rescored.json"), "2026-11-21"),
-    (Path("benchmarks/results/eval_table2_v2_rescored.json"), "2026-11-21"),
+    (Path("tools/benchmarks/results/eval_all_stays_1024_rescored.json"), "2026-11-21"),
+    (Path("tools/benchmarks/results/eval_table2_v2_rescored.json"), "2026-11-21"),
 ]
 """The stored runs the default artefact's evaluation report is written from, with their dates
 (docs/benchmarks.md, Evaluation: clinical metrics)."""

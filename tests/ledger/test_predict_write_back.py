@@ -15,15 +15,15 @@ from click.testing import CliRunner
 from cryptography.hazmat.primitives.asymmetric import ec
 from fhir.resources.R4B import get_fhir_model_class
 
-from batch import fhir_job
-from batch.smart_backend import ClientKey, public_jwks
-from batch.write_back import WRITE_BACK_SCOPE
-from inference.instant_engine import InstantEngine
-from ledger.fhir_resources import PREDICTION_ID_SYSTEM, provenance_id
-from ledger.store import Ledger
-from medtpe_cli.predict_commands import predict
-from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
-from medtpe_core.meds import MedsDataset
+from medtpe.batch import fhir_job
+from medtpe.batch.smart_backend import ClientKey, public_jwks
+from medtpe.batch.write_back import WRITE_BACK_SCOPE
+from medtpe.cli.predict_commands import predict
+from medtpe.core.fhir.from_meds import fhir_bundle_from_meds
+from medtpe.core.meds import MedsDataset
+from medtpe.fhir_resources.bundles import PREDICTION_ID_SYSTEM, provenance_id
+from medtpe.inference.engines.instant import InstantEngine
+from medtpe.ledger.store import Ledger
 from tests.support.bulk_server import pem, resources_by_type
 from tests.support.mimic_fhir_fixture import FIXTURE
 from tests.support.service_support import TEST_SIGNING_KEY

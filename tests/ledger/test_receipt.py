@@ -16,8 +16,10 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ledger.receipt import Receipt, prompt_ids_digest, utc_text
-from ledger.signing import (
+from medtpe.core.meds import SubjectEvents
+from medtpe.core.meds.canonical import canonical_record, parse_canonical_record, record_digest
+from medtpe.ledger.receipt import Receipt, prompt_ids_digest, utc_text
+from medtpe.ledger.signing import (
     Signer,
     SigningKeyError,
     parse_private_key,
@@ -25,8 +27,6 @@ from ledger.signing import (
     signer_for,
     verify_signature,
 )
-from medtpe_core.meds import SubjectEvents
-from medtpe_core.meds.canonical import canonical_record, parse_canonical_record, record_digest
 from tests.ledger.rows import (
     RFC8037_SEED_B64,
     RFC8037_THUMBPRINT,

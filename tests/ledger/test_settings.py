@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ledger.migrate import head
-from ledger.settings import LedgerSettings
-from medtpe_cli.main import cli
+from medtpe.cli.main import cli
+from medtpe.ledger.migrate import head
+from medtpe.ledger.settings import LedgerSettings
 from tests.ledger.rows import RFC8037_SEED_B64, RFC8037_THUMBPRINT
 
 

@@ -17,13 +17,13 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from inference.engine import Completion, EngineConfig
-from inference.instant_engine import InstantEngine
-from ledger.store import Ledger, PredictionRow
-from medtpe_cli.ledger_commands import RecordSource
-from medtpe_core.cds.risk import DEFAULT_TASK_BANDS
-from medtpe_core.cds.services import get_service
-from service.settings import ServiceSettings
+from medtpe.cli.ledger_commands import RecordSource
+from medtpe.core.cds.risk import DEFAULT_TASK_BANDS
+from medtpe.core.cds.services import get_service
+from medtpe.inference.engines.instant import InstantEngine
+from medtpe.inference.engines.protocol import Completion, EngineConfig
+from medtpe.ledger.store import Ledger, PredictionRow
+from medtpe.service.settings import ServiceSettings
 from tests.ledger.rederived import rederived_checks, service_model_files
 from tests.ledger.rows import RFC8037_SEED_B64 as SEED
 from tests.support.cds_support import ICU_PATIENT, hook_request, load_bundle, prefetch_of

@@ -17,10 +17,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import func, inspect, select
 
-from ledger import store
-from ledger.migrate import current, head
-from ledger.schema import Base, Prediction
-from ledger.store import Ledger, LedgerConflict, LedgerUnavailable, database_url
+from medtpe.ledger import store
+from medtpe.ledger.migrate import current, head
+from medtpe.ledger.schema import Base, Prediction
+from medtpe.ledger.store import Ledger, LedgerConflict, LedgerUnavailable, database_url
 from tests.ledger.conftest import fresh_database
 from tests.ledger.rows import START, row
 from tests.support.postgres import PostgresServer

@@ -19,25 +19,25 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from inference.instant_engine import InstantEngine
-from inference.model import LoadedModel, ModelConfig, load_model
-from inference.predictor import Answer, PreparedRecord
-from inference.record import MedsRecord
-from inference.sampling import Sampling
-from ledger.receipt import (
+from medtpe.cli.ledger_commands import RecordSource, rederive, rerun_dtype
+from medtpe.cli.main import cli
+from medtpe.core.meds.canonical import canonical_record, record_digest
+from medtpe.core.meds.readers import MedsDataset
+from medtpe.core.tasks import get_task
+from medtpe.inference.engines.instant import InstantEngine
+from medtpe.inference.model import LoadedModel, ModelConfig, load_model
+from medtpe.inference.predictor import Answer, PreparedRecord
+from medtpe.inference.record import MedsRecord
+from medtpe.inference.sampling import Sampling
+from medtpe.ledger.receipt import (
     Receipt,
     prompt_ids_digest,
     rendering_digest,
     rendering_settings,
     utc_text,
 )
-from ledger.store import Ledger, PredictionRow
-from ledger.verification import check_row, compare
-from medtpe_cli.ledger_commands import RecordSource, rederive, rerun_dtype
-from medtpe_cli.main import cli
-from medtpe_core.meds.canonical import canonical_record, record_digest
-from medtpe_core.meds.readers import MedsDataset
-from medtpe_core.tasks import get_task
+from medtpe.ledger.store import Ledger, PredictionRow
+from medtpe.ledger.verification import check_row, compare
 from tests.ledger.rederived import rederived_checks
 from tests.ledger.rows import SIGNER
 from tests.support.meds_fixtures import PREDICTION_TIME, write_meds_dataset, write_table
@@ -231,6 +231,6 @@ def test_the_command_line_names_an_edited_row(
 
 
 def ledger_table():
-    from ledger.schema import Prediction
+    from medtpe.ledger.schema import Prediction
 
     return Prediction.__table__

@@ -9,7 +9,7 @@ import shlex
 import pytest
 import yaml
 
-from medtpe_cli.predict_commands import predict
+from medtpe.cli.predict_commands import predict
 from tests.support.paths import ROOT
 
 MODEL_YAML = ROOT / "meds_dev" / "model.yaml"

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ledger.feedback import FeedbackRow, record_feedback
-from ledger.receipt import utc_text
-from ledger.store import Ledger, PredictionRow
-from monitoring.figures import iso_week
-from monitoring.outcomes import Joined, RecordsSource, store_joined
+from medtpe.ledger.feedback import FeedbackRow, record_feedback
+from medtpe.ledger.receipt import utc_text
+from medtpe.ledger.store import Ledger, PredictionRow
+from medtpe.monitoring.figures import iso_week
+from medtpe.monitoring.outcomes import Joined, RecordsSource, store_joined
 from tests.ledger.rows import SIGNER, receipt
 
 

@@ -1,4 +1,4 @@
-"""seismometer's own venv for the tests (`scripts.seismometer_venv`: built once, then reused),
+"""seismometer's own venv for the tests (`tools.scripts.seismometer_venv`: built once, then reused),
 and a monitoring export loaded by seismometer's own code (`tests/support/seismometer_load.py`)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts.seismometer_venv import build
 from tests.support.paths import ROOT
+from tools.scripts.seismometer_venv import build
 
 LOAD_TIMEOUT_S = 300
 

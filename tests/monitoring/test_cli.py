@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ledger.store import Ledger
-from medtpe_cli.monitor_commands import monitor, outcomes
-from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
-from medtpe_core.meds.readers import MedsDataset
+from medtpe.cli.monitor_commands import monitor, outcomes
+from medtpe.core.fhir.from_meds import fhir_bundle_from_meds
+from medtpe.core.meds.readers import MedsDataset
+from medtpe.ledger.store import Ledger
 from tests.monitoring.commands import invoke
 from tests.monitoring.ledger_rows import prediction
 from tests.monitoring.meds_outcomes import AT_24H, write_outcome_dataset

@@ -15,16 +15,16 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import select
 
-from batch.job import Job, run_local
-from inference.engine import EngineConfig
-from inference.instant_engine import InstantEngine
-from inference.sampling import Sampling
-from ledger.schema import Outcome, Prediction
-from ledger.settings import LedgerSettings
-from ledger.store import Ledger
-from medtpe_cli.monitor_commands import monitor, outcomes
-from medtpe_core.tasks import get_task
-from monitoring.frame import naive_utc as naive
+from medtpe.batch.job import Job, run_local
+from medtpe.cli.monitor_commands import monitor, outcomes
+from medtpe.core.tasks import get_task
+from medtpe.inference.engines.instant import InstantEngine
+from medtpe.inference.engines.protocol import EngineConfig
+from medtpe.inference.sampling import Sampling
+from medtpe.ledger.schema import Outcome, Prediction
+from medtpe.ledger.settings import LedgerSettings
+from medtpe.ledger.store import Ledger
+from medtpe.monitoring.frame import naive_utc as naive
 from tests.monitoring.commands import invoke
 from tests.monitoring.seismometer_venv import seismometer_load, seismometer_python
 from tests.support.paths import SHARED

@@ -1,5 +1,5 @@
-"""`monitoring.outcomes`: ledger predictions (made through the ledger's API) labelled from a small
-MEDS dataset by the task's own labeller at its horizon, with their cohort attributes; open
+"""`medtpe.monitoring.outcomes`: ledger predictions (made through the ledger's API) labelled from a
+small MEDS dataset by the task's own labeller at its horizon, with their cohort attributes; open
 outcomes counted and closed by a later join; nothing duplicated; on SQLite and PostgreSQL."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from ledger.schema import Attribute, Outcome
-from ledger.store import Ledger
-from medtpe_core.meds.readers import MedsDataset
-from medtpe_core.tasks import get_task
-from monitoring.cohort import AttributeMapError, age_band, parse_attribute_map
-from monitoring.outcomes import MedsSource, join_outcomes
+from medtpe.core.meds.readers import MedsDataset
+from medtpe.core.tasks import get_task
+from medtpe.ledger.schema import Attribute, Outcome
+from medtpe.ledger.store import Ledger
+from medtpe.monitoring.cohort import AttributeMapError, age_band, parse_attribute_map
+from medtpe.monitoring.outcomes import MedsSource, join_outcomes
 from tests.monitoring.ledger_rows import prediction
 from tests.monitoring.meds_outcomes import ADMITTED, AT_24H, write_outcome_dataset
 

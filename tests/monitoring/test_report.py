@@ -1,7 +1,7 @@
-"""`monitoring.report` on ledger rows made through the ledger's API, outcomes and attributes
-stored by `monitoring.outcomes.store_joined`, feedback in the ledger's table: every figure checked
-against scikit-learn / numpy on the same rows; silent and shadow rows apart; the page states what
-the AUROC says and embeds its plots, no network asset."""
+"""`medtpe.monitoring.report` on ledger rows made through the ledger's API, outcomes and attributes
+stored by `medtpe.monitoring.outcomes.store_joined`, feedback in the ledger's table: every figure
+checked against scikit-learn / numpy on the same rows; silent and shadow rows apart; the page states
+what the AUROC says and embeds its plots, no network asset."""
 
 from __future__ import annotations
 
@@ -14,10 +14,16 @@ import pytest
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score, roc_auc_score
 
-from ledger.store import Ledger
-from medtpe_core.thresholds import Thresholds, ThresholdsError
-from monitoring.figures import ECE_BINS
-from monitoring.report import REPORT_HTML, REPORT_JSON, ReportSettings, build_report, write_report
+from medtpe.core.thresholds import Thresholds, ThresholdsError
+from medtpe.ledger.store import Ledger
+from medtpe.monitoring.figures import ECE_BINS
+from medtpe.monitoring.report import (
+    REPORT_HTML,
+    REPORT_JSON,
+    ReportSettings,
+    build_report,
+    write_report,
+)
 from tests.monitoring.ledger_rows import START, N, populated_ledger, prediction, sqlite_url
 
 THRESHOLDS = Thresholds.parse(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from monitoring.report import ReportSettings, write_report
+from medtpe.monitoring.report import ReportSettings, write_report
 from tests.monitoring.ledger_rows import N, populated_ledger, sqlite_url
 from tests.monitoring.seismometer_venv import seismometer_load, seismometer_python
 

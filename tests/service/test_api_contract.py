@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from medtpe_core.tasks import list_tasks
+from medtpe.core.tasks import list_tasks
 from tests.support.paths import ROOT
 from tests.support.service_support import instant_settings, served_in_thread
 

@@ -16,13 +16,13 @@ import pytest
 from pydantic import ValidationError
 from starlette.testclient import TestClient
 
-from medtpe_core.cds.services import SERVICES, get_service
-from medtpe_core.fhir import load_site_mapping, meds_from_fhir
-from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
-from medtpe_core.meds import MedsDataset, read_labels
-from medtpe_core.tasks import get_task
-from service.cds_hooks.prefetch import FHIR_UNAVAILABLE_TEXT
-from service.cds_hooks.schemas import FeedbackRequest
+from medtpe.core.cds.services import SERVICES, get_service
+from medtpe.core.fhir import load_site_mapping, meds_from_fhir
+from medtpe.core.fhir.from_meds import fhir_bundle_from_meds
+from medtpe.core.meds import MedsDataset, read_labels
+from medtpe.core.tasks import get_task
+from medtpe.service.cds_hooks.prefetch import FHIR_UNAVAILABLE_TEXT
+from medtpe.service.cds_hooks.schemas import FeedbackRequest
 from tests.support.cds_support import (
     FHIR_TOKEN,
     ICU_PATIENT,
@@ -472,7 +472,7 @@ def test_a_mimic_stay_through_the_hook_shows_predicts_events(
     """The stays of tests/fixtures/fhir/mimic-demo-stays as FHIR, prefetched key by key as an EHR
     would (one resource type per key: events of one instant arrive grouped by type), give byte
     for byte the prompt `/predict` gives their MEDS events (the same events: the FHIR round trip,
-    tests/medtpe_core/fhir/test_fhir_round_trip.py): the renderer orders the lines of one instant by
+    tests/core/fhir/test_fhir_round_trip.py): the renderer orders the lines of one instant by
     code (docs/integration.md, "The round trip through a hook")."""
     settings = instant_settings(
         service_files,

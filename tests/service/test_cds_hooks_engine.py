@@ -12,8 +12,8 @@ import re
 import httpx
 import pytest
 
-from medtpe_core.cds.services import get_service
-from medtpe_core.fhir import load_site_mapping, meds_from_fhir
+from medtpe.core.cds.services import get_service
+from medtpe.core.fhir import load_site_mapping, meds_from_fhir
 from tests.support.cds_support import (
     FHIR_TOKEN,
     ICU_PATIENT,

@@ -17,14 +17,14 @@ import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
 
-from inference.model import load_model
-from medtpe_core.meds.readers import MedsDataset, read_code_descriptions, read_labels
-from medtpe_core.paths import default_artefact_dir, default_model_dir
-from medtpe_core.prompt import ChatTemplate, build_prompt
-from medtpe_core.prompt.render import RENDER_VERSION
-from medtpe_core.tokenizer import BaseTokenizer
-from medtpe_core.tokenizer.artefact_manifest import descriptions_digest
-from service.settings import ServiceSettings
+from medtpe.core.meds.readers import MedsDataset, read_code_descriptions, read_labels
+from medtpe.core.paths import default_artefact_dir, default_model_dir
+from medtpe.core.prompt import ChatTemplate, build_prompt
+from medtpe.core.prompt.render import RENDER_VERSION
+from medtpe.core.tokenizer import BaseTokenizer
+from medtpe.core.tokenizer.artefact_manifest import descriptions_digest
+from medtpe.inference.model import load_model
+from medtpe.service.settings import ServiceSettings
 from tests.support.mimic_fhir_fixture import FIXTURE
 from tests.support.paths import ROOT
 from tests.support.render_pins import SHARED_MEDS
@@ -113,7 +113,7 @@ def test_other_descriptions_are_reported_at_start(
     supplement = load_model(default_settings(service_files, codes_dir=FIXTURE).model()).rendering
     assert supplement.descriptions == "artefact" and supplement.matches_artefact is True
     settings = default_settings(service_files, codes_dir=FIXTURE, codes_replace=True)
-    with caplog.at_level(logging.WARNING, logger="inference.model"):
+    with caplog.at_level(logging.WARNING, logger="medtpe.inference.model"):
         rendering = load_model(settings.model()).rendering
     fixture_table = read_code_descriptions(FIXTURE)
     assert rendering.descriptions == "override" and rendering.matches_artefact is False
@@ -121,7 +121,7 @@ def test_other_descriptions_are_reported_at_start(
     assert rendering.n_descriptions == len(fixture_table)
     (difference,) = rendering.differences
     assert f"code descriptions {len(fixture_table):,} codes" in difference
-    warned = [r.getMessage() for r in caplog.records if r.name == "inference.model"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "medtpe.inference.model"]
     assert len(warned) == 1 and f"codes_dir {FIXTURE}" in warned[0] and difference in warned[0]
 
 

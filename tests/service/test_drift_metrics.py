@@ -1,4 +1,4 @@
-"""The drift figures (`inference.drift`) and their counters on /metrics: the service on the
+"""The drift figures (`medtpe.inference.drift`) and their counters on /metrics: the service on the
 instant engine answering records whose codes the artefact knows and records whose codes it never
 saw, through `/predict`, `/predict/batch` and a CDS hook (its site label the service's id)."""
 
@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from inference.drift import build_compression_rate, drift_figures
-from inference.model import LoadedModel, load_model
-from inference.predictor import PreparedRecord
-from medtpe_core.cds.services import get_service
-from medtpe_core.meds import MedsEvent, SubjectEvents
-from medtpe_core.tasks import get_task
-from service.metrics import API_SITE
+from medtpe.core.cds.services import get_service
+from medtpe.core.meds import MedsEvent, SubjectEvents
+from medtpe.core.tasks import get_task
+from medtpe.inference.drift import build_compression_rate, drift_figures
+from medtpe.inference.model import LoadedModel, load_model
+from medtpe.inference.predictor import PreparedRecord
+from medtpe.service.plumbing.metrics import API_SITE
 from tests.support.cds_support import ICU_PATIENT, hook_request, load_bundle, prefetch_of
 from tests.support.ehr import CLOSED_FHIR_SERVER, Ehr
 from tests.support.service_support import (

@@ -16,17 +16,17 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from batch.fhir_job import FhirInput, run_fhir
-from batch.job import Job, run_local
-from inference.model import load_model
-from inference.sampling import Sampling
-from medtpe_core.cds.services import get_service
-from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
-from medtpe_core.meds import MedsDataset
-from medtpe_core.meds.readers import read_code_descriptions, write_code_descriptions
-from medtpe_core.tasks import get_task
-from medtpe_core.tokenizer.artefact_manifest import ArtefactBundle
-from service.settings import ServiceSettings
+from medtpe.batch.fhir_job import FhirInput, run_fhir
+from medtpe.batch.job import Job, run_local
+from medtpe.core.cds.services import get_service
+from medtpe.core.fhir.from_meds import fhir_bundle_from_meds
+from medtpe.core.meds import MedsDataset
+from medtpe.core.meds.readers import read_code_descriptions, write_code_descriptions
+from medtpe.core.tasks import get_task
+from medtpe.core.tokenizer.artefact_manifest import ArtefactBundle
+from medtpe.inference.model import load_model
+from medtpe.inference.sampling import Sampling
+from medtpe.service.settings import ServiceSettings
 from tests.batch.test_fhir_job import RecordingEngine, patient_id, records
 from tests.support.bulk_server import resources_by_type, write_export
 from tests.support.cds_support import hook_request, prefetch_of

@@ -1,5 +1,5 @@
-"""A record in a request body (`service.api.schemas.PredictRequest`): sorted columns, one subject,
-errors that name the event, the hard cap on events."""
+"""A record in a request body (`medtpe.service.predict.schemas.PredictRequest`): sorted columns, one
+subject, errors that name the event, the hard cap on events."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from medtpe_core.meds.events import MAX_EVENTS_PER_RECORD, SubjectEvents
-from service.api.schemas import PredictRequest
+from medtpe.core.meds.events import MAX_EVENTS_PER_RECORD, SubjectEvents
+from medtpe.service.predict.schemas import PredictRequest
 from tests.support.meds_fixtures import GOOD_EVENT, error_locs
 
 

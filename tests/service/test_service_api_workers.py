@@ -25,7 +25,7 @@ import httpx
 import psutil
 import pytest
 
-from medtpe_core.tokenizer import MedTPETokenizer
+from medtpe.core.tokenizer import MedTPETokenizer
 from tests.support.service_support import (
     READY_POLL_S,
     SERVICE_API_KEY,

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from medtpe_core.paths import default_model_dir
-from medtpe_core.prompt import ChatTemplate
-from medtpe_core.prompt.task_prompt import min_input_tokens
-from medtpe_core.tokenizer import BaseTokenizer
+from medtpe.core.paths import default_model_dir
+from medtpe.core.prompt import ChatTemplate
+from medtpe.core.prompt.task_prompt import min_input_tokens
+from medtpe.core.tokenizer import BaseTokenizer
 from tests.support.service_support import (
     SERVICE_API_KEY,
     free_port,

@@ -1,5 +1,5 @@
-"""The service's stop (`service.drain`), served by uvicorn in a thread on an engine that holds
-each generation: a request that outlives the grace period is answered 503 `shutting_down` in
+"""The service's stop (`medtpe.service.drain`), served by uvicorn in a thread on an engine that
+holds each generation: a request that outlives the grace period is answered 503 `shutting_down` in
 the JSON error body with `Retry-After`, never uvicorn's bare 500; during the drain new requests
 are refused the same way and readiness is red; one that ends within the grace is answered; both
 kinds of 503 are counted in `/metrics`. (On the real engine and `medtpe serve`:
@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.state import SHUTDOWN_RETRY_AFTER_S
+from medtpe.service.plumbing.state import SHUTDOWN_RETRY_AFTER_S
 from tests.support.service_support import (
     InThread,
     instant_settings,

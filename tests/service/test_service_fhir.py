@@ -11,8 +11,8 @@ from typing import Any
 import meds
 import pytest
 
-from medtpe_core.fhir.from_meds import fhir_bundle_from_meds
-from medtpe_core.meds import MedsDataset, read_labels
+from medtpe.core.fhir.from_meds import fhir_bundle_from_meds
+from medtpe.core.meds import MedsDataset, read_labels
 from tests.service.test_service import post
 from tests.support.mimic_fhir_fixture import FIXTURE
 from tests.support.paths import FIXTURES
@@ -173,8 +173,8 @@ def test_events_or_bundle(instant_api: Api, body: dict) -> None:
 
 
 def test_a_bundle_where_none_is_taken_is_a_422_naming_it(instant_api: Api) -> None:
-    """Its resources are read as JSON text (`service.json_body`): refused as a field all the
-    same, never a 500 from an error body that would echo them."""
+    """Its resources are read as JSON text (`medtpe.service.plumbing.json_body`): refused as a field
+    all the same, never a 500 from an error body that would echo them."""
     events = [{"subject_id": 1, "time": None, "code": "X"}]
     body = {"task": "icu_mortality", "events": events, "bundle": SAMPLE}
     response = post(instant_api, "/tokenize", body)

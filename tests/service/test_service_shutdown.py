@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 
-from service.state import SHUTDOWN_RETRY_AFTER_S
+from medtpe.service.plumbing.state import SHUTDOWN_RETRY_AFTER_S
 from tests.support.service_support import (
     SERVICE_API_KEY,
     SHUTDOWN_GRACE_S,

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY, Counter
 
-from medtpe_core.prompt import Windowing, WindowPolicy
-from service.metrics import ServiceMetrics
-from service.settings import ServiceSettings
+from medtpe.core.prompt import Windowing, WindowPolicy
+from medtpe.service.plumbing.metrics import ServiceMetrics
+from medtpe.service.settings import ServiceSettings
 from tests.support.service_support import (
     SERVICE_API_KEY,
     instant_client,

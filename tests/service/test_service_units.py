@@ -9,19 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from inference.predictor import (
+from medtpe.core.meds import MedsEvent, SubjectEvents
+from medtpe.core.prompt import ChatTemplate
+from medtpe.core.tasks import get_task
+from medtpe.inference.predictor import (
     Answer,
     Predictor,
     Segmentation,
     default_prediction_time,
     majority_vote,
 )
-from medtpe_core.meds import MedsEvent, SubjectEvents
-from medtpe_core.prompt import ChatTemplate
-from medtpe_core.tasks import get_task
-from service.limits import Admission, QueueFull
-from service.metrics import ServiceMetrics
-from service.settings import ServiceSettings
+from medtpe.service.plumbing.limits import Admission, QueueFull
+from medtpe.service.plumbing.metrics import ServiceMetrics
+from medtpe.service.settings import ServiceSettings
 from tests.support.service_support import synthetic_events
 from tests.support.tokenizer_support import smollm2_dir, smollm2_medtpe
 
@@ -132,8 +132,8 @@ def test_metrics_exposition_names() -> None:
 
 
 _OBSERVE_IN_A_PROCESS = """
-from inference.predictor import Answer, Segmentation
-from service.metrics import ServiceMetrics
+from medtpe.inference.predictor import Answer, Segmentation
+from medtpe.service.plumbing.metrics import ServiceMetrics
 metrics = ServiceMetrics()
 answer = Answer(True, True, [], generate_s=0.5, n_generated=3)
 metrics.observe_answer("icu_mortality", "medtpe", Segmentation([1] * 100, [2] * 60), answer)
@@ -149,7 +149,7 @@ def test_multiprocess_exposition_sums_every_api_process(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from service.metrics import MULTIPROCESS_DIR_ENV, multiprocess_exposition
+    from medtpe.service.plumbing.metrics import MULTIPROCESS_DIR_ENV, multiprocess_exposition
 
     env = {**os.environ, MULTIPROCESS_DIR_ENV: str(tmp_path)}
     for _ in range(2):
@@ -178,8 +178,8 @@ def test_api_processes_share_the_admission_limits(monkeypatch: pytest.MonkeyPatc
 
 
 def test_parallel_settings_reach_the_engine_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
-    from inference.engine import EngineConfig
-    from inference.vllm_engine import engine_args
+    from medtpe.inference.engines.protocol import EngineConfig
+    from medtpe.inference.engines.vllm_engine import engine_args
 
     monkeypatch.setenv("MEDTPE_TENSOR_PARALLEL_SIZE", "4")
     monkeypatch.setenv("MEDTPE_PIPELINE_PARALLEL_SIZE", "2")

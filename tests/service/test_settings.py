@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from medtpe_core.paths import project_root
-from service.settings import OTHER_VARIABLES, ServiceSettings, known_variables
+from medtpe.core.paths import project_root
+from medtpe.service.settings import OTHER_VARIABLES, ServiceSettings, known_variables
 
 
 @pytest.fixture(autouse=True)
@@ -88,8 +88,7 @@ def test_every_medtpe_variable_the_repository_names_is_known() -> None:
     docs, the image and the deployment files."""
     root = project_root()
     found: dict[str, str] = {}
-    packages = ["medtpe_core", "inference", "service", "training", "medtpe_cli", "evaluation"]
-    for package in [*packages, "benchmarks", "research", "tests"]:
+    for package in ["medtpe", "tools", "tests"]:
         for path in (root / package).rglob("*.py"):
             if path == Path(__file__):  # names misspelt settings on purpose
                 continue

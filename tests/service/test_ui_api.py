@@ -16,8 +16,8 @@ import pytest
 from selenium.webdriver.common.by import By
 from starlette.testclient import TestClient
 
-from service.settings import ServiceSettings
-from service.ui import STATIC_DIR
+from medtpe.service.page.routes import STATIC_DIR
+from medtpe.service.settings import ServiceSettings
 from tests.support.service_support import (
     AUTH,
     SERVICE_API_KEY,

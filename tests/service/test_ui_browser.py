@@ -13,7 +13,7 @@ import httpx
 import pytest
 from selenium.webdriver.common.by import By
 
-from service.ui import STATIC_DIR
+from medtpe.service.page.routes import STATIC_DIR
 from tests.support.service_support import (
     AUTH,
     SERVICE_API_KEY,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from medtpe_core.tokenizer.artefact_manifest import (
+from medtpe.core.tokenizer.artefact_manifest import (
     MANIFEST_FILE,
     ROWS_FILE,
     ArtefactBundle,

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 from hypothesis import strategies as st
 
-from medtpe_core.cds.services import SERVICES, CdsService
-from medtpe_core.fhir.parsing import BUNDLE_TYPES
-from medtpe_core.tasks import list_tasks
+from medtpe.core.cds.services import SERVICES, CdsService
+from medtpe.core.fhir.parsing import BUNDLE_TYPES
+from medtpe.core.tasks import list_tasks
 
 DEEP = 10_000
 """Nesting depth of the deep bodies: far past any JSON decoder's recursion limit."""

@@ -42,10 +42,10 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from batch.bulk_client import ExportSettings, ServerAccess
-from batch.fhir_export import referenced_id
-from batch.fhir_http import HttpSettings
-from batch.smart_backend import ClientKey
+from medtpe.batch.bulk_client import ExportSettings, ServerAccess
+from medtpe.batch.fhir_export import referenced_id
+from medtpe.batch.fhir_http import HttpSettings
+from medtpe.batch.smart_backend import ClientKey
 from tests.support.http_thread import serving_in_thread
 
 ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"

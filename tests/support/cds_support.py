@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from medtpe_core.cds.services import CdsService, render_template
+from medtpe.core.cds.services import CdsService, render_template
 from tests.support.paths import FIXTURES
 
 ICU_BUNDLE = FIXTURES / "cds_hooks" / "icu-patient.json"

@@ -1,5 +1,5 @@
 """Synthetic hospital FHIR R4 data from `clinosim` (PyPI, pinned in the dev extra) as one
-searchset Bundle per patient (`batch.fhir_export`): the FHIR data no one here wrote, for
+searchset Bundle per patient (`medtpe.batch.fhir_export`): the FHIR data no one here wrote, for
 the mapping tests.
 
 The committed fixture (tests/fixtures/fhir/clinosim/) was made by
@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from batch.fhir_export import patient_bundles
+from medtpe.batch.fhir_export import patient_bundles
 
 
 def simulate(population: int, seed: int, out: Path) -> Path:

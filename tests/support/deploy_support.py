@@ -1,6 +1,6 @@
 """Shared helpers of the deployment tests: repository paths, the metric names the service
-exports (read from service/metrics.py's registries, and vLLM's own `vllm:` metrics from the
-installed vLLM's source), the MEDTPE_* variables the code reads, and metric-name extraction
+exports (read from medtpe/service/plumbing/metrics.py's registries, and vLLM's own `vllm:` metrics
+from the installed vLLM's source), the MEDTPE_* variables the code reads, and metric-name extraction
 from PromQL."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.paths import ROOT
 
 if TYPE_CHECKING:
-    from service.settings import ServiceSettings
+    from medtpe.service.settings import ServiceSettings
 
 DEPLOY = ROOT / "deploy"
 
@@ -82,7 +82,7 @@ def exported_metric_names() -> set[str]:
 
     `ServiceMetrics.render()` is the exposition the service serves; every family appears in it
     (HELP/TYPE lines) even before a sample is observed, and its type gives the sample names."""
-    from service.metrics import ServiceMetrics
+    from medtpe.service.plumbing.metrics import ServiceMetrics
 
     names: set[str] = set()
     for family in text_string_to_metric_families(ServiceMetrics().render().decode()):
@@ -133,16 +133,15 @@ def _environment_names_read_in(path: Path) -> set[str]:
 def medtpe_environment_names() -> set[str]:
     """The MEDTPE_* variables the code reads: the service settings' fields (pydantic-settings,
     prefix from its model_config) and the variables that modules read directly (paths)."""
-    from service.settings import ServiceSettings
+    from medtpe.service.settings import ServiceSettings
 
     prefix = ServiceSettings.model_config.get("env_prefix", "")
     names = set()
     for field_name, field in ServiceSettings.model_fields.items():
         alias = field.validation_alias or field.alias
         names.add(alias.upper() if isinstance(alias, str) else f"{prefix}{field_name}".upper())
-    for package in ("medtpe_core", "service", "training", "medtpe_cli"):
-        for module in (ROOT / package).rglob("*.py"):
-            names.update(n for n in _environment_names_read_in(module) if n.startswith("MEDTPE_"))
+    for module in (ROOT / "medtpe").rglob("*.py"):
+        names.update(n for n in _environment_names_read_in(module) if n.startswith("MEDTPE_"))
     return names
 
 
@@ -151,7 +150,7 @@ def settings_from_environment(
 ) -> ServiceSettings:
     """The service settings a process with exactly these MEDTPE_* variables would run with
     (pydantic validates every value)."""
-    from service.settings import ServiceSettings
+    from medtpe.service.settings import ServiceSettings
 
     for name in [name for name in os.environ if name.startswith("MEDTPE_")]:
         monkeypatch.delenv(name)

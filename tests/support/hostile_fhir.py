@@ -1,7 +1,7 @@
 """A FHIR server that answers whatever a test tells it, for the tests of the CDS Hooks fetch
-(service/cds_hooks/fhir_fetch.py): a ThreadingHTTPServer on 127.0.0.1 in a thread that records
-every request it gets (path with query, `Authorization` header) and answers each with the test's
-`Answer`: any status, headers and bytes, streamed in repeats without a length, or dripped
+(medtpe/service/cds_hooks/fhir_fetch.py): a ThreadingHTTPServer on 127.0.0.1 in a thread that
+records every request it gets (path with query, `Authorization` header) and answers each with the
+test's `Answer`: any status, headers and bytes, streamed in repeats without a length, or dripped
 slowly; it notes how many body bytes it sent and whether the client closed the connection
 before the end. Also how a test reads the service's audit lines back from the log."""
 

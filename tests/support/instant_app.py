@@ -10,9 +10,9 @@ import sys
 
 import uvicorn
 
-from inference.instant_engine import InstantEngine
-from service.app import create_app
-from service.settings import ServiceSettings
+from medtpe.inference.engines.instant import InstantEngine
+from medtpe.service.app import create_app
+from medtpe.service.settings import ServiceSettings
 
 
 def main(port: int) -> None:

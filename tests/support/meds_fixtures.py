@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 from pydantic import ValidationError
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from medtpe_core.meds import MedsEvent
-from medtpe_core.tokenizer import BaseTokenizer
-from medtpe_core.tokenizer.corpus import iter_meds_corpus_texts
+from medtpe.core.meds import MedsEvent
+from medtpe.core.tokenizer import BaseTokenizer
+from medtpe.core.tokenizer.corpus import iter_meds_corpus_texts
 
 T0 = datetime(2150, 3, 1, 8, 0)
 PREDICTION_TIME = T0 + timedelta(hours=24)

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from medtpe_core.meds import read_labels
+from medtpe.core.meds import read_labels
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "fhir" / "mimic-demo-stays"
 """The committed fixture (a MEDS dataset directory with its ICU-mortality labels)."""

@@ -7,7 +7,7 @@ The bound, derived from the encoder's three steps:
    appended text or split differently, e.g. trailing spaces before a word), so the base ids of
    `a`'s earlier pre-tokens — the ids of `a_head`, `a` cut before its last pre-token — stay.
 2. Evicted-token decomposition maps each id on its own: a common prefix stays common.
-3. Pair merging (`medtpe_core.tokenizer.encoding.PairMerger`) runs one left-to-right pass per merge
+3. Pair merging (`medtpe.core.tokenizer.encoding.PairMerger`) runs one left-to-right pass per merge
    level; a pass decides each pair from the pairs to its left, so where two inputs first differ at
    position f, every output covering positions before f - 1 is the same: each pass moves the
    difference at most one token to the left, and only `merge_depth` passes can merge anything.
@@ -26,8 +26,8 @@ same bound.
 
 from __future__ import annotations
 
-from medtpe_core.tokenizer import MedTPETokenizer
-from medtpe_core.tokenizer.encoding import merge_depth
+from medtpe.core.tokenizer import MedTPETokenizer
+from medtpe.core.tokenizer.encoding import merge_depth
 
 
 def last_pretoken_start(tokenizer: MedTPETokenizer, text: str) -> int:

@@ -1,6 +1,7 @@
 """A real `redis-server` (Debian's package; `make deps-system` installs it) on a free 127.0.0.1
-port, without persistence, for the tests of the shared state (service/state_store.py). It can
-be stopped and started again on the same port mid-test (a store outage)."""
+port, without persistence, for the tests of the shared state
+(medtpe/service/cds_hooks/state_store.py). It can be stopped and started again on the same port
+mid-test (a store outage)."""
 
 from __future__ import annotations
 

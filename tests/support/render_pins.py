@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
-from medtpe_core.meds import MedsEvent, SubjectEvents
-from medtpe_core.prompt import ChatTemplate, build_prompt, render_record
-from medtpe_core.tokenizer import BaseTokenizer
+from medtpe.core.meds import MedsEvent, SubjectEvents
+from medtpe.core.prompt import ChatTemplate, build_prompt, render_record
+from medtpe.core.tokenizer import BaseTokenizer
 from tests.support.meds_fixtures import DESCRIPTIONS, PREDICTION_TIME, subject_rows
 from tests.support.paths import FIXTURES, SHARED
 from tests.support.service_support import synthetic_events
@@ -88,7 +88,7 @@ def record_pins(
     The pins were recorded when records ended strictly before the prediction time; the default
     is now up to and including it (MEDS), so the events are cut strictly before it here, which
     keeps the pins a check of the renderer, not of the cut (tested in
-    tests/medtpe_core/meds/test_meds_models.py).
+    tests/core/meds/test_meds_models.py).
     """
     out: dict[str, dict[str, object]] = {}
     if when is not None:
@@ -122,7 +122,7 @@ def compute_fixture_pins() -> dict[str, dict[str, dict[str, object]]]:
 
 def compute_shared_pins(meds: Path) -> dict[str, dict[str, dict[str, object]]]:
     """Pins of every ICU label row of a MEDS dataset (key: `subject_id@prediction_time`)."""
-    from medtpe_core.meds import MedsDataset, read_labels
+    from medtpe.core.meds import MedsDataset, read_labels
 
     dataset = MedsDataset.load(meds)
     tokenizer, chat = base_tokenizer(), template()

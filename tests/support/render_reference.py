@@ -1,5 +1,5 @@
 """A frozen copy of the per-event renderer as it was before issue 12 (commit f0e8a85), used
-ONLY as the reference that tests/medtpe_core/prompt/test_render_reference.py holds the columnar
+ONLY as the reference that tests/core/prompt/test_render_reference.py holds the columnar
 renderer to on generated records (the pins in tests/fixtures/render_pins*.json do the same on
 fixed records).
 Do not edit it to follow the production code: that would defeat its purpose. One deliberate
@@ -14,8 +14,8 @@ from datetime import datetime
 
 import numpy as np
 
-from medtpe_core.meds.events import SubjectEvents, to_naive_utc
-from medtpe_core.prompt.render import (
+from medtpe.core.meds.events import SubjectEvents, to_naive_utc
+from medtpe.core.prompt.render import (
     STATIC_HEADER,
     BudgetTooSmallError,
     RenderedRecord,

@@ -1,4 +1,4 @@
-"""Run with the seismometer venv's Python (`scripts/seismometer_venv.py`), not the project's:
+"""Run with the seismometer venv's Python (`tools/scripts/seismometer_venv.py`), not the project's:
 load a monitoring export folder with seismometer's own loading code (`ConfigProvider`,
 `loader_factory(...).load_data()`, as `seismometer.run_startup` does) and print, as JSON, what it
 loaded: rows, columns, the target's values and the score's sum. `run_startup` is seismometer's

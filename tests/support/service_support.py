@@ -26,11 +26,11 @@ import psutil
 import pytest
 from starlette.testclient import TestClient
 
-from inference.engine import EngineFactory
-from inference.instant_engine import InstantEngine
-from service.app import create_app
-from service.drain import DrainingServer, draining_server
-from service.settings import ServiceSettings
+from medtpe.inference.engines.instant import InstantEngine
+from medtpe.inference.engines.protocol import EngineFactory
+from medtpe.service.app import create_app
+from medtpe.service.drain import DrainingServer, draining_server
+from medtpe.service.settings import ServiceSettings
 from tests.ledger.rows import RFC8037_SEED_B64
 
 # (code, low, high): ICU chart items and labs in MIMIC-IV MEDS spelling, without descriptions.
@@ -95,13 +95,13 @@ def build_test_artefact(model_dir: Path, out_dir: Path, budget: int = 400) -> Pa
     (no SSFT): a stand-in with the default artefact's layout."""
     from transformers import AutoModelForCausalLM
 
-    from medtpe_core.meds import MedsEvent
-    from medtpe_core.prompt import ChatTemplate, build_prompt
-    from medtpe_core.tasks import get_task, list_tasks
-    from medtpe_core.tokenizer import BaseTokenizer
-    from medtpe_core.tokenizer.build import build_tokenizer
-    from training.embedding_init import init_new_rows
-    from training.export import model_fingerprint, save_rows
+    from medtpe.core.meds import MedsEvent
+    from medtpe.core.prompt import ChatTemplate, build_prompt
+    from medtpe.core.tasks import get_task, list_tasks
+    from medtpe.core.tokenizer import BaseTokenizer
+    from medtpe.core.tokenizer.build import build_tokenizer
+    from medtpe.training.embedding_init import init_new_rows
+    from medtpe.training.export import model_fingerprint, save_rows
 
     base = BaseTokenizer.load(model_dir)
     template = ChatTemplate.from_model_dir(model_dir)
@@ -129,9 +129,9 @@ def service_artefact(cache: Path) -> tuple[Path, Path]:
     """(artefact dir, export dir) for service tests: the default artefact once it is trained,
     else a stand-in built here; the base model is prepared and the checkpoint exported first,
     so service processes started afterwards only load files."""
-    from medtpe_core.paths import default_artefact_dir, default_export_dir, default_model_dir
-    from training.default_model import ensure_base_model
-    from training.export import ensure_export
+    from medtpe.core.paths import default_artefact_dir, default_export_dir, default_model_dir
+    from medtpe.training.default_model import ensure_base_model
+    from medtpe.training.export import ensure_export
 
     model_dir = ensure_base_model(default_model_dir())
     artefact, export = default_artefact_dir(), default_export_dir()
@@ -158,9 +158,9 @@ def engine_test_config(service_files: tuple[Path, Path], meds: Path, max_new_tok
     """The `ModelConfig` of an engine test in `medtpe` mode: the test artefact, `meds`'s code
     descriptions, a 512-token budget, a 1 GiB KV cache, eager (no torch.compile), float32,
     seed 1."""
-    from inference.engine import EngineOptions
-    from inference.model import ModelConfig
-    from medtpe_core.paths import default_model_dir
+    from medtpe.core.paths import default_model_dir
+    from medtpe.inference.engines.protocol import EngineOptions
+    from medtpe.inference.model import ModelConfig
 
     artefact, export = service_files
     return ModelConfig(
@@ -243,7 +243,7 @@ def service_env(service_files: tuple[Path, Path], **overrides: str) -> dict[str,
 def validated(artefact: Path) -> bool:
     """Whether the artefact carries a manifest (the default one does; the stand-in built on a
     clone without the default's rows was never validated, so its services allow that)."""
-    from medtpe_core.tokenizer.artefact_manifest import MANIFEST_FILE
+    from medtpe.core.tokenizer.artefact_manifest import MANIFEST_FILE
 
     return (artefact / MANIFEST_FILE).is_file()
 
@@ -435,7 +435,7 @@ def serving_in_thread(
 ) -> Iterator[InThread]:
     """`served_in_thread`, yielding the server too: the app on an `InstantEngine`, served on
     127.0.0.1 (`port`, default a free one) in a thread by the server `medtpe serve` runs
-    (`service.drain`); stopped on exit."""
+    (`medtpe.service.drain`); stopped on exit."""
     import threading
 
     port = port or free_port()

@@ -14,10 +14,10 @@ from pathlib import Path
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from medtpe_core.tokenizer import BaseTokenizer, MedTPETokenizer
-from medtpe_core.tokenizer.base import bytes_to_unicode
-from medtpe_core.tokenizer.build import build_tokenizer
-from medtpe_core.tokenizer.without_replacement import extension_twin
+from medtpe.core.tokenizer import BaseTokenizer, MedTPETokenizer
+from medtpe.core.tokenizer.base import bytes_to_unicode
+from medtpe.core.tokenizer.build import build_tokenizer
+from medtpe.core.tokenizer.without_replacement import extension_twin
 from tests.support.paths import FIXTURES, ROOT
 
 TOKENIZER_FIXTURES = FIXTURES / "tokenizers"

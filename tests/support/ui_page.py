@@ -1,5 +1,5 @@
 """The compression page (`/ui/`) driven in headless Chromium through Selenium and the Debian
-`chromium-driver`: what the browser test and scripts/ui_screenshot.py do with it."""
+`chromium-driver`: what the browser test and tools/scripts/ui_screenshot.py do with it."""
 
 from __future__ import annotations
 

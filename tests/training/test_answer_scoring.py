@@ -1,6 +1,6 @@
-"""`training.answer_scoring.RowsModel` on a tiny Llama: gapped position ids (a MedTPE prompt read at
-its tokens' original positions) still read one causal sequence, and a RoPE stretch of the slow
-dimensions changes only those and is undone exactly."""
+"""`medtpe.training.answer_scoring.RowsModel` on a tiny Llama: gapped position ids (a MedTPE prompt
+read at its tokens' original positions) still read one causal sequence, and a RoPE stretch of the
+slow dimensions changes only those and is undone exactly."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from medtpe.training.answer_scoring import RowsModel  # noqa: E402
 from tests.support.model_fixtures import tiny_llama  # noqa: E402
-from training.answer_scoring import RowsModel  # noqa: E402
 
 IDS = [101, 2024, 877, 3141, 59, 600, 1234, 42]
 GAPPED = [0, 2, 3, 5, 7, 8, 9, 11]

@@ -19,24 +19,24 @@ pytest.importorskip("transformers")
 from click.testing import CliRunner  # noqa: E402
 from tokenizers import Tokenizer, models  # noqa: E402
 
-import training.examples  # noqa: E402
-import training.pseudo_labels  # noqa: E402
-from inference.instant_engine import InstantEngine  # noqa: E402
-from medtpe_cli.main import cli  # noqa: E402
-from medtpe_core.meds.readers import read_code_descriptions  # noqa: E402
-from medtpe_core.tokenizer import MedTPETokenizer  # noqa: E402
-from medtpe_core.tokenizer.artefact_manifest import (  # noqa: E402
+import medtpe.training.examples  # noqa: E402
+import medtpe.training.pseudo_labels  # noqa: E402
+from medtpe.cli.main import cli  # noqa: E402
+from medtpe.core.meds.readers import read_code_descriptions  # noqa: E402
+from medtpe.core.tokenizer import MedTPETokenizer  # noqa: E402
+from medtpe.core.tokenizer.artefact_manifest import (  # noqa: E402
     DESCRIPTIONS_FILE,
     MANIFEST_FILE,
     ArtefactBundle,
     Rendering,
 )
-from medtpe_core.tokenizer.build import build_tokenizer  # noqa: E402
-from medtpe_core.tokenizer.corpus import iter_meds_corpus_texts  # noqa: E402
+from medtpe.core.tokenizer.build import build_tokenizer  # noqa: E402
+from medtpe.core.tokenizer.corpus import iter_meds_corpus_texts  # noqa: E402
+from medtpe.inference.engines.instant import InstantEngine  # noqa: E402
+from medtpe.training import build_artefact as build_module  # noqa: E402
+from medtpe.training.export import load_rows  # noqa: E402
 from tests.support.meds_fixtures import train_tokenizer, write_meds_dataset  # noqa: E402
 from tests.support.model_fixtures import tiny_llama  # noqa: E402
-from training import build_artefact as build_module  # noqa: E402
-from training.export import load_rows  # noqa: E402
 
 SETTINGS = """\
 tasks: [icu_mortality, phenotyping]
@@ -97,12 +97,12 @@ class FixedAnswers:
 def engine(base_dir: Path, monkeypatch: pytest.MonkeyPatch) -> FixedAnswers:
     """Fixed pseudo-labels, and the gate's answers from an engine that answers at once (both
     modes the same: the gate passes)."""
-    from medtpe_core.tokenizer import BaseTokenizer
+    from medtpe.core.tokenizer import BaseTokenizer
 
     base = BaseTokenizer.load(base_dir)
     fake = FixedAnswers([*base.encode('yes"}'), base.tokenizer.token_to_id("<|im_end|>")])
-    monkeypatch.setattr(training.examples, "greedy_generate", fake)
-    monkeypatch.setattr(training.pseudo_labels, "greedy_generate", fake)
+    monkeypatch.setattr(medtpe.training.examples, "greedy_generate", fake)
+    monkeypatch.setattr(medtpe.training.pseudo_labels, "greedy_generate", fake)
     monkeypatch.setattr(build_module, "start_vllm", InstantEngine.factory())
     return fake
 

@@ -24,13 +24,13 @@ pytest.importorskip("vllm")
 
 from click.testing import CliRunner
 
-from medtpe_cli.main import cli
-from medtpe_core.tokenizer import MedTPETokenizer
-from service.settings import ServiceSettings
+from medtpe.cli.main import cli
+from medtpe.core.tokenizer import MedTPETokenizer
+from medtpe.service.settings import ServiceSettings
+from medtpe.training.export import load_rows
 from tests.support.meds_fixtures import write_meds_dataset
 from tests.support.model_fixtures import QWEN25_VOCAB_SIZE, tiny_qwen2
 from tests.support.service_support import instant_client, own_ledger_settings, synthetic_events
-from training.export import load_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(1800)]
 

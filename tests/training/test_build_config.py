@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from training.build_config import BuildConfigError, build_config
+from medtpe.training.build_config import BuildConfigError, build_config
 
 PATHS = {"base": Path("base"), "meds": Path("meds"), "out": Path("out"), "length_mix": [8192]}
 

@@ -1,4 +1,4 @@
-"""`medtpe build-artefact`'s split step through `medtpe_core.meds.subject_split`: a dataset's
+"""`medtpe build-artefact`'s split step through `medtpe.core.meds.subject_split`: a dataset's
 `metadata/subject_splits.parquet` decides who is trained on (`train`) and who validates and
 gates (the others); without one, `held_out` of the subjects with the build's seed. The windows
 it samples are prediction points with a task and a budget."""
@@ -13,12 +13,12 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from medtpe_core.meds import PredictionPoint
-from medtpe_core.meds.subject_split import HELD_OUT, TRAIN, TUNING, seeded_split
+from medtpe.core.meds import PredictionPoint
+from medtpe.core.meds.subject_split import HELD_OUT, TRAIN, TUNING, seeded_split
+from medtpe.training.build_artefact import WINDOWS_FILE, ArtefactBuild
+from medtpe.training.build_config import build_config
 from tests.support.meds_fixtures import write_meds_dataset, write_subject_splits
 from tests.support.model_fixtures import tiny_llama
-from training.build_artefact import WINDOWS_FILE, ArtefactBuild
-from training.build_config import build_config
 
 SUBJECTS = tuple(range(1, 11))
 

@@ -1,6 +1,6 @@
 """The default artefact's split is reproducible: its build settings
 (`artefacts/smollm2-135m-icu/build.yaml`) over the shared demo data's ICU windows give exactly
-the held-out patients its `build_report.json` names, through `medtpe_core.meds.subject_split`."""
+the held-out patients its `build_report.json` names, through `medtpe.core.meds.subject_split`."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from medtpe_core.meds.subject_split import subject_split
+from medtpe.core.meds.subject_split import subject_split
+from medtpe.training.build_config import build_config
+from medtpe.training.build_data import prediction_times
 from tests.support.paths import ROOT, SHARED
-from training.build_config import build_config
-from training.build_data import prediction_times
 
 ARTEFACT = ROOT / "artefacts" / "smollm2-135m-icu"
 DEMO = SHARED / "data" / "mimic-iv-demo-meds"

@@ -7,16 +7,16 @@ import json
 import shutil
 from pathlib import Path
 
-from medtpe_core.meds.readers import read_code_descriptions
-from medtpe_core.paths import default_artefact_dir
-from medtpe_core.tokenizer.artefact_manifest import (
+from medtpe.core.meds.readers import read_code_descriptions
+from medtpe.core.paths import default_artefact_dir
+from medtpe.core.tokenizer.artefact_manifest import (
     DESCRIPTIONS_FILE,
     MANIFEST_FILE,
     ArtefactBundle,
     Rendering,
 )
+from medtpe.training.build_artefact import record_rendering
 from tests.support.mimic_fhir_fixture import FIXTURE
-from training.build_artefact import record_rendering
 
 
 def test_an_earlier_artefact_gets_its_rendering_and_keeps_its_identity(tmp_path: Path) -> None:

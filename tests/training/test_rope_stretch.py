@@ -1,4 +1,4 @@
-"""The stretch's `rope_parameters` (`medtpe_core.rope_stretch`) give transformers' YaRN exactly the
+"""The stretch's `rope_parameters` (`medtpe.core.rope_stretch`) give transformers' YaRN exactly the
 frequencies of YaRN over the model's own context with the default betas: the longer original
 length (for vLLM's cache) changes nothing a forward reads."""
 
@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 
-from medtpe_core.rope_stretch import STRETCHED_ROPE, stretched_rope  # noqa: E402
+from medtpe.core.rope_stretch import STRETCHED_ROPE, stretched_rope  # noqa: E402
 
 
 @pytest.mark.parametrize("stretch", [1.3, 1.88, 3.0])

@@ -1,5 +1,5 @@
-"""Token-level distillation (`training.token_distillation`) on a tiny Llama with the real SmolLM2
-tokenizer: the forward stops at the layer matched, only the new rows train and the held-out
+"""Token-level distillation (`medtpe.training.token_distillation`) on a tiny Llama with the real
+SmolLM2 tokenizer: the forward stops at the layer matched, only the new rows train and the held-out
 loss falls, a re-run resumes (teacher cache and checkpoint), the KL over every aligned position
 adds to the loss and trains, the `base` output side keeps the
 base head's rows, its export unties the head, and a student read with a RoPE stretch learns
@@ -15,26 +15,26 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from medtpe_core.tokenizer import MedTPETokenizer  # noqa: E402
-from medtpe_core.tokenizer.build import build_tokenizer  # noqa: E402
-from medtpe_core.tokenizer.snippets import cut  # noqa: E402
-from tests.support.model_fixtures import tiny_llama, tiny_llama_model  # noqa: E402
-from training.distill_config import DistillConfig, long_stage, matched_layers  # noqa: E402
-from training.embedding_init import init_new_rows  # noqa: E402
-from training.export import (  # noqa: E402
+from medtpe.core.tokenizer import MedTPETokenizer  # noqa: E402
+from medtpe.core.tokenizer.build import build_tokenizer  # noqa: E402
+from medtpe.core.tokenizer.snippets import cut  # noqa: E402
+from medtpe.training.distill_config import DistillConfig, long_stage, matched_layers  # noqa: E402
+from medtpe.training.embedding_init import init_new_rows  # noqa: E402
+from medtpe.training.export import (  # noqa: E402
     export_checkpoint,
     load_rows,
     model_fingerprint,
     save_rows,
     write_rows_into,
 )
-from training.rope_stretch import stretch_rope  # noqa: E402
-from training.token_distillation import (  # noqa: E402
+from medtpe.training.rope_stretch import stretch_rope  # noqa: E402
+from medtpe.training.token_distillation import (  # noqa: E402
     CHECKPOINT_FILE,
     distill,
     hidden_at,
     next_token_kl,
 )
+from tests.support.model_fixtures import tiny_llama, tiny_llama_model  # noqa: E402
 
 LINES = [
     f"{t} Heart Rate [bpm] {80 + i}; Arterial Blood Pressure systolic [mmHg] {110 + i}; "
@@ -164,7 +164,8 @@ def test_the_export_serves_the_rows_at_the_stretch_they_were_trained_at(
 ) -> None:
     """The rows file keeps the stretch; the export's config.json carries it (stock vLLM and
     transformers read it there), and the exported model reads as the base model with the rows
-    written and RoPE stretched in place (`training.rope_stretch`, what distillation trained)."""
+    written and RoPE stretched in place (`medtpe.training.rope_stretch`, what distillation
+    trained)."""
     artefact = tmp_path / "artefact"
     tokenizer.save(artefact)
     model = tiny_llama_model()

@@ -15,24 +15,24 @@ transformers = pytest.importorskip("transformers")
 
 from click.testing import CliRunner  # noqa: E402
 
-from medtpe_cli.main import cli  # noqa: E402
-from medtpe_core.tokenizer import MedTPETokenizer  # noqa: E402
-from medtpe_core.tokenizer.build import build_tokenizer  # noqa: E402
-from medtpe_core.tokenizer.without_replacement import extension_twin  # noqa: E402
-from tests.support.model_fixtures import tiny_llama, tiny_llama_model  # noqa: E402
-from training import ssft as ssft_module  # noqa: E402
-from training.embedding_init import DEFAULT_ALPHA, init_new_rows, mean_row_norm  # noqa: E402
-from training.embedding_split import apply_split, split_rows  # noqa: E402
-from training.examples import Example, collate  # noqa: E402
-from training.export import (  # noqa: E402
+from medtpe.cli.main import cli  # noqa: E402
+from medtpe.core.tokenizer import MedTPETokenizer  # noqa: E402
+from medtpe.core.tokenizer.build import build_tokenizer  # noqa: E402
+from medtpe.core.tokenizer.without_replacement import extension_twin  # noqa: E402
+from medtpe.training import ssft as ssft_module  # noqa: E402
+from medtpe.training.embedding_init import DEFAULT_ALPHA, init_new_rows, mean_row_norm  # noqa: E402
+from medtpe.training.embedding_split import apply_split, split_rows  # noqa: E402
+from medtpe.training.examples import Example, collate  # noqa: E402
+from medtpe.training.export import (  # noqa: E402
     load_rows,
     model_fingerprint,
     save_rows,
     write_rows_into,
 )
-from training.losses import DensePositions, final_hidden, teacher_hidden  # noqa: E402
-from training.ssft import SSFTConfig, train_ssft  # noqa: E402
-from training.ssft_pipeline import run_ssft, split_by_subject  # noqa: E402
+from medtpe.training.losses import DensePositions, final_hidden, teacher_hidden  # noqa: E402
+from medtpe.training.ssft import SSFTConfig, train_ssft  # noqa: E402
+from medtpe.training.ssft_pipeline import run_ssft, split_by_subject  # noqa: E402
+from tests.support.model_fixtures import tiny_llama, tiny_llama_model  # noqa: E402
 
 CORPUS = [
     f"{t} Heart Rate [bpm] {80 + i}; Arterial Blood Pressure systolic [mmHg] {110 + i}; "

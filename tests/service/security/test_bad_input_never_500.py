@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from inference.instant_engine import InstantEngine
-from medtpe_core.cds.services import get_service
-from service.app import create_app
+from medtpe.core.cds.services import get_service
+from medtpe.inference.engines.instant import InstantEngine
+from medtpe.service.app import create_app
 from tests.support.bad_requests import (
     API_BODIES,
     DEEP,

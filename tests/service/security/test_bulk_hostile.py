@@ -24,8 +24,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batch import fhir_export
-from batch.bulk_client import (
+from medtpe.batch import fhir_export
+from medtpe.batch.bulk_client import (
     DEFAULT_TYPES,
     STATE_FILE,
     ExportRequest,
@@ -33,17 +33,23 @@ from batch.bulk_client import (
     check_manifest,
     export_from_server,
 )
-from batch.fhir_export import ISSUES_FILE, MANIFEST, export_files, partition_export, subject_of
-from batch.fhir_http import FhirServerError, HttpSettings, retry_after_s
-from batch.fhir_job import FhirInput, run_fhir
-from batch.fhir_resource_types import R4_RESOURCE_TYPES
-from batch.smart_backend import ClientKey, public_jwks
-from evaluation.runner import Sampling
-from inference.instant_engine import InstantEngine
-from medtpe_cli.predict_commands import _fhir_source, _partition
-from medtpe_core.fhir import load_site_mapping
-from medtpe_core.fhir.mapping import READ_TYPES
-from service.settings import ServiceSettings
+from medtpe.batch.fhir_export import (
+    ISSUES_FILE,
+    MANIFEST,
+    export_files,
+    partition_export,
+    subject_of,
+)
+from medtpe.batch.fhir_http import FhirServerError, HttpSettings, retry_after_s
+from medtpe.batch.fhir_job import FhirInput, run_fhir
+from medtpe.batch.fhir_resource_types import R4_RESOURCE_TYPES
+from medtpe.batch.smart_backend import ClientKey, public_jwks
+from medtpe.cli.predict_commands import fhir_source, parse_partition
+from medtpe.core.fhir import load_site_mapping
+from medtpe.core.fhir.mapping import READ_TYPES
+from medtpe.evaluation.runner import Sampling
+from medtpe.inference.engines.instant import InstantEngine
+from medtpe.service.settings import ServiceSettings
 from tests.batch.test_fhir_job import job
 from tests.support.bulk_server import (
     BULK_CLIENT,
@@ -164,7 +170,7 @@ def test_a_hostile_manifest_is_refused_naming_its_field(
         "bucket_mib": 64,
     }
     with pytest.raises(click.ClickException, match="refused"):
-        _fhir_source(options, tmp_path / "out")
+        fhir_source(options, tmp_path / "out")
 
 
 def test_a_link_planted_in_the_export_folder_is_not_followed(
@@ -234,7 +240,7 @@ def test_any_retry_after_waits_within_the_caps(value: str) -> None:
 @pytest.mark.parametrize("value", ["²/3", "0/³", "1/" + "9" * 5000, "-1/2", "2/2"])
 def test_the_partition_option_takes_ascii_digits_only(value: str) -> None:
     with pytest.raises(click.BadParameter, match="I/N"):
-        _partition(value)
+        parse_partition(value)
 
 
 # --- the night job against a hostile export ---------------------------------------------------

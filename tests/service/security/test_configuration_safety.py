@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from medtpe_core.secret_masking import install_log_masking, mask_secrets
-from service.settings import ServiceSettings
-from service.state_store import RedisStore, StateUnavailable
+from medtpe.core.secret_masking import install_log_masking, mask_secrets
+from medtpe.service.cds_hooks.state_store import RedisStore, StateUnavailable
+from medtpe.service.settings import ServiceSettings
 
 PASSWORD = "Str0ng-Pa55word"
 KEY = "api-key-0123456789"

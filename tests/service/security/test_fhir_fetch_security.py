@@ -1,6 +1,6 @@
-"""The CDS Hooks fetch against a hostile FHIR server (service/cds_hooks/fhir_fetch.py), through
-the in-process app: the access token goes to the call's `fhirServer` only (a `next` link or a
-redirect elsewhere is not followed, another host never sees a request), answers are cut off
+"""The CDS Hooks fetch against a hostile FHIR server (medtpe/service/cds_hooks/fhir_fetch.py),
+through the in-process app: the access token goes to the call's `fhirServer` only (a `next` link or
+a redirect elsewhere is not followed, another host never sees a request), answers are cut off
 while they are read, an issuer must name its FHIR servers, context values cannot change a
 query, and the caller learns only `fhir_unavailable` (the audit line says what failed), whatever
 the server answers: never a 500 (a property test over arbitrary JSON and bytes).
@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from starlette.testclient import TestClient
 
-from medtpe_core.cds.services import get_service
-from service.cds_hooks.prefetch import FHIR_UNAVAILABLE_TEXT
-from service.settings import ServiceSettings
+from medtpe.core.cds.services import get_service
+from medtpe.service.cds_hooks.prefetch import FHIR_UNAVAILABLE_TEXT
+from medtpe.service.settings import ServiceSettings
 from tests.support.cds_support import (
     FHIR_TOKEN,
     ICU_PATIENT,

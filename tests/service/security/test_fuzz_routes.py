@@ -31,7 +31,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from medtpe_core.cds.services import SERVICES, get_service
+from medtpe.core.cds.services import SERVICES, get_service
 from tests.support.bad_requests import assert_answered
 from tests.support.ehr import Ehr
 from tests.support.paths import FIXTURES

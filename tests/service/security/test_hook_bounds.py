@@ -1,5 +1,5 @@
-"""The CDS Hooks service against a heavy or low-trust caller (service/cds_hooks): the whole hook
-call — the fetch of what the prefetch left out, the mapping, the model — runs under admission
+"""The CDS Hooks service against a heavy or low-trust caller (medtpe/service/cds_hooks): the whole
+hook call — the fetch of what the prefetch left out, the mapping, the model — runs under admission
 control, inside the request deadline and in the latency metric; a path naming no service of the
 discovery list is a 404 that adds no metric series; feedback is counted only for cards this
 service issued to the same caller and service (kept in the shared state: in memory and on a
@@ -28,9 +28,9 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from medtpe_core.cds.services import SERVICES, get_service
-from service.settings import ServiceSettings
-from service.state_store import IssuedCards, LocalStore, RedisStore, StateStore
+from medtpe.core.cds.services import SERVICES, get_service
+from medtpe.service.cds_hooks.state_store import IssuedCards, LocalStore, RedisStore, StateStore
+from medtpe.service.settings import ServiceSettings
 from tests.support.cds_support import ICU_PATIENT, hook_request, load_bundle, prefetch_of
 from tests.support.ehr import Ehr
 from tests.support.hostile_fhir import Answer, HostileFhir, audit_lines, hostile_fhir

@@ -21,11 +21,15 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from inference.instant_engine import InstantEngine
-from service.api.schemas import MAX_EVENT_CODE_BYTES, MAX_EVENT_TEXT_BYTES, MAX_TASK_CHARS
-from service.app import create_app
-from service.limits import MAX_LENGTH_DIGITS
-from service.settings import ServiceSettings
+from medtpe.inference.engines.instant import InstantEngine
+from medtpe.service.app import create_app
+from medtpe.service.plumbing.limits import MAX_LENGTH_DIGITS
+from medtpe.service.predict.schemas import (
+    MAX_EVENT_CODE_BYTES,
+    MAX_EVENT_TEXT_BYTES,
+    MAX_TASK_CHARS,
+)
+from medtpe.service.settings import ServiceSettings
 from tests.support.bad_requests import HEADER_BYTES
 from tests.support.properties import examples
 from tests.support.service_support import (

@@ -1,6 +1,6 @@
 """An issuer's JWK Set host that goes down costs one bounded wait, not one per call
-(service/cds_hooks/jwt_auth.py, `JwksCache`): a real JWK Set server on 127.0.0.1 that answers,
-then stalls past the fetch timeout; the calls go through the JWT check with real tokens."""
+(medtpe/service/cds_hooks/jwt_auth.py, `JwksCache`): a real JWK Set server on 127.0.0.1 that
+answers, then stalls past the fetch timeout; the calls go through the JWT check with real tokens."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from service.cds_hooks.jwt_auth import (
+from medtpe.service.cds_hooks.jwt_auth import (
     JWKS_RETRY_S,
     JWKS_TTL_S,
     CdsIssuer,

@@ -17,8 +17,8 @@ from pydantic import ValidationError
 from redis import Redis
 from starlette.testclient import TestClient
 
-from medtpe_core.cds.services import get_service
-from service.state_store import STATE_RETRY_AFTER_S
+from medtpe.core.cds.services import get_service
+from medtpe.service.cds_hooks.state_store import STATE_RETRY_AFTER_S
 from tests.support.cds_support import ICU_PATIENT, hook_request, load_bundle, prefetch_of
 from tests.support.ehr import Ehr
 from tests.support.redis_server import RedisServer

@@ -18,10 +18,10 @@ import pytest
 from pydantic import ValidationError
 from starlette.testclient import TestClient
 
-from inference.instant_engine import InstantEngine
-from service.api.schemas import API_KEY_SCHEMES
-from service.app import create_app
-from service.settings import ServiceSettings
+from medtpe.inference.engines.instant import InstantEngine
+from medtpe.service.app import create_app
+from medtpe.service.predict.schemas import API_KEY_SCHEMES
+from medtpe.service.settings import ServiceSettings
 from tests.support.ehr import Ehr
 from tests.support.paths import ROOT
 from tests.support.service_support import (

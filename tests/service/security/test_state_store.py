@@ -1,6 +1,6 @@
-"""The shared state's two backends (service/state_store.py): the in-process store and a real
-redis-server, which is stopped and started again to show what an outage does and how long it
-costs."""
+"""The shared state's two backends (medtpe/service/cds_hooks/state_store.py): the in-process store
+and a real redis-server, which is stopped and started again to show what an outage does and how long
+it costs."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 import pytest
 from redis import Redis
 
-from medtpe_core.cds.cards import Score
-from service.state_store import (
+from medtpe.core.cds.cards import Score
+from medtpe.service.cds_hooks.state_store import (
     STATE_DEADLINE_S,
     LocalStore,
     RedisStore,

@@ -1,0 +1,312 @@
+"""`medtpe ledger upgrade|public-key` and `medtpe verify ID`: the prediction ledger from the
+command line, on the ledger `MEDTPE_LEDGER_URL` names (as the service and `medtpe predict` do)
+or `--ledger URL`.
+
+`medtpe verify` checks a row's signature and that the row says what its receipt signs, then
+re-derives the prediction — the record from `--meds DIR` / `--fhir DIR` or the row's stored
+record, the artefact's digest, the rendering, the prompt's ids, the engine's answer with the
+receipt's decoding settings, in the dtype the receipt names — and names each part that
+differs; its exit status is 1 when any does. The engine (vLLM, torch) is imported inside the
+command only."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, get_args
+
+import click
+
+from medtpe.cli import options
+from medtpe.core.meds.canonical import parse_canonical_record, record_digest
+from medtpe.inference.engines.protocol import Dtype
+from medtpe.ledger.receipt import Receipt, prompt_ids_digest, rendering_settings
+from medtpe.ledger.settings import LedgerSettings
+from medtpe.ledger.signing import SigningKeyError, public_key_from_jwk
+from medtpe.ledger.verification import AUTO, P_TOLERANCE, Check, Rederived, check_row, compare
+
+if TYPE_CHECKING:  # the store (SQLAlchemy: the `service` extra) inside the commands only
+    from medtpe.ledger.store import PredictionRow
+
+RERUN_DTYPES = tuple(name for name in get_args(Dtype) if name != AUTO)
+"""What `medtpe verify --dtype` may name."""
+
+LEDGER_OPTION = click.option(
+    "--ledger",
+    "ledger_url",
+    envvar="MEDTPE_LEDGER_URL",
+    show_envvar=True,
+    default=None,
+    help="The ledger's database URL [default: `.cache/ledger.sqlite3`].",
+)
+
+
+def _settings(ledger_url: str | None) -> LedgerSettings:
+    settings = LedgerSettings.from_environ()
+    if ledger_url:
+        settings = LedgerSettings(
+            ledger_url, settings.ledger_records, settings.ledger_signing_key, settings.ledger_off
+        )
+    return settings
+
+
+@click.group("ledger")
+def ledger() -> None:
+    """The prediction ledger: its schema and its signing key."""
+
+
+@ledger.command("upgrade")
+@LEDGER_OPTION
+def upgrade(ledger_url: str | None) -> None:
+    """Create the ledger's tables or migrate them to the newest schema (the service and
+    `medtpe predict` do it on start, too)."""
+    from medtpe.ledger.migrate import current, head
+    from medtpe.ledger.store import LedgerUnavailable
+
+    settings = _settings(ledger_url)
+    try:
+        opened = settings.open_ledger()
+    except LedgerUnavailable as exc:
+        raise click.ClickException(str(exc)) from exc
+    with opened.engine.connect() as connection:
+        click.echo(f"ledger at schema {current(connection)} (newest: {head()})")
+    opened.close()
+
+
+@ledger.command("public-key")
+@LEDGER_OPTION
+def public_key(ledger_url: str | None) -> None:
+    """Print the public key that checks the receipts' signatures, as a JWK."""
+    try:
+        click.echo(json.dumps(_settings(ledger_url).signer().jwk()))
+    except SigningKeyError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@dataclass(frozen=True)
+class RecordSource:
+    """Where `medtpe verify` reads the record again: a MEDS dataset, FHIR Bulk Data export
+    directories, else the row's stored record."""
+
+    meds_dir: Path | None = None
+    fhir_dirs: tuple[Path, ...] = ()
+    fhir_mapping: Path | None = None
+
+
+@click.command("verify")
+@click.argument("prediction_id")
+@LEDGER_OPTION
+@options.meds_dir_option(
+    "The MEDS dataset the record comes from (its subject is the row's).", required=False
+)
+@options.fhir_dirs_option(
+    "In place of --meds: FHIR Bulk Data export directories holding the patient's resources."
+)
+@options.FHIR_MAPPING_OPTION
+@click.option(
+    "--codes",
+    "codes_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="A MEDS dataset whose metadata/codes.parquet describes the codes, as the answer's "
+    "service or job had [default: --meds for a `medtpe predict` row, else the artefact's].",
+)
+@click.option(
+    "--public-key",
+    "public_key_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="The signer's public key, a JWK file [default: the configured signing key's].",
+)
+@click.option(
+    "--p-tolerance",
+    type=click.FloatRange(min=0.0),
+    default=P_TOLERANCE,
+    show_default=True,
+    help="Largest |Δp(yes)| of the re-run taken as the same.",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(RERUN_DTYPES),
+    default=None,
+    help="The re-run's dtype for a receipt that says `auto` (written before receipts named the "
+    "dtype that ran) [default: auto, as this machine resolves it]; a receipt naming its dtype "
+    "is re-run in it.",
+)
+@click.option(
+    "--signature-only", is_flag=True, help="Check the signature and the row only (no engine)."
+)
+@options.MODEL_FILES_OPTIONS
+def verify(
+    prediction_id: str,
+    ledger_url: str | None,
+    meds_dir: Path | None,
+    fhir_dirs: tuple[Path, ...],
+    fhir_mapping: Path | None,
+    codes_dir: Path | None,
+    public_key_file: Path | None,
+    p_tolerance: float,
+    dtype: str | None,
+    signature_only: bool,
+    model_dir: Path | None,
+    artefact_dir: Path | None,
+    export_dir: Path | None,
+) -> None:
+    """Check the ledger row PREDICTION_ID's signature and re-derive its answer."""
+    from medtpe.ledger.store import LedgerUnavailable
+
+    if meds_dir is not None and fhir_dirs:
+        raise click.UsageError("give --meds or --fhir, not both")
+    settings = _settings(ledger_url)
+    try:
+        key = (
+            public_key_from_jwk(json.loads(public_key_file.read_text()))
+            if public_key_file is not None
+            else settings.signer().public_key
+        )
+        opened = settings.open_ledger()
+        try:
+            row = opened.get(prediction_id)
+        finally:
+            opened.close()
+    except (SigningKeyError, LedgerUnavailable, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if row is None:
+        raise click.ClickException(f"no prediction {prediction_id} in the ledger")
+    receipt, checks = check_row(row, key)
+    if receipt is not None and not signature_only:
+        source = RecordSource(meds_dir, fhir_dirs, fhir_mapping)
+        if meds_dir is None and not fhir_dirs and row.record is None:
+            raise click.UsageError(
+                "the row keeps no record (MEDTPE_LEDGER_RECORDS=digest): give --meds or --fhir"
+            )
+        if codes_dir is None and row.door == "batch_meds":
+            codes_dir = meds_dir
+        files = options.model_files(model_dir, artefact_dir, export_dir)
+        rerun = rerun_dtype(receipt.dtype, dtype)
+        again = rederive(row, receipt, source, files | {"codes_dir": codes_dir}, dtype=rerun)
+        checks += compare(receipt, again, p_tolerance)
+    click.echo(report(checks))
+    if not all(check.ok for check in checks):
+        raise SystemExit(1)
+
+
+def rerun_dtype(signed: str, given: str | None) -> str:
+    """The dtype `medtpe verify` re-runs in: the receipt's; for a receipt that says `auto`,
+    `--dtype` where given (else `auto`, resolved on this machine)."""
+    if given is None or given == signed:
+        return signed
+    if signed != AUTO:
+        raise click.UsageError(
+            f"the receipt names its dtype ({signed}): it is re-run in it; --dtype is for "
+            "receipts that say auto"
+        )
+    return given
+
+
+EngineStart = Callable[[Any], Any]
+
+
+def rederive(
+    row: PredictionRow,
+    receipt: Receipt,
+    source: RecordSource,
+    model_files: dict[str, Any],
+    start_engine: EngineStart | None = None,
+    run: Callable[[Coroutine[Any, Any, Any]], Any] = asyncio.run,
+    *,
+    dtype: str | None = None,
+) -> Rederived:
+    """Re-derive the prediction of `row`: the model configured as the receipt says (mode,
+    budget, windowing, dtype unless `dtype` is given, answer length), the record read from
+    `source`, prepared and answered with the receipt's decoding settings (`start_engine`: vLLM
+    unless given; `run`: the event loop's runner, one loop for every row where one engine
+    serves several); `Rederived.dtype` is what the engine ran in."""
+    from medtpe.core.fhir import load_site_mapping
+    from medtpe.core.meds.readers import MedsDataset
+    from medtpe.core.tasks import get_task
+    from medtpe.inference.engines.factories import start_vllm
+    from medtpe.inference.model import ModelConfig, load_model
+    from medtpe.inference.record import FhirResources, MedsRecord
+    from medtpe.inference.sampling import Sampling
+    from medtpe.training.export import prepare_model_files
+
+    rendering = receipt.rendering
+    config = ModelConfig.from_options(
+        **model_files,
+        mode=receipt.mode,
+        max_input_tokens=rendering["max_input_tokens"],
+        window_policy=rendering["window_policy"],
+        window_grid_hours=rendering["window_grid_hours"],
+        max_new_tokens=receipt.decoding["max_new_tokens"],
+        dtype=dtype or receipt.dtype,
+    )
+    prepare_model_files(config)
+    loaded = load_model(config)
+    predictor, task = loaded.predictor, get_task(receipt.task)
+    when = None if row.prediction_time is None else row.prediction_time.replace(tzinfo=None)
+    descriptions: dict[str, str] | None = None
+    if source.meds_dir is not None:
+        events = MedsDataset.load(source.meds_dir).events(int(row.subject_id))
+        prepared = MedsRecord(events, when).prepare(predictor, task)
+    elif source.fhir_dirs:
+        resources = list(patient_resources(source.fhir_dirs, row.subject_id))
+        mapping = load_site_mapping(source.fhir_mapping)
+        prepared = FhirResources(resources, mapping, when, row.subject_id).prepare(predictor, task)
+        descriptions = prepared.fhir.descriptions if prepared.fhir is not None else None
+    else:
+        assert row.record is not None
+        events, stored_when, descriptions = parse_canonical_record(row.record)
+        prepared = predictor.prepare(task, events, stored_when, descriptions or None)
+    if row.shadow_of is not None:  # a fidelity shadow answered the uncompressed prompt
+        prepared = predictor.uncompressed(prepared)
+    engine = (start_engine or start_vllm)(loaded.engine_config)
+    try:
+        answer = run(predictor.answer(engine, prepared, Sampling(**receipt.decoding)))
+        ran = engine.dtype
+    finally:
+        engine.shutdown()
+    return Rederived(
+        record_sha256=record_digest(prepared.events, prepared.prediction_time, descriptions),
+        artefact_digest=loaded.bundle.digest(),
+        rendering=rendering_settings(
+            loaded.rendering.render_version,
+            loaded.rendering.digest,
+            predictor.max_input_tokens,
+            config.windowing.policy.value,
+            config.windowing.grid_hours,
+        ),
+        prompt_ids_sha256=prompt_ids_digest(prepared.ids(receipt.mode)),
+        dtype=ran,
+        answer=answer.prediction,
+        p_yes=(answer.probabilities or {}).get("yes"),
+    )
+
+
+def patient_resources(directories: tuple[Path, ...], patient_id: str) -> Iterator[Any]:
+    """The resources of an export's NDJSON files (`.ndjson`, `.ndjson.gz`) that name
+    `Patient/<id>` or are that Patient: only those lines are parsed and kept."""
+    reference = f'"Patient/{patient_id}"'
+    own_id = f'"id":"{patient_id}"'
+    for directory in directories:
+        for path in sorted([*directory.glob("*.ndjson"), *directory.glob("*.ndjson.gz")]):
+            opener = gzip.open if path.suffix == ".gz" else open
+            with opener(path, "rt", encoding="utf-8") as lines:
+                for line in lines:
+                    compact = line.replace(" ", "")
+                    if reference in compact or (
+                        '"resourceType":"Patient"' in compact and own_id in compact
+                    ):
+                        yield json.loads(line)
+
+
+def report(checks: list[Check]) -> str:
+    """The checks as the command prints them, one a line."""
+    return "\n".join(f"{'ok  ' if c.ok else 'DIFF'} {c.part:<9} {c.detail}" for c in checks)
+
+
+commands = [ledger, verify]

@@ -1,0 +1,133 @@
+"""The one fake engine, the seam for tests and benchmarks of what lies around the engine (the
+HTTP layer, the batch job, the build's bookkeeping): it implements
+`medtpe.inference.engines.protocol.Engine`, reads the served checkpoint's own tokenizer, and answers
+every prompt with that tokenizer's ids of a fixed answer. `delay_s` holds each generation (deadline
+and queue tests) until `release()`; `die()` makes it report death like a crashed vLLM. It imports no
+vLLM; never used by the product itself."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from medtpe.core.tokenizer import BaseTokenizer
+from medtpe.inference.engines.protocol import (
+    AnswerConstraint,
+    Completion,
+    Dtype,
+    EngineConfig,
+    EngineDead,
+    EngineFactory,
+    Finish,
+)
+
+ANSWER = 'yes"}'
+"""What follows the `{"answer": "` prefill: a well-formed binary answer."""
+
+
+class InstantEngine:
+    """Answers `ANSWER` at once (after `delay_s`), with first-token logprobs on request."""
+
+    def __init__(
+        self, model_dir: Path, max_model_len: int, delay_s: float = 0.0, dtype: Dtype = "auto"
+    ) -> None:
+        tokenizer = BaseTokenizer.load(model_dir)  # parsed once per content in a process
+        self.answer_ids = tokenizer.encode(ANSWER, special_tokens=True)
+        self.option_ids = {
+            option: tokenizer.encode(option, special_tokens=True)[0] for option in ("yes", "no")
+        }
+        self.max_model_len = max_model_len
+        self.dtype: Dtype = "float32" if dtype == "auto" else dtype
+        """The configured dtype; `auto` is float32 here (it computes nothing), as on a CPU
+        without native bfloat16."""
+        self.delay_s = delay_s
+        self.prompts: list[list[int]] = []
+        self.cache_salts: list[str | None] = []
+        """The cache salt of each generation, in order."""
+        self.constraints: list[AnswerConstraint | None] = []
+        """The answer constraint of each generation, in order."""
+        self._dead = False
+        self._released = threading.Event()
+
+    @classmethod
+    def factory(cls, delay_s: float = 0.0) -> EngineFactory:
+        """An `EngineFactory` making instant engines with this delay."""
+
+        def start(config: EngineConfig) -> InstantEngine:
+            max_model_len = config.max_model_len or 8192
+            return cls(config.model_dir, max_model_len, delay_s, config.options.dtype)
+
+        return start
+
+    @property
+    def dead(self) -> bool:
+        """Whether `die()` was called."""
+        return self._dead
+
+    def die(self) -> None:
+        """From now on, report death and refuse to generate."""
+        self._dead = True
+
+    def release(self) -> None:
+        """End the held generations now and hold no more (any thread): a test holds a request
+        for as long as it needs, not for a guessed time."""
+        self._released.set()
+
+    async def _hold(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while not self._released.is_set() and (left := end - time.monotonic()) > 0:
+            await asyncio.sleep(min(left, 0.02))
+
+    async def generate(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        n: int = 1,
+        temperature: float = 0.0,
+        max_new_tokens: int = 64,
+        seed: int | None = None,
+        top_logprobs: int | None = None,
+        cache_salt: str | None = None,
+        constraint: AnswerConstraint | None = None,
+        stop_ids: frozenset[int] = frozenset(),
+    ) -> list[Completion]:
+        """`n` copies of the fixed answer, cut after its first stop id or at `max_new_tokens`
+        (it matches every binary task's constraint after the prefill; the constraint is
+        recorded, not applied)."""
+        if self._dead:
+            raise EngineDead("the engine is dead")
+        self.prompts.append(list(prompt_ids))
+        self.cache_salts.append(cache_salt)
+        self.constraints.append(constraint)
+        if self.delay_s:
+            await self._hold(self.delay_s)
+        if self._dead:
+            raise EngineDead("the engine died during generation")
+        ids, finish = list(self.answer_ids), Finish.EOS
+        stop_at = next((k for k, token in enumerate(ids) if token in stop_ids), None)
+        if stop_at is not None:
+            ids, finish = ids[: stop_at + 1], Finish.STOP
+        if len(ids) > max_new_tokens:
+            ids, finish = ids[:max_new_tokens], Finish.LENGTH
+        logprobs = None
+        if top_logprobs:
+            yes, no = self.option_ids["yes"], self.option_ids["no"]
+            logprobs = [{yes: math.log(0.75), no: math.log(0.25)}]
+            logprobs += [{token: 0.0} for token in ids[1:]]
+        return [Completion(ids, logprobs, finish) for _ in range(n)]
+
+    async def warm_up(self, prompt_ids: Sequence[int]) -> None:
+        """One generation like any other, recorded, but never held by `delay_s`: an engine
+        that holds its requests is ready at once."""
+        delay, self.delay_s = self.delay_s, 0.0
+        try:
+            await self.generate(prompt_ids, max_new_tokens=2)
+        finally:
+            self.delay_s = delay
+
+    def shutdown(self) -> None:
+        """Nothing to stop."""

@@ -1,0 +1,164 @@
+"""The key that signs receipts (Ed25519, `cryptography`), its public JWK (RFC 8037) and its id
+(the JWK thumbprint, RFC 7638).
+
+The key comes from `MEDTPE_LEDGER_SIGNING_KEY` (PEM PKCS#8 text, or the base64 of the 32-byte
+seed). A local SQLite ledger without it gets a key generated once and kept in
+`.cache/ledger-signing-key` (mode 0600), with a warning; any other ledger refuses to start
+without it (`SigningKeyMissing`)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from medtpe.ledger.receipt import Receipt
+
+logger = logging.getLogger(__name__)
+SEED_BYTES = 32
+
+
+class SigningKeyError(ValueError):
+    """The signing key is missing where it is required, or cannot be read."""
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _b64url_decode(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _raw_public(key: Ed25519PublicKey) -> bytes:
+    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def key_id(public_key: Ed25519PublicKey) -> str:
+    """The key's id: its RFC 7638 JWK thumbprint (SHA-256, base64url)."""
+    members = {"crv": "Ed25519", "kty": "OKP", "x": _b64url(_raw_public(public_key))}
+    canonical = json.dumps(members, sort_keys=True, separators=(",", ":")).encode()
+    return _b64url(hashlib.sha256(canonical).digest())
+
+
+def public_jwk(public_key: Ed25519PublicKey) -> dict[str, str]:
+    """The public key as a JWK (`GET /ledger/public-key` serves it)."""
+    return {
+        "kty": "OKP",
+        "crv": "Ed25519",
+        "x": _b64url(_raw_public(public_key)),
+        "alg": "EdDSA",
+        "use": "sig",
+        "kid": key_id(public_key),
+    }
+
+
+def public_key_from_jwk(jwk: dict[str, Any]) -> Ed25519PublicKey:
+    """An Ed25519 public key from its JWK; a SigningKeyError when it is none."""
+    if jwk.get("kty") != "OKP" or jwk.get("crv") != "Ed25519" or "x" not in jwk:
+        raise SigningKeyError("the JWK is no Ed25519 public key (kty OKP, crv Ed25519, x)")
+    try:
+        return Ed25519PublicKey.from_public_bytes(_b64url_decode(str(jwk["x"])))
+    except (ValueError, binascii.Error) as exc:
+        raise SigningKeyError(f"the JWK's x is no Ed25519 public key: {exc}") from exc
+
+
+def parse_private_key(text: str) -> Ed25519PrivateKey:
+    """An Ed25519 private key from PEM (PKCS#8) text or the base64 of its 32-byte seed."""
+    text = text.strip()
+    if text.startswith("-----BEGIN"):
+        try:
+            key = serialization.load_pem_private_key(text.encode(), password=None)
+        except (ValueError, TypeError) as exc:
+            raise SigningKeyError(f"the signing key's PEM cannot be read: {exc}") from exc
+        if not isinstance(key, Ed25519PrivateKey):
+            raise SigningKeyError("the signing key's PEM holds no Ed25519 private key")
+        return key
+    try:
+        seed = base64.b64decode(text, validate=True)
+    except binascii.Error as exc:
+        raise SigningKeyError("the signing key is neither PEM nor base64") from exc
+    if len(seed) != SEED_BYTES:
+        raise SigningKeyError(
+            f"the signing key's base64 holds {len(seed)} bytes, an Ed25519 seed has {SEED_BYTES}"
+        )
+    return Ed25519PrivateKey.from_private_bytes(seed)
+
+
+def local_key(path: Path) -> Ed25519PrivateKey:
+    """The key kept in `path` (base64 seed, mode 0600), generated there the first time."""
+    if path.exists():
+        return parse_private_key(path.read_text())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    seed = Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process made it meanwhile
+        return parse_private_key(path.read_text())
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(base64.b64encode(seed).decode() + "\n")
+    logger.warning(
+        "no MEDTPE_LEDGER_SIGNING_KEY: receipts are signed with a key generated in %s (fine for "
+        "a local ledger; set MEDTPE_LEDGER_SIGNING_KEY for a shared one)",
+        path,
+    )
+    return parse_private_key(path.read_text())
+
+
+@dataclass(frozen=True)
+class Signer:
+    """Signs receipts with one private key."""
+
+    private_key: Ed25519PrivateKey
+
+    @property
+    def public_key(self) -> Ed25519PublicKey:
+        """The key that checks this signer's signatures."""
+        return self.private_key.public_key()
+
+    @property
+    def key_id(self) -> str:
+        """The public key's thumbprint (a ledger row's `key_id`)."""
+        return key_id(self.public_key)
+
+    def jwk(self) -> dict[str, str]:
+        """The public key as a JWK."""
+        return public_jwk(self.public_key)
+
+    def sign(self, receipt: Receipt) -> str:
+        """The base64url Ed25519 signature of the receipt's canonical bytes."""
+        return _b64url(self.private_key.sign(receipt.canonical()))
+
+
+def signer_for(url: str, key_text: str | None, key_file: Path) -> Signer:
+    """The signer of the ledger at `url`: the configured key, else for a SQLite ledger the
+    local key in `key_file`; a SigningKeyError for any other ledger without a key."""
+    if key_text:
+        return Signer(parse_private_key(key_text))
+    if not url.startswith("sqlite"):
+        raise SigningKeyError(
+            "MEDTPE_LEDGER_SIGNING_KEY is required with a ledger other than a local SQLite file "
+            "(PEM PKCS#8 text or the base64 of a 32-byte Ed25519 seed)"
+        )
+    return Signer(local_key(key_file))
+
+
+def verify_signature(receipt: Receipt, signature: str, public_key: Ed25519PublicKey) -> bool:
+    """Whether `signature` (base64url) signs `receipt`'s canonical bytes under `public_key`."""
+    try:
+        public_key.verify(_b64url_decode(signature), receipt.canonical())
+    except (InvalidSignature, ValueError, binascii.Error):
+        return False
+    return True

@@ -1,0 +1,372 @@
+"""The ledger's store: `Ledger.open(url)` (SQLite or PostgreSQL, migrated to the newest schema),
+`record(rows)` in one transaction, `get(prediction_id)`, `rows(since, until, task)`.
+
+A write that fails raises `LedgerUnavailable` (the service answers 503 with `Retry-After`: no
+answer leaves without its row). Recording is idempotent on `prediction_id`: a row recorded
+again with the same content is a no-op, with other content a `LedgerConflict`.
+
+SQLite runs in WAL mode with `synchronous=NORMAL` and a 10 s `busy_timeout`, so several
+processes on one machine can write to one file. NORMAL: a committed row survives the writing
+process's crash (SIGKILL included: it is in the WAL file), not a power cut or an operating-system
+crash, which may lose the last commits; FULL would fsync each commit (3.8 ms a row on the
+development machine's disk against 0.16 ms, past the ledger's 2 ms budget). A ledger that must
+survive power cuts, or that several machines write, is a PostgreSQL (`synchronous_commit=on`).
+PostgreSQL URLs use the psycopg 3 driver.
+
+The methods block: from async code call them in a worker thread (`arecord`, or
+`asyncio.to_thread`)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
+from medtpe.ledger.migrate import upgrade
+from medtpe.ledger.receipt import Receipt, canonical_json
+from medtpe.ledger.schema import DOORS, Prediction
+from medtpe.ledger.signing import Signer
+
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+CONNECT_TIMEOUT_S = 5
+CHUNK_ROWS = 1_000
+"""Rows read back per statement when a `record` retries rows already there, and per batch
+while `rows` streams."""
+_TABLE = Prediction.__table__
+_TIME_COLUMNS = ("created_at", "prediction_time")
+
+
+class LedgerUnavailable(RuntimeError):
+    """The ledger cannot be opened or written now (database down, disk full, locked too
+    long): the answer must not leave."""
+
+
+class LedgerConflict(ValueError):
+    """A row recorded again with another content under the same `prediction_id`."""
+
+
+@dataclass(frozen=True)
+class PredictionRow:
+    """One ledger row (the `predictions` table's columns; times UTC)."""
+
+    prediction_id: str
+    created_at: datetime
+    door: str
+    caller: str
+    site: str | None
+    task: str
+    subject_id: str
+    prediction_time: datetime | None
+    answer: str
+    """The answer's value as JSON text (`null`: none)."""
+    p_yes: float | None
+    format_ok: bool
+    original_tokens: int
+    medtpe_tokens: int
+    compression_rate: float
+    latency_ms: float
+    mode: str
+    receipt: str
+    """The receipt's canonical JSON text (`medtpe.ledger.receipt.Receipt.canonical`)."""
+    signature: str
+    key_id: str
+    record: str | None = None
+    """The canonical record (with `MEDTPE_LEDGER_RECORDS=store` only)."""
+    silent: bool = False
+    shadow_of: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.door not in DOORS:
+            raise ValueError(f"door {self.door!r}: expected one of {', '.join(DOORS)}")
+
+    @classmethod
+    def signed(
+        cls,
+        receipt: Receipt,
+        signer: Signer,
+        *,
+        door: str,
+        caller: str,
+        site: str | None,
+        subject_id: str,
+        prediction_time: datetime | None,
+        format_ok: bool,
+        original_tokens: int,
+        medtpe_tokens: int,
+        compression_rate: float,
+        latency_ms: float,
+        record: bytes | None = None,
+        silent: bool = False,
+        shadow_of: str | None = None,
+    ) -> PredictionRow:
+        """The row of `receipt` signed by `signer`: its id, time, task, mode, answer and
+        p("yes") are the receipt's, so the row cannot say otherwise than what is signed."""
+        return cls(
+            prediction_id=receipt.prediction_id,
+            created_at=datetime.fromisoformat(receipt.created_at.removesuffix("Z")).replace(
+                tzinfo=UTC
+            ),
+            door=door,
+            caller=caller,
+            site=site,
+            task=receipt.task,
+            subject_id=subject_id,
+            prediction_time=_aware_utc(prediction_time),
+            answer=canonical_json(receipt.answer).decode(),
+            p_yes=receipt.p_yes,
+            format_ok=format_ok,
+            original_tokens=original_tokens,
+            medtpe_tokens=medtpe_tokens,
+            compression_rate=compression_rate,
+            latency_ms=latency_ms,
+            mode=receipt.mode,
+            receipt=receipt.canonical().decode(),
+            signature=signer.sign(receipt),
+            key_id=signer.key_id,
+            record=None if record is None else record.decode(),
+            silent=silent,
+            shadow_of=shadow_of,
+        )
+
+    def values(self) -> dict[str, Any]:
+        """The row's column values, times as naive UTC (what either database stores)."""
+        values = {name: getattr(self, name) for name in _COLUMNS}
+        for name in _TIME_COLUMNS:
+            values[name] = _naive_utc(values[name])
+        return values
+
+
+_COLUMNS = tuple(field.name for field in dataclasses.fields(PredictionRow))
+
+
+def _naive_utc(when: datetime | None) -> datetime | None:
+    if when is None or when.tzinfo is None:
+        return when
+    return when.astimezone(UTC).replace(tzinfo=None)
+
+
+def _aware_utc(when: datetime | None) -> datetime | None:
+    if when is None:
+        return None
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+
+
+def database_url(url: str) -> str:
+    """`url` with PostgreSQL's driver named (psycopg 3: `postgresql+psycopg://`)."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def _sqlite_pragmas(connection: Any, _record: Any) -> None:
+    cursor = connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def make_engine(url: str) -> Engine:
+    """A SQLAlchemy engine of the ledger at `url` (SQLite: WAL pragmas on every connection;
+    PostgreSQL: psycopg 3; a connection the server dropped is replaced at its first failure,
+    which `Ledger.record` retries once)."""
+    full = make_url(database_url(url))
+    if full.get_backend_name() == "sqlite":
+        engine = create_engine(full)
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    if full.get_backend_name() != "postgresql":
+        raise ValueError(
+            f"ledger URL {full.render_as_string()}: expected sqlite:///PATH or postgresql://…"
+        )
+    return create_engine(
+        full, connect_args={"connect_timeout": CONNECT_TIMEOUT_S}, use_insertmanyvalues=False
+    )
+
+
+class Ledger:
+    """One ledger database."""
+
+    def __init__(self, engine: Engine, *, keep_records: bool = False) -> None:
+        self.engine = engine
+        self.keep_records = keep_records
+        """Whether a row's `record` is stored (`MEDTPE_LEDGER_RECORDS=store`) or dropped."""
+
+    @classmethod
+    def open(cls, url: str, *, keep_records: bool = False) -> Ledger:
+        """The ledger at `url`, migrated to the newest schema; `LedgerUnavailable` when the
+        database cannot be reached."""
+        engine = make_engine(url)
+        try:
+            if engine.dialect.name == "sqlite" and engine.url.database not in (None, ":memory:"):
+                Path(engine.url.database).parent.mkdir(parents=True, exist_ok=True)
+            upgrade(engine)
+        except (SQLAlchemyError, OSError) as exc:
+            engine.dispose()
+            raise LedgerUnavailable(f"the ledger cannot be opened: {database_reason(exc)}") from exc
+        return cls(engine, keep_records=keep_records)
+
+    def record(self, rows: Sequence[PredictionRow]) -> None:
+        """Commit `rows` in one transaction (all or none). A row already recorded with the same
+        content is left as it is (a retry); with another content: `LedgerConflict`, nothing
+        written. `LedgerUnavailable` when the database cannot be written."""
+        unique = self._unique(rows)
+        if not unique:
+            return
+        try:
+            self._write(unique)
+        except DBAPIError as exc:
+            if not exc.connection_invalidated:
+                raise LedgerUnavailable(
+                    f"the ledger cannot be written: {database_reason(exc)}"
+                ) from exc
+            try:  # a connection the database dropped (a restart): once more on a new one
+                self._write(unique)
+            except SQLAlchemyError as again:
+                raise LedgerUnavailable(
+                    f"the ledger cannot be written: {database_reason(again)}"
+                ) from again
+        except SQLAlchemyError as exc:
+            raise LedgerUnavailable(
+                f"the ledger cannot be written: {database_reason(exc)}"
+            ) from exc
+
+    def _write(self, unique: dict[str, dict[str, Any]]) -> None:
+        """Insert the rows not there yet in one transaction (one statement executed for every
+        row: psycopg pipelines them); when some were there, compare them with theirs."""
+        with self.engine.begin() as connection:
+            inserted = connection.execute(self._insert(), list(unique.values())).rowcount
+            if inserted == len(unique):
+                return
+            ids = list(unique)  # some were there: a retry, or a conflict
+            for first in range(0, len(ids), CHUNK_ROWS):
+                stored = connection.execute(
+                    select(_TABLE).where(
+                        _TABLE.c.prediction_id.in_(ids[first : first + CHUNK_ROWS])
+                    )
+                ).mappings()
+                for existing in stored:
+                    if _comparable(existing) != unique[existing["prediction_id"]]:
+                        raise LedgerConflict(
+                            f"prediction {existing['prediction_id']} is recorded already "
+                            "with other content"
+                        )
+
+    async def arecord(self, rows: Sequence[PredictionRow]) -> None:
+        """`record` in a worker thread (for the event loop of the service)."""
+        await asyncio.to_thread(self.record, rows)
+
+    def get(self, prediction_id: str) -> PredictionRow | None:
+        """The row of `prediction_id` (None: no such prediction)."""
+        try:
+            with self.engine.connect() as connection:
+                found = (
+                    connection.execute(
+                        select(_TABLE).where(_TABLE.c.prediction_id == prediction_id)
+                    )
+                    .mappings()
+                    .first()
+                )
+        except SQLAlchemyError as exc:
+            raise LedgerUnavailable(f"the ledger cannot be read: {database_reason(exc)}") from exc
+        return None if found is None else _row(found)
+
+    def created(self, prediction_ids: Sequence[str]) -> dict[str, datetime]:
+        """When each of `prediction_ids` the ledger holds was recorded (UTC), read
+        `CHUNK_ROWS` ids per statement; ids it does not hold are left out."""
+        found: dict[str, datetime] = {}
+        ids = list(dict.fromkeys(prediction_ids))
+        try:
+            with self.engine.connect() as connection:
+                for start in range(0, len(ids), CHUNK_ROWS):
+                    chunk = ids[start : start + CHUNK_ROWS]
+                    query = select(_TABLE.c.prediction_id, _TABLE.c.created_at).where(
+                        _TABLE.c.prediction_id.in_(chunk)
+                    )
+                    for prediction_id, created_at in connection.execute(query):
+                        found[prediction_id] = _aware_utc(created_at)
+        except SQLAlchemyError as exc:
+            raise LedgerUnavailable(f"the ledger cannot be read: {database_reason(exc)}") from exc
+        return found
+
+    def rows(
+        self,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        task: str | None = None,
+    ) -> Iterator[PredictionRow]:
+        """The rows created at or after `since` and before `until`, of `task`, oldest first
+        (read in batches, streamed)."""
+        query = select(_TABLE).order_by(_TABLE.c.created_at, _TABLE.c.prediction_id)
+        if since is not None:
+            query = query.where(_TABLE.c.created_at >= _naive_utc(since))
+        if until is not None:
+            query = query.where(_TABLE.c.created_at < _naive_utc(until))
+        if task is not None:
+            query = query.where(_TABLE.c.task == task)
+        try:
+            with self.engine.connect() as connection:
+                result = connection.execution_options(yield_per=CHUNK_ROWS).execute(query)
+                for found in result.mappings():
+                    yield _row(found)
+        except SQLAlchemyError as exc:
+            raise LedgerUnavailable(f"the ledger cannot be read: {database_reason(exc)}") from exc
+
+    def close(self) -> None:
+        """Close the database connections."""
+        self.engine.dispose()
+
+    async def aclose(self) -> None:
+        """`close` in a worker thread."""
+        await asyncio.to_thread(self.close)
+
+    def _unique(self, rows: Sequence[PredictionRow]) -> dict[str, dict[str, Any]]:
+        """Each row's values by id (records dropped unless kept); a LedgerConflict when one id
+        comes twice with different content."""
+        unique: dict[str, dict[str, Any]] = {}
+        for row in rows:
+            values = row.values()
+            if not self.keep_records:
+                values["record"] = None
+            earlier = unique.setdefault(row.prediction_id, values)
+            if earlier != values:
+                raise LedgerConflict(
+                    f"prediction {row.prediction_id} comes twice with different content"
+                )
+        return unique
+
+    def _insert(self) -> Any:
+        """INSERT … ON CONFLICT (prediction_id) DO NOTHING in this database's dialect."""
+        dialect = postgresql if self.engine.dialect.name == "postgresql" else sqlite
+        return dialect.insert(_TABLE).on_conflict_do_nothing(index_elements=["prediction_id"])
+
+
+def _comparable(found: Any) -> dict[str, Any]:
+    values = dict(found)
+    for name in _TIME_COLUMNS:
+        values[name] = _naive_utc(values[name])
+    return values
+
+
+def _row(found: Any) -> PredictionRow:
+    values = dict(found)
+    for name in _TIME_COLUMNS:
+        values[name] = _aware_utc(values[name])
+    return PredictionRow(**values)
+
+
+def database_reason(exc: Exception) -> str:
+    """The database's own message, first line (no SQL, no parameters: they hold PHI)."""
+    original = getattr(exc, "orig", None) or exc
+    return str(original).strip().splitlines()[0] if str(original).strip() else type(exc).__name__

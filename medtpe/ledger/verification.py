@@ -1,0 +1,177 @@
+"""Checking a ledger row: its signature and its agreement with its receipt (`check_row`), then
+what was re-derived from the record, the artefact and the engine against what the receipt says
+(`compare`). Each check names the part that differs: signature invalid, row edited, record
+changed, artefact changed, rendering changed, prompt changed, dtype changed, engine drifted.
+
+Re-deriving (reading the record, re-preparing the prompt, re-running the engine) needs the
+inference layer: the command line does it (`medtpe verify`) and hands the result here."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from medtpe.ledger.receipt import Receipt, canonical_json, rendering_digest, utc_text
+from medtpe.ledger.signing import verify_signature
+
+if TYPE_CHECKING:
+    from medtpe.ledger.store import PredictionRow
+
+AUTO = "auto"
+"""The dtype of a receipt written before receipts named the dtype the engine ran in."""
+P_TOLERANCE = 0.02
+"""Largest |Δp("yes")| of a re-run taken as the same: a float32 re-run of a float32 answer moves p
+by float noise only; bfloat16 puts p on steps of 0.02–0.04 (re-run in the receipt's dtype)."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One comparison: which part, whether it holds, in words."""
+
+    part: str
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Rederived:
+    """What a verifier computed again from the record, the artefact and the engine."""
+
+    record_sha256: str
+    artefact_digest: str
+    rendering: dict[str, Any]
+    prompt_ids_sha256: str
+    dtype: str
+    """The dtype the re-run's engine ran in."""
+    answer: Any
+    p_yes: float | None
+
+
+def check_row(
+    row: PredictionRow, public_key: Ed25519PublicKey
+) -> tuple[Receipt | None, list[Check]]:
+    """The row's receipt (None when it cannot be read), whether it is signed by `public_key`,
+    and whether the row's columns say what the receipt signs."""
+    try:
+        receipt = Receipt.from_text(row.receipt)
+    except ValueError as exc:
+        return None, [
+            Check("signature", False, f"signature invalid: the receipt is unreadable ({exc})")
+        ]
+    signed = verify_signature(receipt, row.signature, public_key)
+    checks = [
+        Check(
+            "signature",
+            signed,
+            "signature valid"
+            if signed
+            else "signature invalid: the receipt was edited or signed by another key",
+        )
+    ]
+    columns = {
+        "prediction_id": (row.prediction_id, receipt.prediction_id),
+        "created_at": (utc_text(row.created_at), receipt.created_at),
+        "task": (row.task, receipt.task),
+        "mode": (row.mode, receipt.mode),
+        "answer": (json.loads(row.answer), receipt.answer),
+        "p_yes": (row.p_yes, receipt.p_yes),
+    }
+    edited = sorted(
+        name for name, (stored, signed_value) in columns.items() if stored != signed_value
+    )
+    checks.append(
+        Check(
+            "row",
+            not edited,
+            "the row says what its receipt signs"
+            if not edited
+            else f"row edited: {', '.join(edited)} differ from the signed receipt",
+        )
+    )
+    return receipt, checks
+
+
+def compare(receipt: Receipt, again: Rederived, p_tolerance: float = P_TOLERANCE) -> list[Check]:
+    """The re-derived prediction against its receipt, part by part: the inputs (record,
+    artefact, rendering), the prompt they give, the engine's dtype, answer and p("yes")."""
+    checks = [
+        _same("record", receipt.record_sha256, again.record_sha256, "record changed"),
+        _same("artefact", receipt.artefact_digest, again.artefact_digest, "artefact changed"),
+        _same(
+            "rendering",
+            receipt.rendering_digest,
+            rendering_digest(again.rendering),
+            "rendering changed (renderer version, code descriptions, budget or windowing)",
+        ),
+    ]
+    inputs_same = all(check.ok for check in checks)
+    prompt = receipt.prompt_ids_sha256 == again.prompt_ids_sha256
+    checks.append(
+        Check(
+            "prompt",
+            prompt,
+            "same prompt"
+            if prompt
+            else "prompt changed: "
+            + (
+                "the same inputs give other ids (renderer or tokenizer code)"
+                if inputs_same
+                else "its inputs differ"
+            ),
+        )
+    )
+    checks.append(_dtype_check(receipt.dtype, again.dtype))
+    same_answer = canonical_json(receipt.answer) == canonical_json(again.answer)
+    checks.append(
+        Check(
+            "answer",
+            same_answer,
+            "same answer"
+            if same_answer
+            else f"engine drifted: answer {again.answer!r}, the receipt's {receipt.answer!r}",
+        )
+    )
+    checks.append(_p_check(receipt.p_yes, again.p_yes, p_tolerance))
+    return checks
+
+
+def _same(part: str, signed: str, found: str, difference: str) -> Check:
+    if signed == found:
+        return Check(part, True, f"same {part} (sha256 {found[:12]})")
+    return Check(part, False, f"{difference}: sha256 {found[:12]}, the receipt's {signed[:12]}")
+
+
+def _dtype_check(signed: str, ran: str) -> Check:
+    if signed == ran:
+        return Check("dtype", True, f"same dtype ({ran})")
+    if signed == AUTO:
+        return Check(
+            "dtype",
+            True,
+            f"re-run in {ran}; the receipt says auto (written before receipts named the dtype "
+            "that ran: `--dtype` names it)",
+        )
+    return Check("dtype", False, f"dtype changed: re-run in {ran}, the receipt's {signed}")
+
+
+def _p_check(signed: float | None, found: float | None, tolerance: float) -> Check:
+    if signed is None or found is None:
+        ok = signed is None and found is None
+        detail = (
+            "no p(yes) either time"
+            if ok
+            else f"engine drifted: p(yes) {found}, the receipt's {signed}"
+        )
+        return Check("p_yes", ok, detail)
+    delta = abs(found - signed)
+    if delta <= tolerance:
+        return Check("p_yes", True, f"|Δp(yes)| = {delta:.2g} ≤ {tolerance}")
+    return Check(
+        "p_yes",
+        False,
+        f"engine drifted: |Δp(yes)| = {delta:.3g} > {tolerance} ({found:.4f}, the "
+        f"receipt's {signed:.4f})",
+    )

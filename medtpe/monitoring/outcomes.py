@@ -1,0 +1,273 @@
+"""`medtpe outcomes`: each ledger prediction of a task labelled with what happened, by the task's
+own labeller (`medtpe.core.meds.labels`), at the task's horizon (`medtpe.monitoring.horizons`), and
+its cohort attributes (`medtpe.monitoring.cohort`), from a MEDS dataset or a FHIR export's records.
+
+A prediction's outcome is `known` when its horizon has passed by the data's end (the last event
+time in the dataset) and the labeller gives a row at its subject and prediction time, `open` while
+the horizon has not passed (or is still to come: an ICU stay not yet closed), `no_label` when it
+has passed and the task's definition gives no label there. Joining again updates the rows (an
+`open` one becomes `known` once the data reach its horizon); nothing is duplicated."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import meds
+import numpy as np
+from sqlalchemy import Engine, delete
+from sqlalchemy.dialects import postgresql, sqlite
+
+from medtpe.core.fhir import FhirInputError, SiteMapping, meds_from_fhir
+from medtpe.core.meds.events import SubjectEvents, to_naive_utc
+from medtpe.core.meds.labels import LABEL_FUNCTIONS
+from medtpe.core.meds.readers import MedsDataset
+from medtpe.core.tasks import Task
+from medtpe.ledger.schema import Attribute, Outcome
+from medtpe.ledger.store import Ledger
+from medtpe.monitoring.cohort import AttributeMap, attributes_at
+from medtpe.monitoring.frame import naive_utc
+from medtpe.monitoring.horizons import horizon_of
+
+CHUNK = 1_000
+"""Rows per statement when outcomes and attributes are written."""
+NOT_IN_DATA = "not_in_data"
+"""A prediction whose subject the data do not hold: no outcome row is written (counted)."""
+
+
+class SubjectSource(Protocol):
+    """Records by the ledger's subject id, and the data's end."""
+
+    name: str
+    """What the outcomes were read from (stored as each row's `source`)."""
+    data_end: datetime | None
+    """The last event time in the data (naive UTC)."""
+
+    def events(self, subject_id: str) -> SubjectEvents | None:
+        """The subject's events (None: not in the data)."""
+
+
+@dataclass(frozen=True)
+class RecordsSource:
+    """Records held by subject id (MEDS subject ids as text), e.g. a FHIR export's patients."""
+
+    name: str
+    records: Mapping[str, SubjectEvents]
+    data_end: datetime | None
+
+    def events(self, subject_id: str) -> SubjectEvents | None:
+        """The subject's events (None: not in the data)."""
+        return self.records.get(subject_id)
+
+    @classmethod
+    def of(cls, name: str, records: Iterable[SubjectEvents]) -> RecordsSource:
+        """The source of `records` (by `subject_id`), its end the latest event time."""
+        held = {str(r.subject_id): r for r in records}
+        return cls(name, held, latest_time(held.values()))
+
+
+class MedsSource:
+    """A MEDS dataset's records (the ledger's subject id is the MEDS `subject_id`)."""
+
+    def __init__(self, dataset: MedsDataset, name: str) -> None:
+        self.dataset = dataset
+        self.name = name
+        self.data_end = latest_time(dataset.events(s) for s in dataset.subject_ids)
+
+    def events(self, subject_id: str) -> SubjectEvents | None:
+        """The subject's events (None: not in the data, or not a MEDS subject id)."""
+        try:
+            return self.dataset.events(int(subject_id))
+        except (KeyError, ValueError):
+            return None
+
+
+def fhir_records(
+    patients: Iterable[tuple[str, Sequence[bytes]]],
+    mapping: SiteMapping,
+    subjects: Mapping[str, int],
+    wanted: set[str],
+) -> tuple[list[SubjectEvents], int]:
+    """The records of the patients (FHIR id, resources as JSON texts) whose subject id
+    (`subjects`: the mapping's, by FHIR id) is `wanted`, mapped as `medtpe predict --fhir` maps
+    them (`medtpe.core.fhir.meds_from_fhir`, the site mapping), plus the death the mapping leaves
+    out of a prompt (`with_death`); and how many the mapping refused."""
+    records, refused = [], 0
+    for patient, texts in patients:
+        if str(subjects.get(patient)) not in wanted:
+            continue
+        try:
+            record = meds_from_fhir(list(texts), mapping=mapping, patient_id=patient)
+        except FhirInputError:
+            refused += 1
+            continue
+        records.append(with_death(record.subject_events(), texts))
+    return records, refused
+
+
+def with_death(events: SubjectEvents, texts: Sequence[bytes]) -> SubjectEvents:
+    """`events` with a `MEDS_DEATH` event at the Patient's `deceasedDateTime`: the mapping never
+    reads it (a prompt must not show the outcome), the labellers need it. A date without a time
+    is taken at its start; no (readable) date of death: `events` as they are."""
+    for text in texts:
+        if b'"deceasedDateTime"' not in text or b'"Patient"' not in text:
+            continue
+        resource = json.loads(text)
+        if resource.get("resourceType") != "Patient":
+            continue
+        try:
+            died = to_naive_utc(datetime.fromisoformat(str(resource["deceasedDateTime"])))
+        except (KeyError, ValueError):
+            return events
+        return SubjectEvents.from_columns(
+            events.subject_id,
+            np.append(events.times, np.datetime64(died, "us")),
+            [*events.codes, meds.death_code],
+            np.append(events.numeric_values, np.nan),
+            [*events.text_values, None],
+        )
+    return events
+
+
+def latest_time(records: Iterable[SubjectEvents]) -> datetime | None:
+    """The latest event time of `records` (None: no timed event)."""
+    latest = None
+    for record in records:
+        timed = record.times[~np.isnat(record.times)]
+        if timed.size and (latest is None or timed.max() > latest):
+            latest = timed.max()
+    return None if latest is None else latest.astype("datetime64[us]").item()
+
+
+@dataclass(frozen=True)
+class Joined:
+    """One prediction's outcome and attributes."""
+
+    prediction_id: str
+    status: str
+    label: bool | None
+    horizon_end: datetime | None
+    attributes: dict[str, str]
+
+
+def label_subject(
+    task: Task,
+    events: SubjectEvents,
+    predictions: Sequence[tuple[str, datetime | None]],
+    data_end: datetime | None,
+    mapping: AttributeMap,
+) -> Iterator[Joined]:
+    """The outcome and attributes of each (prediction id, prediction time) of one subject."""
+    horizon_end = horizon_of(task.name)
+    points = {p.prediction_time: p.label for p in LABEL_FUNCTIONS[task.name](events, task)}
+    for prediction_id, when in predictions:
+        if when is None:
+            yield Joined(prediction_id, "no_label", None, None, {})
+            continue
+        known_at = horizon_end(events, when)
+        if known_at is None or data_end is None or known_at > data_end:
+            status, label = "open", None
+        elif when in points:
+            status, label = "known", bool(points[when])
+        else:
+            status, label = "no_label", None
+        yield Joined(prediction_id, status, label, known_at, attributes_at(events, when, mapping))
+
+
+@dataclass
+class OutcomeCounts:
+    """How a join went: predictions read, by status (`known`, `open`, `no_label`,
+    `not_in_data`), the known positives, attribute rows written."""
+
+    predictions: int = 0
+    statuses: Counter[str] | None = None
+    positives: int = 0
+    attributes: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "predictions": self.predictions,
+            "statuses": dict(sorted((self.statuses or Counter()).items())),
+            "positives": self.positives,
+            "attributes": self.attributes,
+        }
+
+
+def subjects_of(ledger: Ledger, task: str) -> set[str]:
+    """The subject ids of the ledger's predictions of `task`."""
+    return {row.subject_id for row in ledger.rows(task=task)}
+
+
+def join_outcomes(
+    ledger: Ledger,
+    task: Task,
+    source: SubjectSource,
+    mapping: AttributeMap | None = None,
+    *,
+    now: datetime | None = None,
+) -> OutcomeCounts:
+    """Label every ledger prediction of `task` from `source` and store outcomes and attributes
+    (see the module docstring); the counts."""
+    horizon_of(task.name)  # refuse a task without a horizon before reading anything
+    mapping = mapping or AttributeMap()
+    by_subject: dict[str, list[tuple[str, datetime | None]]] = defaultdict(list)
+    counts = OutcomeCounts(statuses=Counter())
+    for row in ledger.rows(task=task.name):
+        by_subject[row.subject_id].append((row.prediction_id, naive_utc(row.prediction_time)))
+        counts.predictions += 1
+    joined: list[Joined] = []
+    for subject, predictions in by_subject.items():
+        events = source.events(subject)
+        if events is None:
+            counts.statuses[NOT_IN_DATA] += len(predictions)
+            continue
+        joined.extend(label_subject(task, events, predictions, source.data_end, mapping))
+    for one in joined:
+        counts.statuses[one.status] += 1
+        counts.positives += one.label is True
+        counts.attributes += len(one.attributes)
+    store_joined(ledger.engine, joined, source, now or datetime.now(UTC))
+    return counts
+
+
+def store_joined(
+    engine: Engine, joined: Sequence[Joined], source: SubjectSource, now: datetime
+) -> None:
+    """Upsert the outcomes and replace the attributes of `joined`, in one transaction."""
+    dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
+    outcomes, attributes = Outcome.__table__, Attribute.__table__
+    now_naive, data_end = naive_utc(now), naive_utc(source.data_end)
+    with engine.begin() as connection:
+        for start in range(0, len(joined), CHUNK):
+            chunk = joined[start : start + CHUNK]
+            values = [
+                {
+                    "prediction_id": j.prediction_id,
+                    "status": j.status,
+                    "label": j.label,
+                    "horizon_end": j.horizon_end,
+                    "data_end": data_end,
+                    "source": source.name[:500],
+                    "joined_at": now_naive,
+                }
+                for j in chunk
+            ]
+            insert = dialect.insert(outcomes).values(values)
+            updated = {c: insert.excluded[c] for c in values[0] if c != "prediction_id"}
+            connection.execute(
+                insert.on_conflict_do_update(index_elements=["prediction_id"], set_=updated)
+            )
+            ids = [j.prediction_id for j in chunk]
+            connection.execute(delete(attributes).where(attributes.c.prediction_id.in_(ids)))
+            named = [
+                {"prediction_id": j.prediction_id, "name": name, "value": value}
+                for j in chunk
+                for name, value in sorted(j.attributes.items())
+            ]
+            if named:
+                connection.execute(attributes.insert().values(named))

@@ -1,0 +1,3 @@
+"""The API's description: `/openapi.json`, `/docs` and `/redoc`.
+
+Its `routes.attach(app)` serves it; `medtpe.service.app` attaches every door."""

@@ -1,0 +1,197 @@
+"""The service's side of the prediction ledger: the ledger opened with the app (retried while it
+cannot be, `/readyz` not ready meanwhile), each answer's row built
+(`medtpe.ledger.answers.basis_row`) and committed before the answer leaves (fail closed: a row that
+cannot be written is a 503 `ledger_unavailable` with `Retry-After`, and no answer), and who asked
+(`caller_id`).
+
+With `MEDTPE_LEDGER_OFF=true` (loopback only, `medtpe.service.settings`) nothing is recorded and
+answers carry no `prediction_id` nor receipt."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from medtpe.core.secret_masking import mask_secrets
+from medtpe.ledger.answers import basis_row, receipt_basis
+from medtpe.ledger.feedback import FeedbackRow, record_feedback
+from medtpe.ledger.settings import LedgerSettings
+from medtpe.ledger.signing import Signer
+from medtpe.ledger.store import Ledger, LedgerUnavailable, PredictionRow
+from medtpe.service.plumbing.errors import ApiError
+
+logger = logging.getLogger("medtpe.service")
+
+LEDGER_RETRY_AFTER_S = 5
+"""`Retry-After` of a 503 `ledger_unavailable`: a database restart or fail-over."""
+REOPEN_INTERVAL_S = 2.0
+"""Least time between two attempts to open a ledger that could not be opened."""
+CALLER_KEY_CHARS = 16
+"""Hex digits of an API key's SHA-256 naming its caller (the key itself is never stored)."""
+
+
+def caller_id(api_key: str | None) -> str:
+    """Who asked, as the ledger names it: `key:` and the start of the API key's SHA-256, or
+    `anonymous` without API keys."""
+    if api_key is None:
+        return "anonymous"
+    return f"key:{hashlib.sha256(api_key.encode()).hexdigest()[:CALLER_KEY_CHARS]}"
+
+
+def unavailable(detail: str) -> ApiError:
+    """The 503 of an answer whose row cannot be written (`Retry-After`, reason
+    `ledger_unavailable`)."""
+    return ApiError(
+        503,
+        "ledger_unavailable",
+        f"{detail}; no answer is given without its ledger row: retry",
+        headers={"Retry-After": str(LEDGER_RETRY_AFTER_S)},
+    )
+
+
+class ServiceLedger:
+    """The ledger one service instance writes to (none with `ledger_off`)."""
+
+    def __init__(self, settings: LedgerSettings) -> None:
+        self.settings = settings
+        self.off = settings.ledger_off
+        self.signer: Signer | None = None if self.off else settings.signer()
+        self.ledger: Ledger | None = None
+        self.failure: str | None = None
+        """Why the ledger could not be opened (None: open, or not tried yet)."""
+        self._tried_at = float("-inf")
+        self._opening = asyncio.Lock()
+
+    @property
+    def ready(self) -> bool:
+        """Whether answers can be recorded (always with the ledger off)."""
+        return self.off or self.ledger is not None
+
+    @property
+    def keep_records(self) -> bool:
+        """Whether rows keep the canonical record (`MEDTPE_LEDGER_RECORDS=store`)."""
+        return self.settings.ledger_records == "store"
+
+    async def open(self) -> None:
+        """Open (and migrate) the ledger unless it is open or off; its failure kept in
+        `failure` (tried again at most every `REOPEN_INTERVAL_S`)."""
+        if self.ready:
+            return
+        async with self._opening:
+            if self.ready or time.monotonic() - self._tried_at < REOPEN_INTERVAL_S:
+                return
+            self._tried_at = time.monotonic()
+            try:
+                self.ledger = await asyncio.to_thread(self.settings.open_ledger)
+                self.failure = None
+                logger.info("ledger open: %s", mask_secrets(self.settings.ledger_url))
+            except LedgerUnavailable as exc:
+                self.failure = mask_secrets(str(exc))
+                logger.error("ledger unavailable: %s", self.failure)
+
+    async def close(self) -> None:
+        """Close the database connections."""
+        if self.ledger is not None:
+            await self.ledger.aclose()
+            self.ledger = None
+
+    def row(
+        self,
+        facts: Mapping[str, Any],
+        *,
+        door: str,
+        caller: str,
+        site: str | None = None,
+        silent: bool = False,
+        shadow_of: str | None = None,
+    ) -> PredictionRow:
+        """The signed row of one answer's facts (`medtpe.inference.receipt_facts.answer_facts`);
+        `silent`: recorded, not shown; `shadow_of`: the prediction it shadows."""
+        basis = receipt_basis(facts, keep_record=self.keep_records)
+        return self.basis_row(
+            basis, door=door, caller=caller, site=site, silent=silent, shadow_of=shadow_of
+        )
+
+    def basis(self, facts: Mapping[str, Any]) -> dict[str, Any] | None:
+        """What an answer was derived from (`medtpe.ledger.answers.receipt_basis`; None with the
+        ledger
+        off), for rows of the same answer shown again (a CDS card from the score cache)."""
+        if self.off:
+            return None
+        return receipt_basis(facts, keep_record=self.keep_records)
+
+    def basis_row(
+        self,
+        basis: Mapping[str, Any],
+        *,
+        door: str,
+        caller: str,
+        site: str | None,
+        latency_ms: float | None = None,
+        silent: bool = False,
+        shadow_of: str | None = None,
+    ) -> PredictionRow:
+        """A new prediction's signed row on `basis` (`medtpe.ledger.answers.basis_row`);
+        `latency_ms`:
+        this answer's, when not the basis' (a card from the score cache); `silent`: recorded, not
+        shown; `shadow_of`: the prediction it shadows."""
+        assert self.signer is not None, "no rows with the ledger off"
+        return basis_row(
+            basis,
+            self.signer,
+            door=door,
+            caller=caller,
+            site=site,
+            latency_ms=latency_ms,
+            silent=silent,
+            shadow_of=shadow_of,
+        )
+
+    async def require(self) -> None:
+        """Before an answer's work: a 503 `ledger_unavailable` when the ledger cannot be opened
+        (an attempt made now, at most every `REOPEN_INTERVAL_S`)."""
+        await self.open()
+        if not self.ready:
+            raise unavailable(self.failure or "the ledger is not open")
+
+    async def commit(self, rows: Sequence[PredictionRow]) -> None:
+        """Commit `rows` in one transaction before their answers leave; a 503
+        `ledger_unavailable` when they cannot be (nothing with the ledger off)."""
+        if self.off or not rows:
+            return
+        await self._write(Ledger.record, rows)
+
+    async def commit_feedback(self, rows: Sequence[FeedbackRow]) -> None:
+        """Commit CDS feedback rows before the feedback call is answered; a 503
+        `ledger_unavailable` (the EHR sends it again) when they cannot be;
+        `medtpe.ledger.feedback.UnrecordedPredictions` (nothing written) when the ledger holds no
+        prediction of some (cards issued while it was off)."""
+        if self.off or not rows:
+            return
+        await self._write(record_feedback, rows)
+
+    async def _write(self, write: Callable[[Ledger, Any], None], rows: Sequence[Any]) -> None:
+        await self.require()
+        assert self.ledger is not None
+        try:
+            await asyncio.to_thread(write, self.ledger, rows)
+        except LedgerUnavailable as exc:
+            logger.error("ledger write failed: %s", mask_secrets(str(exc)))
+            raise unavailable("the ledger cannot be written now") from exc
+
+    def readiness(self) -> dict[str, Any]:
+        """`/readyz`'s account of the ledger: its URL (password masked), whether it is open."""
+        if self.off:
+            return {"status": "off"}
+        body: dict[str, Any] = {
+            "status": "open" if self.ledger is not None else "unavailable",
+            "url": mask_secrets(self.settings.ledger_url),
+            "records": self.settings.ledger_records,
+        }
+        if self.failure is not None and self.ledger is None:
+            body["detail"] = self.failure
+        return body

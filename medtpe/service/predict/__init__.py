@@ -1,0 +1,4 @@
+"""The prediction door: `/predict`, `/predict/batch` and `/tokenize` (its routes, request and
+response models, response builders).
+
+Its `routes.attach(app)` serves it; `medtpe.service.app` attaches every door."""

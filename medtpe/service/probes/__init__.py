@@ -1,0 +1,3 @@
+"""The orchestrators' door: `/healthz`, `/readyz` and `/metrics`.
+
+Its `routes.attach(app)` serves it; `medtpe.service.app` attaches every door."""

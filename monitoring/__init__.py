@@ -1,7 +1,0 @@
-"""Watching the model in production: outcomes joined to the ledger's predictions by the task's
-own labeller (`monitoring.outcomes`), each prediction's cohort (`monitoring.cohort`), and the
-monitoring report (`monitoring.report`): performance, calibration, flag rates, overrides and
-latency by week, site and subgroup, as HTML, JSON and a seismometer export.
-
-It reads and writes the ledger (`ledger`) and uses the core (`medtpe_core`); it imports neither
-the engine nor the service nor the batch job."""

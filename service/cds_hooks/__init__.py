@@ -1,4 +1,0 @@
-"""The CDS Hooks 2.0 HTTP service: discovery, hook calls and feedback under `/cds-services`,
-each call authenticated by the EHR's JWT (not the API keys of `/predict`). Pure logic (services,
-risk bands, card text, score cache) lives in `medtpe_core/cds/`; docs/integration.md says how a
-hospital connects."""

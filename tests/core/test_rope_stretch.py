@@ -1,0 +1,33 @@
+"""`medtpe.core.rope_stretch`: the config.json entry of a stretched RoPE, and what it refuses."""
+
+from __future__ import annotations
+
+import pytest
+
+from medtpe.core.rope_stretch import stretched_rope
+
+PLAIN = {"rope_theta": 100000.0, "rope_type": "default"}
+
+
+@pytest.mark.parametrize("stretch", [1.05, 1.88, 2.0, 3.5])
+def test_the_stretch_is_yarn_with_the_ramp_of_the_models_own_context(stretch: float) -> None:
+    entry = stretched_rope(PLAIN, 8192, stretch)
+    assert entry["rope_type"] == "yarn"
+    assert entry["factor"] == pytest.approx(1 / stretch)
+    original = entry["original_max_position_embeddings"]
+    # the ramp's ends (original length / beta) are those of the model's 8,192, exactly
+    assert (original / entry["beta_fast"], original / entry["beta_slow"]) == (8192 / 32, 8192 / 1)
+    assert original * entry["factor"] >= 8192  # vLLM's cos/sin cache covers the whole context
+    assert entry["rope_theta"] == PLAIN["rope_theta"]
+    assert PLAIN["rope_type"] == "default"  # the model's own entry is left as it was
+
+
+@pytest.mark.parametrize("stretch", [1.0, 0.5])
+def test_a_stretch_must_lengthen(stretch: float) -> None:
+    with pytest.raises(ValueError, match="more than 1"):
+        stretched_rope(PLAIN, 8192, stretch)
+
+
+def test_an_already_scaled_rope_is_refused() -> None:
+    with pytest.raises(ValueError, match="already 'llama3'"):
+        stretched_rope({**PLAIN, "rope_type": "llama3", "factor": 8.0}, 131072, 1.5)
