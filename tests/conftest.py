@@ -21,6 +21,11 @@ from tests.support.ehr import Ehr, serving_ehr
 from tests.support.fhir_server import running_fhir_server
 from tests.support.meds_fixtures import train_tokenizer
 from tests.support.paths import FIXTURES
+from tests.support.server_fixtures import (  # noqa: F401 (fixtures of every test)
+    ledger_url,
+    postgres_server,
+    redis_server,
+)
 from tests.support.service_support import (
     SERVICE_API_KEY,
     SHUTDOWN_GRACE_S,

@@ -30,7 +30,7 @@ class Worker:
 GROUPS = {  # in the conftest's order: engine groups first
     group_name("engine", "service"): 3,
     group_name("engine", "tests/training/test_build_artefact_qwen2.py"): 1,
-    group_name("engine", "tests/inference/test_vllm_engine.py"): 1,
+    group_name("engine", "tests/inference/engines/test_vllm_engine.py"): 1,
     group_name("light", "tests/core/prompt/test_render.py"): 4,
     group_name("light", "tests/core/metrics/test_metrics.py"): 2,
     group_name("light", "tests/core/meds/test_labels.py"): 2,

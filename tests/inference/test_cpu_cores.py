@@ -1,6 +1,6 @@
 """The CPU engine's cores (`medtpe.inference.cpu_cores`): every allowed core on a small machine, a
 reservation on request, vLLM's own choice on a big machine, the operator's variables never
-replaced. (The real engine's threads on every core: tests/inference/test_vllm_engine.py.)"""
+replaced. (The real engine's threads on every core: tests/inference/engines/test_vllm_engine.py.)"""
 
 from __future__ import annotations
 

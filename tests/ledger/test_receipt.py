@@ -27,7 +27,7 @@ from medtpe.ledger.signing import (
     signer_for,
     verify_signature,
 )
-from tests.ledger.rows import (
+from tests.support.ledger_rows import (
     RFC8037_SEED_B64,
     RFC8037_THUMBPRINT,
     SIGNER,

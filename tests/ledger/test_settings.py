@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from medtpe.cli.main import cli
 from medtpe.ledger.migrate import head
 from medtpe.ledger.settings import LedgerSettings
-from tests.ledger.rows import RFC8037_SEED_B64, RFC8037_THUMBPRINT
+from tests.support.ledger_rows import RFC8037_SEED_B64, RFC8037_THUMBPRINT
 
 
 def test_the_settings_read_the_environment_and_default_to_a_local_sqlite_file(

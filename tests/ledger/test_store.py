@@ -21,9 +21,9 @@ from medtpe.ledger import store
 from medtpe.ledger.migrate import current, head
 from medtpe.ledger.schema import Base, Prediction
 from medtpe.ledger.store import Ledger, LedgerConflict, LedgerUnavailable, database_url
-from tests.ledger.conftest import fresh_database
-from tests.ledger.rows import START, row
+from tests.support.ledger_rows import START, row
 from tests.support.postgres import PostgresServer
+from tests.support.server_fixtures import fresh_database
 
 
 def count(ledger: Ledger) -> int:

@@ -13,10 +13,10 @@ from medtpe.cli.monitor_commands import monitor, outcomes
 from medtpe.core.fhir.from_meds import fhir_bundle_from_meds
 from medtpe.core.meds.readers import MedsDataset
 from medtpe.ledger.store import Ledger
-from tests.monitoring.commands import invoke
-from tests.monitoring.ledger_rows import prediction
-from tests.monitoring.meds_outcomes import AT_24H, write_outcome_dataset
 from tests.monitoring.test_outcomes import MADE
+from tests.support.meds_outcomes import AT_24H, write_outcome_dataset
+from tests.support.monitor_commands import invoke
+from tests.support.monitoring_rows import prediction
 
 EXPECTED = {"known": 3, "open": 1, "not_in_data": 1}
 

@@ -25,9 +25,9 @@ from medtpe.ledger.schema import Outcome, Prediction
 from medtpe.ledger.settings import LedgerSettings
 from medtpe.ledger.store import Ledger
 from medtpe.monitoring.frame import naive_utc as naive
-from tests.monitoring.commands import invoke
-from tests.monitoring.seismometer_venv import seismometer_load, seismometer_python
+from tests.support.monitor_commands import invoke
 from tests.support.paths import SHARED
+from tests.support.seismometer_venv import seismometer_load, seismometer_python
 from tests.support.service_support import TEST_SIGNING_KEY, engine_test_config
 
 DEMO = SHARED / "data" / "mimic-iv-demo-meds"

@@ -16,8 +16,8 @@ from medtpe.ledger.schema import Attribute, Outcome
 from medtpe.ledger.store import Ledger
 from medtpe.monitoring.cohort import AttributeMapError, age_band, parse_attribute_map
 from medtpe.monitoring.outcomes import MedsSource, join_outcomes
-from tests.monitoring.ledger_rows import prediction
-from tests.monitoring.meds_outcomes import ADMITTED, AT_24H, write_outcome_dataset
+from tests.support.meds_outcomes import ADMITTED, AT_24H, write_outcome_dataset
+from tests.support.monitoring_rows import prediction
 
 TASK = get_task("icu_mortality")
 MADE = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)

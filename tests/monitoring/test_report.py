@@ -24,7 +24,7 @@ from medtpe.monitoring.report import (
     build_report,
     write_report,
 )
-from tests.monitoring.ledger_rows import START, N, populated_ledger, prediction, sqlite_url
+from tests.support.monitoring_rows import START, N, populated_ledger, prediction, sqlite_url
 
 THRESHOLDS = Thresholds.parse(
     {"default": 0.5, "tasks": {"icu_mortality": {"default": 0.4, "sites": {"b": 0.6}}}}

@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from medtpe.monitoring.report import ReportSettings, write_report
-from tests.monitoring.ledger_rows import N, populated_ledger, sqlite_url
-from tests.monitoring.seismometer_venv import seismometer_load, seismometer_python
+from tests.support.monitoring_rows import N, populated_ledger, sqlite_url
+from tests.support.seismometer_venv import seismometer_load, seismometer_python
 
 
 def test_seismometer_loads_the_export(tmp_path: Path) -> None:

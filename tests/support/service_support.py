@@ -31,7 +31,7 @@ from medtpe.inference.engines.protocol import EngineFactory
 from medtpe.service.app import create_app
 from medtpe.service.drain import DrainingServer, draining_server
 from medtpe.service.settings import ServiceSettings
-from tests.ledger.rows import RFC8037_SEED_B64
+from tests.support.ledger_rows import RFC8037_SEED_B64
 
 # (code, low, high): ICU chart items and labs in MIMIC-IV MEDS spelling, without descriptions.
 _MEASUREMENTS = [

@@ -33,9 +33,9 @@ from medtpe.core.meds import SubjectEvents
 from medtpe.core.meds.canonical import canonical_record, record_digest
 from medtpe.ledger.receipt import prompt_ids_digest
 from medtpe.ledger.store import Ledger, PredictionRow
-from tests.ledger.conftest import fresh_database
-from tests.ledger.rows import SIGNER, receipt, row
+from tests.support.ledger_rows import SIGNER, receipt, row
 from tests.support.postgres import POSTGRES_BIN, running_postgres
+from tests.support.server_fixtures import fresh_database
 from tools.benchmarks.results_file import write_results
 
 BATCH_TRANSACTION_ROWS = 1_000

@@ -35,9 +35,9 @@ from medtpe.inference.sampling import Sampling
 from medtpe.ledger.settings import LedgerSettings
 from medtpe.ledger.store import Ledger
 from medtpe.service.predict.schemas import PredictRequest
-from tests.ledger.conftest import fresh_database
-from tests.ledger.rows import RFC8037_SEED_B64 as SEED
+from tests.support.ledger_rows import RFC8037_SEED_B64 as SEED
 from tests.support.postgres import POSTGRES_BIN, running_postgres
+from tests.support.server_fixtures import fresh_database
 from tests.support.service_support import (
     instant_client,
     instant_settings,

@@ -3,7 +3,7 @@ MIMIC-IV-on-FHIR code systems (`medtpe.core.fhir.from_meds`) and mapped back by 
 mapping, renders to the byte-identical text of its MEDS events. On the committed fixture always;
 on stays of the shared data when `../shared` is there (all of them: the FHIR mapping benchmark,
 `tools/benchmarks/bench_fhir_mapping.py`). The prompt and answer through `/predict`:
-tests/service/test_service_fhir.py."""
+tests/service/predict/test_fhir_bundle.py."""
 
 from __future__ import annotations
 

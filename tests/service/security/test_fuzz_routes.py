@@ -1,6 +1,6 @@
 """A fuzz run of the CDS Hooks routes, which the service's OpenAPI document leaves out (their
-contract is the CDS Hooks specification; tests/service/test_api_contract.py fuzzes the rest).
-schemathesis generates requests from an OpenAPI 3.1 document built here from the
+contract is the CDS Hooks specification; tests/service/predict/test_api_contract.py fuzzes the
+rest). schemathesis generates requests from an OpenAPI 3.1 document built here from the
 specification's JSON schemas (tests/fixtures/cds_hooks/schemas): schema-valid and schema-invalid
 bodies and service ids, each sent over HTTP to the service on 127.0.0.1 with a valid JWT for
 its exact URL. Every answer must be documented (status, content type, body: the

@@ -21,10 +21,10 @@ import httpx
 import pytest
 
 from medtpe.ledger.store import Ledger
-from tests.ledger.conftest import fresh_database
-from tests.ledger.rows import RFC8037_SEED_B64 as SEED
+from tests.support.ledger_rows import RFC8037_SEED_B64 as SEED
 from tests.support.paths import ROOT
 from tests.support.postgres import PostgresServer
+from tests.support.server_fixtures import fresh_database
 from tests.support.service_support import SERVICE_API_KEY, free_port, record, service_env
 
 pytestmark = pytest.mark.slow

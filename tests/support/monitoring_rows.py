@@ -1,5 +1,5 @@
 """Ledger rows for the monitoring tests, made through the ledger's own API: signed receipts
-(`tests.ledger.rows`) with chosen task, time, subject, site and p("yes")."""
+(`tests.support.ledger_rows`) with chosen task, time, subject, site and p("yes")."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from medtpe.ledger.receipt import utc_text
 from medtpe.ledger.store import Ledger, PredictionRow
 from medtpe.monitoring.figures import iso_week
 from medtpe.monitoring.outcomes import Joined, RecordsSource, store_joined
-from tests.ledger.rows import SIGNER, receipt
+from tests.support.ledger_rows import SIGNER, receipt
 
 
 def prediction(

@@ -1,6 +1,7 @@
-"""Fixtures of the ledger's tests: a real PostgreSQL server for the session, each test's own
-empty ledger database on SQLite (WAL) and on PostgreSQL (`ledger_url`), and the security tests'
-redis-server (`redis_server`: state several instances share)."""
+"""Fixtures of real servers, for every test (tests/conftest.py imports them): a PostgreSQL server
+for the session, each test's own empty ledger database on SQLite (WAL) and on PostgreSQL
+(`ledger_url`), and a redis-server for a module (`redis_server`: state several instances
+share)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.service.security.conftest import redis_server
 from tests.support.postgres import POSTGRES_BIN, SKIP_REASON, PostgresServer, running_postgres
+from tests.support.redis_server import REDIS_SERVER, RedisServer, running_redis
 
 __all__ = ["fresh_database", "ledger_url", "postgres_server", "redis_server"]
 
@@ -43,3 +44,12 @@ def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
     return fresh_database(request.getfixturevalue("postgres_server"))
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A redis-server on 127.0.0.1 for the module's tests (skipped when it is not installed)."""
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server is not installed (`make deps-system` installs it)")
+    with running_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server

@@ -38,9 +38,9 @@ from medtpe.ledger.receipt import (
 )
 from medtpe.ledger.store import Ledger, PredictionRow
 from medtpe.ledger.verification import check_row, compare
-from tests.ledger.rederived import rederived_checks
-from tests.ledger.rows import SIGNER
+from tests.support.ledger_rows import SIGNER
 from tests.support.meds_fixtures import PREDICTION_TIME, write_meds_dataset, write_table
+from tests.support.rederived import rederived_checks
 
 SUBJECT = 2
 

@@ -2,7 +2,7 @@
 against the session's service on the real vLLM engine: it loads, tokenizes a bundled record with
 as many coloured tokens as the API counts, shows a prediction and the API's own error for a bad
 record, and leaves nothing of the record in the browser's storage or the service's log (the
-side-by-side view of both modes: tests/service/test_ui_api.py)."""
+side-by-side view of both modes: tests/service/page/test_ui_api.py)."""
 
 from __future__ import annotations
 

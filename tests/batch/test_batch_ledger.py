@@ -24,8 +24,8 @@ from medtpe.ledger.receipt import Receipt
 from medtpe.ledger.settings import LedgerSettings
 from medtpe.ledger.signing import parse_private_key, verify_signature
 from medtpe.ledger.store import Ledger, LedgerUnavailable
-from tests.ledger.rows import RFC8037_SEED_B64 as SEED
 from tests.support.bulk_server import resources_by_type, write_export
+from tests.support.ledger_rows import RFC8037_SEED_B64 as SEED
 from tests.support.meds_fixtures import write_meds_dataset
 from tests.support.mimic_fhir_fixture import FIXTURE
 from tests.support.service_support import engine_test_config, free_port, instant_settings

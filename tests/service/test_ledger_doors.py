@@ -31,12 +31,12 @@ from medtpe.ledger.store import Ledger, PredictionRow
 from medtpe.ledger.verification import check_row
 from medtpe.service.app import create_app
 from medtpe.service.settings import ServiceSettings
-from tests.ledger.conftest import fresh_database
-from tests.ledger.rederived import rederived_checks, service_model_files
-from tests.ledger.rows import RFC8037_SEED_B64 as SEED
 from tests.support.cds_support import ICU_PATIENT, hook_request, load_bundle, prefetch_of
 from tests.support.ehr import Ehr
+from tests.support.ledger_rows import RFC8037_SEED_B64 as SEED
 from tests.support.postgres import PostgresServer
+from tests.support.rederived import rederived_checks, service_model_files
+from tests.support.server_fixtures import fresh_database
 from tests.support.service_support import (
     SERVICE_API_KEY,
     free_port,

@@ -24,10 +24,10 @@ from medtpe.inference.engines.instant import InstantEngine
 from medtpe.inference.engines.protocol import Completion, EngineConfig
 from medtpe.ledger.store import Ledger, PredictionRow
 from medtpe.service.settings import ServiceSettings
-from tests.ledger.rederived import rederived_checks, service_model_files
-from tests.ledger.rows import RFC8037_SEED_B64 as SEED
 from tests.support.cds_support import ICU_PATIENT, hook_request, load_bundle, prefetch_of
 from tests.support.ehr import Ehr
+from tests.support.ledger_rows import RFC8037_SEED_B64 as SEED
+from tests.support.rederived import rederived_checks, service_model_files
 from tests.support.service_support import AUTH, instant_client, instant_settings, post, record
 
 ICU = get_service("medtpe-icu-mortality-patient-view")
