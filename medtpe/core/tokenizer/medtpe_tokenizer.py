@@ -27,7 +27,16 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from medtpe.core.tokenizer import artefact_files
+from medtpe.core.tokenizer.artefact_files import (
+    FORMAT_VERSION,
+    MEDTPE_FILE,
+    MODEL_TOKENIZER_FILES,
+    TOKENIZER_FILE,
+    check_base,
+    copy_model_files,
+    detokenizer_json,
+    rebuild_base,
+)
 from medtpe.core.tokenizer.base import (
     MEMO_SIZE,
     BaseTokenizer,
@@ -342,7 +351,7 @@ class MedTPETokenizer:
         """The base tokenizer with each byte-fallback id's vocabulary entry renamed to its byte's
         symbol (built on first use, once per vocabulary in a process)."""
         if self._shared.byte_decoder is None:
-            obj, _ = artefact_files.detokenizer_json(self.base, self._fallback_strings())
+            obj, _ = detokenizer_json(self.base, self._fallback_strings())
             self._shared.byte_decoder = Tokenizer.from_str(json.dumps(obj))
         return self._shared.byte_decoder
 
@@ -371,11 +380,11 @@ class MedTPETokenizer:
         other files already in the directory are kept."""
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
-        detok, restore = artefact_files.detokenizer_json(
+        detok, restore = detokenizer_json(
             self.base, {t.id: t.string for t in self.new_tokens} | self._fallback_strings()
         )
         doc = {
-            "format_version": artefact_files.FORMAT_VERSION,
+            "format_version": FORMAT_VERSION,
             "artefact_id": self.artefact_id,
             "base": {
                 "fingerprint": self.base.fingerprint,
@@ -393,9 +402,9 @@ class MedTPETokenizer:
             "byte_fallback": {str(b): i for b, i in self.byte_fallback.items()},
             "detokenizer": restore,
         }
-        (out / artefact_files.MEDTPE_FILE).write_text(json.dumps(doc, ensure_ascii=False, indent=1))
-        (out / artefact_files.TOKENIZER_FILE).write_text(json.dumps(detok, ensure_ascii=False))
-        artefact_files.copy_model_files(self.base.model_dir, out)
+        (out / MEDTPE_FILE).write_text(json.dumps(doc, ensure_ascii=False, indent=1))
+        (out / TOKENIZER_FILE).write_text(json.dumps(detok, ensure_ascii=False))
+        copy_model_files(self.base.model_dir, out)
 
     @classmethod
     def load(
@@ -405,15 +414,15 @@ class MedTPETokenizer:
         artefact itself; with one, it must be the tokenizer the artefact was built on
         (`ArtefactMismatchError` otherwise)."""
         path = Path(path)
-        doc = json.loads((path / artefact_files.MEDTPE_FILE).read_text())
-        if doc.get("format_version") != artefact_files.FORMAT_VERSION:
+        doc = json.loads((path / MEDTPE_FILE).read_text())
+        if doc.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"unsupported MedTPE artefact format {doc.get('format_version')}")
         info = doc["base"]
         if base is None:
             base = _rebuilt_base(path, doc)
         elif not isinstance(base, BaseTokenizer):
             base = BaseTokenizer.load(base)
-        artefact_files.check_base(base, info["fingerprint"], info["content_fingerprint"])
+        check_base(base, info["fingerprint"], info["content_fingerprint"])
         return cls(
             base,
             [tuple(m) for m in doc["merges"]],
@@ -427,15 +436,13 @@ class MedTPETokenizer:
 def _rebuilt_base(path: Path, doc: dict[str, Any]) -> BaseTokenizer:
     """The base tokenizer of the artefact at `path` (its `medtpe.json` read as `doc`), rebuilt
     from its detokenizer once per content in a process (`memoised`)."""
-    raw = (path / artefact_files.TOKENIZER_FILE).read_bytes()
+    raw = (path / TOKENIZER_FILE).read_bytes()
     restore = json.dumps(doc["detokenizer"], sort_keys=True).encode("utf-8")
     key = tuple(hashlib.sha256(part).hexdigest() for part in (raw, restore))
 
     base = memoised(
         ("artefact", *key),
-        lambda: artefact_files.rebuild_base(json.loads(raw), doc["detokenizer"], doc["base"]),
+        lambda: rebuild_base(json.loads(raw), doc["detokenizer"], doc["base"]),
     )
-    model_dir = (
-        path if any((path / n).is_file() for n in artefact_files.MODEL_TOKENIZER_FILES) else None
-    )
+    model_dir = path if any((path / n).is_file() for n in MODEL_TOKENIZER_FILES) else None
     return base.at(None, model_dir)
