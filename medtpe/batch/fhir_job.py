@@ -36,18 +36,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from medtpe.batch.defaults import DEFAULT_BUCKET_MIB
-from medtpe.batch.fhir_export import (
-    ISSUES_FILE,
-    SHARED_FILE,
-    Bucket,
-    Partition,
-    PatientResources,
-    export_files,
-    fingerprint,
-    load_partition,
-    partition_export,
-    partition_fingerprint,
-)
+from medtpe.batch.fhir_export import ISSUES_FILE, export_files, fingerprint, partition_export
 from medtpe.batch.job import (
     RECORDS_SUFFIX,
     Job,
@@ -57,6 +46,14 @@ from medtpe.batch.job import (
     limited,
     pending,
     run_plans,
+)
+from medtpe.batch.patient_buckets import (
+    SHARED_FILE,
+    Bucket,
+    Partition,
+    PatientResources,
+    load_partition,
+    partition_fingerprint,
 )
 from medtpe.batch.rows import RecordRow
 from medtpe.core.fhir import FhirInputError, FhirWarning, SiteMapping, load_site_mapping

@@ -21,8 +21,9 @@ from medtpe.batch.bulk_client import (
     ServerAccess,
     export_from_server,
 )
-from medtpe.batch.fhir_export import MANIFEST, export_files, patient_bundles, read_lines
+from medtpe.batch.fhir_export import MANIFEST, export_files, patient_bundles
 from medtpe.batch.fhir_http import FhirServerError
+from medtpe.batch.ndjson_lines import read_lines
 from medtpe.batch.smart_backend import KEY_ENV, ClientKey, SmartAuthError, public_jwks
 from medtpe.cli.predict_commands import fhir_source
 from tests.support.bulk_server import (

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from medtpe.batch import fhir_export
+from medtpe.batch import ndjson_lines
 from medtpe.batch.bulk_client import (
     DEFAULT_TYPES,
     STATE_FILE,
@@ -293,7 +293,7 @@ def no_engine(config: Any) -> InstantEngine:
 def test_no_line_or_patient_stops_the_night_job(
     service: ServiceSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fhir_export, "MAX_LINE_BYTES", 1024 * 1024)
+    monkeypatch.setattr(ndjson_lines, "MAX_LINE_BYTES", 1024 * 1024)
     lines = {kind: [] for kind in ("Patient", "Observation", "MedicationRequest")}
     for patient in VALID:
         for kind, found in resource_lines(patient).items():
