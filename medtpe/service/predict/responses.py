@@ -10,15 +10,13 @@ from medtpe.service.predict.schemas import (
     FhirMapping,
     FhirWarning,
     Latency,
-    MergedToken,
     PredictOptions,
     PredictResponse,
     ResourceMapping,
     TokenCounts,
-    TokenizeResponse,
-    TokenList,
     Vote,
 )
+from medtpe.service.predict.tokenize_schemas import MergedToken, TokenizeResponse, TokenList
 
 
 def predict_response(

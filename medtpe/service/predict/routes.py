@@ -40,9 +40,8 @@ from medtpe.service.predict.schemas import (
     BatchResponse,
     PredictRequest,
     PredictResponse,
-    TokenizeRequest,
-    TokenizeResponse,
 )
+from medtpe.service.predict.tokenize_schemas import TokenizeRequest, TokenizeResponse
 
 T = TypeVar("T")
 

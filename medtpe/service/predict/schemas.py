@@ -1,4 +1,6 @@
-"""Request and response bodies of the HTTP API (pydantic v2; events use the MEDS model)."""
+"""Request and response bodies of the HTTP API (pydantic v2; events use the MEDS model), the
+errors and probe answers it documents; `/tokenize`'s bodies are in `tokenize_schemas`, built from
+the request parts here."""
 
 from __future__ import annotations
 
@@ -14,9 +16,7 @@ from pydantic import (
     PlainSerializer,
     StrictBool,
     ValidationError,
-    ValidationInfo,
     ValidatorFunctionWrapHandler,
-    field_validator,
     model_validator,
 )
 from pydantic.json_schema import WithJsonSchema
@@ -47,19 +47,20 @@ BUDGET = "max_input_tokens"
 _TASK_FIELD = {"enum": TASK_NAMES}
 
 
-def _left_out_not_null(schema: dict[str, Any]) -> None:
+def left_out_not_null(schema: dict[str, Any]) -> None:
     """JSON schema of an optional field that is left out when unused, never sent as null."""
     branches = [b for b in schema.pop("anyOf", []) if b.get("type") != "null"]
     if branches:
         schema.update(branches[0])
 
 
-def _optional_task(schema: dict[str, Any]) -> None:
-    _left_out_not_null(schema)
+def optional_task(schema: dict[str, Any]) -> None:
+    """JSON schema of an optional `task`: left out when unused, one of the task names."""
+    left_out_not_null(schema)
     schema.update(_TASK_FIELD)
 
 
-def _left_out(data: object, names: tuple[str, ...]) -> object:
+def left_out(data: object, names: tuple[str, ...]) -> object:
     """A request body whose optional fields `names` are left out when unused, never null."""
     if isinstance(data, dict):
         for name in names:
@@ -68,7 +69,7 @@ def _left_out(data: object, names: tuple[str, ...]) -> object:
     return data
 
 
-class _Strict(BaseModel):
+class StrictBody(BaseModel):
     """A request body: unknown fields are refused."""
 
     model_config = ConfigDict(extra="forbid")
@@ -159,7 +160,7 @@ FHIR_BUNDLE_SCHEMA: dict[str, Any] = {
 
 
 def _bundle_schema(schema: dict[str, Any]) -> None:
-    _left_out_not_null(schema)
+    left_out_not_null(schema)
     schema.update(FHIR_BUNDLE_SCHEMA)
 
 
@@ -177,7 +178,7 @@ BUDGET_HELP = (
 )
 
 
-class PredictOptions(_Strict):
+class PredictOptions(StrictBody):
     """Sampling options of one prediction."""
 
     n_samples: JsonInt = Field(1, ge=1, description="Answers generated; the majority wins.")
@@ -216,7 +217,7 @@ class PredictOptions(_Strict):
         )
 
 
-class PredictRequest(_Strict):
+class PredictRequest(StrictBody):
     """One record, as MEDS `events` or as a FHIR R4 `bundle`, and the task to predict."""
 
     model_config = ConfigDict(
@@ -236,7 +237,7 @@ class PredictRequest(_Strict):
         None,
         description="The record's MEDS events, all with the same `subject_id` (422 otherwise, "
         "located at the first event whose `subject_id` differs).",
-        json_schema_extra=_left_out_not_null,
+        json_schema_extra=left_out_not_null,
     )
     bundle: FhirBundle | None = Field(None, json_schema_extra=_bundle_schema)
     prediction_time: IsoTime | None = Field(
@@ -250,7 +251,7 @@ class PredictRequest(_Strict):
     @classmethod
     def _no_null(cls, data: object) -> object:
         """`events` and `bundle` are left out when unused, never null (as documented)."""
-        return _left_out(data, ("events", "bundle"))
+        return left_out(data, ("events", "bundle"))
 
     @model_validator(mode="after")
     def _events_or_bundle(self) -> PredictRequest:
@@ -259,7 +260,7 @@ class PredictRequest(_Strict):
         return self
 
 
-class BatchRequest(_Strict):
+class BatchRequest(StrictBody):
     """Several records, generated concurrently."""
 
     records: list[PredictRequest] = Field(min_length=1)
@@ -379,108 +380,6 @@ class BatchResponse(BaseModel):
     """Predictions in request order."""
 
     results: list[PredictResponse]
-
-
-class TokenizeRequest(_Strict):
-    """Either a `text`, or `events` with their `task` (the full prompt is tokenized)."""
-
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "oneOf": [
-                {
-                    "required": ["text"],
-                    "not": {"anyOf": [{"required": ["events"]}, {"required": [BUDGET]}]},
-                },
-                {"required": ["events", "task"], "not": {"required": ["text"]}},
-            ]
-        },
-    )
-
-    text: str | None = Field(
-        None,
-        description="A text to segment: at most `MEDTPE_MAX_TOKENIZE_TEXT_BYTES` UTF-8 bytes "
-        "(64 KiB by default; 422 beyond).",
-        json_schema_extra=_left_out_not_null,
-    )
-    task: str | None = Field(
-        None,
-        max_length=MAX_TASK_CHARS,
-        json_schema_extra=lambda schema: _left_out_not_null(schema) or schema.update(_TASK_FIELD),
-    )
-    events: Events | None = Field(None, json_schema_extra=_left_out_not_null)
-    prediction_time: IsoTime | None = None
-    max_input_tokens: Budget | None = Field(
-        None,
-        description=f"Only with `events`. {BUDGET_HELP}",
-        json_schema_extra=_left_out_not_null,
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_null(cls, data: object) -> object:
-        """`text`, `task`, `events` and `max_input_tokens` are left out when unused, never null
-        (as documented)."""
-        return _left_out(data, ("text", "task", "events", BUDGET))
-
-    @model_validator(mode="after")
-    def _text_or_record(self) -> TokenizeRequest:
-        if (self.text is None) == (self.events is None):
-            raise ValueError("give either `text` or `events` with `task`")
-        if self.events is not None and self.task is None:
-            raise ValueError("`events` need a `task`")
-        return self
-
-    @field_validator(BUDGET)
-    @classmethod
-    def _budget_of_a_record(cls, value: int | None, info: ValidationInfo) -> int | None:
-        """A budget applies to a record's prompt: refused beside `text` (located at itself)."""
-        if value is not None and info.data.get("text") is not None:
-            raise ValueError("applies to `events`, not to `text`")
-        return value
-
-
-class TokenList(BaseModel):
-    """One tokenizer's view of the text."""
-
-    ids: list[int]
-    tokens: list[str]
-    count: int
-
-
-class MergedToken(BaseModel):
-    """A MedTPE token: the pair of tokens it stands for, and the base token whose id it reuses."""
-
-    id: int
-    pair: tuple[int, int] = Field(
-        description="The ids it merges, left and right: base tokens or earlier MedTPE tokens."
-    )
-    pair_tokens: tuple[str, str] = Field(description="The text of each of `pair`.")
-    base_ids: list[int] = Field(description="The original-tokenizer ids it spells.")
-    reuses: str | None = Field(
-        description="The text of the rare base token evicted for its id; null for a fresh id "
-        "(an artefact without replacement)."
-    )
-
-
-class TokenizeResponse(BaseModel):
-    """Both segmentations of the same text."""
-
-    original: TokenList
-    medtpe: TokenList
-    compression_rate: float
-    merged: list[MergedToken] = Field(
-        default_factory=list,
-        description="Each MedTPE token of `medtpe.ids` once, in order of first appearance.",
-    )
-    events: dict[str, int] | None = Field(
-        None,
-        description="For a record: `total` and `kept` within the input budget (the prompt "
-        "says how many older events it leaves out); null for a text.",
-    )
-    max_input_tokens: int | None = Field(
-        None, description="For a record: the input budget its prompt was built within."
-    )
 
 
 class ErrorItem(BaseModel):

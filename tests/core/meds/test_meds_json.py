@@ -16,7 +16,8 @@ from pydantic import ValidationError
 from medtpe.core.meds.events import MAX_SUBJECT_ID, MedsEvent, SubjectEvents
 from medtpe.core.meds.json_events import decode_events
 from medtpe.service.plumbing.json_body import decode_body
-from medtpe.service.predict.schemas import BatchRequest, PredictRequest, TokenizeRequest
+from medtpe.service.predict.schemas import BatchRequest, PredictRequest
+from medtpe.service.predict.tokenize_schemas import TokenizeRequest
 from tests.support.service_support import synthetic_events
 
 _TIMES = st.one_of(
