@@ -5,14 +5,18 @@ import only the ones below it (`ALLOWED`, a module-level or lazy import alike): 
 bottom (no torch, no vLLM, no import circle), then the engine (`inference`), the ledger and the
 model card, the FHIR resources written back, the evaluation, then the four siblings that never
 import each other (`service`, `batch`, `monitoring`, `training`), and the command line above
-all. The engine protocol imports no engine implementation; no module imports another module's
-private name; the tools (`tools/`: benchmarks, research, scripts) may import every layer, and
-`medtpe` imports none of them.
+all. Each package states its public surface (a docstring and `__all__`: its public submodules
+and the names its `__init__` offers; a module's `__all__`: the names it offers), and a layer
+imports another only through that surface. The engine protocol imports no engine
+implementation; no module imports another module's private name; the tools (`tools/`:
+benchmarks, research, scripts) may import every layer, and nothing outside `tools/` and
+`tests/tools/` imports them.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import subprocess
 import sys
@@ -130,6 +134,159 @@ def test_the_product_imports_no_tool_and_no_test() -> None:
             name for name in imported_modules(path) if name.split(".")[0] in {"tools", "tests"}
         )
         for path in sorted(PACKAGE.rglob("*.py"))
+    }
+    assert {path: names for path, names in offenders.items() if names} == {}
+
+
+def module_file(name: str) -> Path | None:
+    """The file of the module or package `name` (dotted, from the root), None when there is none."""
+    base = ROOT.joinpath(*name.split("."))
+    for candidate in (base / "__init__.py", base.with_suffix(".py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """`path`'s syntax tree (each file read once per run)."""
+    return ast.parse(path.read_text(), str(path))
+
+
+def declared_all(path: Path) -> list[str] | None:
+    """The names of `path`'s top-level `__all__` (a literal list), None when it declares none."""
+    for node in parsed(path).body:
+        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(target, ast.Name) and target.id == "__all__" for target in targets):
+                return list(ast.literal_eval(node.value))
+    return None
+
+
+def top_level_names(path: Path) -> set[str]:
+    """The names `path` binds at module level (inside `if` and `try` blocks too), and for a
+    package its submodules."""
+    names: set[str] = set()
+    statements = list(parsed(path).body)
+    while statements:
+        node = statements.pop()
+        if isinstance(node, ast.If | ast.Try):
+            statements.extend([*node.body, *node.orelse, *getattr(node, "finalbody", [])])
+            statements.extend(s for handler in getattr(node, "handlers", []) for s in handler.body)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    if path.name == "__init__.py":
+        names.update(p.stem for p in path.parent.glob("*.py") if p.name != "__init__.py")
+        names.update(p.name for p in path.parent.iterdir() if (p / "__init__.py").is_file())
+    return names
+
+
+def packages_of(folder: Path) -> list[Path]:
+    """Every package's `__init__.py` under `folder` (itself included)."""
+    return sorted(folder.rglob("__init__.py"))
+
+
+def states_what_it_holds(path: Path) -> bool:
+    """Whether `path` opens with a docstring (a placeholder "TODO" is none)."""
+    text = ast.get_docstring(parsed(path)) or ""
+    return bool(text) and not text.startswith("TODO")
+
+
+def test_every_package_states_what_it_holds_and_its_public_surface() -> None:
+    tool_packages = [ROOT / "tools" / "__init__.py", ROOT / "tests" / "tools" / "__init__.py"]
+    undocumented = [
+        str(path.relative_to(ROOT))
+        for path in [*packages_of(PACKAGE), *tool_packages]
+        if not states_what_it_holds(path)
+    ]
+    assert undocumented == []
+    without_all = [
+        str(path.relative_to(ROOT)) for path in packages_of(PACKAGE) if declared_all(path) is None
+    ]
+    assert without_all == []
+
+
+def test_every_name_in_an_all_exists() -> None:
+    stale = {
+        str(path.relative_to(ROOT)): missing
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if (missing := sorted(set(declared_all(path) or []) - top_level_names(path)))
+    }
+    assert stale == {}
+
+
+def medtpe_imports(path: Path) -> list[tuple[str, list[str]]]:
+    """Each module of `medtpe` that `path` imports, with the names it takes from it (none for
+    `import medtpe.x.y`)."""
+    found = []
+    for node in imports_of(path):
+        if isinstance(node, ast.Import):
+            found.extend((alias.name, []) for alias in node.names)
+        elif node.module and not node.level:
+            found.append((node.module, [alias.name for alias in node.names]))
+    return [(module, names) for module, names in found if module.split(".")[0] == "medtpe"]
+
+
+def public(package: str) -> list[str]:
+    """What the package `package` lists in its `__all__` (nothing when it declares none)."""
+    init = module_file(package)
+    return (declared_all(init) or []) if init is not None else []
+
+
+def surface_problems(importer: Path, module: str, names: list[str]) -> list[str]:
+    """Why `importer` importing `names` from `module` (no names: `import module`) reaches past a
+    public surface: each package on the module's path that does not hold `importer` must list
+    the next part of the path in its `__all__`, and the module itself (a package, or a module
+    that declares `__all__`) each name, unless it lies in `importer`'s own package."""
+    parts, inside = module.split("."), importer.relative_to(ROOT).parent.parts
+    path = module_file(module)
+    if path is None:
+        return [f"{module} is no module"]
+    problems = [
+        f"{'.'.join(parts[: depth + 1])} is not in {'.'.join(parts[:depth])}.__all__"
+        for depth in range(1, len(parts))
+        if tuple(parts[:depth]) != inside[:depth]
+        and parts[depth] not in public(".".join(parts[:depth]))
+    ]
+    holder = tuple(parts if path.name == "__init__.py" else parts[:-1])
+    offered = declared_all(path)
+    if holder != inside[: len(holder)] and (offered is not None or path.name == "__init__.py"):
+        problems.extend(
+            f"{module}.{name} is not in {module}.__all__"
+            for name in names
+            if name not in (offered or [])
+        )
+    return problems
+
+
+def test_imports_from_another_package_go_through_its_public_surface() -> None:
+    offenders: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        problems = {
+            problem
+            for module, names in medtpe_imports(path)
+            for problem in surface_problems(path, module, names)
+        }
+        if problems:
+            offenders[str(path.relative_to(ROOT))] = sorted(problems)
+    assert offenders == {}
+
+
+def test_nothing_outside_the_tools_imports_them() -> None:
+    tools, tools_tests = ROOT / "tools", ROOT / "tests" / "tools"
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(
+            name for name in imported_modules(path) if name.split(".")[0] == "tools"
+        )
+        for folder in ROOT.iterdir()
+        if folder.is_dir() and not folder.name.startswith(".") and folder != tools
+        for path in sorted(folder.rglob("*.py"))
+        if not path.is_relative_to(tools_tests)
     }
     assert {path: names for path, names in offenders.items() if names} == {}
 

@@ -9,7 +9,9 @@
 - `medtpe.core.cds`: CDS Hooks logic without HTTP (services, risk bands, cards, score cache).
 
 Beside them: `paths` (default locations), `declared` (options declared once), `ray_cluster`
-(a Ray session for `--ray`), `rope_stretch` (RoPE's slow dimensions stretched).
+(a Ray session for `--ray`), `rope_stretch` (RoPE's slow dimensions stretched),
+`secret_masking` (secrets kept out of log lines and messages), `thresholds` (a task's operating
+threshold on p("yes")).
 """
 
 from __future__ import annotations
@@ -19,7 +21,24 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from medtpe.core.tokenizer import MedTPETokenizer
 
-__all__ = ["MedTPETokenizer"]
+__all__ = [
+    "MedTPETokenizer",
+    "answer_facts",
+    "cds",
+    "declared",
+    "fhir",
+    "figure_names",
+    "meds",
+    "metrics",
+    "paths",
+    "prompt",
+    "ray_cluster",
+    "rope_stretch",
+    "secret_masking",
+    "tasks",
+    "thresholds",
+    "tokenizer",
+]
 
 
 def __getattr__(name: str) -> Any:

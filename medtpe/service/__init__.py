@@ -1,8 +1,9 @@
-"""The HTTP service. Each door is a package: `medtpe.service.predict` (`/predict`, `/predict/batch`,
-`/tokenize`) and `medtpe.service.cds_hooks` (`/cds-services`). The top-level modules are what the
-doors share: the app (`app`), settings, metrics, admission (`limits`), draining, errors, body
-decoding (`json_body`), probes, `serving` (the prediction path both doors answer through), the
-ledger and its receipts, the model card route, the UI and the API docs.
+"""The HTTP service: the FastAPI app (`app`), its settings from the environment (`settings`),
+several API processes on one engine (`api_processes`) and the drain before it stops (`drain`).
+Each door is a package whose `routes.attach(app)` serves it: `predict` (`/predict`,
+`/predict/batch`, `/tokenize`), `cds_hooks` (`/cds-services`), `public_key`, `model_card`,
+`page` (`/ui/`), `probes` (`/healthz`, `/readyz`, `/metrics`) and `api_docs`; what the doors
+share is in `plumbing`.
 
 Two kinds of state, not to be confused:
 - `medtpe.service.plumbing.state` (`ServiceState`): one process's own state (the engine, the model,
@@ -10,3 +11,5 @@ Two kinds of state, not to be confused:
 - `medtpe.service.cds_hooks.state_store`: the store every API process and replica shares
   (`MEDTPE_STATE_URL`: replayed JWT ids, the score cache, the cards issued).
 """
+
+__all__ = ["api_processes", "app", "drain", "settings"]

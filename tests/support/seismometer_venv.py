@@ -1,29 +1,37 @@
-"""seismometer's own venv for the tests (`tools.scripts.seismometer_venv`: built once, then reused),
-and a monitoring export loaded by seismometer's own code (`tests/support/seismometer_load.py`)."""
+"""seismometer's own venv for the tests (built once, then reused, by
+`tools.scripts.seismometer_venv` in a child process, as `make seismometer-venv` runs it), and a
+monitoring export loaded by seismometer's own code (`tests/support/seismometer_load.py`)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.support.paths import ROOT
-from tools.scripts.seismometer_venv import build
 
 LOAD_TIMEOUT_S = 300
+UNBUILT = "seismometer's venv could not be built"
+"""How the builder's message begins when pip cannot install the requirements (or runs out of
+time)."""
 
 
 def seismometer_python() -> Path:
-    """The venv's interpreter; the test is skipped, with pip's reason, only when the pinned
-    requirements cannot be installed here (no package index reachable)."""
-    try:
-        return build()
-    except subprocess.CalledProcessError as exc:
-        pytest.skip(f"seismometer's venv cannot be installed here (pip exited {exc.returncode})")
-    except subprocess.TimeoutExpired:
-        pytest.skip("seismometer's venv could not be installed within the time allowed")
+    """The venv's interpreter; the test is skipped, with the builder's reason, only when the
+    pinned requirements cannot be installed here (no package index reachable)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tools.scripts.seismometer_venv"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0 and done.stderr.startswith(UNBUILT):
+        pytest.skip(done.stderr.strip())
+    assert done.returncode == 0, done.stderr[-3000:]
+    return Path(done.stdout.strip().splitlines()[-1])
 
 
 def seismometer_load(python: Path, folder: Path) -> dict:

@@ -8,7 +8,9 @@
 mapping counts, each faulty element it left out as a `FhirWarning`), a `ResourceCache` keeps
 what each resource gave so that a record sent again with a few new resources only reads those,
 and `FhirInputError` names the resource and field of input it cannot map.
-See docs/integration.md, "FHIR records".
+Beside them: `mapping` (the resource types read), `parsing` (the Bundle types accepted),
+`window` (how far back a record is read), `url_guard` (where a FHIR server's access token may
+go). See docs/integration.md, "FHIR records".
 """
 
 from medtpe.core.fhir.mapping import meds_from_fhir
@@ -28,5 +30,10 @@ __all__ = [
     "SiteMapping",
     "SiteMappingError",
     "load_site_mapping",
+    "mapping",
     "meds_from_fhir",
+    "parsing",
+    "site_mapping",
+    "url_guard",
+    "window",
 ]

@@ -21,6 +21,8 @@ __all__ = [
     "Interval",
     "PairedAnswer",
     "compression_rate",
+    "fidelity",
     "interval",
+    "scores",
     "subject_resample_weights",
 ]

@@ -21,4 +21,15 @@ from medtpe.core.prompt.render import render_record
 from medtpe.core.prompt.task_prompt import Prompt, build_prompt
 from medtpe.core.prompt.windowing import Windowing, WindowPolicy
 
-__all__ = ["ChatTemplate", "Prompt", "WindowPolicy", "Windowing", "build_prompt", "render_record"]
+__all__ = [
+    "ChatTemplate",
+    "Prompt",
+    "WindowPolicy",
+    "Windowing",
+    "build_prompt",
+    "chat_template",
+    "render",
+    "render_record",
+    "task_prompt",
+    "windowing",
+]

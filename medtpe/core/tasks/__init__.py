@@ -4,6 +4,9 @@ A user adds a task without code: a YAML or JSON file with the fields of `Task`, 
 with `load_task_file(path)` or placed in a directory named by `MEDTPE_TASKS_DIR` (several
 directories separated by the OS path separator; read once per process). A user task with a
 built-in task's name replaces it.
+
+Modules: `task` (`Task` and its predictions), `answers` (the answer contract: where an answer
+ends and how it parses), `option_probabilities` (the answer options' probabilities).
 """
 
 from __future__ import annotations
@@ -29,9 +32,11 @@ __all__ = [
     "Task",
     "TaskFileError",
     "UnknownTaskError",
+    "answers",
     "get_task",
     "list_tasks",
     "load_task_file",
+    "option_probabilities",
 ]
 
 

@@ -21,4 +21,16 @@ from medtpe.core.tokenizer.artefact_manifest import ArtefactBundle
 from medtpe.core.tokenizer.base import BaseTokenizer
 from medtpe.core.tokenizer.medtpe_tokenizer import MedTPETokenizer
 
-__all__ = ["ArtefactBundle", "BaseTokenizer", "MedTPETokenizer"]
+__all__ = [
+    "ArtefactBundle",
+    "BaseTokenizer",
+    "MedTPETokenizer",
+    "artefact_files",
+    "artefact_manifest",
+    "base",
+    "build",
+    "corpus",
+    "medtpe_tokenizer",
+    "snippets",
+    "without_replacement",
+]

@@ -1,4 +1,7 @@
 """The prediction door: `/predict`, `/predict/batch` and `/tokenize` (its routes, request and
 response models, response builders).
 
-Its `routes.attach(app)` serves it; `medtpe.service.app` attaches every door."""
+Its `routes.attach(app)` serves it; `medtpe.service.app` attaches every door. Its request models
+(`schemas`) give the other doors the task names and the API key schemes."""
+
+__all__ = ["routes", "schemas"]

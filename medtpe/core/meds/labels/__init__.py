@@ -7,7 +7,8 @@ tasks in `boolean_value`, phenotyping in `categorical_value`, the phenotype name
 What a label file means: each row asks for a prediction from the subject's data up to and
 including `prediction_time` (MEDS's convention, the renderer's default), and no label is ever
 recorded at or before its prediction time. Task definitions: `icu.py`, `readmission.py`,
-`pancreatic_cancer.py`; the codes they read: `stays.py`.
+`pancreatic_cancer.py`; the codes they read: `stays.py`; labels from an ACES task
+configuration: `aces_labels.py`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,19 @@ from medtpe.core.meds.labels.readmission import readmission_30d
 from medtpe.core.meds.prediction_point import PredictionPoint
 from medtpe.core.meds.readers import MedsDataset
 from medtpe.core.tasks import Task
+
+__all__ = [
+    "LABEL_FUNCTIONS",
+    "LabelFunction",
+    "aces_labels",
+    "derive_labels",
+    "icu",
+    "label_table",
+    "pancreatic_cancer",
+    "readmission",
+    "stays",
+    "write_labels",
+]
 
 LabelFunction = Callable[[SubjectEvents, Task], list[PredictionPoint]]
 
