@@ -16,7 +16,8 @@ The directory's `bulk-export.json` keeps the request, the status URL and, once t
 server's manifest: a second run with the same request resumes where the first stopped (polls
 again, downloads the missing files and the rest of a partial one); another request in the same
 directory is refused. Every request carries the SMART Backend Services token
-(`medtpe.batch.smart_backend`) when one is configured, but only to the FHIR server's origin: a
+(`medtpe.batch.smart_backend`) when one is configured, but only to the FHIR server's origin
+(`medtpe.core.fhir.url_guard`, the rule both FHIR clients share): a
 status URL elsewhere is refused, a file elsewhere is fetched without it when the manifest says files
 need no token (`requiresAccessToken: false`) and refused when they do; redirects are followed by
 hand, at most `MAX_REDIRECTS`, the token only on hops to the server's origin. A 401 gets one new
@@ -53,10 +54,11 @@ from medtpe.batch.fhir_http import (
     Reply,
     check_secure,
     fetch,
-    origin,
     read_capped,
     resolve,
     retry_after_s,
+    token_may_go,
+    token_scope,
 )
 from medtpe.batch.fhir_resource_types import R4_RESOURCE_TYPES
 from medtpe.batch.smart_backend import ClientKey, SmartBackendAuth
@@ -155,7 +157,7 @@ class BulkDataClient:
     ) -> None:
         check_secure(base_url, "the FHIR server")
         self.base = base_url.rstrip("/") + "/"
-        self.origin = origin(self.base)
+        self.scope = token_scope(self.base)
         self.client, self.auth = client, auth
         self.settings = settings or ExportSettings()
 
@@ -164,7 +166,7 @@ class BulkDataClient:
     def _headers(self, url: str, accept: str, with_token: bool = True) -> dict[str, str]:
         headers = {"Accept": accept}
         if with_token and self.auth is not None:
-            if origin(url) != self.origin:  # never reached: callers check first
+            if not token_may_go(self.scope, url):  # never reached: callers check first
                 raise FhirServerError(f"no token for {url}: not the FHIR server's origin")
             headers["Authorization"] = f"Bearer {self.auth.token()}"
         return headers
@@ -180,7 +182,7 @@ class BulkDataClient:
     ) -> Reply:
         """A request to the FHIR server's origin (token attached), once more with a new token
         after a 401."""
-        if origin(url) != self.origin:
+        if not token_may_go(self.scope, url):
             raise FhirServerError(f"{what}: {url} is not on the FHIR server's origin")
         for attempt in range(2):
             headers = self._headers(url, accept) | (extra or {})
@@ -206,7 +208,7 @@ class BulkDataClient:
         if not location:
             raise ExportFailedError("the kick-off's 202 names no status URL (Content-Location)")
         status_url = resolve(url, location)
-        if origin(status_url) != self.origin:
+        if not token_may_go(self.scope, status_url):
             raise ExportFailedError(
                 f"the status URL {status_url} is not on the FHIR server's origin: the access "
                 "token is not sent there"
@@ -273,7 +275,7 @@ class BulkDataClient:
             done = inside(target.parent, target.name + suffix)
             if done.is_file():
                 return done
-        if requires_token and origin(url) != self.origin:
+        if requires_token and not token_may_go(self.scope, url):
             raise ManifestError(
                 f"the manifest asks for the access token at {url}, not the FHIR server's "
                 "origin: refused"
@@ -303,8 +305,8 @@ class BulkDataClient:
         refreshed = False
         hops = 0
         while True:
-            same_origin = origin(url) == self.origin
-            headers = self._headers(url, NDJSON, with_token=requires_token and same_origin)
+            with_token = requires_token and token_may_go(self.scope, url)
+            headers = self._headers(url, NDJSON, with_token=with_token)
             try:
                 with self.client.stream("GET", url, headers=headers | extra) as response:
                     status = response.status_code
@@ -486,7 +488,7 @@ def check_manifest(manifest: Any, base: str) -> bool:
                 check_secure(absolute, "the file")
             except (ValueError, FhirServerError) as exc:
                 raise ManifestError(_refused(f"{where}.url", url, f"is refused ({exc})")) from None
-            if requires_token and origin(absolute) != origin(base):
+            if requires_token and not token_may_go(token_scope(base), absolute):
                 raise ManifestError(
                     f"the manifest asks for the access token at {absolute} ({where}.url), not the "
                     "FHIR server's origin: refused"

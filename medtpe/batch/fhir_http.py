@@ -1,7 +1,9 @@
 """HTTP with a FHIR server for the Bulk Data client and SMART Backend Services: where the access
-token may go (origins compared on parsed URLs), waits the server asks for (`Retry-After`),
-responses read under a size cap, and the server's errors (an OperationOutcome, an OAuth error) as
-one clear message. Network errors are summarised without the server's text of them."""
+token may go (`medtpe.core.fhir.url_guard`'s rule, on URLs parsed by `urllib.parse`: HTTPS,
+plain HTTP to the loopback only, the token anywhere on the FHIR server's origin), waits the
+server asks for (`Retry-After`), responses read under a size cap, and the server's errors (an
+OperationOutcome, an OAuth error) as one clear message. Network errors are summarised without the
+server's text of them."""
 
 from __future__ import annotations
 
@@ -11,15 +13,14 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urljoin
 
 import httpx
 
+from medtpe.core.fhir.url_guard import PlainHttp, Refusal, TokenScope, Url, transport_refusal
+
 MAX_JSON_BYTES = 16 * 1024 * 1024
 """The largest JSON document read (configuration, token, status, manifest)."""
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
-"""Hosts reached over plain HTTP (tests, a server's sidecar); any other needs HTTPS."""
-DEFAULT_PORTS = {"http": 80, "https": 443}
 MAX_HEADER_DIGITS = 9
 """The most digits of a numeric header read (`Retry-After` seconds; more waits the default)."""
 MAX_HTTP_DATE_CHARS = 64
@@ -53,19 +54,26 @@ class HttpSettings:
         return httpx.Client(timeout=timeout, follow_redirects=False)
 
 
-def origin(url: str) -> tuple[str, str, int]:
-    """(scheme, host, port) of an absolute URL (the default port filled in)."""
-    parts = urlsplit(url)
-    if parts.scheme not in DEFAULT_PORTS or not parts.hostname:
-        raise ValueError(f"{url!r} is no absolute http(s) URL")
-    return parts.scheme, parts.hostname.lower(), parts.port or DEFAULT_PORTS[parts.scheme]
-
-
 def check_secure(url: str, what: str) -> None:
-    """Refuse plain HTTP to any host but the loopback (tokens and keys never travel in clear)."""
-    scheme, host, _ = origin(url)
-    if scheme != "https" and host not in LOOPBACK_HOSTS:
+    """Refuse plain HTTP to any host but the loopback (tokens and keys never travel in clear):
+    `FhirServerError`; `ValueError` for a URL that is no absolute http(s) URL."""
+    refusal = transport_refusal(Url.split(url), PlainHttp.LOOPBACK)
+    if refusal is Refusal.NOT_HTTP:
+        raise ValueError(f"{url!r} is no absolute http(s) URL")
+    if refusal is not None:
         raise FhirServerError(f"{what} {url} is not HTTPS")
+
+
+def token_scope(base: str) -> TokenScope:
+    """Where the FHIR server's access token may go: anywhere on the origin of its base URL
+    `base` (Bulk Data status URLs and files lie on it, not always under the base path)."""
+    return TokenScope.on_origin(Url.split(base))
+
+
+def token_may_go(scope: TokenScope, url: str) -> bool:
+    """Whether the token of `scope` may be sent to `url` (`ValueError` for a port that is no
+    port number)."""
+    return scope.admits(Url.split(url))
 
 
 def resolve(base: str, reference: str) -> str:

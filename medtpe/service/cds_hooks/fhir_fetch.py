@@ -2,10 +2,11 @@
 httpx streaming, kept to OWASP's rules against server-side request forgery.
 
 - Every URL requested (a query's first page, each `next` link, each redirect) is parsed by the
-  parser that sends it (httpx) and must lie on the call's `fhirServer` (`ServerBase`): the same
-  scheme, host and port (lower-cased, default ports filled in), a path under the server's path
-  with no dot segment (percent-encoded or not), no user info. Only such URLs are requested, so
-  the access token goes to that server only.
+  parser that sends it (httpx) and must lie on the call's `fhirServer` (`ServerBase`, the token
+  scope under a base URL of `medtpe.core.fhir.url_guard`, the rule both FHIR clients share): the
+  same scheme, host and port (lower-cased, default ports filled in), a path under the server's
+  path with no dot segment (percent-encoded or not), no user info. Only such URLs are requested,
+  so the access token goes to that server only.
 - Redirects are followed by hand, at most `MAX_REDIRECTS` hops, each checked the same way; one
   leaving the server is not followed.
 - Answers are read as a stream and counted as the bytes arrive: one answer over
@@ -31,16 +32,16 @@ import logging
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
-from urllib.parse import parse_qsl, unquote
+from urllib.parse import parse_qsl
 
 import httpx
 import msgspec
 
+from medtpe.core.fhir.url_guard import PlainHttp, TokenScope, Url, transport_refusal
+
 MAX_REDIRECTS = 3
 """Redirects followed for one request (each one on the FHIR server)."""
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
-DEFAULT_PORTS = {"http": 80, "https": 443}
-DOT_SEGMENTS = frozenset({".", ".."})
 PAGE_SIZE_PARAM = "_count"
 REFUSED_STATUSES = frozenset({401, 403})
 
@@ -58,53 +59,48 @@ class FhirFetchError(Exception):
         self.key = key
 
 
+def url_parts(url: httpx.URL) -> Url:
+    """`url`'s parts as httpx, which sends the request, parsed them."""
+    return Url(
+        url.scheme,
+        url.host,
+        url.port,
+        url.raw_path.partition(b"?")[0].decode("ascii"),
+        url.userinfo.decode("ascii"),
+        url.query.decode("ascii"),
+        url.fragment,
+    )
+
+
 @dataclass(frozen=True)
 class ServerBase:
-    """A FHIR server's base URL as URLs are compared with it: scheme, host and port (default
-    ports filled in), and its path without the trailing slash."""
+    """A FHIR server's base URL as URLs are compared with it: its parts and the token's scope
+    under it (`medtpe.core.fhir.url_guard.TokenScope.under_base`)."""
 
-    scheme: str
-    host: str
-    port: int
-    path: str
+    url: Url
+    scope: TokenScope
 
     @classmethod
     def of(cls, url: str) -> ServerBase:
         """The base of `url` (httpx's parse: lower-cased scheme and host, no dot segments);
-        `ValueError` when it is no http(s) URL or holds user info, a query or a fragment."""
+        `ValueError` when it is no http(s) URL or holds user info, a query, a fragment or a dot
+        segment."""
         try:
-            parsed = httpx.URL(url)
+            parsed = url_parts(httpx.URL(url))
         except httpx.InvalidURL as exc:
             raise ValueError(f"not a URL: {exc}") from None
-        if parsed.scheme not in DEFAULT_PORTS or not parsed.host:
-            raise ValueError("not an http(s) URL")
-        if parsed.userinfo or parsed.query or parsed.fragment or not _plain_path(parsed):
-            raise ValueError("a FHIR base URL has no user info, query, fragment or dot segment")
-        path = parsed.raw_path.decode("ascii").rstrip("/")
-        return cls(parsed.scheme, parsed.host, _port(parsed), path)
+        return cls(parsed, TokenScope.under_base(parsed))
 
     def holds(self, url: httpx.URL) -> bool:
         """Whether `url` lies on this server: same scheme, host and port, its path this path or
         under it (whole segments), no dot segment, no user info."""
-        if url.userinfo or (url.scheme, url.host, _port(url)) != (
-            self.scheme,
-            self.host,
-            self.port,
-        ):
-            return False
-        path = url.raw_path.partition(b"?")[0].decode("ascii")
-        under = path == self.path or path.startswith(self.path + "/")
-        return under and _plain_path(url)
+        return self.scope.admits(url_parts(url))
 
-
-def _port(url: httpx.URL) -> int:
-    return url.port if url.port is not None else DEFAULT_PORTS.get(url.scheme, -1)
-
-
-def _plain_path(url: httpx.URL) -> bool:
-    """No `.` or `..` segment, percent-encoded or not (a server may decode `%2E%2E`)."""
-    segments = url.raw_path.partition(b"?")[0].decode("ascii").split("/")
-    return not any(unquote(segment) in DOT_SEGMENTS for segment in segments)
+    def plain_http_refused(self, allow_http: bool) -> bool:
+        """Whether the base is plain HTTP and plain HTTP is not allowed (`allow_http`: to any
+        host; never only to the loopback, the service's own host)."""
+        plain_http = PlainHttp.ANY if allow_http else PlainHttp.NEVER
+        return transport_refusal(self.url, plain_http) is not None
 
 
 @dataclass(frozen=True)

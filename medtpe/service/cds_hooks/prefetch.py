@@ -185,11 +185,11 @@ def _source(
         )
     server = str(body.fhirServer)
     try:
-        ServerBase.of(server)
+        base = ServerBase.of(server)
     except ValueError as exc:
         detail = field_error(("body", "fhirServer"), str(exc), "fhir_server")
         raise ApiError(422, "invalid_request", detail) from None
-    if body.fhirServer.scheme != "https" and not settings.cds_allow_http_fhir:
+    if base.plain_http_refused(settings.cds_allow_http_fhir):
         raise ApiError(
             412,
             "fhir_server_not_allowed",
