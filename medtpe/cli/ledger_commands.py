@@ -45,13 +45,15 @@ LEDGER_OPTION = click.option(
 )
 
 
-def _settings(ledger_url: str | None) -> LedgerSettings:
-    settings = LedgerSettings.from_environ()
-    if ledger_url:
-        settings = LedgerSettings(
-            ledger_url, settings.ledger_records, settings.ledger_signing_key, settings.ledger_off
-        )
-    return settings
+def ledger_settings(ledger_url: str | None) -> LedgerSettings:
+    """The ledger settings of the `MEDTPE_LEDGER_*` variables, `--ledger` in place of
+    `MEDTPE_LEDGER_URL` where given (`LedgerSettings.from_environ`); a value they refuse stops
+    the command, naming its variable. Every command opens the ledger with their `open_ledger`."""
+    given = {"ledger_url": ledger_url} if ledger_url else {}
+    try:
+        return LedgerSettings.from_environ(**given)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 @click.group("ledger")
@@ -67,7 +69,7 @@ def upgrade(ledger_url: str | None) -> None:
     from medtpe.ledger.migrate import current, head
     from medtpe.ledger.store import LedgerUnavailable
 
-    settings = _settings(ledger_url)
+    settings = ledger_settings(ledger_url)
     try:
         opened = settings.open_ledger()
     except LedgerUnavailable as exc:
@@ -82,7 +84,7 @@ def upgrade(ledger_url: str | None) -> None:
 def public_key(ledger_url: str | None) -> None:
     """Print the public key that checks the receipts' signatures, as a JWK."""
     try:
-        click.echo(json.dumps(_settings(ledger_url).signer().jwk()))
+        click.echo(json.dumps(ledger_settings(ledger_url).signer().jwk()))
     except SigningKeyError as exc:
         raise click.ClickException(str(exc)) from exc
 
@@ -161,7 +163,7 @@ def verify(
 
     if meds_dir is not None and fhir_dirs:
         raise click.UsageError("give --meds or --fhir, not both")
-    settings = _settings(ledger_url)
+    settings = ledger_settings(ledger_url)
     try:
         key = (
             public_key_from_jwk(json.loads(public_key_file.read_text()))

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from medtpe.cli.ledger_commands import LEDGER_OPTION
+from medtpe.cli.ledger_commands import LEDGER_OPTION, ledger_settings
 from medtpe.cli.options import (
     FHIR_MAPPING_OPTION,
     TASK_OPTION,
@@ -29,7 +29,6 @@ from medtpe.cli.options import (
 from medtpe.core.meds.readers import MedsDataset, MedsFormatError
 from medtpe.core.tasks import get_task
 from medtpe.core.thresholds import Thresholds, ThresholdsError
-from medtpe.ledger.settings import LedgerSettings
 from medtpe.monitoring.cohort import AttributeMapError, load_attribute_map
 from medtpe.monitoring.figures import DEFAULT_RESAMPLES
 
@@ -41,10 +40,10 @@ MAX_RESAMPLES = 10_000
 
 
 def _open(ledger_url: str | None) -> Ledger:
-    from medtpe.ledger.store import Ledger, LedgerUnavailable
+    from medtpe.ledger.store import LedgerUnavailable
 
     try:
-        return Ledger.open(ledger_url or LedgerSettings.from_environ().ledger_url)
+        return ledger_settings(ledger_url).open_ledger()
     except LedgerUnavailable as exc:
         raise click.ClickException(str(exc)) from exc
 

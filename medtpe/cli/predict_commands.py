@@ -20,6 +20,7 @@ import click
 
 from medtpe.batch.defaults import DEFAULT_BUCKET_MIB, DEFAULT_SCOPE
 from medtpe.cli import options
+from medtpe.cli.ledger_commands import ledger_settings
 from medtpe.cli.ray_option import ray_option
 from medtpe.core.ray_cluster import LOCAL, RayUnavailableError, check_ray_installed
 
@@ -363,7 +364,8 @@ def predict(
         raise click.UsageError("--write-back writes to the server of --fhir-server: give both")
     if fhir["model_card_url"] is not None and not fhir["write_back"]:
         raise click.UsageError("--model-card-url names the card --write-back writes: give both")
-    if fhir["write_back"] and _ledger_off():
+    ledger = ledger_settings(None)  # a ledger variable the ledger refuses stops the run here
+    if fhir["write_back"] and ledger.ledger_off:
         raise click.UsageError(
             "--write-back writes the answers the ledger holds: not with MEDTPE_LEDGER_OFF=true"
         )
@@ -443,13 +445,6 @@ def predict(
         _write_back(fhir, config, job, source, out_dir, run)
 
 
-def _ledger_off() -> bool:
-    """Whether `MEDTPE_LEDGER_OFF` turns the ledger off."""
-    from medtpe.ledger.settings import LedgerSettings
-
-    return LedgerSettings.from_environ().ledger_off
-
-
 def _write_back(
     fhir: dict[str, Any], config: Any, job: Any, source: Any, out_dir: Path, run: dict[str, Any]
 ) -> None:
@@ -458,13 +453,12 @@ def _write_back(
     already had."""
     from medtpe.batch.fhir_http import FhirServerError
     from medtpe.batch.write_back import WRITE_BACK_SCOPE, fhir_job_items, job_model, write_back
-    from medtpe.ledger.settings import LedgerSettings
     from medtpe.ledger.store import LedgerUnavailable
 
     model = job_model(config.artefact_dir, run, fhir["model_card_url"])
     access = replace(_server_access(fhir), scope=WRITE_BACK_SCOPE)
     try:
-        ledger = LedgerSettings.from_environ().open_ledger()
+        ledger = ledger_settings(None).open_ledger()
         try:
             result = write_back(access, fhir_job_items(source, job, out_dir, ledger), model)
         finally:

@@ -1,18 +1,24 @@
-"""The ledger's settings, declared once (`medtpe.core.declared`): the service settings and the
-command line read each one's default and help from `LedgerSettings`, and `from_environ` reads
-the same `MEDTPE_LEDGER_*` variables where there are no service settings (`medtpe verify`)."""
+"""The ledger's settings, declared once (`medtpe.core.declared`) and read from the environment
+here (`from_environ`: `MEDTPE_LEDGER_URL`, `MEDTPE_LEDGER_RECORDS`, `MEDTPE_LEDGER_SIGNING_KEY`,
+`MEDTPE_LEDGER_OFF`), strictly: a value that is no boolean, no ledger URL or no kind of records is
+an error naming the variable and what it accepts. The service's settings hold a `LedgerSettings`
+(`ServiceSettings.ledger`); the batch job and the command line read their own.
+
+`open_ledger` is the one way a ledger is opened: by the service, the batch job, `medtpe
+outcomes`, `medtpe monitor`, `medtpe verify` and `medtpe ledger`."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from medtpe.core.declared import Declared, declared, described
 from medtpe.core.paths import cache_dir
-from medtpe.ledger.signing import Signer, signer_for
+from medtpe.core.secret_masking import mask_secrets, url_secrets
+from medtpe.ledger.signing import Signer, parse_private_key, signer_for
 
 if TYPE_CHECKING:  # the store (SQLAlchemy) is imported when a ledger is opened
     from medtpe.ledger.store import Ledger
@@ -20,6 +26,23 @@ if TYPE_CHECKING:  # the store (SQLAlchemy) is imported when a ledger is opened
 RecordsKept = Literal["digest", "store"]
 LEDGER_FILE = "ledger.sqlite3"
 SIGNING_KEY_FILE = "ledger-signing-key"
+VARIABLE_PREFIX = "MEDTPE_"
+URL_BACKENDS = ("sqlite", "postgresql", "postgres")
+"""The databases a ledger URL may name (its scheme before any `+driver`)."""
+URL_FORMS = "sqlite:///PATH or postgresql://user:password@host:port/db"
+BOOLEAN_WORDS = (
+    ("true", "false"),
+    ("1", "0"),
+    ("yes", "no"),
+    ("on", "off"),
+    ("t", "f"),
+    ("y", "n"),
+)
+"""The (true, false) words a boolean variable accepts, in any case: those of every other
+`MEDTPE_*` boolean (pydantic's)."""
+BOOLEANS = {yes: True for yes, _ in BOOLEAN_WORDS} | {no: False for _, no in BOOLEAN_WORDS}
+NONE = "none"
+"""The value of an optional variable that says unset (as every other `MEDTPE_*` setting)."""
 
 
 def default_url() -> str:
@@ -30,6 +53,41 @@ def default_url() -> str:
 def default_key_file() -> Path:
     """Where the signing key of a local SQLite ledger is kept when none is configured."""
     return cache_dir() / SIGNING_KEY_FILE
+
+
+def variable(name: str) -> str:
+    """The environment variable of setting `name` (`ledger_url`: `MEDTPE_LEDGER_URL`)."""
+    return f"{VARIABLE_PREFIX}{name.upper()}"
+
+
+def parse_boolean(name: str, value: object) -> bool:
+    """Setting `name`'s value as a boolean: a bool, or one of `BOOLEANS` (any case); anything
+    else a ValueError naming its variable and the accepted words."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in BOOLEANS:
+        return BOOLEANS[value.lower()]
+    words = ", ".join("/".join(pair) for pair in BOOLEAN_WORDS)
+    raise ValueError(f"{variable(name)}={value!r}: expected a boolean ({words})")
+
+
+def parse_text(name: str, value: object) -> str:
+    """A text setting's value (what it must hold is checked on construction)."""
+    return str(value)
+
+
+def parse_optional(name: str, value: object) -> str | None:
+    """An optional text setting: `none` (or None) is unset."""
+    return None if value is None or value == NONE else str(value)
+
+
+_PARSERS: Mapping[str, Callable[[str, object], Any]] = {
+    "ledger_url": parse_text,
+    "ledger_records": parse_text,
+    "ledger_signing_key": parse_optional,
+    "ledger_off": parse_boolean,
+}
+"""How each setting's text (or a caller's value) is read; the rest is checked on construction."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +113,6 @@ class LedgerSettings:
     )
     ledger_signing_key: str | None = field(
         default=None,
-        repr=False,
         metadata=described(
             "The Ed25519 private key that signs every receipt: PEM (PKCS#8) text or the base64 "
             "of its 32-byte seed. Required unless the ledger is a SQLite file; unset with "
@@ -73,7 +130,22 @@ class LedgerSettings:
     def __post_init__(self) -> None:
         if self.ledger_records not in get_args(RecordsKept):
             choices = " or ".join(get_args(RecordsKept))
-            raise ValueError(f"MEDTPE_LEDGER_RECORDS={self.ledger_records!r}: expected {choices}")
+            raise ValueError(
+                f"{variable('ledger_records')}={self.ledger_records!r}: expected {choices}"
+            )
+        scheme, separator, _ = self.ledger_url.partition("://")
+        if not separator or scheme.partition("+")[0].lower() not in URL_BACKENDS:
+            raise ValueError(
+                f"{variable('ledger_url')}={mask_secrets(self.ledger_url)!r}: expected {URL_FORMS}"
+            )
+        parse_boolean("ledger_off", self.ledger_off)
+
+    def __repr__(self) -> str:
+        """The settings without the signing key, the URL's password masked."""
+        return (
+            f"LedgerSettings(ledger_url={mask_secrets(self.ledger_url)!r}, "
+            f"ledger_records={self.ledger_records!r}, ledger_off={self.ledger_off!r})"
+        )
 
     @classmethod
     def declared(cls, name: str) -> Declared:
@@ -81,20 +153,48 @@ class LedgerSettings:
         return declared(cls, name)
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str] | None = None) -> LedgerSettings:
+    def variables(cls) -> dict[str, str]:
+        """Each setting's environment variable and its help."""
+        return {variable(option.name): cls.declared(option.name).help for option in fields(cls)}
+
+    @classmethod
+    def from_environ(
+        cls, environ: Mapping[str, str] | None = None, **given: object
+    ) -> LedgerSettings:
         """The settings of the `MEDTPE_LEDGER_*` variables in `environ` (default: this
-        process's), defaults for those unset."""
+        process's; names in any case, an empty value unset), each setting in `given` (by field
+        name: `ledger_url=`, `ledger_off=`) in place of its variable, defaults for the rest.
+        A value these settings do not accept: a ValueError naming its variable."""
         env = os.environ if environ is None else environ
-        values: dict[str, object] = {}
-        for name in ("ledger_url", "ledger_records", "ledger_signing_key"):
-            if (value := env.get(f"MEDTPE_{name.upper()}")) not in (None, ""):
-                values[name] = value
-        if (off := env.get("MEDTPE_LEDGER_OFF")) not in (None, ""):
-            values["ledger_off"] = off.strip().lower() in ("1", "true", "yes", "on")
-        return cls(**values)  # type: ignore[arg-type]
+        texts = {name.upper(): text for name, text in env.items() if text != ""}
+        unknown = set(given) - set(_PARSERS)
+        if unknown:
+            raise TypeError(f"no ledger setting {', '.join(sorted(unknown))}")
+        values: dict[str, Any] = {}
+        for name, parse in _PARSERS.items():
+            if name in given:
+                values[name] = parse(name, given[name])
+            elif (text := texts.get(variable(name))) is not None:
+                values[name] = parse(name, text)
+        return cls(**values)
+
+    def secrets(self) -> list[str]:
+        """The secret values among these settings: the signing key, the URL's password and
+        tokens (`medtpe.core.secret_masking`)."""
+        key = [self.ledger_signing_key] if self.ledger_signing_key else []
+        return key + url_secrets(self.ledger_url)
+
+    def require_signing_key(self) -> None:
+        """The signing key parses, and a ledger other than a local SQLite file has one (every
+        process and replica signs with the same key); a `SigningKeyError` otherwise."""
+        if self.ledger_signing_key:
+            parse_private_key(self.ledger_signing_key)
+        elif not self.ledger_url.startswith("sqlite"):
+            signer_for(self.ledger_url, None, default_key_file())
 
     def open_ledger(self) -> Ledger:
-        """The ledger these settings name, migrated (`Ledger.open`; `LedgerUnavailable`)."""
+        """The ledger these settings name, migrated to the newest schema, its records kept as
+        `ledger_records` says: the one way a ledger is opened (`LedgerUnavailable`)."""
         from medtpe.ledger.store import Ledger
 
         return Ledger.open(self.ledger_url, keep_records=self.ledger_records == "store")

@@ -6,7 +6,8 @@ A prediction's outcome is `known` when its horizon has passed by the data's end 
 time in the dataset) and the labeller gives a row at its subject and prediction time, `open` while
 the horizon has not passed (or is still to come: an ICU stay not yet closed), `no_label` when it
 has passed and the task's definition gives no label there. Joining again updates the rows (an
-`open` one becomes `known` once the data reach its horizon); nothing is duplicated."""
+`open` one becomes `known` once the data reach its horizon); nothing is duplicated. The rows are
+written by the ledger (`medtpe.ledger.outcomes.record_outcomes`)."""
 
 from __future__ import annotations
 
@@ -19,22 +20,18 @@ from typing import Any, Protocol
 
 import meds
 import numpy as np
-from sqlalchemy import Engine, delete
-from sqlalchemy.dialects import postgresql, sqlite
 
 from medtpe.core.fhir import FhirInputError, SiteMapping, meds_from_fhir
 from medtpe.core.meds.events import SubjectEvents, to_naive_utc
 from medtpe.core.meds.labels import LABEL_FUNCTIONS
 from medtpe.core.meds.readers import MedsDataset
 from medtpe.core.tasks import Task
-from medtpe.ledger.schema import Attribute, Outcome
+from medtpe.ledger.outcomes import OutcomeRow, record_outcomes
 from medtpe.ledger.store import Ledger
 from medtpe.monitoring.cohort import AttributeMap, attributes_at
 from medtpe.monitoring.frame import naive_utc
 from medtpe.monitoring.horizons import horizon_of
 
-CHUNK = 1_000
-"""Rows per statement when outcomes and attributes are written."""
 NOT_IN_DATA = "not_in_data"
 """A prediction whose subject the data do not hold: no outcome row is written (counted)."""
 
@@ -143,30 +140,19 @@ def latest_time(records: Iterable[SubjectEvents]) -> datetime | None:
     return None if latest is None else latest.astype("datetime64[us]").item()
 
 
-@dataclass(frozen=True)
-class Joined:
-    """One prediction's outcome and attributes."""
-
-    prediction_id: str
-    status: str
-    label: bool | None
-    horizon_end: datetime | None
-    attributes: dict[str, str]
-
-
 def label_subject(
     task: Task,
     events: SubjectEvents,
     predictions: Sequence[tuple[str, datetime | None]],
     data_end: datetime | None,
     mapping: AttributeMap,
-) -> Iterator[Joined]:
+) -> Iterator[OutcomeRow]:
     """The outcome and attributes of each (prediction id, prediction time) of one subject."""
     horizon_end = horizon_of(task.name)
     points = {p.prediction_time: p.label for p in LABEL_FUNCTIONS[task.name](events, task)}
     for prediction_id, when in predictions:
         if when is None:
-            yield Joined(prediction_id, "no_label", None, None, {})
+            yield OutcomeRow(prediction_id, "no_label", None, None, {})
             continue
         known_at = horizon_end(events, when)
         if known_at is None or data_end is None or known_at > data_end:
@@ -175,7 +161,8 @@ def label_subject(
             status, label = "known", bool(points[when])
         else:
             status, label = "no_label", None
-        yield Joined(prediction_id, status, label, known_at, attributes_at(events, when, mapping))
+        attributes = attributes_at(events, when, mapping)
+        yield OutcomeRow(prediction_id, status, label, known_at, attributes)
 
 
 @dataclass
@@ -220,7 +207,7 @@ def join_outcomes(
     for row in ledger.rows(task=task.name):
         by_subject[row.subject_id].append((row.prediction_id, naive_utc(row.prediction_time)))
         counts.predictions += 1
-    joined: list[Joined] = []
+    joined: list[OutcomeRow] = []
     for subject, predictions in by_subject.items():
         events = source.events(subject)
         if events is None:
@@ -231,43 +218,11 @@ def join_outcomes(
         counts.statuses[one.status] += 1
         counts.positives += one.label is True
         counts.attributes += len(one.attributes)
-    store_joined(ledger.engine, joined, source, now or datetime.now(UTC))
+    record_outcomes(
+        ledger,
+        joined,
+        source=source.name,
+        data_end=source.data_end,
+        joined_at=now or datetime.now(UTC),
+    )
     return counts
-
-
-def store_joined(
-    engine: Engine, joined: Sequence[Joined], source: SubjectSource, now: datetime
-) -> None:
-    """Upsert the outcomes and replace the attributes of `joined`, in one transaction."""
-    dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
-    outcomes, attributes = Outcome.__table__, Attribute.__table__
-    now_naive, data_end = naive_utc(now), naive_utc(source.data_end)
-    with engine.begin() as connection:
-        for start in range(0, len(joined), CHUNK):
-            chunk = joined[start : start + CHUNK]
-            values = [
-                {
-                    "prediction_id": j.prediction_id,
-                    "status": j.status,
-                    "label": j.label,
-                    "horizon_end": j.horizon_end,
-                    "data_end": data_end,
-                    "source": source.name[:500],
-                    "joined_at": now_naive,
-                }
-                for j in chunk
-            ]
-            insert = dialect.insert(outcomes).values(values)
-            updated = {c: insert.excluded[c] for c in values[0] if c != "prediction_id"}
-            connection.execute(
-                insert.on_conflict_do_update(index_elements=["prediction_id"], set_=updated)
-            )
-            ids = [j.prediction_id for j in chunk]
-            connection.execute(delete(attributes).where(attributes.c.prediction_id.in_(ids)))
-            named = [
-                {"prediction_id": j.prediction_id, "name": name, "value": value}
-                for j in chunk
-                for name, value in sorted(j.attributes.items())
-            ]
-            if named:
-                connection.execute(attributes.insert().values(named))

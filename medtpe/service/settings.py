@@ -11,6 +11,7 @@ import ipaddress
 import math
 import os
 from collections.abc import Iterator, Mapping
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,8 +27,8 @@ from medtpe.core.thresholds import Thresholds, ThresholdsError
 from medtpe.inference.engines.protocol import DistributedBackend, Dtype
 from medtpe.inference.model import ModelConfig
 from medtpe.inference.predictor import Mode
-from medtpe.ledger.settings import LedgerSettings, RecordsKept
-from medtpe.ledger.signing import SigningKeyError, parse_private_key, signer_for
+from medtpe.ledger.settings import LedgerSettings
+from medtpe.ledger.signing import SigningKeyError
 from medtpe.service.cds_hooks.jwt_auth import JWKS_GRACE_S, CdsIssuer
 from medtpe.service.cds_hooks.state_store import STATE_URL_SCHEMES
 
@@ -48,14 +49,6 @@ OTHER_VARIABLES: Mapping[str, str] = {
     "MEDTPE_FHIR_SCOPE": "the scopes `medtpe predict --fhir-server` asks for",
 }
 """The `MEDTPE_*` environment variables read outside these settings, with what they set."""
-
-
-def ledger_setting(name: str, **extra: Any) -> Any:
-    """A setting declared once in `medtpe.ledger.settings.LedgerSettings` (its default and help)."""
-    option = LedgerSettings.declared(name)
-    if option.factory is not None:
-        return Field(default_factory=option.factory, description=option.help, **extra)
-    return Field(option.default, description=option.help, **extra)
 
 
 def declared_setting(
@@ -319,10 +312,22 @@ class ServiceSettings(BaseSettings):
         description="Shadow answers waiting to run; one more is dropped (counted), as is any "
         "while live records hold every generation slot.",
     )
-    ledger_url: str = ledger_setting("ledger_url")
-    ledger_records: RecordsKept = ledger_setting("ledger_records")
-    ledger_signing_key: str | None = ledger_setting("ledger_signing_key", repr=False)
-    ledger_off: bool = ledger_setting("ledger_off")
+    ledger: Annotated[LedgerSettings, NoDecode] = Field(
+        description="The prediction ledger's settings, declared and read from their "
+        "`MEDTPE_LEDGER_*` variables by `medtpe.ledger.settings.LedgerSettings`."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ledger_settings(cls, data: Any) -> Any:
+        """The ledger's settings from the environment (`LedgerSettings.from_environ`), a
+        `ledger_*` keyword (`ServiceSettings(ledger_off=True)`) in place of its variable."""
+        if isinstance(data, dict):
+            given = {f.name: data.pop(f.name) for f in fields(LedgerSettings) if f.name in data}
+            if isinstance(data.get("ledger"), LedgerSettings):  # else a `MEDTPE_LEDGER`: refused
+                given = asdict(data["ledger"]) | given
+            data["ledger"] = LedgerSettings.from_environ(**given)
+        return data
 
     @field_validator("api_keys", "metrics_keys", "cds_silent", mode="before")
     @classmethod
@@ -422,7 +427,7 @@ class ServiceSettings(BaseSettings):
     @model_validator(mode="after")
     def _ledger_beyond_loopback(self) -> ServiceSettings:
         """Answers other machines receive are recorded: no ledger only on a loopback address."""
-        if self.ledger_off and not is_loopback(self.host):
+        if self.ledger.ledger_off and not is_loopback(self.host):
             raise ValueError(
                 f"MEDTPE_HOST={self.host} is reachable from other machines and "
                 "MEDTPE_LEDGER_OFF=true would answer without recording: unset MEDTPE_LEDGER_OFF "
@@ -433,15 +438,11 @@ class ServiceSettings(BaseSettings):
     @model_validator(mode="after")
     def _shared_ledger_key(self) -> ServiceSettings:
         """The signing key parses; a ledger other than a local SQLite file needs one configured
-        (every API process and replica signs with the same key:
-        `medtpe.ledger.signing.signer_for`)."""
-        if self.ledger_off:
+        (`LedgerSettings.require_signing_key`)."""
+        if self.ledger.ledger_off:
             return self
         try:
-            if self.ledger_signing_key:
-                parse_private_key(self.ledger_signing_key)
-            elif not self.ledger_url.startswith("sqlite"):
-                signer_for(self.ledger_url, None, Path())
+            self.ledger.require_signing_key()
         except SigningKeyError as exc:
             raise ValueError(str(exc)) from exc
         return self
@@ -449,7 +450,7 @@ class ServiceSettings(BaseSettings):
     @model_validator(mode="after")
     def _system_actions_recorded(self) -> ServiceSettings:
         """A RiskAssessment a hook has the EHR write is identified by its ledger row."""
-        if self.cds_system_actions and self.ledger_off:
+        if self.cds_system_actions and self.ledger.ledger_off:
             raise ValueError(
                 "MEDTPE_CDS_SYSTEM_ACTIONS=true has the EHR write each answer identified by its "
                 "ledger row: not with MEDTPE_LEDGER_OFF=true"
@@ -460,7 +461,7 @@ class ServiceSettings(BaseSettings):
     def _silent_and_shadows_recorded(self) -> ServiceSettings:
         """Silent answers and shadows exist only as ledger rows; a shadow answers a MedTPE
         answer again from the original tokenizer's ids."""
-        if self.ledger_off and (self.cds_silent or self.shadow_rate > 0):
+        if self.ledger.ledger_off and (self.cds_silent or self.shadow_rate > 0):
             raise ValueError(
                 "MEDTPE_CDS_SILENT and MEDTPE_SHADOW_RATE > 0 record answers in the ledger: not "
                 "with MEDTPE_LEDGER_OFF=true"
@@ -509,9 +510,7 @@ class ServiceSettings(BaseSettings):
         """The secret values among these settings: API and metrics keys, and the passwords and
         tokens of every URL setting and the ledger's signing key (`medtpe.core.secret_masking`
         keeps them out of the log)."""
-        found = [*self.api_keys, *self.metrics_keys]
-        if self.ledger_signing_key:
-            found.append(self.ledger_signing_key)
+        found = [*self.api_keys, *self.metrics_keys, *self.ledger.secrets()]
         for name, value in self:
             if name.endswith("_url") and value is not None:
                 found += url_secrets(str(value))
@@ -527,12 +526,6 @@ class ServiceSettings(BaseSettings):
         option (`ModelConfig.from_options`), and `max_concurrency` as the engine's batch."""
         values = self.model_dump(include=set(ModelConfig.option_names()))
         return ModelConfig.from_options(**values, max_num_seqs=self.max_concurrency)
-
-    def ledger(self) -> LedgerSettings:
-        """The ledger settings among these (`medtpe.ledger.settings.LedgerSettings`)."""
-        return LedgerSettings(
-            self.ledger_url, self.ledger_records, self.ledger_signing_key, self.ledger_off
-        )
 
     def silent(self, service_id: str, tenant: str | None) -> bool:
         """Whether the CDS service `service_id` runs silent for a call of `tenant`."""
@@ -569,8 +562,18 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def setting_variables() -> dict[str, str]:
+    """Each setting's environment variable and its help: the service's own fields', then the
+    ledger's (`LedgerSettings.variables`)."""
+    own = {
+        f"{ENV_PREFIX}{name}".upper(): field.description or ""
+        for name, field in ServiceSettings.model_fields.items()
+        if name != "ledger"
+    }
+    return own | LedgerSettings.variables()
+
+
 def known_variables() -> set[str]:
     """Every `MEDTPE_*` environment variable MedTPE reads: one per setting, and
     `OTHER_VARIABLES`."""
-    fields = {f"{ENV_PREFIX}{name}".upper() for name in ServiceSettings.model_fields}
-    return fields | set(OTHER_VARIABLES)
+    return set(setting_variables()) | set(OTHER_VARIABLES)

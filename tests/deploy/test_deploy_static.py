@@ -360,14 +360,14 @@ def test_compose_ledger_is_the_postgres_service(
     services = config["services"]
     medtpe, database = services["medtpe"], services["ledger-db"]
     settings = settings_from_environment(medtpe["environment"], monkeypatch)
-    url = urlsplit(settings.ledger_url)
+    url = urlsplit(settings.ledger.ledger_url)
     assert url.scheme == "postgresql" and (url.hostname, url.port) == ("ledger-db", 5432)
     server = database["environment"]
     assert url.username == server["POSTGRES_USER"] and url.path == f"/{server['POSTGRES_DB']}"
     assert url.password == server["POSTGRES_PASSWORD"]
     assert url.password == COMPOSE_REQUIRED["LEDGER_DB_PASSWORD"]
-    assert settings.ledger_signing_key == COMPOSE_SIGNING_KEY
-    assert not settings.ledger_off
+    assert settings.ledger.ledger_signing_key == COMPOSE_SIGNING_KEY
+    assert not settings.ledger.ledger_off
     assert medtpe["depends_on"]["ledger-db"]["condition"] == "service_healthy"
     assert database["image"] == "postgres:16" and "ports" not in database
     (data,) = database["volumes"]

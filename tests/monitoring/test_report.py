@@ -1,5 +1,5 @@
 """`medtpe.monitoring.report` on ledger rows made through the ledger's API, outcomes and attributes
-stored by `medtpe.monitoring.outcomes.store_joined`, feedback in the ledger's table: every figure
+stored by `medtpe.ledger.outcomes.record_outcomes`, feedback in the ledger's table: every figure
 checked against scikit-learn / numpy on the same rows; silent and shadow rows apart; the page states
 what the AUROC says and embeds its plots, no network asset."""
 

@@ -13,7 +13,12 @@ import pytest
 from pydantic import ValidationError
 
 from medtpe.core.paths import project_root
-from medtpe.service.settings import OTHER_VARIABLES, ServiceSettings, known_variables
+from medtpe.service.settings import (
+    OTHER_VARIABLES,
+    ServiceSettings,
+    known_variables,
+    setting_variables,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -76,7 +81,8 @@ def test_every_setting_and_other_variable_is_accepted(
     clean_environment.setenv("medtpe_mode", "original")  # names are not case-sensitive
     settings = ServiceSettings()
     assert (settings.max_input_tokens, settings.mode) == (2048, "original")
-    assert {f"MEDTPE_{name.upper()}" for name in ServiceSettings.model_fields} <= known_variables()
+    assert set(setting_variables()) <= known_variables()
+    assert "MEDTPE_LEDGER_OFF" in setting_variables() and "MEDTPE_LEDGER" not in known_variables()
 
 
 _LITERAL = re.compile(r"""["'](MEDTPE_[A-Z0-9_]+)["']""")
@@ -129,5 +135,41 @@ def test_every_setting_has_its_row_in_the_configuration_doc() -> None:
     """docs/configuration.md lists every `MEDTPE_*` setting (its table's first column)."""
     table = (project_root() / "docs" / "configuration.md").read_text()
     rows = set(re.findall(r"^\| `(MEDTPE_\w+)` \|", table, flags=re.M))
-    settings = {f"MEDTPE_{name.upper()}" for name in ServiceSettings.model_fields}
+    settings = set(setting_variables())
     assert not settings - rows, sorted(settings - rows)
+
+
+def test_the_ledger_settings_are_the_ledgers_read_strictly(
+    clean_environment: pytest.MonkeyPatch,
+) -> None:
+    """The service holds the ledger's own settings object, read from the same variables (any
+    case, `t` a boolean as for every other setting); a value the ledger refuses stops the start
+    naming the variable, a `ledger_*` keyword replaces its variable."""
+    clean_environment.setenv("medtpe_ledger_records", "store")
+    clean_environment.setenv("MEDTPE_LEDGER_OFF", "t")
+    settings = ServiceSettings()
+    assert (settings.ledger.ledger_records, settings.ledger.ledger_off) == ("store", True)
+    assert ServiceSettings(ledger_off=False).ledger.ledger_off is False
+    clean_environment.setenv("MEDTPE_LEDGER_OFF", "maybe")
+    with pytest.raises(ValidationError, match=r"MEDTPE_LEDGER_OFF='maybe': expected a boolean"):
+        ServiceSettings()
+    clean_environment.delenv("MEDTPE_LEDGER_OFF")
+    clean_environment.setenv("MEDTPE_LEDGER_URL", "mysql://medtpe:s3cret@db/ledger")
+    with pytest.raises(ValidationError) as refused:
+        ServiceSettings()
+    assert "MEDTPE_LEDGER_URL='mysql://***@db/ledger': expected sqlite:///PATH" in str(
+        refused.value
+    )
+    assert "s3cret" not in str(refused.value)
+    clean_environment.delenv("MEDTPE_LEDGER_URL")
+    clean_environment.setenv("MEDTPE_LEDGER", "{}")  # the composed object is no variable
+    with pytest.raises(ValidationError, match="unknown environment variable MEDTPE_LEDGER: did"):
+        ServiceSettings()
+
+
+def test_the_ledger_urls_password_is_a_secret_kept_out_of_the_repr(
+    clean_environment: pytest.MonkeyPatch,
+) -> None:
+    settings = ServiceSettings(ledger_url="postgresql://medtpe:s3cret@db/ledger", ledger_off=True)
+    assert "s3cret" in settings.secrets() and "s3cret" not in repr(settings)
+    assert "ledger_url='postgresql://***@db/ledger'" in repr(settings)

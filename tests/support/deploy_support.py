@@ -131,15 +131,11 @@ def _environment_names_read_in(path: Path) -> set[str]:
 
 
 def medtpe_environment_names() -> set[str]:
-    """The MEDTPE_* variables the code reads: the service settings' fields (pydantic-settings,
-    prefix from its model_config) and the variables that modules read directly (paths)."""
-    from medtpe.service.settings import ServiceSettings
+    """The MEDTPE_* variables the code reads: the service's settings (its own and the ledger's:
+    `setting_variables`) and the variables that modules read directly (paths)."""
+    from medtpe.service.settings import setting_variables
 
-    prefix = ServiceSettings.model_config.get("env_prefix", "")
-    names = set()
-    for field_name, field in ServiceSettings.model_fields.items():
-        alias = field.validation_alias or field.alias
-        names.add(alias.upper() if isinstance(alias, str) else f"{prefix}{field_name}".upper())
+    names = set(setting_variables())
     for module in (ROOT / "medtpe").rglob("*.py"):
         names.update(n for n in _environment_names_read_in(module) if n.startswith("MEDTPE_"))
     return names

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 
 from medtpe.ledger.feedback import FeedbackRow, record_feedback
+from medtpe.ledger.outcomes import OutcomeRow, record_outcomes
 from medtpe.ledger.receipt import utc_text
 from medtpe.ledger.store import Ledger, PredictionRow
 from medtpe.monitoring.figures import iso_week
-from medtpe.monitoring.outcomes import Joined, RecordsSource, store_joined
 from tests.support.ledger_rows import SIGNER, receipt
 
 
@@ -104,7 +104,7 @@ def populated_ledger(url: str, informative: bool = True) -> tuple[Ledger, dict[s
     ledger.record(rows + shadows)
     drawn = rng.uniform(size=N + 20) < (p if informative else 0.3)
     joined = [
-        Joined(
+        OutcomeRow(
             r.prediction_id,
             "known" if i % 5 else "open",
             bool(drawn[i]) if i % 5 else None,
@@ -113,7 +113,7 @@ def populated_ledger(url: str, informative: bool = True) -> tuple[Ledger, dict[s
         )
         for i, r in enumerate(rows)
     ]
-    store_joined(ledger.engine, joined, RecordsSource("test", {}, None), START)
+    record_outcomes(ledger, joined, source="test", data_end=None, joined_at=START)
     record_feedback(
         ledger,
         [

@@ -23,6 +23,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from medtpe.ledger.feedback import FeedbackRow, record_feedback
+from medtpe.ledger.outcomes import OutcomeRow, record_outcomes
 from medtpe.ledger.receipt import (
     Receipt,
     prompt_ids_digest,
@@ -34,7 +35,6 @@ from medtpe.ledger.signing import Signer
 from medtpe.ledger.store import Ledger, PredictionRow
 from medtpe.monitoring.figures import DEFAULT_RESAMPLES
 from medtpe.monitoring.html_page import render_html
-from medtpe.monitoring.outcomes import Joined, RecordsSource, store_joined
 from medtpe.monitoring.report import ReportSettings, build_report, write_report
 from tools.benchmarks.results_file import write_results
 
@@ -111,7 +111,7 @@ def populate(ledger: Ledger, rows: int, seed: int = 3) -> None:
     happened = rng.uniform(size=len(live)) < p[: len(live)] * 0.6
     bands = ("18-44", "45-64", "65-79", "80+")
     joined = [
-        Joined(
+        OutcomeRow(
             r.prediction_id,
             "known" if i % 5 else "open",
             bool(happened[i]) if i % 5 else None,
@@ -124,7 +124,7 @@ def populate(ledger: Ledger, rows: int, seed: int = 3) -> None:
         )
         for i, r in enumerate(live)
     ]
-    store_joined(ledger.engine, joined, RecordsSource("bench", {}, None), START)
+    record_outcomes(ledger, joined, source="bench", data_end=None, joined_at=START)
     record_feedback(
         ledger,
         [

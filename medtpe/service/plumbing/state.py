@@ -63,7 +63,7 @@ class ServiceState:
         self._deadlines: set[asyncio.Timeout] = set()
         self.failure: str | None = None
         self.fhir_mapping: SiteMapping | None = None
-        self.ledger = ServiceLedger(settings.ledger())
+        self.ledger = ServiceLedger(settings.ledger)
         """Where every answer is recorded before it leaves
         (`medtpe.service.plumbing.ledger_writes`)."""
         self.shadows = Shadows(settings.shadow_rate, settings.shadow_queue, self.metrics)
