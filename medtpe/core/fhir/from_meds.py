@@ -101,36 +101,69 @@ class _Writer:
         return self.add("Encounter", body)
 
     def event(self, time: np.datetime64, code: str, value: float, text: str | None) -> None:
-        """One MEDS event as a resource (or as the Patient's birth date / gender / death)."""
+        """One MEDS event as a resource (or as the Patient's birth date / gender / death); a code
+        of no MIMIC-IV-on-FHIR home is an Observation in the MEDS code system."""
         parts = code.split("//")
-        head = parts[0]
         if np.isnat(time):
-            if head == "GENDER" and len(parts) == 2 and parts[1] in _GENDERS:
-                self.patient["gender"] = _GENDERS[parts[1]]
-                return
-            raise ValueError(f"no FHIR home for the static event {code!r}")
+            self.static(code, parts)
+            return
         at = _instant(time)
+        if not (
+            self.patient_fact(time, code, at)
+            or self.measurement(code, parts, at, value, text)
+            or self.medication(parts, at, value)
+            or self.procedure(parts, at)
+            or self.stay(code, parts, at)
+        ):
+            self.meds_observation(code, at, value, text)
+
+    def static(self, code: str, parts: list[str]) -> None:
+        """A static event (no time): the Patient's gender, or an error."""
+        if parts[0] == "GENDER" and len(parts) == 2 and parts[1] in _GENDERS:
+            self.patient["gender"] = _GENDERS[parts[1]]
+            return
+        raise ValueError(f"no FHIR home for the static event {code!r}")
+
+    def patient_fact(self, time: np.datetime64, code: str, at: str) -> bool:
+        """The Patient's birth date (a birth at midnight) or death time; False: neither."""
         clock = time.astype("datetime64[us]").item()
         if code == meds.birth_code and clock == datetime(clock.year, clock.month, clock.day):
             self.patient["birthDate"] = clock.date().isoformat()
         elif code == meds.death_code:
             self.patient["deceasedDateTime"] = at
-        elif head in ("LAB", "SUBJECT_FLUID_OUTPUT") and len(parts) == 3 and parts[1].isdigit():
-            system = (
-                "mimic-outputevents-d-items"
-                if head == "SUBJECT_FLUID_OUTPUT"
-                else "mimic-chartevents-d-items"
-                if int(parts[1]) >= CHART_ITEM_MIN
-                else "mimic-d-labitems"
-            )
-            if head == "SUBJECT_FLUID_OUTPUT" and parts[2] == "UNK":
-                self.meds_observation(code, at, value, text)
-                return
-            concept = _coding(system, parts[1])
-            if parts[2] != "UNK":
-                concept["unit"] = parts[2]
-            self.observation(concept, at, value, text)
-        elif head in ("INFUSION_START", "INFUSION_END") and len(parts) == 2:
+        else:
+            return False
+        return True
+
+    def measurement(
+        self, code: str, parts: list[str], at: str, value: float, text: str | None
+    ) -> bool:
+        """A lab, chart or output item as an Observation in its d_items system (an output of
+        no unit in the MEDS code system); False: no such item."""
+        head = parts[0]
+        if not (head in ("LAB", "SUBJECT_FLUID_OUTPUT") and len(parts) == 3 and parts[1].isdigit()):
+            return False
+        system = (
+            "mimic-outputevents-d-items"
+            if head == "SUBJECT_FLUID_OUTPUT"
+            else "mimic-chartevents-d-items"
+            if int(parts[1]) >= CHART_ITEM_MIN
+            else "mimic-d-labitems"
+        )
+        if head == "SUBJECT_FLUID_OUTPUT" and parts[2] == "UNK":
+            self.meds_observation(code, at, value, text)
+            return True
+        concept = _coding(system, parts[1])
+        if parts[2] != "UNK":
+            concept["unit"] = parts[2]
+        self.observation(concept, at, value, text)
+        return True
+
+    def medication(self, parts: list[str], at: str, value: float) -> bool:
+        """An infusion's start or end, a prescription's start or stop, or a medication given, as
+        a MedicationAdministration or MedicationRequest; False: none of these."""
+        head = parts[0]
+        if head in ("INFUSION_START", "INFUSION_END") and len(parts) == 2:
             start = head == "INFUSION_START"
             body: dict[str, Any] = {
                 "status": "completed",
@@ -140,7 +173,37 @@ class _Writer:
             if not math.isnan(value):
                 body["dosage"] = {"rateQuantity" if start else "dose": {"value": value}}
             self.add("MedicationAdministration", body)
-        elif head == "PROCEDURE" and len(parts) == 3 and parts[1] in ("START", "END"):
+        elif head == "MEDICATION" and len(parts) == 3 and parts[1] in ("START", "STOP"):
+            self.add(
+                "MedicationRequest",
+                {
+                    "status": "active" if parts[1] == "START" else "stopped",
+                    "intent": "order",
+                    "medicationCodeableConcept": _coding("mimic-medication-name", parts[2]),
+                    "dispenseRequest": {
+                        "validityPeriod": {"start" if parts[1] == "START" else "end": at}
+                    },
+                },
+            )
+        elif head == "MEDICATION" and len(parts) == 3:
+            self.add(
+                "MedicationAdministration",
+                {
+                    "status": "completed",
+                    "medicationCodeableConcept": _coding("mimic-medication-name", parts[1]),
+                    "statusReason": [{"text": parts[2]}],
+                    "effectiveDateTime": at,
+                },
+            )
+        else:
+            return False
+        return True
+
+    def procedure(self, parts: list[str], at: str) -> bool:
+        """An ICU procedure's start or end, an ICD procedure or diagnosis, or a HCPCS code, as a
+        Procedure or Condition; False: none of these."""
+        head = parts[0]
+        if head == "PROCEDURE" and len(parts) == 3 and parts[1] in ("START", "END"):
             self.add(
                 "Procedure",
                 {
@@ -164,29 +227,15 @@ class _Writer:
         elif head == "HCPCS" and len(parts) == 2:
             concept = _coding("mimic-hcpcs-cd", parts[1])
             self.add("Procedure", {"status": "completed", "code": concept, "performedDateTime": at})
-        elif head == "MEDICATION" and len(parts) == 3 and parts[1] in ("START", "STOP"):
-            self.add(
-                "MedicationRequest",
-                {
-                    "status": "active" if parts[1] == "START" else "stopped",
-                    "intent": "order",
-                    "medicationCodeableConcept": _coding("mimic-medication-name", parts[2]),
-                    "dispenseRequest": {
-                        "validityPeriod": {"start" if parts[1] == "START" else "end": at}
-                    },
-                },
-            )
-        elif head == "MEDICATION" and len(parts) == 3:
-            self.add(
-                "MedicationAdministration",
-                {
-                    "status": "completed",
-                    "medicationCodeableConcept": _coding("mimic-medication-name", parts[1]),
-                    "statusReason": [{"text": parts[2]}],
-                    "effectiveDateTime": at,
-                },
-            )
-        elif head == "HOSPITAL_ADMISSION" and len(parts) == 3:
+        else:
+            return False
+        return True
+
+    def stay(self, code: str, parts: list[str], at: str) -> bool:
+        """A hospital admission or discharge, an ED registration or exit, an ICU admission or
+        discharge, or a transfer, as an Encounter; False: none of these."""
+        head = parts[0]
+        if head == "HOSPITAL_ADMISSION" and len(parts) == 3:
             self.encounter(
                 "IMP",
                 at,
@@ -215,7 +264,8 @@ class _Writer:
                 location=[{"location": {"display": parts[2]}}],
             )
         else:
-            self.meds_observation(code, at, value, text)
+            return False
+        return True
 
     def meds_observation(self, code: str, at: str, value: float, text: str | None) -> None:
         concept = {"coding": [{"system": MEDS_CODE_SYSTEM, "code": code}]}
