@@ -8,12 +8,18 @@ from __future__ import annotations
 import asyncio
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 import meds
 
 from medtpe.cli import options
 from medtpe.inference.engines.protocol import Dtype
+from medtpe.inference.model import ModelConfig
+
+if TYPE_CHECKING:
+    from medtpe.inference.model import LoadedModel
+    from medtpe.inference.sampling import Sampling
 
 MODE_ORDER = {"original": ("original",), "medtpe": ("medtpe",), "both": ("original", "medtpe")}
 
@@ -35,7 +41,9 @@ def _subject_ids(value: str | None) -> set[int] | None:
     try:
         return {int(item) for item in text.replace(",", "\n").split() if item}
     except ValueError as exc:
-        raise click.BadParameter(f"subject ids must be integers ({exc})") from exc
+        raise click.BadParameter(
+            f"subject ids must be integers ({exc})", param_hint="--subjects"
+        ) from exc
 
 
 @click.command("evaluate")
@@ -98,14 +106,11 @@ def evaluate(
     predictions_out: Path | None,
 ) -> None:
     """Evaluate a task with the original and/or MedTPE tokenizer; writes a JSON report."""
-    from medtpe.core.meds.readers import read_dataset_metadata
     from medtpe.core.tasks import get_task
     from medtpe.evaluation.figures import build_report, format_table
     from medtpe.evaluation.predictions import write_predictions
     from medtpe.evaluation.records import load_records
     from medtpe.evaluation.runner import run_modes
-    from medtpe.inference.model import ModelConfig
-    from medtpe.training.export import prepare_model_files
 
     task = get_task(task_name).model_copy(update={"prefill_answer": prefill})
     records = load_records(
@@ -119,48 +124,24 @@ def evaluate(
     if not records:
         raise click.UsageError("no labelled records to evaluate")
     sampling = options.sampling(n_samples, temperature, max_new_tokens, constrained)
-    configs = [
-        ModelConfig.from_options(
-            **options.model_files(model_dir, artefact_dir, export_dir),
-            mode=name,
-            codes_dir=meds_dir,
-            max_input_tokens=max_input_tokens,
-            max_new_tokens=max_new_tokens,
-            window_policy=window_policy,
-            window_grid_hours=window_grid_hours,
-            kv_cache_gib=kv_cache_gib,
-            seed=seed,
-            dtype=dtype,
-            enforce_eager=enforce_eager,
-        )
-        for name in MODE_ORDER[mode]
-    ]
-    for config in configs:
-        prepare_model_files(config)
+    configs = _prepared_configs(
+        MODE_ORDER[mode],
+        **options.model_files(model_dir, artefact_dir, export_dir),
+        codes_dir=meds_dir,
+        max_input_tokens=max_input_tokens,
+        max_new_tokens=max_new_tokens,
+        window_policy=window_policy,
+        window_grid_hours=window_grid_hours,
+        kv_cache_gib=kv_cache_gib,
+        seed=seed,
+        dtype=dtype,
+        enforce_eager=enforce_eager,
+    )
     results, used = asyncio.run(run_modes(configs, task, records, sampling))
     budget = used[0].predictor.max_input_tokens
-    settings = {
-        "task": task.name,
-        "meds": str(meds_dir),
-        "labels": str(labels_path),
-        "meds_version": read_dataset_metadata(meds_dir).get(
-            meds.DatasetMetadataSchema.meds_version_name
-        ),
-        "split": split,
-        "n_records": len(records),
-        "max_input_tokens": budget,
-        "n_samples": sampling.n_samples,
-        "temperature": sampling.temperature,
-        "max_new_tokens": max_new_tokens,
-        "window_policy": window_policy,
-        "window_grid_hours": window_grid_hours,
-        "prefill": prefill,
-        "constrained": constrained,
-        "seed": seed,
-        "dtype": dtype,
-        "enforce_eager": enforce_eager,
-        "models": {model.identity.mode: asdict(model.identity) for model in used},
-    }
+    settings = _report_settings(
+        click.get_current_context().params, task.name, len(records), budget, sampling, used
+    )
     report = build_report(task, results, settings=settings)
     report.write(out_path)
     click.echo(f"{task.title}: {len(records)} records, input budget {budget} original tokens")
@@ -170,6 +151,60 @@ def evaluate(
         for name, path in predictions_paths(predictions_out, MODE_ORDER[mode]).items():
             write_predictions(task, records, results[name], path)
             click.echo(f"predictions ({name}): {path}")
+
+
+def _prepared_configs(modes: tuple[str, ...], **settings: Any) -> list[ModelConfig]:
+    """The model of each of `modes` with the options `settings`, its files prepared (the
+    default model converted, the export written) before any engine starts."""
+    from medtpe.training.export import prepare_model_files
+
+    configs = [ModelConfig.from_options(**settings, mode=name) for name in modes]
+    for config in configs:
+        prepare_model_files(config)
+    return configs
+
+
+REPORTED_OPTIONS = (
+    "max_new_tokens",
+    "window_policy",
+    "window_grid_hours",
+    "prefill",
+    "constrained",
+    "seed",
+    "dtype",
+    "enforce_eager",
+)
+"""The options of `medtpe evaluate` a report's settings record as given."""
+
+
+def _report_settings(
+    params: dict[str, Any],
+    task: str,
+    n_records: int,
+    budget: int,
+    sampling: Sampling,
+    used: list[LoadedModel],
+) -> dict[str, Any]:
+    """The settings a report of `medtpe evaluate` records: the inputs of the command's `params`,
+    the records' count, the input budget the models used, the decoding, the `REPORTED_OPTIONS`
+    and each mode's model."""
+    from medtpe.core.meds.readers import read_dataset_metadata
+
+    return {
+        "task": task,
+        "meds": str(params["meds_dir"]),
+        "labels": str(params["labels_path"]),
+        "meds_version": read_dataset_metadata(params["meds_dir"]).get(
+            meds.DatasetMetadataSchema.meds_version_name
+        ),
+        "split": params["split"],
+        "n_records": n_records,
+        "max_input_tokens": budget,
+        "n_samples": sampling.n_samples,
+        "temperature": sampling.temperature,
+        **{name: params[name] for name in REPORTED_OPTIONS},
+        "models": {model.identity.mode: asdict(model.identity) for model in used},
+    }
 
 
 commands = [evaluate]

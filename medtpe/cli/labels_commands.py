@@ -6,7 +6,14 @@ from pathlib import Path
 
 import click
 
-from medtpe.cli.options import MEDS_DIR_OPTION
+from medtpe.cli.options import MEDS_DIR_OPTION, TaskName, one_line
+
+
+def label_definitions() -> list[str]:
+    """The tasks whose labels `medtpe labels` derives from a dataset's events."""
+    from medtpe.core.meds.labels import LABEL_FUNCTIONS
+
+    return list(LABEL_FUNCTIONS)
 
 
 @click.command("labels")
@@ -14,6 +21,7 @@ from medtpe.cli.options import MEDS_DIR_OPTION
 @click.option(
     "--task",
     "task_name",
+    type=TaskName(label_definitions, "label definition"),
     default=None,
     help="Built-in label definition: icu_mortality, phenotyping, readmission_30d, "
     "pancreatic_cancer_1y.",
@@ -38,7 +46,7 @@ def labels(meds_dir: Path, task_name: str | None, aces_config: Path | None, out_
     asks for a prediction from the data up to and including its prediction_time."""
     import pyarrow.parquet as pq
 
-    from medtpe.core.meds.labels import LABEL_FUNCTIONS, derive_labels, write_labels
+    from medtpe.core.meds.labels import derive_labels, write_labels
     from medtpe.core.meds.labels.aces_labels import AcesUnavailable, aces_labels
     from medtpe.core.meds.readers import MedsDataset, MedsFormatError
     from medtpe.core.tasks import get_task
@@ -55,14 +63,11 @@ def labels(meds_dir: Path, task_name: str | None, aces_config: Path | None, out_
             table = aces_labels(aces_config, meds_dir)
         except AcesUnavailable as exc:
             raise click.UsageError(str(exc)) from exc
+        except ValueError as exc:  # ACES refuses the configuration
+            raise click.BadParameter(one_line(str(exc)), param_hint="--aces-config") from exc
         out_path.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(table, out_path)
     else:
-        if task_name not in LABEL_FUNCTIONS:
-            raise click.UsageError(
-                f"--task: no label definition for {task_name!r}; "
-                f"known: {', '.join(LABEL_FUNCTIONS)}"
-            )
         table = write_labels(
             derive_labels(dataset, get_task(task_name)), get_task(task_name), out_path
         )

@@ -38,6 +38,7 @@ RERUN_DTYPES = tuple(name for name in get_args(Dtype) if name != AUTO)
 LEDGER_OPTION = click.option(
     "--ledger",
     "ledger_url",
+    type=options.LEDGER_URL,
     envvar="MEDTPE_LEDGER_URL",
     show_envvar=True,
     default=None,
@@ -166,7 +167,7 @@ def verify(
     settings = ledger_settings(ledger_url)
     try:
         key = (
-            public_key_from_jwk(json.loads(public_key_file.read_text()))
+            _jwk_file_key(public_key_file)
             if public_key_file is not None
             else settings.signer().public_key
         )
@@ -195,6 +196,15 @@ def verify(
     click.echo(report(checks))
     if not all(check.ok for check in checks):
         raise SystemExit(1)
+
+
+def _jwk_file_key(path: Path) -> Any:
+    """The public key of the JWK file `path`; a file holding none is a usage error naming
+    `--public-key`."""
+    try:
+        return public_key_from_jwk(json.loads(path.read_text()))
+    except (ValueError, AttributeError) as exc:  # a SigningKeyError; AttributeError: no object
+        raise click.BadParameter(f"{path}: {exc}", param_hint="--public-key") from exc
 
 
 def rerun_dtype(signed: str, given: str | None) -> str:

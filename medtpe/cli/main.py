@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from medtpe.cli.options import one_line
 from medtpe.core.secret_masking import install_log_masking, url_secrets
 
 # Modules that define a `commands: list[click.Command]`; each layer registers itself by adding
@@ -65,12 +66,32 @@ def optional_modules() -> dict[str, list[str]]:
     return {module: sorted(extras) for module, extras in modules.items()}
 
 
+def user_errors() -> tuple[type[Exception], ...]:
+    """The errors the layers raise about what the user gave them: a directory that is not a
+    MEDS dataset, a model file to prepare first, an unreadable task file, an artefact of another
+    base tokenizer, a FHIR mapping that does not validate (imported when one is raised)."""
+    from medtpe.core.fhir.site_mapping import SiteMappingError
+    from medtpe.core.meds.readers import MedsFormatError
+    from medtpe.core.tasks import TaskFileError
+    from medtpe.core.tokenizer.artefact_files import ArtefactMismatchError
+    from medtpe.inference.checkpoints import ModelFilesMissing
+
+    return (
+        MedsFormatError,
+        ModelFilesMissing,
+        TaskFileError,
+        ArtefactMismatchError,
+        SiteMappingError,
+    )
+
+
 class MedtpeGroup(click.Group):
-    """The command group; a subcommand that misses an optional extra's module is a clear error."""
+    """The command group; a subcommand that misses an optional extra's module, or that a layer
+    stops with one of the `user_errors`, is a one-line error (exit status 1)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         """Run the subcommand; a missing top-level module of an optional extra becomes a
-        `ClickException` naming the extra."""
+        `ClickException` naming the extra, a `user_errors` one its message on one line."""
         try:
             return super().invoke(ctx)
         except ModuleNotFoundError as exc:
@@ -83,6 +104,10 @@ class MedtpeGroup(click.Group):
                 f"`{command}` needs the module `{exc.name}`, which is not installed: install "
                 f"the optional extra {either}, e.g. pip install '{DISTRIBUTION}[{extras[0]}]'"
             ) from exc
+        except Exception as exc:
+            if isinstance(exc, user_errors()):
+                raise click.ClickException(one_line(str(exc))) from exc
+            raise
 
 
 @click.group(cls=MedtpeGroup, context_settings={"help_option_names": ["-h", "--help"]})

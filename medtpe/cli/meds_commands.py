@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from medtpe.cli.options import ALL_SPLITS, MEDS_DIR_OPTION, split_option
+from medtpe.cli.options import ALL_SPLITS, BASE_TOKENIZER, MEDS_DIR_OPTION, TASK, split_option
 from medtpe.core.prompt.task_prompt import DEFAULT_MAX_INPUT_TOKENS
 
 
@@ -23,13 +23,14 @@ from medtpe.core.prompt.task_prompt import DEFAULT_MAX_INPUT_TOKENS
     "--task",
     "task_name",
     required=True,
+    type=TASK,
     help="Task name (see medtpe/core/tasks, $MEDTPE_TASKS_DIR).",
 )
 @click.option(
     "--base",
     "base_path",
     required=True,
-    type=click.Path(exists=True, path_type=Path),
+    type=BASE_TOKENIZER,
     help="Base tokenizer: a tokenizer.json or a model dir (its chat template is used too).",
 )
 @click.option(
@@ -75,13 +76,10 @@ def render(
     from medtpe.core.meds.subject_split import subject_split
     from medtpe.core.paths import default_model_dir
     from medtpe.core.prompt import ChatTemplate, build_prompt
-    from medtpe.core.tasks import UnknownTaskError, get_task
+    from medtpe.core.tasks import get_task
     from medtpe.core.tokenizer import BaseTokenizer
 
-    try:
-        task = get_task(task_name)
-    except UnknownTaskError as exc:
-        raise click.BadParameter(str(exc), param_hint="--task") from exc
+    task = get_task(task_name)
     tokenizer = BaseTokenizer.load(base_path)
     template = ChatTemplate.from_model_dir(
         template_dir or (base_path if base_path.is_dir() else default_model_dir())

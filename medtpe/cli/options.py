@@ -1,18 +1,26 @@
 """Click options shared by several commands (`render`, `evaluate`, `predict`, `labels`, `verify`,
-`outcomes`): one definition each, so their names, defaults and help read the same everywhere."""
+`outcomes`): one definition each, so their names, defaults and help read the same everywhere.
+
+The parameter types check what a user gives as the command line is read (a task's name, an
+input path, a URL), so a wrong value is a one-line usage error naming the option (exit status
+2) before any dataset, model or engine loads."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar, get_args
+from urllib.parse import urlsplit
 
 import click
 import meds
 
 from medtpe.core.meds.subject_split import DEFAULT_HELD_OUT, DEFAULT_SEED
 from medtpe.core.prompt import WindowPolicy
+from medtpe.core.secret_masking import mask_secrets
+from medtpe.core.tasks import TaskFileError, list_tasks
+from medtpe.core.tokenizer.artefact_files import MEDTPE_FILE, TOKENIZER_FILE
 from medtpe.inference.engines.protocol import Dtype
 from medtpe.inference.model import ModelConfig
 from medtpe.inference.predictor import Mode
@@ -23,6 +31,101 @@ ENV_PREFIX = "MEDTPE_"
 
 INPUT_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
 """The type of an option naming an existing input directory."""
+
+
+def one_line(text: str) -> str:
+    """`text` on one line (a multi-line library message as an error line)."""
+    return " ".join(text.split())
+
+
+class TaskName(click.ParamType):
+    """The name of a task `known` lists (default: the registered tasks, `$MEDTPE_TASKS_DIR`'s
+    included); another name is a usage error naming the known ones."""
+
+    name = "task"
+
+    def __init__(self, known: Callable[[], Iterable[str]] = list_tasks, what: str = "task") -> None:
+        self.known = known
+        self.what = what
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        """`value` when it names a known task."""
+        try:
+            known = sorted(self.known())
+        except TaskFileError as exc:
+            self.fail(one_line(str(exc)), param, ctx)
+        if value not in known:
+            self.fail(f"unknown {self.what} {value!r}; known: {', '.join(known)}", param, ctx)
+        return str(value)
+
+
+TASK = TaskName()
+"""The type of an option naming a registered task."""
+
+
+class HoldingPath(click.Path):
+    """An existing path; a directory given must hold the file `holds` (then `what` it is)."""
+
+    def __init__(self, holds: str, what: str, *, file_okay: bool) -> None:
+        super().__init__(exists=True, file_okay=file_okay, path_type=Path)
+        self.holds = holds
+        self.what = what
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """The path, once it exists and, as a directory, holds `holds`."""
+        path = super().convert(value, param, ctx)
+        if Path(path).is_dir() and not (Path(path) / self.holds).is_file():
+            self.fail(f"{path} is not {self.what} (no {self.holds} in it)", param, ctx)
+        return path
+
+
+ARTEFACT_DIR = HoldingPath(MEDTPE_FILE, "a MedTPE artefact directory", file_okay=False)
+"""The type of an option naming an existing MedTPE artefact directory."""
+BASE_TOKENIZER = HoldingPath(TOKENIZER_FILE, "a tokenizer directory", file_okay=True)
+"""The type of an option naming a base tokenizer: a `tokenizer.json` or a directory holding one."""
+
+
+class Url(click.ParamType):
+    """A URL of one of `schemes` (`scheme+driver` too where `drivers`), with a host where
+    `host`; another value is a usage error saying what is expected, its secrets masked."""
+
+    name = "url"
+
+    def __init__(
+        self, schemes: tuple[str, ...], expected: str, *, host: bool, drivers: bool = False
+    ) -> None:
+        self.schemes = schemes
+        self.expected = expected
+        self.host = host
+        self.drivers = drivers
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        """`value` when it is such a URL."""
+        text = str(value)
+        try:
+            parts = urlsplit(text)
+            host = parts.hostname
+        except ValueError:
+            parts, host = None, None
+        scheme = parts.scheme if parts else ""
+        if self.drivers:
+            scheme = scheme.partition("+")[0]
+        if parts is None or scheme not in self.schemes or "://" not in text:
+            self.fail(f"{mask_secrets(text)!r} is not {self.expected}", param, ctx)
+        if self.host and not host:
+            self.fail(f"{mask_secrets(text)!r} names no host: expected {self.expected}", param, ctx)
+        return text
+
+
+HTTP_URL = Url(("http", "https"), "an http(s) URL (https://HOST/PATH)", host=True)
+"""The type of an option naming a web address (a FHIR server, a published document)."""
+LEDGER_URL = Url(
+    ("sqlite", "postgresql", "postgres"),
+    "a ledger URL (sqlite:///PATH or postgresql://USER:PASSWORD@HOST:PORT/DB)",
+    host=False,
+    drivers=True,
+)
+"""The type of an option naming the prediction ledger's database."""
 
 
 def meds_dir_option(
@@ -55,8 +158,10 @@ TASK_OPTION = click.option(
     "--task",
     "task_name",
     required=True,
+    type=TASK,
     envvar="MEDTPE_TASK",
-    help="Task name (e.g. icu_mortality); default: $MEDTPE_TASK (MEDS-DEV's model.yaml uses it).",
+    show_envvar=True,
+    help="Task name (e.g. icu_mortality); MEDS-DEV's model.yaml gives it as the variable.",
 )
 """`--task NAME` of the commands that score a task (MEDS-DEV sets $MEDTPE_TASK)."""
 
@@ -115,7 +220,7 @@ def sampling(
 
 MODEL_OPTION_FLAGS: dict[str, tuple[str, str, click.ParamType | None, str | None]] = {
     "model_dir": ("--model", "model_dir", click.Path(path_type=Path), None),
-    "artefact_dir": ("--artefact", "artefact_dir", click.Path(path_type=Path), None),
+    "artefact_dir": ("--artefact", "artefact_dir", ARTEFACT_DIR, None),
     "export_dir": ("--export-dir", "export_dir", click.Path(path_type=Path), None),
     "mode": ("--mode", "mode", click.Choice(get_args(Mode)), "MODE"),
     "max_input_tokens": (

@@ -117,8 +117,8 @@ FHIR_OPTIONS = options.together(
     ),
     click.option(
         "--fhir-server",
+        type=options.HTTP_URL,
         default=None,
-        metavar="URL",
         help="Export the records from this FHIR server first (Bulk Data $export, SMART Backend "
         "Services), into <out>/export (resumed by a second run), then read them as --fhir.",
     ),
@@ -211,8 +211,8 @@ FHIR_OPTIONS = options.together(
     ),
     click.option(
         "--model-card-url",
+        type=options.HTTP_URL,
         default=None,
-        metavar="URL",
         help="With --write-back: where the model card is published (the service's "
         "<MEDTPE_CDS_BASE_URL>/model-card.xml), named by the card written.",
     ),
@@ -346,29 +346,11 @@ def predict(
 ) -> None:
     """Score every record of a MEDS dataset or a FHIR Bulk Data export into meds-evaluation
     predictions, shard by shard (resumable: shards already written are skipped)."""
-    from medtpe.batch.job import Job, run_local
+    from medtpe.batch.job import Job
     from medtpe.core.tasks import get_task
     from medtpe.inference.model import ModelConfig
-    from medtpe.training.export import prepare_model_files
 
-    if (labels_path is None) == (not times):
-        raise click.UsageError("give either --labels FILE or --times (not both)")
-    if ray_cpus is not None and ray_address != LOCAL:
-        raise click.UsageError("--ray-cpus sizes a new local cluster: give --ray without ADDRESS")
-    with_fhir = bool(fhir["fhir_dirs"]) or fhir["fhir_server"] is not None
-    if (meds_dir is None) != with_fhir:
-        raise click.UsageError("give either --meds DIR or --fhir DIR / --fhir-server URL")
-    if with_fhir and (split != options.ALL_SPLITS or partition is not None):
-        raise click.UsageError("--split and --partition read MEDS shards: not with FHIR input")
-    if fhir["write_back"] and fhir["fhir_server"] is None:
-        raise click.UsageError("--write-back writes to the server of --fhir-server: give both")
-    if fhir["model_card_url"] is not None and not fhir["write_back"]:
-        raise click.UsageError("--model-card-url names the card --write-back writes: give both")
-    ledger = ledger_settings(None)  # a ledger variable the ledger refuses stops the run here
-    if fhir["write_back"] and ledger.ledger_off:
-        raise click.UsageError(
-            "--write-back writes the answers the ledger holds: not with MEDTPE_LEDGER_OFF=true"
-        )
+    _check_inputs(labels_path, times, meds_dir, split, partition, ray_address, ray_cpus, fhir)
     task = get_task(task_name)
     job = Job(
         meds_dir=meds_dir,
@@ -394,6 +376,64 @@ def predict(
         enforce_eager=enforce_eager,
         dtype=dtype,
     )
+    ray = {
+        "num_cpus": ray_cpus,
+        "engines": engines,
+        "cpu_workers": cpu_workers,
+        "engine_cpus": engine_cpus,
+        "engine_gpus": engine_gpus,
+    }
+    summary, source = _run_job(config, job, fhir, out_dir, ray_address, ray)
+    _echo_summary(task.title, summary, out_dir)
+    if fhir["write_back"]:
+        _write_back(fhir, config, job, source, out_dir, summary["this_run"])
+
+
+def _check_inputs(
+    labels_path: Path | None,
+    times: tuple[str, ...],
+    meds_dir: Path | None,
+    split: str,
+    partition: str | None,
+    ray_address: str | None,
+    ray_cpus: int | None,
+    fhir: dict[str, Any],
+) -> None:
+    """A usage error for options of `medtpe predict` that exclude or need each other."""
+    if (labels_path is None) == (not times):
+        raise click.UsageError("give either --labels FILE or --times (not both)")
+    if ray_cpus is not None and ray_address != LOCAL:
+        raise click.UsageError("--ray-cpus sizes a new local cluster: give --ray without ADDRESS")
+    with_fhir = bool(fhir["fhir_dirs"]) or fhir["fhir_server"] is not None
+    if (meds_dir is None) != with_fhir:
+        raise click.UsageError("give either --meds DIR or --fhir DIR / --fhir-server URL")
+    if with_fhir and (split != options.ALL_SPLITS or partition is not None):
+        raise click.UsageError("--split and --partition read MEDS shards: not with FHIR input")
+    if fhir["write_back"] and fhir["fhir_server"] is None:
+        raise click.UsageError("--write-back writes to the server of --fhir-server: give both")
+    if fhir["model_card_url"] is not None and not fhir["write_back"]:
+        raise click.UsageError("--model-card-url names the card --write-back writes: give both")
+    ledger = ledger_settings(None)  # a ledger variable the ledger refuses stops the run here
+    if fhir["write_back"] and ledger.ledger_off:
+        raise click.UsageError(
+            "--write-back writes the answers the ledger holds: not with MEDTPE_LEDGER_OFF=true"
+        )
+
+
+def _run_job(
+    config: Any,
+    job: Any,
+    fhir: dict[str, Any],
+    out_dir: Path,
+    ray_address: str | None,
+    ray: dict[str, Any],
+) -> tuple[dict[str, Any], Any]:
+    """Prepare the model files and run `job` on its input (MEDS or FHIR, exported from
+    `--fhir-server` first), in this process or on Ray (`ray`: `RayResources`' other fields);
+    its summary and its FHIR input (None: MEDS)."""
+    from medtpe.batch.job import run_local
+    from medtpe.training.export import prepare_model_files
+
     try:
         if ray_address is not None:
             check_ray_installed("--ray")  # before the model files are prepared
@@ -402,14 +442,7 @@ def predict(
         if ray_address is not None:
             from medtpe.batch.ray_job import RayResources
 
-            resources = RayResources(
-                address=ray_address,
-                num_cpus=ray_cpus,
-                engines=engines,
-                cpu_workers=cpu_workers,
-                engine_cpus=engine_cpus,
-                engine_gpus=engine_gpus,
-            )
+            resources = RayResources(address=ray_address, **ray)
         source = fhir_source(fhir, out_dir)
         if source is not None:
             from medtpe.batch.fhir_export import ExportError
@@ -428,9 +461,14 @@ def predict(
             summary = run_ray(config, job, out_dir, resources)
     except RayUnavailableError as exc:
         raise click.UsageError(str(exc)) from exc
+    return summary, source
+
+
+def _echo_summary(title: str, summary: dict[str, Any], out_dir: Path) -> None:
+    """Print what the job scored, what it could not, and what the FHIR export held."""
     run = summary["this_run"]
     click.echo(
-        f"{task.title}: {run['records']} records scored in {run['shards_written']} shards "
+        f"{title}: {run['records']} records scored in {run['shards_written']} shards "
         f"({run['shards_skipped']} already written); {summary['records']} records in {out_dir}, "
         f"{summary['failures']} not scored, compression {summary['compression_rate']}"
     )
@@ -441,8 +479,6 @@ def predict(
             f"FHIR: {export['lines']} lines, {export['patients']} patients, "
             f"{sum(export['issues'].values())} lines left out ({out_dir}/fhir_issues.ndjson)"
         )
-    if fhir["write_back"]:
-        _write_back(fhir, config, job, source, out_dir, run)
 
 
 def _write_back(

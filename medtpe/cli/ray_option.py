@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -10,6 +11,29 @@ import click
 from medtpe.core.ray_cluster import LOCAL
 
 F = TypeVar("F", bound=Callable[..., Any])
+AUTO = "auto"
+"""`--ray auto`: the cluster this process runs in (a Ray node, a KubeRay job)."""
+_HOST_PORT = re.compile(r"(ray://)?[^\s/:]+:[0-9]{1,5}")
+"""`HOST:PORT` or `ray://HOST:PORT`."""
+
+
+class RayAddress(click.ParamType):
+    """A Ray cluster's address: `local`, `auto`, `HOST:PORT` or `ray://HOST:PORT`; another value
+    is a usage error saying what is expected."""
+
+    name = "address"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        """`value` when it is such an address."""
+        text = str(value)
+        if text not in (LOCAL, AUTO) and not _HOST_PORT.fullmatch(text):
+            self.fail(
+                f"{text!r} is not a Ray address: expected {AUTO}, HOST:PORT or ray://HOST:PORT "
+                "(no ADDRESS: a new local cluster)",
+                param,
+                ctx,
+            )
+        return text
 
 
 def ray_option(what: str) -> Callable[[F], F]:
@@ -18,6 +42,7 @@ def ray_option(what: str) -> Callable[[F], F]:
     return click.option(
         "--ray",
         "ray_address",
+        type=RayAddress(),
         is_flag=False,
         flag_value=LOCAL,
         default=None,

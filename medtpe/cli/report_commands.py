@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from medtpe.cli.options import one_line
+
 
 @click.command("rescore")
 @click.argument("report", type=click.Path(exists=True, dir_okay=False, path_type=Path))
@@ -30,7 +32,11 @@ def rescore(report: Path, predictions_dir: Path, out_path: Path) -> None:
     add meds-evaluation's own scores of each mode's predictions file."""
     from medtpe.evaluation.stored_report import rescore_report
 
-    rescore_report(report, predictions_dir).write(out_path)
+    try:
+        rescored = rescore_report(report, predictions_dir)
+    except (OSError, KeyError, ValueError) as exc:
+        raise click.ClickException(f"{report}: {one_line(str(exc))}") from exc
+    rescored.write(out_path)
     click.echo(f"report: {out_path}")
 
 

@@ -12,7 +12,12 @@ if TYPE_CHECKING:
 
 @click.command("serve")
 @click.option("--host", default=None, help="Listen address (default: setting MEDTPE_HOST).")
-@click.option("--port", type=int, default=None, help="Listen port (default: setting MEDTPE_PORT).")
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Listen port (default: setting MEDTPE_PORT).",
+)
 def serve(host: str | None, port: int | None) -> None:
     """Serve /predict, /predict/batch, /tokenize, /healthz, /readyz and /metrics.
 

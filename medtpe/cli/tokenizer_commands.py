@@ -9,15 +9,33 @@ from pathlib import Path
 
 import click
 
+from medtpe.cli.options import ARTEFACT_DIR, BASE_TOKENIZER
 from medtpe.cli.ray_option import ray_option
 from medtpe.core.tokenizer.build import DEFAULT_METHOD, METHODS, default_protected_texts
 
 
 def _jsonl_texts(path: Path) -> Iterator[str]:
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                yield json.loads(line)["text"]
+    """The `text` of each line of the JSONL corpus `path`; a line that is not a JSON object with
+    a `text` is a usage error naming `--corpus` and the line."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if line.strip():
+                    yield _line_text(line, f"{path} line {number}")
+    except UnicodeDecodeError as exc:
+        raise click.BadParameter(
+            f"{path} is not UTF-8 text ({exc})", param_hint="--corpus"
+        ) from exc
+
+
+def _line_text(line: str, where: str) -> str:
+    """The `text` of a corpus line (`where`: its file and number, for the usage error)."""
+    try:
+        return json.loads(line)["text"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise click.BadParameter(
+            f'{where}: not a JSON object with a "text" ({exc!r})', param_hint="--corpus"
+        ) from exc
 
 
 @click.command("build-tokenizer")
@@ -25,7 +43,7 @@ def _jsonl_texts(path: Path) -> Iterator[str]:
     "--base",
     "base_path",
     required=True,
-    type=click.Path(exists=True, path_type=Path),
+    type=BASE_TOKENIZER,
     help="Base tokenizer.json, or a model directory holding one.",
 )
 @click.option(
@@ -121,7 +139,7 @@ def build_tokenizer(
     "--tokenizer",
     "artefact",
     required=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    type=ARTEFACT_DIR,
     help="MedTPE artefact directory built without byte fallback.",
 )
 @click.option(
@@ -170,7 +188,7 @@ def add_byte_fallback(artefact: Path, corpus: Path | None, out: Path) -> None:
     "--tokenizer",
     "artefact",
     required=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    type=ARTEFACT_DIR,
     help="MedTPE artefact directory.",
 )
 @click.argument("text")

@@ -6,9 +6,11 @@ torch and transformers are imported inside the command functions, so loading the
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
+from medtpe.cli.options import ARTEFACT_DIR, INPUT_DIR, TASK
 from medtpe.cli.ray_option import ray_option
 from medtpe.core.metrics.fidelity import Thresholds
 from medtpe.inference.model import ModelConfig
@@ -31,13 +33,12 @@ def prepare_model(out_dir: Path | None, force: bool) -> None:
     click.echo(str(prepare_default_model(out_dir, force=force)))
 
 
-def _dir_option(name: str, help_text: str) -> click.Option:
-    return click.option(
-        name,
-        type=click.Path(file_okay=False, path_type=Path),
-        default=None,
-        help=help_text,
-    )
+OUTPUT_DIR = click.Path(file_okay=False, path_type=Path)
+
+
+def _dir_option(name: str, help_text: str, kind: click.Path = OUTPUT_DIR) -> click.Option:
+    """An optional directory option; `kind`: the type of one that must exist."""
+    return click.option(name, type=kind, default=None, help=help_text)
 
 
 def _base_or_default(base_dir: Path | None) -> Path:
@@ -48,8 +49,8 @@ def _base_or_default(base_dir: Path | None) -> Path:
 
 
 @click.command("ssft")
-@_dir_option("--base", "Base model dir (default: the default model).")
-@_dir_option("--medtpe", "MedTPE artefact dir (default: the default artefact).")
+@_dir_option("--base", "Base model dir (default: the default model).", INPUT_DIR)
+@_dir_option("--medtpe", "MedTPE artefact dir (default: the default artefact).", ARTEFACT_DIR)
 @click.option(
     "--data",
     "data_path",
@@ -101,11 +102,11 @@ def ssft(
     """Self-supervised fine-tuning of the new embedding rows on pseudo-labels."""
     from medtpe.core.paths import cache_dir, default_artefact_dir
     from medtpe.training.ssft import SSFTConfig
-    from medtpe.training.ssft_pipeline import read_records, run_ssft, split_by_subject
+    from medtpe.training.ssft_pipeline import run_ssft, split_by_subject
 
-    records = read_records(data_path)
+    records = _prompt_lines(data_path, "--data")
     if val_path is not None:
-        train, val = records, read_records(val_path)
+        train, val = records, _prompt_lines(val_path, "--val-data")
     else:
         train, val = split_by_subject(records, val_fraction, seed)
     config = SSFTConfig(
@@ -137,9 +138,26 @@ def ssft(
     )
 
 
+def _prompt_lines(path: Path, option: str) -> list[dict[str, Any]]:
+    """The JSON lines of the `medtpe render` file `path`; a file whose lines are not JSON
+    objects with a `prompt` is a usage error naming `option`."""
+    from medtpe.training.ssft_pipeline import read_records
+
+    try:
+        records = read_records(path)
+    except ValueError as exc:
+        raise click.BadParameter(f"{path} is not JSON lines ({exc})", param_hint=option) from exc
+    if not all(isinstance(record, dict) and "prompt" in record for record in records):
+        raise click.BadParameter(
+            f"{path}: every line needs a `prompt` (`medtpe render` writes them)",
+            param_hint=option,
+        )
+    return records
+
+
 @click.command("export")
-@_dir_option("--base", "Base model dir (default: the default model).")
-@_dir_option("--medtpe", "MedTPE artefact dir (default: the default artefact).")
+@_dir_option("--base", "Base model dir (default: the default model).", INPUT_DIR)
+@_dir_option("--medtpe", "MedTPE artefact dir (default: the default artefact).", ARTEFACT_DIR)
 @_dir_option("--out", "Output checkpoint dir (default: the cache's export dir).")
 @click.option("--force", is_flag=True, help="Export even if --out is current for this artefact.")
 def export(base: Path | None, medtpe: Path | None, out: Path | None, force: bool) -> None:
@@ -165,7 +183,7 @@ def export(base: Path | None, medtpe: Path | None, out: Path | None, force: bool
     "--tokenizer",
     "source",
     required=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    type=ARTEFACT_DIR,
     help="Replacement MedTPE artefact directory (trained rows in embeddings.safetensors).",
 )
 @click.option(
@@ -175,7 +193,9 @@ def export(base: Path | None, medtpe: Path | None, out: Path | None, force: bool
     help="Output artefact directory (the twin).",
 )
 @_dir_option(
-    "--base", "Base model dir, read for the byte-fallback rows (default: the default model)."
+    "--base",
+    "Base model dir, read for the byte-fallback rows (default: the default model).",
+    INPUT_DIR,
 )
 def extend_vocab(source: Path, out: Path, base: Path | None) -> None:
     """The "without replacement" variant (paper, Table 3) of a MedTPE artefact: the same new
@@ -203,8 +223,10 @@ def extend_vocab(source: Path, out: Path, base: Path | None) -> None:
     help="YAML file of build settings (keys: medtpe.training.build_config.BuildConfig's fields; "
     "options given here override it).",
 )
-@_dir_option("--base", "Base model dir: HF causal LM, BPE tokenizer.json, chat template.")
-@_dir_option("--meds", "MEDS dataset directory (data/ shards, metadata/, labels/).")
+@_dir_option(
+    "--base", "Base model dir: HF causal LM, BPE tokenizer.json, chat template.", INPUT_DIR
+)
+@_dir_option("--meds", "MEDS dataset directory (data/ shards, metadata/, labels/).", INPUT_DIR)
 @click.option(
     "--labels",
     type=click.Path(exists=True, path_type=Path),
@@ -215,6 +237,7 @@ def extend_vocab(source: Path, out: Path, base: Path | None) -> None:
     "--task",
     "tasks",
     multiple=True,
+    type=TASK,
     help="Task whose prompt the prediction times get; repeat to alternate (default: "
     "icu_mortality).",
 )
