@@ -4,7 +4,7 @@ model's chat template, within an input budget counted in ORIGINAL tokenizer toke
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
 
@@ -100,6 +100,68 @@ def format_time(time: datetime) -> str:
     )
 
 
+def _shell(
+    task: Task, when: str | None, chat_template: ChatTemplate, base_tokenizer: BaseTokenizer
+) -> tuple[str, str, list[int], list[int]]:
+    """The prompt's text around the record, the chat template's `head` and `tail` (the tail
+    ending in the task's response prefix), and their original ids."""
+    messages = [{"role": "user", "content": task.user_message(_RECORD_SLOT, when)}]
+    if task.system_prompt:
+        messages.insert(0, {"role": "system", "content": task.system_prompt})
+    shell = chat_template.render(messages, add_generation_prompt=True).split(_RECORD_SLOT)
+    if len(shell) != 2:
+        raise ValueError("the chat template must place the user message verbatim, exactly once")
+    head, tail = shell[0], shell[1] + task.response_prefix
+    head_ids = base_tokenizer.encode(head, special_tokens=True)
+    tail_ids = base_tokenizer.encode(tail, special_tokens=True)
+    return head, tail, head_ids, tail_ids
+
+
+@dataclass
+class _RecordFit:
+    """The record rendered within what the prompt's shell leaves of `max_input_tokens`; when the
+    rendered ids run over (the record's ids, not the renderer's count), the budget is cut by the
+    overshoot and the record rendered again, the cut kept for later fits (`too_small` when
+    `_MAX_FIT_ROUNDS` do not fit)."""
+
+    events: SubjectEvents
+    descriptions: Mapping[str, str]
+    prediction_time: datetime | None
+    base_tokenizer: BaseTokenizer
+    max_input_tokens: int
+    shell_tokens: int
+    too_small: BudgetTooSmallError
+    budget: int = field(init=False)
+    """The record's budget: what the shell leaves, less the overshoots seen so far."""
+
+    def __post_init__(self) -> None:
+        self.budget = self.max_input_tokens - self.shell_tokens
+
+    def __call__(self, window_start: datetime | None) -> tuple[RenderedRecord, list[int]]:
+        """The record rendered from `window_start` (None: the newest events that fit) and its
+        original ids."""
+        for _ in range(_MAX_FIT_ROUNDS):
+            try:
+                record = render_record(
+                    self.events,
+                    self.descriptions,
+                    self.prediction_time,
+                    self.base_tokenizer,
+                    self.budget,
+                    window_start=window_start,
+                )
+            except BudgetTooSmallError as exc:
+                raise self.too_small from exc
+            record_ids = (
+                record.ids if record.ids is not None else self.base_tokenizer.encode(record.text)
+            )
+            n_tokens = self.shell_tokens + len(record_ids)
+            if n_tokens <= self.max_input_tokens:
+                return record, record_ids
+            self.budget -= n_tokens - self.max_input_tokens
+        raise self.too_small
+
+
 def build_prompt(
     task: Task | str,
     events: SubjectEvents | Sequence[MedsEvent],
@@ -125,45 +187,21 @@ def build_prompt(
         prediction_time = to_naive_utc(prediction_time)
     when = format_time(prediction_time) if prediction_time is not None else None
 
-    messages = [{"role": "user", "content": task.user_message(_RECORD_SLOT, when)}]
-    if task.system_prompt:
-        messages.insert(0, {"role": "system", "content": task.system_prompt})
-    shell = chat_template.render(messages, add_generation_prompt=True).split(_RECORD_SLOT)
-    if len(shell) != 2:
-        raise ValueError("the chat template must place the user message verbatim, exactly once")
-    head, tail = shell[0], shell[1] + task.response_prefix
-    head_ids = base_tokenizer.encode(head, special_tokens=True)
-    tail_ids = base_tokenizer.encode(tail, special_tokens=True)
+    head, tail, head_ids, tail_ids = _shell(task, when, chat_template, base_tokenizer)
     shell_tokens = len(head_ids) + len(tail_ids)
     too_small = BudgetTooSmallError(
         f"max_input_tokens={max_input_tokens} cannot hold the {task.name} prompt "
         f"({shell_tokens} tokens without a record)"
     )
-    budget = max_input_tokens - shell_tokens
-
-    def fit(window_start: datetime | None) -> tuple[RenderedRecord, list[int]]:
-        nonlocal budget
-        for _ in range(_MAX_FIT_ROUNDS):
-            try:
-                record = render_record(
-                    events,
-                    descriptions or _NO_DESCRIPTIONS,
-                    prediction_time,
-                    base_tokenizer,
-                    budget,
-                    window_start=window_start,
-                )
-            except BudgetTooSmallError as exc:
-                raise too_small from exc
-            record_ids = (
-                record.ids if record.ids is not None else base_tokenizer.encode(record.text)
-            )
-            n_tokens = shell_tokens + len(record_ids)
-            if n_tokens <= max_input_tokens:
-                return record, record_ids
-            budget -= n_tokens - max_input_tokens
-        raise too_small
-
+    fit = _RecordFit(
+        events,
+        descriptions or _NO_DESCRIPTIONS,
+        prediction_time,
+        base_tokenizer,
+        max_input_tokens,
+        shell_tokens,
+        too_small,
+    )
     record, record_ids = fit(None)
     shown = events.before(prediction_time) if prediction_time is not None else events
     reach = _reach(shown, record.n_events_kept)
