@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from medtpe.batch.ledger_rows import RunLedger, RunRecorder, run_identity
-from medtpe.batch.rows import RecordRow, predictions_table, records_table
+from medtpe.batch.rows import RecordRow, predictions_table, read_records, records_table
 from medtpe.core.meds.readers import MedsDataset, data_shards, read_labels
 from medtpe.core.meds.subject_split import subject_split
 from medtpe.core.metrics import compression_rate
@@ -108,7 +108,7 @@ class Job:
     limit: int | None = None
     sampling: Sampling = field(default_factory=Sampling)
     """How each answer is decoded, as `medtpe evaluate`'s (the answer options' probabilities
-    asked for: `p_positive`)."""
+    asked for: `p_yes`)."""
     concurrency: int = 16
     """Records in flight to one engine at a time."""
 
@@ -123,11 +123,11 @@ def failed(request: Request, reason: str, prepared: PreparedRecord | None = None
         label=request.label,
         prediction=None,
         format_ok=False,
-        p_positive=None,
+        p_yes=None,
         answer=None,
         error=reason,
-        n_tokens_original=len(seg.original_ids) if seg else None,
-        n_tokens_medtpe=len(seg.medtpe_ids) if seg else None,
+        original_tokens=len(seg.original_ids) if seg else None,
+        medtpe_tokens=len(seg.medtpe_ids) if seg else None,
         generate_s=0.0,
     )
 
@@ -269,11 +269,11 @@ async def answer_record(
         label=request.label,
         prediction=answer.prediction,
         format_ok=answer.format_ok,
-        p_positive=positive_probability(prepared.task, answer.probabilities),
+        p_yes=positive_probability(prepared.task, answer.probabilities),
         answer=answer.samples[0].text if answer.samples else None,
         error=None if answer.format_ok else UNPARSED,
-        n_tokens_original=len(seg.original_ids),
-        n_tokens_medtpe=len(seg.medtpe_ids),
+        original_tokens=len(seg.original_ids),
+        medtpe_tokens=len(seg.medtpe_ids),
         generate_s=answer.generate_s,
         prediction_id=prediction_id,
     )
@@ -350,26 +350,26 @@ def failure_kind(error: str) -> str:
 def summarise(out_dir: Path, run: dict[str, Any]) -> dict[str, Any]:
     """The summary of every records file under `out_dir` (this run's and earlier runs'), with
     this run's figures `run`; written to `<out_dir>/summary.json`."""
-    n_records = failures = tokens_original = tokens_medtpe = 0
+    n_records = failures = original_tokens = medtpe_tokens = 0
     kinds: Counter[str] = Counter()
     files = sorted(Path(out_dir).glob(f"**/*{RECORDS_SUFFIX}"))
     for path in files:
-        table = pq.read_table(path, columns=["error", "n_tokens_original", "n_tokens_medtpe"])
+        table = read_records(path, ["error", "original_tokens", "medtpe_tokens"])
         errors = [e for e in table.column("error").to_pylist() if e is not None]
         n_records += table.num_rows
         failures += len(errors)
         kinds.update(failure_kind(e) for e in errors)
-        tokens_original += pc.sum(table.column("n_tokens_original")).as_py() or 0
-        tokens_medtpe += pc.sum(table.column("n_tokens_medtpe")).as_py() or 0
+        original_tokens += pc.sum(table.column("original_tokens")).as_py() or 0
+        medtpe_tokens += pc.sum(table.column("medtpe_tokens")).as_py() or 0
     summary = {
         "records": n_records,
         "shards": len(files),
         "failures": failures,
         "failure_kinds": dict(kinds.most_common()),
-        "tokens_original": tokens_original,
-        "tokens_medtpe": tokens_medtpe,
-        "compression_rate": compression_rate(tokens_original, tokens_medtpe)
-        if tokens_original
+        "original_tokens": original_tokens,
+        "medtpe_tokens": medtpe_tokens,
+        "compression_rate": compression_rate(original_tokens, medtpe_tokens)
+        if original_tokens
         else None,
         "this_run": run,
     }

@@ -1,5 +1,6 @@
 """The batch job's rows: one `RecordRow` per record, written as a shard's records file
-(`records_table`) and as meds-evaluation's predictions (`predictions_table`)."""
+(`records_table`, read back by `read_records`) and as meds-evaluation's predictions
+(`predictions_table`)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import meds
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
+from medtpe.core.figure_names import RENAMED
 from medtpe.core.meds.predictions_file import PREDICTED_VALUE, results_table
 from medtpe.core.tasks import Prediction, Task
 
@@ -27,11 +31,11 @@ class RecordRow:
     label: Prediction | None
     prediction: Prediction | None
     format_ok: bool
-    p_positive: float | None
+    p_yes: float | None
     answer: str | None
     error: str | None
-    n_tokens_original: int | None
-    n_tokens_medtpe: int | None
+    original_tokens: int | None
+    medtpe_tokens: int | None
     generate_s: float
     prediction_id: str | None = None
     """The answer's id in the prediction ledger (None: not scored, or the ledger off)."""
@@ -60,11 +64,11 @@ RECORDS_SCHEMA = pa.schema(
         ("label", pa.string()),
         ("prediction", pa.string()),
         ("format_ok", pa.bool_()),
-        ("p_positive", pa.float64()),
+        ("p_yes", pa.float64()),
         ("answer", pa.string()),
         ("error", pa.string()),
-        ("n_tokens_original", pa.int64()),
-        ("n_tokens_medtpe", pa.int64()),
+        ("original_tokens", pa.int64()),
+        ("medtpe_tokens", pa.int64()),
         ("generate_s", pa.float64()),
         ("prediction_id", pa.string()),
     ]
@@ -75,6 +79,18 @@ def records_table(rows: Sequence[RecordRow]) -> pa.Table:
     """The records file of `rows`, in record order."""
     ordered = [r.row() for r in sorted(rows, key=lambda r: r.record)]
     return pa.Table.from_pylist(ordered, schema=RECORDS_SCHEMA)
+
+
+def read_records(path: Path, columns: Sequence[str] | None = None) -> pa.Table:
+    """The records file at `path` (`columns`: only those, by their current names), one an
+    earlier release wrote included: its columns come back under their current names
+    (`medtpe.core.figure_names.RENAMED`)."""
+    if columns is not None:
+        earlier = {new: old for old, new in RENAMED.items()}
+        present = set(pq.read_schema(path).names)
+        columns = [c if c in present else earlier.get(c, c) for c in columns]
+    table = pq.read_table(path, columns=columns)
+    return table.rename_columns([RENAMED.get(name, name) for name in table.column_names])
 
 
 def predictions_table(task: Task, rows: Sequence[RecordRow], labelled: bool) -> pa.Table:

@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
-import pyarrow.parquet as pq
 
 from medtpe.batch.bulk_client import ServerAccess
 from medtpe.batch.fhir_http import FhirServerError, HttpSettings, check_secure, fetch
 from medtpe.batch.job import records_path
-from medtpe.batch.rows import RecordRow
+from medtpe.batch.rows import RecordRow, read_records
 from medtpe.batch.smart_backend import ClientKey, SmartBackendAuth
 from medtpe.core.tasks import Task, get_task, list_tasks
 from medtpe.core.tokenizer.artefact_manifest import ArtefactBundle
@@ -209,11 +208,11 @@ def fhir_job_predictions(
         if not path.is_file():
             continue
         patients = {r.record: p for r, p in zip(plan.requests, plan.patients, strict=True)}
-        rows = [RecordRow.from_row(values) for values in pq.read_table(path).to_pylist()]
+        rows = [RecordRow.from_row(values) for values in read_records(path).to_pylist()]
         answered = [
             row
             for row in rows
-            if (row.prediction is not None or row.p_positive is not None)
+            if (row.prediction is not None or row.p_yes is not None)
             and row.prediction_time is not None
             and row.record in patients
         ]
@@ -228,7 +227,7 @@ def fhir_job_predictions(
                 prediction_time=row.prediction_time,
                 task=task,
                 prediction=row.prediction,
-                p_positive=row.p_positive,
+                p_yes=row.p_yes,
                 recorded=times[row.prediction_id],
             )
 

@@ -8,7 +8,8 @@
 - `medtpe.core.fhir`: FHIR R4 records as MEDS events;
 - `medtpe.core.cds`: CDS Hooks logic without HTTP (services, risk bands, cards, score cache).
 
-Beside them: `paths` (default locations), `declared` (options declared once), `ray_cluster`
+Beside them: `paths` (default locations), `declared` (options declared once), `figure_names`
+(an answer's figures named as the ledger names them, and their earlier keys), `ray_cluster`
 (a Ray session for `--ray`), `rope_stretch` (RoPE's slow dimensions stretched),
 `secret_masking` (secrets kept out of log lines and messages), `thresholds` (a task's operating
 threshold on p("yes")).

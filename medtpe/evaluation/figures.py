@@ -2,7 +2,7 @@
 
 Quality figures carry patient-level bootstrap intervals (`medtpe.core.metrics.scores`): F1 for every
 task (an unparsed answer counts as wrong, as in the paper), and for binary tasks AUROC, AUPRC,
-Brier score and ECE of `p_positive`. A record without `p_positive` (no first token spelled an
+Brier score and ECE of `p_yes`. A record without `p_yes` (no first token spelled an
 option) scores `UNSCORED_PROBABILITY` (labels, predictions and scores as the predictions file
 reads them: `medtpe.core.meds.predictions_file`). With both modes, the paired differences
 MedTPE - original (ΔF1, ΔAUROC, ΔAUPRC) come from the same resampled patients for both modes.
@@ -48,7 +48,7 @@ def resample_weights(
 
 
 def quality(task: Task, results: Sequence[RecordResult], weights: np.ndarray) -> dict[str, Any]:
-    """F1 (and, for binary tasks, AUROC, AUPRC, Brier, ECE of p_positive) with intervals, the
+    """F1 (and, for binary tasks, AUROC, AUPRC, Brier, ECE of p_yes) with intervals, the
     number of positive labels and of records scored with a probability."""
     labels = labels_matrix(task, results)
     f1 = interval(f1_scores, labels, scored_predictions(task, results), weights=weights)
@@ -57,7 +57,7 @@ def quality(task: Task, results: Sequence[RecordResult], weights: np.ndarray) ->
         scores = positive_scores(results)
         for name, metric in SCORE_METRICS.items():
             figures[name] = interval(metric, labels, scores, weights=weights).to_json()
-        figures["p_positive_n"] = sum(r.p_positive is not None for r in results)
+        figures["p_yes_n"] = sum(r.p_yes is not None for r in results)
     return figures
 
 
@@ -79,12 +79,12 @@ def summarise_mode(
         "latency_s_total": sum(latencies),
         "generate_s_mean": fmean(r.generate_s for r in results),
         "tokens_mean": fmean(r.n_tokens for r in results),
-        "tokens_original_mean": fmean(r.n_tokens_original for r in results),
+        "original_tokens_mean": fmean(r.original_tokens for r in results),
         "load_avg_1m_mean": fmean(r.load_avg_1m for r in results),
     }
     if mode == "medtpe":
         summary["compression_rate"] = compression_rate(
-            sum(r.n_tokens_original for r in results), sum(r.n_tokens for r in results)
+            sum(r.original_tokens for r in results), sum(r.n_tokens for r in results)
         )
     return ModeSummary.model_validate(summary)
 
@@ -168,23 +168,21 @@ def paired_answers(
 def positive_shift(
     original: Sequence[RecordResult], medtpe: Sequence[RecordResult]
 ) -> dict[str, Any]:
-    """How MedTPE moves `p_positive`, over the records (matched by key) both modes scored:
+    """How MedTPE moves `p_yes`, over the records (matched by key) both modes scored:
     Pearson correlation, mean and max absolute difference (None without such records; the
-    correlation also when either side is constant) and `p_positive_pairs`, their number."""
-    first = {r.key: r.p_positive for r in original}
+    correlation also when either side is constant) and `p_yes_pairs`, their number."""
+    first = {r.key: r.p_yes for r in original}
     pairs = [
-        (p, r.p_positive)
-        for r in medtpe
-        if r.p_positive is not None and (p := first.get(r.key)) is not None
+        (p, r.p_yes) for r in medtpe if r.p_yes is not None and (p := first.get(r.key)) is not None
     ]
     diffs = [abs(b - a) for a, b in pairs]
     return {
-        "p_positive_correlation": (
+        "p_yes_correlation": (
             pearson([a for a, _ in pairs], [b for _, b in pairs]) if pairs else None
         ),
-        "p_positive_mae": fmean(diffs) if diffs else None,
-        "p_positive_max_abs_diff": max(diffs) if diffs else None,
-        "p_positive_pairs": len(pairs),
+        "p_yes_mae": fmean(diffs) if diffs else None,
+        "p_yes_max_abs_diff": max(diffs) if diffs else None,
+        "p_yes_pairs": len(pairs),
     }
 
 
@@ -198,7 +196,7 @@ def build_report(
 ) -> EvaluationReport:
     """The report: with both modes, fidelity first (`medtpe.core.metrics.fidelity`); one summary per
     evaluated mode; with both, their paired differences, agreement, latency reduction and
-    p_positive shift; the records."""
+    p_yes shift; the records."""
     figures: dict[str, Any] = {"settings": settings | {"bootstrap_resamples": n_resamples}}
     first = next(iter(results.values()))
     both = all(mode in results for mode in MODES)
@@ -270,12 +268,12 @@ def format_table(report: EvaluationReport) -> str:
             f"same answer on {report.agreement:.1%} of records"
             + (f" ({answered:.1%} of those the original answered)" if answered is not None else "")
         )
-    if report.p_positive_pairs:
+    if report.p_yes_pairs:
         lines.append(
-            f"p(positive) MedTPE vs original on {report.p_positive_pairs} records: "
-            f"Pearson r {_figure(report.p_positive_correlation, '.3f')}, "
-            f"mean |Δp| {report.p_positive_mae:.3f}, "
-            f"max |Δp| {report.p_positive_max_abs_diff:.3f}"
+            f"p(yes) MedTPE vs original on {report.p_yes_pairs} records: "
+            f"Pearson r {_figure(report.p_yes_correlation, '.3f')}, "
+            f"mean |Δp| {report.p_yes_mae:.3f}, "
+            f"max |Δp| {report.p_yes_max_abs_diff:.3f}"
         )
     return "\n".join(lines)
 

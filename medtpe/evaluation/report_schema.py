@@ -7,7 +7,9 @@ adds (`meds_evaluation` from `medtpe rescore`; a study's own block, e.g. `withou
 A key that does not apply (one mode; a multi-label task's AUROC) is left out, as before.
 `EvaluationReport.from_json` reads every report in `tools/benchmarks/results/` and
 `tools/research/results/`, including those written before the bootstrap intervals (a mode's `f1` and
-`auroc` a plain number, `f1_std` beside it).
+`auroc` a plain number, `f1_std` beside it) and those that named p(yes) and the prompt's original
+tokens otherwise (`p_positive`, `n_tokens_original`, ...: read under their current names,
+`medtpe.core.figure_names.RENAMED`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from medtpe.core.figure_names import current_names
 from medtpe.core.metrics import Interval
 from medtpe.evaluation.record_result import RecordResult
 
@@ -51,7 +54,7 @@ class Fidelity(_Figures):
 
 class ModeSummary(_Figures):
     """One mode's figures (`medtpe.evaluation.figures.summarise_mode`): quality with patient-level
-    bootstrap intervals (AUROC, AUPRC, Brier, ECE and `p_positive_n` for binary tasks only),
+    bootstrap intervals (AUROC, AUPRC, Brier, ECE and `p_yes_n` for binary tasks only),
     format compliance, latency, prompt tokens, and for MedTPE the compression rate."""
 
     n_records: int
@@ -64,13 +67,13 @@ class ModeSummary(_Figures):
     auprc: Interval | None = None
     brier: Interval | None = None
     ece: Interval | None = None
-    p_positive_n: int | None = None
+    p_yes_n: int | None = None
     fcr: float
     latency_s_mean: float
     latency_s_total: float
     generate_s_mean: float
     tokens_mean: float
-    tokens_original_mean: float
+    original_tokens_mean: float
     load_avg_1m_mean: float
     compression_rate: float | None = None
 
@@ -92,10 +95,10 @@ class EvaluationReport(BaseModel):
     agreement: float | None = None
     agreement_answered: float | None = None
     latency_reduction: float | None = None
-    p_positive_correlation: float | None = None
-    p_positive_mae: float | None = None
-    p_positive_max_abs_diff: float | None = None
-    p_positive_pairs: int | None = None
+    p_yes_correlation: float | None = None
+    p_yes_mae: float | None = None
+    p_yes_max_abs_diff: float | None = None
+    p_yes_pairs: int | None = None
     records: dict[str, list[RecordResult]]
     """Per-record results by mode (rows written before a field existed get its default)."""
     meds_evaluation: dict[str, Any] | None = None
@@ -120,8 +123,17 @@ class EvaluationReport(BaseModel):
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> EvaluationReport:
         """A report from its JSON object (any report file `to_json` or an earlier version
-        wrote)."""
-        return cls.model_validate(dict(data))
+        wrote: keys renamed since are read under their current names)."""
+        report = current_names(data)
+        for mode in ("original", "medtpe"):
+            if isinstance(report.get(mode), Mapping):
+                report[mode] = current_names(report[mode])
+        if isinstance(report.get("records"), Mapping):
+            report["records"] = {
+                mode: [current_names(row) for row in rows]
+                for mode, rows in report["records"].items()
+            }
+        return cls.model_validate(report)
 
     @classmethod
     def read(cls, path: str | Path) -> EvaluationReport:

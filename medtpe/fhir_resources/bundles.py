@@ -124,7 +124,7 @@ class WrittenPrediction:
     prediction_time: datetime
     task: Task
     prediction: Prediction | None
-    p_positive: float | None
+    p_yes: float | None
     """p("yes") where computed (binary tasks)."""
     recorded: datetime
     """When the answer was computed (the ledger row's time)."""
@@ -166,8 +166,8 @@ def _predictions(item: WrittenPrediction) -> list[dict[str, Any]]:
     task, answer = item.task, item.prediction
     if task.label_type == "binary":
         entry: dict[str, Any] = {"outcome": outcome_concept(task)}
-        if item.p_positive is not None:
-            entry["probabilityDecimal"] = round(float(item.p_positive), 6)
+        if item.p_yes is not None:
+            entry["probabilityDecimal"] = round(float(item.p_yes), 6)
         if answer is not None:
             entry["rationale"] = f"Model answer: {'yes' if answer else 'no'}"
         return [entry]

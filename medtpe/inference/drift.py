@@ -43,8 +43,8 @@ class DriftFigures:
     """Of those, the ones the input budget (or the window) left out."""
     events_undescribed: int
     """Shown events whose code has no description."""
-    tokens_original: int
-    tokens_medtpe: int
+    original_tokens: int
+    medtpe_tokens: int
     merged_tokens: int
     """MedTPE ids of the prompt that are the artefact's new (merged) tokens."""
 
@@ -75,8 +75,8 @@ def drift_figures(
         events=total,
         events_dropped=total - kept,
         events_undescribed=undescribed,
-        tokens_original=len(record.segmentation.original_ids),
-        tokens_medtpe=len(ids),
+        original_tokens=len(record.segmentation.original_ids),
+        medtpe_tokens=len(ids),
         merged_tokens=merged,
     )
 

@@ -53,8 +53,8 @@ def checked_rows(url: str, scored: list[dict[str, Any]], door: str) -> dict[str,
         assert verify_signature(receipt, row.signature, PUBLIC_KEY)
         assert row.door == door and row.caller == "cli"
         assert json.loads(row.answer) == json.loads(record["prediction"])
-        assert row.p_yes == pytest.approx(record["p_positive"])
-        assert row.original_tokens == record["n_tokens_original"]
+        assert row.p_yes == pytest.approx(record["p_yes"])
+        assert row.original_tokens == record["original_tokens"]
     return rows
 
 

@@ -78,7 +78,7 @@ def predictions(n: int, task: str = "icu_mortality") -> list[WrittenPrediction]:
             prediction_time=start + timedelta(hours=k),
             task=get_task(task),
             prediction=k % 2 == 0,
-            p_positive=0.5 + k / 100,
+            p_yes=0.5 + k / 100,
             recorded=datetime(2026, 11, 27, 2, 0, tzinfo=UTC),
         )
         for k in range(n)
@@ -274,7 +274,7 @@ def test_a_fhir_jobs_answered_records_with_their_patients_and_ledger_rows(tmp_pa
 
     found = fhir_job_predictions(tmp_path, [plan, pending], task, ledger({"id-0", "id-2"}))
     written = list(found)
-    assert [(w.prediction_id, w.patient_id, w.prediction, w.p_positive) for w in written] == [
+    assert [(w.prediction_id, w.patient_id, w.prediction, w.p_yes) for w in written] == [
         ("id-0", "pa", True, 0.7),
         ("id-2", "pc", None, 0.4),
     ]

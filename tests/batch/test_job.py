@@ -25,7 +25,9 @@ from medtpe.batch.job import (
     plan_shards,
     run_local,
 )
+from medtpe.batch.rows import read_records
 from medtpe.cli.predict_commands import predict
+from medtpe.core.figure_names import RENAMED
 from medtpe.core.tasks import get_task
 from medtpe.inference.engines.instant import InstantEngine
 from medtpe.inference.engines.protocol import Completion, EngineConfig
@@ -109,12 +111,12 @@ def test_failures_are_written_with_their_reason(
     # record 1 (subject 2) was refused by the engine, record 2 (subject 3) answered garbage
     assert by_subject[2]["error"] == "generate: ValueError: prompt rejected"
     assert by_subject[3]["error"] == UNPARSED and by_subject[3]["answer"] == '{"answer": "'
-    assert by_subject[99]["error"] == NO_EVENTS and by_subject[99]["n_tokens_original"] is None
+    assert by_subject[99]["error"] == NO_EVENTS and by_subject[99]["original_tokens"] is None
     for subject in (1, 4):
         row = by_subject[subject]
         assert row["error"] is None and row["answer"] == '{"answer": "yes"}'
-        assert json.loads(row["prediction"]) is True and row["p_positive"] == pytest.approx(0.75)
-        assert row["n_tokens_medtpe"] < row["n_tokens_original"] <= 512
+        assert json.loads(row["prediction"]) is True and row["p_yes"] == pytest.approx(0.75)
+        assert row["medtpe_tokens"] < row["original_tokens"] <= 512
     assert len(engines[0].prompts) == 4  # subject 99 never reached the engine
 
     # every row is in the predictions, in meds-evaluation's schema; a failure is a miss
@@ -134,10 +136,8 @@ def test_failures_are_written_with_their_reason(
         UNPARSED: 1,
         NO_EVENTS: 1,
     }
-    assert summary["tokens_original"] == sum(
-        r["n_tokens_original"] or 0 for r in by_subject.values()
-    )
-    assert summary["tokens_medtpe"] == sum(r["n_tokens_medtpe"] or 0 for r in by_subject.values())
+    assert summary["original_tokens"] == sum(r["original_tokens"] or 0 for r in by_subject.values())
+    assert summary["medtpe_tokens"] == sum(r["medtpe_tokens"] or 0 for r in by_subject.values())
     assert 0 < summary["compression_rate"] < 1
     run = summary["this_run"]
     assert (run["records"], run["shards_written"], run["shards_skipped"]) == (5, 3, 0)
@@ -172,6 +172,40 @@ def test_second_run_skips_written_shards(
     summary = run_local(config, _job(meds), out, engine_factory=factory)
     assert len(engines) == 2  # nothing left: no engine started
     assert summary["this_run"]["records"] == 0 and summary["records"] == 5
+
+
+def test_a_records_file_an_earlier_release_wrote_still_counts(
+    service_files: tuple[Path, Path], meds: Path, tmp_path: Path
+) -> None:
+    # records files written before the columns took the ledger's names (`p_positive`,
+    # `n_tokens_original`, `n_tokens_medtpe`): a resumed run skips their shards and its summary
+    # counts them; read back, their columns have the current names
+    out = tmp_path / "out"
+    config = engine_test_config(service_files, meds, max_new_tokens=8)
+
+    def factory(config: EngineConfig) -> InstantEngine:
+        return InstantEngine(config.model_dir, config.max_model_len or 8192)
+
+    first = run_local(config, _job(meds), out, engine_factory=factory)
+    path = out / "train" / "0.records.pq"
+    current = pq.read_table(path)
+    earlier = {new: old for old, new in RENAMED.items()}
+    written = current.rename_columns([earlier.get(n, n) for n in current.column_names])
+    assert {"p_positive", "n_tokens_original", "n_tokens_medtpe"} <= set(written.column_names)
+    pq.write_table(written, path)
+    (out / "train" / "1.parquet").unlink()
+
+    again = run_local(config, _job(meds), out, engine_factory=factory)
+    assert again["this_run"]["shards_skipped"] == 2 and again["this_run"]["records"] == 2
+    assert (again["records"], again["original_tokens"], again["medtpe_tokens"]) == (
+        first["records"],
+        first["original_tokens"],
+        first["medtpe_tokens"],
+    )
+    assert read_records(path).equals(current)
+    assert read_records(path, ["medtpe_tokens", "p_yes"]).equals(
+        current.select(["medtpe_tokens", "p_yes"])
+    )
 
 
 def test_times_without_labels(service_files: tuple[Path, Path], meds: Path, tmp_path: Path) -> None:

@@ -113,5 +113,5 @@ def test_local_and_ray_predict_the_same(service_files: tuple[Path, Path], tmp_pa
         row = rows[subject]
         assert row["answer"].startswith('{"answer": "')
         assert (row["error"] is None) == row["format_ok"]
-        assert row["n_tokens_medtpe"] < row["n_tokens_original"] <= 512
-        assert 0.0 <= row["p_positive"] <= 1.0
+        assert row["medtpe_tokens"] < row["original_tokens"] <= 512
+        assert 0.0 <= row["p_yes"] <= 1.0

@@ -56,8 +56,8 @@ def test_evaluate_both_modes(service_files: tuple[Path, Path], tmp_path: Path) -
     original, medtpe = report["records"]["original"], report["records"]["medtpe"]
     assert [r["key"] for r in original] == [r["key"] for r in medtpe]
     # equal information: the same prompt, counted in original tokens, in both modes
-    assert [r["n_tokens_original"] for r in medtpe] == [r["n_tokens"] for r in original]
-    assert all(r["n_tokens_original"] <= 512 for r in original)
+    assert [r["original_tokens"] for r in medtpe] == [r["n_tokens"] for r in original]
+    assert all(r["original_tokens"] <= 512 for r in original)
     assert report["medtpe"]["tokens_mean"] < report["original"]["tokens_mean"]
     assert report["medtpe"]["compression_rate"] > 0
     assert 0.0 <= report["agreement"] <= 1.0

@@ -1,6 +1,6 @@
 """The evaluation report's maths on hand-made per-record results: FCR, latency, tokens, CR,
-agreement, quality figures with intervals, paired differences, the shift of p_positive between
-modes, the JSON shape, the printed table and results written before p_positive existed."""
+agreement, quality figures with intervals, paired differences, the shift of p_yes between
+modes, the JSON shape, the printed table and results written before p(yes) was recorded."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def result(
     original: int = 100,
     p: float | None = None,
 ) -> RecordResult:
-    """One hand-made record result (`p`: its p_positive)."""
+    """One hand-made record result (`p`: its p_yes)."""
     return RecordResult(
         key=record_key(i, "2150-03-02T08:00:00"),
         label=label,
@@ -48,9 +48,9 @@ def result(
         latency_s=latency,
         generate_s=0.9 * latency,
         n_tokens=tokens,
-        n_tokens_original=original,
+        original_tokens=original,
         probabilities=None if p is None else {"yes": p, "no": 1 - p},
-        p_positive=p,
+        p_yes=p,
     )
 
 
@@ -60,7 +60,7 @@ ORIGINAL = [
     result(3, True, None, ok=False, latency=3.0, tokens=800, original=800, p=0.6),
     result(4, False, True, latency=3.0, tokens=600, original=600, p=0.6),
 ]
-MEDTPE = [  # record 4: no top token spelled an option (no p_positive)
+MEDTPE = [  # record 4: no top token spelled an option (no p_yes)
     result(1, True, True, latency=2.0, tokens=700, original=1000, p=0.8),
     result(2, False, False, latency=1.0, tokens=400, original=600, p=0.6),
     result(3, True, None, ok=False, latency=1.5, tokens=500, original=800, p=0.7),
@@ -76,7 +76,7 @@ def test_summary_figures() -> None:
     assert summary.latency_s_mean == pytest.approx(1.5)
     assert summary.generate_s_mean == pytest.approx(0.9 * 1.5)
     assert summary.tokens_mean == pytest.approx(500.0)
-    assert summary.tokens_original_mean == pytest.approx(750.0)
+    assert summary.original_tokens_mean == pytest.approx(750.0)
     assert summary.compression_rate == pytest.approx(1 - 2000 / 3000)
     assert summarise_mode("original", MORTALITY, ORIGINAL).compression_rate is None
 
@@ -139,11 +139,11 @@ def test_report_json_shape() -> None:
     assert decoded["medtpe"]["auroc"]["value"] == pytest.approx(1.0)
     assert decoded["delta_auroc"]["value"] == pytest.approx(0.125)
     assert decoded["settings"]["bootstrap_resamples"] == 1000
-    assert decoded["p_positive_mae"] == pytest.approx(0.4 / 3)
+    assert decoded["p_yes_mae"] == pytest.approx(0.4 / 3)
     assert decoded["records"]["medtpe"][0]["probabilities"] == pytest.approx(
         {"yes": 0.8, "no": 0.2}
     )
-    assert decoded["records"]["medtpe"][3]["p_positive"] is None
+    assert decoded["records"]["medtpe"][3]["p_yes"] is None
     assert [r["key"] for r in decoded["records"]["medtpe"]] == [r.key for r in MEDTPE]
 
 
@@ -170,42 +170,42 @@ def test_table_lists_both_modes_and_the_comparison() -> None:
     assert "MedTPE - original: f1 " in table and "auroc +0.125 [" in table
     assert "latency reduction 50.0%" in table and "75.0% of records" in table
     assert "66.7% of those the original answered" in table
-    assert "p(positive) MedTPE vs original on 3 records: Pearson r 0.993" in table
+    assert "p(yes) MedTPE vs original on 3 records: Pearson r 0.993" in table
     assert "mean |Δp| 0.133, max |Δp| 0.200" in table
 
 
-def test_records_without_p_positive_score_one_half() -> None:
+def test_records_without_p_yes_score_one_half() -> None:
     unscored = [result(1, True, True), result(2, False, False)]
     figures = quality(MORTALITY, unscored, resample_weights(unscored, 50))
-    assert figures["auroc"]["value"] == 0.5 and figures["p_positive_n"] == 0
+    assert figures["auroc"]["value"] == 0.5 and figures["p_yes_n"] == 0
     one_class = [result(i, True, True, p=0.5) for i in range(3)]
     assert quality(MORTALITY, one_class, resample_weights(one_class, 50))["auroc"]["value"] is None
 
 
-def test_p_positive_shift_between_modes() -> None:
+def test_p_yes_shift_between_modes() -> None:
     # records 1-3 scored in both: (0.9, 0.8), (0.4, 0.6), (0.6, 0.7); x*30 - mean: 8, -7, -1;
     # y*30 - mean: 3, -3, 0
     shift = positive_shift(ORIGINAL, MEDTPE)
-    assert shift["p_positive_pairs"] == 3
-    assert shift["p_positive_correlation"] == pytest.approx(45 / math.sqrt(114 * 18))
-    assert shift["p_positive_mae"] == pytest.approx(0.4 / 3)
-    assert shift["p_positive_max_abs_diff"] == pytest.approx(0.2)
+    assert shift["p_yes_pairs"] == 3
+    assert shift["p_yes_correlation"] == pytest.approx(45 / math.sqrt(114 * 18))
+    assert shift["p_yes_mae"] == pytest.approx(0.4 / 3)
+    assert shift["p_yes_max_abs_diff"] == pytest.approx(0.2)
     constant = [result(i, True, True, p=0.7) for i in (1, 2)]
     moved = [result(1, True, True, p=0.6), result(2, True, True, p=0.9)]
-    assert positive_shift(constant, moved)["p_positive_correlation"] is None
-    assert positive_shift(constant, moved)["p_positive_mae"] == pytest.approx(0.15)
+    assert positive_shift(constant, moved)["p_yes_correlation"] is None
+    assert positive_shift(constant, moved)["p_yes_mae"] == pytest.approx(0.15)
 
 
-def test_results_without_p_positive_still_load_and_report() -> None:
-    # a record as written before p_positive existed (medtpe.evaluation.stored_report loads rows like
-    # this)
+def test_results_without_p_yes_recorded_still_load_and_report() -> None:
+    # a record as written before p(yes) was recorded (medtpe.evaluation.stored_report loads rows
+    # like this)
     row = MEDTPE[0].to_json()
-    del row["probabilities"], row["p_positive"]
+    del row["probabilities"], row["p_yes"]
     old = RecordResult(**row)
-    assert old.p_positive is None and old.probabilities is None
+    assert old.p_yes is None and old.probabilities is None
     rows = [RecordResult(**{**row, "key": record_key(i, "x")}) for i in range(2)]
     report = build_report(MORTALITY, {"original": rows, "medtpe": rows}, settings={})
-    assert report.original.p_positive_n == 0 and report.p_positive_pairs == 0
-    assert report.p_positive_correlation is None and report.p_positive_mae is None
+    assert report.original.p_yes_n == 0 and report.p_yes_pairs == 0
+    assert report.p_yes_correlation is None and report.p_yes_mae is None
     table = format_table(report)
-    assert "p(positive)" not in table
+    assert "p(yes)" not in table

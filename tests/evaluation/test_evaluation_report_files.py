@@ -1,8 +1,8 @@
 """The typed evaluation report (`medtpe.evaluation.report_schema.EvaluationReport`): a built report
 survives `to_json` / `from_json` unchanged with the fidelity block first, and every report file
 in `tools/benchmarks/results/` and `tools/research/results/` loads, including those written before
-the bootstrap intervals, and is written back with the same keys (the top level in the same order)
-and the same figures."""
+the bootstrap intervals and those with keys renamed since, and is written back with the same keys
+(the top level in the same order, renamed keys under their current names) and the same figures."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 
+from medtpe.core.figure_names import RENAMED, current_names
 from medtpe.core.metrics import Interval
 from medtpe.evaluation.figures import build_report, format_table
+from medtpe.evaluation.record_result import RecordResult
 from medtpe.evaluation.report_schema import EvaluationReport, ModeSummary
 from tests.evaluation.test_evaluation_report import MEDTPE, MORTALITY, ORIGINAL
 from tests.support.paths import ROOT
@@ -42,12 +44,26 @@ def nested_reports() -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
-def assert_written_back(stored: dict[str, Any]) -> EvaluationReport:
-    """`stored` loads; written back it has the same keys (the top level in the same order) and
-    the same figures; each record row comes back with the fields it had (and any newer field at its
-    default)."""
-    report = EvaluationReport.from_json(stored)
+def current(stored: dict[str, Any]) -> dict[str, Any]:
+    """`stored` with the keys renamed since under their current names (the top level, each
+    mode's figures and each record row: `medtpe.core.figure_names.RENAMED`)."""
+    data = current_names(stored)
+    for mode in ("original", "medtpe"):
+        if mode in data:
+            data[mode] = current_names(data[mode])
+    data["records"] = {m: [current_names(r) for r in rows] for m, rows in data["records"].items()}
+    return data
+
+
+def assert_written_back(written: dict[str, Any]) -> EvaluationReport:
+    """`written` loads; written back it has the same keys (the top level in the same order, keys
+    renamed since under their current names and only those) and the same figures; each record row
+    comes back with the fields it had (and any newer field at its default)."""
+    report = EvaluationReport.from_json(written)
     again = report.to_json()
+    assert not set(RENAMED) & {*again, *again.get("medtpe", {}), *again.get("original", {})}
+    assert all(not set(RENAMED) & set(row) for rows in again["records"].values() for row in rows)
+    stored = current(written)
     assert list(again) == list(stored)
     for key in stored:
         if key != "records":  # as text: NaN (meds-evaluation's undefined scores) compares
@@ -104,3 +120,19 @@ def test_reports_before_the_intervals_keep_their_plain_figures() -> None:
     assert report.fidelity is None and report.delta_f1 is None
     table = format_table(report)
     assert f"f1 {report.original.f1:.3f}," in table
+
+
+def test_build_reports_gate_records_load_under_current_names() -> None:
+    # the fidelity gate's records in a build report (`tools.research.bench_fidelity` reads them
+    # back), written with `n_tokens_original` and `p_positive`
+    paths = sorted((ROOT / "tools" / "research" / "results").glob("build_report_*.json"))
+    assert paths
+    for path in paths:
+        for budget, gate in json.loads(path.read_text())["gate"].items():
+            for record in gate["records"]:
+                for mode, written in record.items():
+                    assert {"n_tokens_original", "p_positive"} <= set(written), (path, budget)
+                    again = RecordResult.from_json(written).to_json()
+                    assert again == current_names(written), (path.name, budget, mode)
+                    assert again["original_tokens"] == written["n_tokens_original"]
+                    assert again["p_yes"] == written["p_positive"]

@@ -43,8 +43,8 @@ def result(rec: EvalRecord, prediction: object, p: float | None, ok: bool = True
         latency_s=1.0,
         generate_s=1.0,
         n_tokens=10,
-        n_tokens_original=10,
-        p_positive=p,
+        original_tokens=10,
+        p_yes=p,
     )
 
 

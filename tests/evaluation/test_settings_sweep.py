@@ -72,9 +72,9 @@ def test_settings_run_in_order_on_one_engine_at_their_budgets(
     assert [name for name, _ in saved] == ["budget-512", "budget-200", "vote-3"]
     by_name = dict(saved)
     assert [r.key for r in by_name["budget-512"]] == [r.key for r in records]
-    assert all(r.n_tokens_original <= 512 for r in by_name["budget-512"])
-    assert all(r.n_tokens_original <= 200 for r in by_name["budget-200"])
-    assert by_name["budget-200"][0].n_tokens_original < by_name["budget-512"][0].n_tokens_original
+    assert all(r.original_tokens <= 512 for r in by_name["budget-512"])
+    assert all(r.original_tokens <= 200 for r in by_name["budget-200"])
+    assert by_name["budget-200"][0].original_tokens < by_name["budget-512"][0].original_tokens
     assert len(by_name["vote-3"][0].votes) == 3
 
 

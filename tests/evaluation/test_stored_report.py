@@ -31,8 +31,8 @@ def result(key: str, label: bool, prediction: bool | None, p: float | None) -> R
         latency_s=1.0,
         generate_s=0.5,
         n_tokens=90,
-        n_tokens_original=100,
-        p_positive=p,
+        original_tokens=100,
+        p_yes=p,
     )
 
 
@@ -57,9 +57,9 @@ def test_stored_results_load_as_written(tmp_path: Path) -> None:
 def test_compare_runs_matches_records_by_key() -> None:
     figures = compare_runs(ORIGINAL, MEDTPE[::-1])
     assert figures["agreement"] == pytest.approx(0.5)
-    assert figures["p_positive_pairs"] == 2
-    assert figures["p_positive_mae"] == pytest.approx(0.25)
-    assert figures["p_positive_max_abs_diff"] == pytest.approx(0.4)
+    assert figures["p_yes_pairs"] == 2
+    assert figures["p_yes_mae"] == pytest.approx(0.25)
+    assert figures["p_yes_max_abs_diff"] == pytest.approx(0.4)
 
 
 def test_compare_runs_command(tmp_path: Path) -> None:

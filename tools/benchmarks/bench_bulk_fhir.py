@@ -237,13 +237,13 @@ def agreements(work: Path) -> dict[str, Any]:
                 "record": r,
                 "subject_id": meds[r]["subject_id"],
                 "prediction_time": str(meds[r]["prediction_time"]),
-                "meds": [meds[r]["n_tokens_original"], meds[r]["n_tokens_medtpe"]],
-                "fhir": [fhir[r]["n_tokens_original"], fhir[r]["n_tokens_medtpe"]],
+                "meds": [meds[r]["original_tokens"], meds[r]["medtpe_tokens"]],
+                "fhir": [fhir[r]["original_tokens"], fhir[r]["medtpe_tokens"]],
             }
             for r in sorted(meds)
             if r in fhir
-            and (meds[r]["n_tokens_original"], meds[r]["n_tokens_medtpe"])
-            != (fhir[r]["n_tokens_original"], fhir[r]["n_tokens_medtpe"])
+            and (meds[r]["original_tokens"], meds[r]["medtpe_tokens"])
+            != (fhir[r]["original_tokens"], fhir[r]["medtpe_tokens"])
         ]
     return found
 

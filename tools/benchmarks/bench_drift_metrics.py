@@ -114,12 +114,12 @@ def summary(model: LoadedModel, records: list[PreparedRecord]) -> dict:
     figures = [drift_figures(r, predictor.tokenizer, predictor.descriptions) for r in records]
     events = sum(f.events for f in figures)
     dropped = sum(f.events_dropped for f in figures)
-    original = sum(f.tokens_original for f in figures)
-    medtpe = sum(f.tokens_medtpe for f in figures)
+    original = sum(f.original_tokens for f in figures)
+    medtpe = sum(f.medtpe_tokens for f in figures)
     return {
         "events": events,
         "events_shown_mean": round((events - dropped) / len(figures), 1),
-        "prompt_tokens_original_mean": round(original / len(figures), 1),
+        "prompt_original_tokens_mean": round(original / len(figures), 1),
         "compression": round(1 - medtpe / original, 4),
         "build_compression": build_compression_rate(model.bundle.path),
         "undescribed_share": round(

@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from medtpe.batch.job import RECORDS_SUFFIX, SUMMARY_FILE
+from medtpe.batch.rows import read_records
 from medtpe.cli.command_line import medtpe_command
 from tools.benchmarks.bench_tokenizer_data import SUBJECT_OFFSET, write_shards
 from tools.benchmarks.process_tree import TreeSampler
@@ -96,8 +97,8 @@ def run_command(command: list[str], out: Path) -> dict[str, Any]:
         "records": summary["records"],
         "failures": summary["failures"],
         "failure_kinds": summary["failure_kinds"],
-        "tokens_original": summary["tokens_original"],
-        "tokens_medtpe": summary["tokens_medtpe"],
+        "original_tokens": summary["original_tokens"],
+        "medtpe_tokens": summary["medtpe_tokens"],
         "compression_rate": summary["compression_rate"],
         "wall_s": round(wall, 1),
         "records_per_s_wall": round(summary["records"] / wall, 3),
@@ -111,7 +112,7 @@ def run_command(command: list[str], out: Path) -> dict[str, Any]:
 
 def run_records(out: Path) -> dict[int, dict[str, Any]]:
     """A `medtpe predict` run's per-record rows (`*.records.pq` under `out`) by record number."""
-    tables = [pq.read_table(p) for p in sorted(out.rglob(f"*{RECORDS_SUFFIX}"))]
+    tables = [read_records(p) for p in sorted(out.rglob(f"*{RECORDS_SUFFIX}"))]
     return {r["record"]: r for r in pa.concat_tables(tables).to_pylist()}
 
 
@@ -125,18 +126,18 @@ def agreement(first: Path, second: Path) -> dict[str, Any]:
         return sum(1 for r in common if all(a[r][k] == b[r][k] for k in keys))
 
     gaps = [
-        abs(a[r]["p_positive"] - b[r]["p_positive"])
+        abs(a[r]["p_yes"] - b[r]["p_yes"])
         for r in common
-        if a[r]["p_positive"] is not None and b[r]["p_positive"] is not None
+        if a[r]["p_yes"] is not None and b[r]["p_yes"] is not None
     ]
     return {
         "records": len(a),
         "in_both": len(common),
         "same_prediction": same("prediction", "error"),
         "same_answer_text": same("answer"),
-        "same_token_counts": same("n_tokens_original", "n_tokens_medtpe"),
-        "same_p_positive_exactly": same("p_positive"),
-        "max_abs_p_positive_difference": max(gaps, default=None),
+        "same_token_counts": same("original_tokens", "medtpe_tokens"),
+        "same_p_yes_exactly": same("p_yes"),
+        "max_abs_p_yes_difference": max(gaps, default=None),
     }
 
 

@@ -679,7 +679,7 @@ def _pairs(original: list[RecordResult], other: list[RecordResult]) -> list[Pair
         second = by_key.get(first.key)
         if second is None:
             continue
-        if second.n_tokens_original != first.n_tokens_original:
+        if second.original_tokens != first.original_tokens:
             raise ValueError(f"{first.key}: the runs rendered different prompts")
         pairs.append(
             PairedAnswer(
@@ -706,7 +706,7 @@ def _run_results(spec: str) -> list[RecordResult]:
     if not at:
         return mode_results(spec)
     records = json.loads(Path(report).read_text())["gate"][budget]["records"]
-    return [RecordResult(**record[mode]) for record in records]
+    return [RecordResult.from_json(record[mode]) for record in records]
 
 
 def pair(args: argparse.Namespace) -> None:

@@ -30,7 +30,7 @@ class Score:
 
     task_title: str
     question: str
-    probability: float | None
+    p_yes: float | None
     """Probability of the positive answer; None when the model's answer gave none."""
     prediction_time: datetime | None
     events_total: int
@@ -38,8 +38,8 @@ class Score:
     first_event: datetime | None
     last_event: datetime | None
     input_budget: int
-    tokens_original: int
-    tokens_medtpe: int
+    original_tokens: int
+    medtpe_tokens: int
     compression_rate: float
     model: str
     mode: str
@@ -72,11 +72,11 @@ def card_text(score: Score, bands: RiskBands, *, cached: bool) -> CardText:
     >>> card_text(s, RiskBands(warning=0.2, critical=0.5), cached=False).summary
     'ICU mortality: elevated risk (40%)'
     """
-    if score.probability is None:
+    if score.p_yes is None:
         summary = _summary(score.task_title, "no risk score (the model gave no answer)")
         return CardText(Indicator.INFO, summary, _detail(score, None, cached))
-    band = bands.band(score.probability)
-    summary = _summary(score.task_title, f"{band.name} risk ({score.probability:.0%})")
+    band = bands.band(score.p_yes)
+    summary = _summary(score.task_title, f"{band.name} risk ({score.p_yes:.0%})")
     return CardText(band.indicator, summary, _detail(score, band, cached))
 
 
@@ -94,11 +94,11 @@ def _time(value: datetime | None) -> str:
 
 def _detail(score: Score, band: Band | None, cached: bool) -> str:
     """The Markdown detail: one bold-labelled line per fact, then what the card does not show."""
-    if score.probability is None or band is None:
+    if score.p_yes is None or band is None:
         risk = "- **Probability:** none (no answer option in the model's first answer token)"
     else:
         risk = (
-            f"- **Probability:** {score.probability:.2f} that the answer to “{score.question}” "
+            f"- **Probability:** {score.p_yes:.2f} that the answer to “{score.question}” "
             f"is yes\n- **Risk band:** {band.describe()}"
         )
     left_out = score.events_total - score.events_kept
@@ -118,7 +118,7 @@ def _detail(score: Score, band: Band | None, cached: bool) -> str:
         lines.append(f"- **FHIR mapping:** {counts}")
     lines += [
         f"- **Model:** {score.model} ({score.mode} mode), artefact `{score.artefact_id}`",
-        f"- **Compression:** {score.tokens_original:,} → {score.tokens_medtpe:,} prompt tokens "
+        f"- **Compression:** {score.original_tokens:,} → {score.medtpe_tokens:,} prompt tokens "
         f"({score.compression_rate:.1%} fewer)",
         f"- **Computed:** {score.computed_at.strftime('%Y-%m-%dT%H:%M:%SZ')}"
         + (" (an earlier call's score: the record has not changed since)" if cached else ""),

@@ -4,9 +4,9 @@ Columns (meds-evaluation's `PredictionSchema`, a MEDS label file plus two): `sub
 `prediction_time`, `boolean_value` (the label), `predicted_boolean_value` and
 `predicted_boolean_probability`.
 
-- Binary tasks: one row per record; the probability is `p_positive` (p(yes) from the first
-  answer token, `UNSCORED_PROBABILITY` where the model gave none); an unparsed answer is written
-  as the wrong value (the report's F1 convention, as in the paper).
+- Binary tasks: one row per record; the probability is the record's `p_yes` (p(yes) from the
+  first answer token, `UNSCORED_PROBABILITY` where the model gave none); an unparsed answer is
+  written as the wrong value (the report's F1 convention, as in the paper).
 - Multi-label tasks (meds-evaluation scores binary tasks only): one row per record and label,
   a record's rows in the task's label order (meds-evaluation's schema allows no extra column to
   name the label); no probability (null). meds-evaluation then pools all labels
@@ -29,7 +29,7 @@ from medtpe.core.tasks import Prediction, Task
 PREDICTED_VALUE = "predicted_boolean_value"
 PREDICTED_PROBABILITY = "predicted_boolean_probability"
 UNSCORED_PROBABILITY = 0.5
-"""p_positive of a record the model gave no option probability for (no information)."""
+"""p_yes of a record the model gave no option probability for (no information)."""
 
 
 class ScoredRecord(Protocol):
@@ -43,7 +43,7 @@ class ScoredRecord(Protocol):
     @property
     def format_ok(self) -> bool: ...
     @property
-    def p_positive(self) -> float | None: ...
+    def p_yes(self) -> float | None: ...
 
 
 def as_target(task: Task, value: Prediction | None) -> bool | list[bool]:
@@ -74,10 +74,8 @@ def scored_predictions(task: Task, results: Sequence[ScoredRecord]) -> np.ndarra
 
 
 def positive_scores(results: Sequence[ScoredRecord]) -> np.ndarray:
-    """`p_positive` per record, `UNSCORED_PROBABILITY` where there is none."""
-    return np.array(
-        [UNSCORED_PROBABILITY if r.p_positive is None else r.p_positive for r in results]
-    )
+    """`p_yes` per record, `UNSCORED_PROBABILITY` where there is none."""
+    return np.array([UNSCORED_PROBABILITY if r.p_yes is None else r.p_yes for r in results])
 
 
 def results_table(
@@ -86,7 +84,7 @@ def results_table(
     times: Sequence[datetime],
     ordered: Sequence[ScoredRecord],
 ) -> pa.Table:
-    """The predictions of `ordered` results (their label, prediction, format and p_positive),
+    """The predictions of `ordered` results (their label, prediction, format and p_yes),
     the i-th for `subjects[i]` at `times[i]`."""
     labels = labels_matrix(task, ordered)
     predicted = scored_predictions(task, ordered)

@@ -274,7 +274,7 @@ def _score(model: LoadedModel, answered: RecordAnswer) -> Score:
     task, events, fhir = record.task, record.events, record.fhir
     assert fhir is not None  # a hook's record is FHIR resources
     option = task.positive_option
-    probability = answer.probabilities.get(option) if answer.probabilities and option else None
+    p_yes = answer.probabilities.get(option) if answer.probabilities and option else None
     clinical = ~np.isnat(events.times) & (np.asarray(events.codes) != meds.birth_code)
     times = events.times[clinical]
     first, last = (_datetime(times.min()), _datetime(times.max())) if len(times) else (None, None)
@@ -285,15 +285,15 @@ def _score(model: LoadedModel, answered: RecordAnswer) -> Score:
     return Score(
         task_title=task.title,
         question=task.question,
-        probability=probability,
+        p_yes=p_yes,
         prediction_time=record.prediction_time,
         events_total=record.prompt.n_events_total,
         events_kept=record.prompt.n_events_kept,
         first_event=first,
         last_event=last,
         input_budget=model.predictor.max_input_tokens,
-        tokens_original=len(seg.original_ids),
-        tokens_medtpe=len(seg.medtpe_ids),
+        original_tokens=len(seg.original_ids),
+        medtpe_tokens=len(seg.medtpe_ids),
         compression_rate=seg.compression_rate,
         model=model.identity.name,
         mode=model.identity.mode,

@@ -271,7 +271,7 @@ def open_store(
     return RedisStore(url, on_failure=on_failure)
 
 
-SCORE_FORMAT = "score-v2"
+SCORE_FORMAT = "score-v3"
 """Part of every score key: a release that changes `Score` changes it, so replicas of two
 releases side by side (a rolling update) never read each other's values."""
 

@@ -47,7 +47,7 @@ def risk_assessment_actions(
         prediction_time=row.prediction_time,
         task=task,
         prediction=json.loads(row.answer),
-        p_positive=row.p_yes,
+        p_yes=row.p_yes,
         recorded=row.created_at,
     )
     return [system_action(item, model)]

@@ -275,8 +275,8 @@ class ServiceMetrics:
         self.drift_events_dropped.labels(task, site).inc(figures.events_dropped)
         self.drift_events_undescribed.labels(task, site).inc(figures.events_undescribed)
         tokens = self.drift_prompt_tokens
-        tokens.labels(task, site, "original").inc(figures.tokens_original)
-        tokens.labels(task, site, "medtpe").inc(figures.tokens_medtpe)
+        tokens.labels(task, site, "original").inc(figures.original_tokens)
+        tokens.labels(task, site, "medtpe").inc(figures.medtpe_tokens)
         self.drift_merged_tokens.labels(task, site).inc(figures.merged_tokens)
         if record.fhir is not None and record.fhir.warnings:
             self.fhir_elements_dropped.labels(task, site).inc(len(record.fhir.warnings))

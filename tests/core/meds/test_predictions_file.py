@@ -28,7 +28,7 @@ class Scored:
     label: Any
     prediction: Any
     format_ok: bool = True
-    p_positive: float | None = None
+    p_yes: float | None = None
 
 
 def test_targets_for_binary_and_multilabel() -> None:
@@ -42,9 +42,9 @@ def test_targets_for_binary_and_multilabel() -> None:
 
 def test_binary_rows_write_unparsed_answers_wrong_and_missing_probabilities_unscored() -> None:
     rows = [
-        Scored(True, True, p_positive=0.9),
+        Scored(True, True, p_yes=0.9),
         Scored(True, None, format_ok=False),  # unparsed: the wrong value, no probability
-        Scored(False, False, p_positive=0.2),
+        Scored(False, False, p_yes=0.2),
     ]
     table = results_table(MORTALITY, [1, 2, 3], [WHEN] * 3, rows)
     PredictionSchema.align(table)  # the package's own schema check

@@ -1,7 +1,7 @@
 """The real vLLM engine behind `medtpe.inference.engines.protocol.Engine`, medtpe mode on the
 default model, one engine for the module (one start): the dtype it reports (the one asked for,
 resolved); constrained answers at temperature 0.7, with and without the answer prefill, every
-sampled answer parsing; p_positive from one short synthetic record through
+sampled answer parsing; p_yes from one short synthetic record through
 the evaluation path (`evaluate_mode` -> `Predictor.answer` -> first-token logprobs); the model
 computed in the engine core, on every allowed core; then its engine process is killed and the
 engine must report death and refuse to generate (what the service maps to 503 and red
@@ -96,7 +96,7 @@ def test_constrained_answers_always_parse(run: EngineRun) -> None:
                 assert sum(result.probabilities.values()) == pytest.approx(1.0)
 
 
-def test_p_positive_is_a_probability(run: EngineRun) -> None:
+def test_p_yes_is_a_probability(run: EngineRun) -> None:
     """Runs last: it kills the module's engine."""
     task = MORTALITY
     rows = run.loop.run_until_complete(
@@ -108,15 +108,15 @@ def test_p_positive_is_a_probability(run: EngineRun) -> None:
     assert record.probabilities is not None, record.outputs
     assert set(record.probabilities) == {"yes", "no"}
     assert sum(record.probabilities.values()) == pytest.approx(1.0)
-    assert record.p_positive == record.probabilities["yes"]
-    assert 0.0 <= record.p_positive <= 1.0
+    assert record.p_yes == record.probabilities["yes"]
+    assert 0.0 <= record.p_yes <= 1.0
     # the greedy first token is the top one: the answer's option has mass
     if record.prediction is True:
-        assert record.p_positive > 0
+        assert record.p_yes > 0
     elif record.prediction is False:
-        assert record.p_positive < 1
+        assert record.p_yes < 1
     report = build_report(task, results, settings={}, n_resamples=10)
-    assert report.medtpe.p_positive_n == 1
+    assert report.medtpe.p_yes_n == 1
     assert report.medtpe.auroc.value is None  # one record: one class only
 
 

@@ -57,8 +57,8 @@ def test_figures_count_what_the_prompt_shows(model: LoadedModel) -> None:
     assert figures.events_undescribed == newest + ("GENDER//F" not in predictor.descriptions)
     merged = [i for i in record.segmentation.medtpe_ids if predictor.tokenizer.pair_of(i)]
     assert figures.merged_tokens == len(merged)
-    assert figures.tokens_original == len(record.segmentation.original_ids)
-    assert figures.tokens_medtpe == len(record.segmentation.medtpe_ids)
+    assert figures.original_tokens == len(record.segmentation.original_ids)
+    assert figures.medtpe_tokens == len(record.segmentation.medtpe_ids)
     known = drift_figures(prepared(model, synthetic_events(2, 40)), predictor.tokenizer, {})
     assert known.events == 43 and known.events_dropped <= 1  # the birth, years before
     birth_shown = known.events_dropped == 0
