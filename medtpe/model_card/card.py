@@ -312,6 +312,128 @@ def _development_data(build: Mapping[str, Any] | None) -> str:
     )
 
 
+def _release_info(bundle: ArtefactBundle, version: str, built: str) -> dict[str, Any]:
+    """The card's `ReleaseInfo`: the stage, the artefact's date and the versions."""
+    return {
+        "ReleaseStage": RELEASE_STAGE,
+        "ReleaseDate": built,
+        "ReleaseVersion": f"medtpe {version}, artefact {bundle.artefact_id}",
+        "GlobalAvailability": "Open source; self-hosted by each deploying organisation.",
+        "EHRCompatibility": {"EHR": ["FHIR R4 (Bundles, Bulk Data export)", "CDS Hooks 2.0"]},
+        "RegulatoryApproval": "None. Not a medical device; not cleared or approved.",
+    }
+
+
+def _uses_and_directions() -> dict[str, Any]:
+    """The card's `UsesAndDirections`: the intended use, users and population."""
+    return {
+        "IntendedUseAndWorkflow": INTENDED_USE,
+        "PrimaryIntendedUsers": USERS,
+        "HowToUse": HOW_TO_USE,
+        "TargetedPatientPopulation": (
+            "Adult hospital and ICU patients whose records the site mapping reads; the "
+            "artefact was built on ICU stays."
+        ),
+        "CautionedOutOfScopeSettings": OUT_OF_SCOPE,
+    }
+
+
+def _warnings(
+    model_name: str,
+    mode: str,
+    max_input_tokens: int,
+    evaluations: Sequence[Mapping[str, Any]],
+    validated: bool,
+) -> dict[str, Any]:
+    """The card's `Warnings`: the measured discrimination, the known risks (and a budget served
+    above the validated ones, in MedTPE mode), the biases and the risk level."""
+    return {
+        "KnownRisksAndLimitations": "\n".join(
+            [*discrimination_risks(model_name, evaluations), KNOWN_RISKS]
+        )
+        + (
+            ""
+            if validated or mode != "medtpe"
+            else f"\n- This service's input budget ({max_input_tokens} tokens) is above "
+            "the budgets the artefact was validated at."
+        ),
+        "KnownBiasesOrEthicalConsiderations": BIASES,
+        "ClinicalRiskLevel": "High if acted on: the default model's answers are not right.",
+    }
+
+
+def _trust_ingredients(
+    model_name: str, task_lines: str, build: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The card's `TrustIngredients`: the AI system's facts and the transparency information."""
+    return {
+        "AISystemFacts": {
+            "OutcomesAndOutputs": (
+                'Per task: the answer (yes/no, an option, or options) and p("yes") from '
+                "the first answer token, with a prediction id and a signed receipt.\n" + task_lines
+            ),
+            "ModelType": "Decoder-only transformer language model, prompted (no fine-tune "
+            "of its weights); MedTPE adds token-pair embedding rows.",
+            "FoundationModels": model_name,
+            "InputDataSource": "The deploying site's EHR: MEDS events or FHIR R4 resources "
+            "(Patient, Encounter, Observation, Condition, Medication*, Procedure).",
+            "OutputAndInputDataTypes": "Input: structured events (codes, values, times). "
+            "Output: JSON answer, probability; FHIR RiskAssessment on write-back.",
+            "DevelopmentDataCharacterization": _development_data(build),
+            "BiasMitigationApproaches": "None beyond holding patients out of training; "
+            "none measured.",
+            "OngoingMaintenance": MAINTENANCE,
+            "Security": SECURITY,
+            "Transparency": TRANSPARENCY,
+        },
+        "TransparencyInformation": {
+            "FundingSource": "Not recorded.",
+            "ThirdPartyInformation": "Base model: SmolLM2 (Hugging Face, Apache-2.0); data: "
+            "MIMIC-IV demo (PhysioNet, ODbL).",
+            "StakeholdersConsulted": "None recorded.",
+        },
+    }
+
+
+def _facts(
+    bundle: ArtefactBundle,
+    *,
+    model_name: str,
+    mode: str,
+    version: str,
+    max_input_tokens: int,
+    validated: bool,
+    tasks: Sequence[Task],
+    evaluations: list[Any],
+) -> dict[str, Any]:
+    """The card's machine-readable `facts`: what the served model is, the budgets, the tasks,
+    the evaluations and the files the card was made from (with their sha256)."""
+    sources = [
+        {"file": name, "sha256": _sha256(bundle.path / name)}
+        for name in ("manifest.json", BUILD_REPORT_FILE, EVALUATION_FILE)
+        if (bundle.path / name).is_file()
+    ]
+    return {
+        "model": model_name,
+        "mode": mode,
+        "product_version": version,
+        "artefact_id": bundle.artefact_id,
+        "base_fingerprint": bundle.base_fingerprint,
+        "content_digest": bundle.digest(),
+        "max_input_tokens": max_input_tokens,
+        "validated_budgets": list(bundle.validated_budgets),
+        "budget_validated": validated,
+        "validated": {str(b): dict(f) for b, f in sorted(bundle.validated.items())},
+        "rendering": None if bundle.rendering is None else bundle.rendering.to_json(),
+        "tasks": [
+            {"name": t.name, "title": t.title, "question": t.question, "type": t.label_type}
+            for t in tasks
+        ],
+        "evaluations": evaluations,
+        "sources": sources,
+    }
+
+
 def build_model_card(
     bundle: ArtefactBundle,
     *,
@@ -332,25 +454,13 @@ def build_model_card(
     task_lines = "\n".join(f"- {t.title} ({t.name}): {t.question}" for t in tasks)
     budgets = bundle.validated_budgets
     validated = bool(budgets) and max_input_tokens <= budgets[-1]
-    sources = [
-        {"file": name, "sha256": _sha256(bundle.path / name)}
-        for name in ("manifest.json", BUILD_REPORT_FILE, EVALUATION_FILE)
-        if (bundle.path / name).is_file()
-    ]
     card = {
         "BasicInfo": {
             "ModelName": f"MedTPE · {model_name} ({mode})",
             "ModelDeveloper": DEVELOPER,
             "DeveloperContact": CONTACT,
         },
-        "ReleaseInfo": {
-            "ReleaseStage": RELEASE_STAGE,
-            "ReleaseDate": built,
-            "ReleaseVersion": f"medtpe {version}, artefact {bundle.artefact_id}",
-            "GlobalAvailability": "Open source; self-hosted by each deploying organisation.",
-            "EHRCompatibility": {"EHR": ["FHIR R4 (Bundles, Bulk Data export)", "CDS Hooks 2.0"]},
-            "RegulatoryApproval": "None. Not a medical device; not cleared or approved.",
-        },
+        "ReleaseInfo": _release_info(bundle, version, built),
         "ModelSummary": {
             "Summary": (
                 f"{model_name} answering clinical prediction questions from a patient's "
@@ -359,57 +469,9 @@ def build_model_card(
             ),
             "Keywords": {"Keyword": ["risk prediction", "EHR", "MEDS", "FHIR", "LLM", "MedTPE"]},
         },
-        "UsesAndDirections": {
-            "IntendedUseAndWorkflow": INTENDED_USE,
-            "PrimaryIntendedUsers": USERS,
-            "HowToUse": HOW_TO_USE,
-            "TargetedPatientPopulation": (
-                "Adult hospital and ICU patients whose records the site mapping reads; the "
-                "artefact was built on ICU stays."
-            ),
-            "CautionedOutOfScopeSettings": OUT_OF_SCOPE,
-        },
-        "Warnings": {
-            "KnownRisksAndLimitations": "\n".join(
-                [*discrimination_risks(model_name, evaluations), KNOWN_RISKS]
-            )
-            + (
-                ""
-                if validated or mode != "medtpe"
-                else f"\n- This service's input budget ({max_input_tokens} tokens) is above "
-                "the budgets the artefact was validated at."
-            ),
-            "KnownBiasesOrEthicalConsiderations": BIASES,
-            "ClinicalRiskLevel": "High if acted on: the default model's answers are not right.",
-        },
-        "TrustIngredients": {
-            "AISystemFacts": {
-                "OutcomesAndOutputs": (
-                    'Per task: the answer (yes/no, an option, or options) and p("yes") from '
-                    "the first answer token, with a prediction id and a signed receipt.\n"
-                    + task_lines
-                ),
-                "ModelType": "Decoder-only transformer language model, prompted (no fine-tune "
-                "of its weights); MedTPE adds token-pair embedding rows.",
-                "FoundationModels": model_name,
-                "InputDataSource": "The deploying site's EHR: MEDS events or FHIR R4 resources "
-                "(Patient, Encounter, Observation, Condition, Medication*, Procedure).",
-                "OutputAndInputDataTypes": "Input: structured events (codes, values, times). "
-                "Output: JSON answer, probability; FHIR RiskAssessment on write-back.",
-                "DevelopmentDataCharacterization": _development_data(build),
-                "BiasMitigationApproaches": "None beyond holding patients out of training; "
-                "none measured.",
-                "OngoingMaintenance": MAINTENANCE,
-                "Security": SECURITY,
-                "Transparency": TRANSPARENCY,
-            },
-            "TransparencyInformation": {
-                "FundingSource": "Not recorded.",
-                "ThirdPartyInformation": "Base model: SmolLM2 (Hugging Face, Apache-2.0); data: "
-                "MIMIC-IV demo (PhysioNet, ODbL).",
-                "StakeholdersConsulted": "None recorded.",
-            },
-        },
+        "UsesAndDirections": _uses_and_directions(),
+        "Warnings": _warnings(model_name, mode, max_input_tokens, evaluations, validated),
+        "TrustIngredients": _trust_ingredients(model_name, task_lines, build),
         "KeyMetrics": {
             "UsefulnessUsabilityEfficacy": _usefulness(evaluations, build),
             "FairnessEquity": _fairness(),
@@ -423,25 +485,16 @@ def build_model_card(
         },
         "Bibliography": BIBLIOGRAPHY,
     }
-    facts = {
-        "model": model_name,
-        "mode": mode,
-        "product_version": version,
-        "artefact_id": bundle.artefact_id,
-        "base_fingerprint": bundle.base_fingerprint,
-        "content_digest": bundle.digest(),
-        "max_input_tokens": max_input_tokens,
-        "validated_budgets": list(budgets),
-        "budget_validated": validated,
-        "validated": {str(b): dict(f) for b, f in sorted(bundle.validated.items())},
-        "rendering": None if bundle.rendering is None else bundle.rendering.to_json(),
-        "tasks": [
-            {"name": t.name, "title": t.title, "question": t.question, "type": t.label_type}
-            for t in tasks
-        ],
-        "evaluations": evaluations,
-        "sources": sources,
-    }
+    facts = _facts(
+        bundle,
+        model_name=model_name,
+        mode=mode,
+        version=version,
+        max_input_tokens=max_input_tokens,
+        validated=validated,
+        tasks=tasks,
+        evaluations=evaluations,
+    )
     return {
         "format": CHAI_FORMAT,
         "schema": CHAI_NAMESPACE,
