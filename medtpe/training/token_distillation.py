@@ -342,21 +342,13 @@ def distill(
         optimizer, warmup_cosine_schedule(total, config.warmup_ratio)
     )
     checkpoint = run_dir / CHECKPOINT_FILE
-    state: dict[str, Any] = {"step": 0, "best": None, "best_rows": None, "initial": None}
-    if checkpoint.is_file():
-        saved = torch.load(checkpoint, weights_only=False)
-        with torch.no_grad():
-            params[0].copy_(saved["rows"])
-        optimizer.load_state_dict(saved["optimizer"])
-        scheduler.load_state_dict(saved["scheduler"])
-        state = saved["state"]
+    state = _restored(checkpoint, params[0], optimizer, scheduler)
     if state["initial"] is None:
         state["initial"] = state["best"] = _validate(
             model, val, teacher["val"], config, device, pad
         )
         state["best_rows"] = params[0].detach().cpu().clone()
-        with (run_dir / HISTORY_FILE).open("a") as handle:
-            handle.write(json.dumps({"step": 0, "val_loss": state["initial"]}) + "\n")
+        _log(run_dir, {"step": 0, "val_loss": state["initial"]})
     order = _order(len(train), config.epochs, seed)
     offsets = _offsets(train)
     model.eval()  # no dropout; the rows still get their gradients
@@ -368,12 +360,7 @@ def distill(
         batch = [train[k] for k in picked]
         targets = _targets(teacher["train"], picked, offsets)
         loss = _batch_loss(model, batch, targets, config, device, pad)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM)
-        optimizer.step()
-        _cap_norms(params[0], norm_cap)
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        _step(loss, params, optimizer, scheduler, norm_cap)
         state["step"] += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.4f}")
@@ -386,21 +373,51 @@ def distill(
                     params[0].detach().cpu().clone(),
                 )
             _save(checkpoint, params[0], optimizer, scheduler, state)
-        with (run_dir / HISTORY_FILE).open("a") as handle:
-            handle.write(json.dumps(row) + "\n")
+        _log(run_dir, row)
     bar.close()
-    rows = NewRows(state["best_rows"], rope_stretch=config.rope_stretch)
-    if config.output == "base":
-        ids = torch.tensor([t.id for t in tokenizer.new_tokens], dtype=torch.long)
-        head = model.get_output_embeddings().weight[ids].detach().float().cpu()
-        rows = NewRows(rows.input, head, config.rope_stretch)
     return DistillResult(
-        rows,
+        _result_rows(model, tokenizer, state["best_rows"], config),
         state["initial"],
         state["best"],
         state["step"],
         {"teacher": round(teacher_s, 1), "train": round(time.perf_counter() - train_started, 1)},
     )
+
+
+def _step(
+    loss: torch.Tensor,
+    params: list[torch.nn.Parameter],
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LambdaLR,
+    norm_cap: float,
+) -> None:
+    """One optimiser step on a batch's `loss`: its gradients clipped to `MAX_GRAD_NORM`, the
+    rows' norms capped at `norm_cap` after it."""
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM)
+    optimizer.step()
+    _cap_norms(params[0], norm_cap)
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _log(run_dir: Path, row: dict[str, Any]) -> None:
+    """Append one row (a step's losses) to the run's history."""
+    with (run_dir / HISTORY_FILE).open("a") as handle:
+        handle.write(json.dumps(row) + "\n")
+
+
+def _result_rows(
+    model: PreTrainedModel, tokenizer: MedTPETokenizer, best: torch.Tensor, config: DistillConfig
+) -> NewRows:
+    """The rows best on `val` with the output side `config.output` asks for (`base`: the base
+    head's rows of the reused ids)."""
+    rows = NewRows(best, rope_stretch=config.rope_stretch)
+    if config.output == "base":
+        ids = torch.tensor([t.id for t in tokenizer.new_tokens], dtype=torch.long)
+        head = model.get_output_embeddings().weight[ids].detach().float().cpu()
+        rows = NewRows(rows.input, head, config.rope_stretch)
+    return rows
 
 
 @torch.no_grad()
@@ -441,6 +458,24 @@ def _save(
         tmp,
     )
     os.replace(tmp, path)
+
+
+def _restored(
+    path: Path,
+    rows: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LambdaLR,
+) -> dict[str, Any]:
+    """The run's state (`step`, the `best` held-out loss and its rows, the `initial` one): a new
+    run's, or the checkpoint's at `path`, whose rows, optimizer and scheduler are restored."""
+    if not path.is_file():
+        return {"step": 0, "best": None, "best_rows": None, "initial": None}
+    saved = torch.load(path, weights_only=False)
+    with torch.no_grad():
+        rows.copy_(saved["rows"])
+    optimizer.load_state_dict(saved["optimizer"])
+    scheduler.load_state_dict(saved["scheduler"])
+    return saved["state"]
 
 
 def best_rows(run_dir: Path) -> torch.Tensor:
