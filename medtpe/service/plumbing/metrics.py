@@ -90,6 +90,21 @@ class ServiceMetrics:
         self.registry = CollectorRegistry()
         self._counter_registry = CollectorRegistry()
         reg = self.registry
+        self._answer_metrics(reg)
+        self._admission_metrics(reg)
+        self._cds_metrics(reg)
+        self.engine_ready = Gauge(
+            "medtpe_engine_ready",
+            "1 when the engine is loaded, warmed up and alive.",
+            registry=reg,
+            multiprocess_mode="liveall",
+        )
+        self._drift_metrics(reg)
+        self._shadow_metrics(reg)
+
+    def _answer_metrics(self, reg: CollectorRegistry) -> None:
+        """Latency of requests and generations, prompt lengths and compression, answer
+        formats."""
         self.request_latency = Histogram(
             "medtpe_request_latency_seconds",
             "End-to-end request latency.",
@@ -136,6 +151,9 @@ class ServiceMetrics:
             ["task"],
             registry=reg,
         )
+
+    def _admission_metrics(self, reg: CollectorRegistry) -> None:
+        """Requests in flight, rejected before generation, failed."""
         self.inflight = Gauge(
             "medtpe_inflight_requests",
             "Prediction requests being served.",
@@ -146,6 +164,10 @@ class ServiceMetrics:
             "medtpe_rejections", "Requests rejected before generation.", ["reason"], registry=reg
         )
         self.errors = Counter("medtpe_errors", "Failed requests.", ["reason"], registry=reg)
+
+    def _cds_metrics(self, reg: CollectorRegistry) -> None:
+        """The CDS Hooks service: calls and feedback by outcome, the state store, the fetches
+        from the EHR."""
         self.cds_calls = Counter(
             "medtpe_cds_hook_calls",
             "CDS Hooks calls by service and outcome (card, cached, unauthorized, precondition, "
@@ -172,14 +194,6 @@ class ServiceMetrics:
             buckets=LATENCY_BUCKETS,
             registry=reg,
         )
-        self.engine_ready = Gauge(
-            "medtpe_engine_ready",
-            "1 when the engine is loaded, warmed up and alive.",
-            registry=reg,
-            multiprocess_mode="liveall",
-        )
-        self._drift_metrics(reg)
-        self._shadow_metrics(reg)
 
     def _shadow_metrics(self, reg: CollectorRegistry) -> None:
         """The live fidelity shadow's figures by task (`medtpe.service.plumbing.shadow`)."""
