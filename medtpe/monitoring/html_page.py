@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from html import escape
 from typing import Any
 
+import matplotlib
 from matplotlib.figure import Figure
 
 STYLE = """
@@ -22,6 +23,10 @@ th{background:#f2f2f2} td:first-child,th:first-child{text-align:left}
 figure{margin:1rem 0 2rem} figcaption{font-size:.9rem;max-width:60rem}
 img{max-width:100%}
 """
+PLAIN_TEXT = {"text.parse_math": False, "text.usetex": False}
+"""matplotlib's settings while a figure is made and drawn: every text (a site's or a subgroup's
+name in a tick label, a title, a legend) is drawn as written, never read as maths or TeX (`$\\x$`
+or `$$` in a cohort attribute would otherwise stop the report)."""
 
 
 def _png(figure: Figure) -> str:
@@ -31,12 +36,14 @@ def _png(figure: Figure) -> str:
 
 
 def _figure(title: str, draw: Callable[[Any], None], shows: str, does_not: str) -> str:
-    figure = Figure(figsize=(8, 3.4))
-    axes = figure.subplots()
-    draw(axes)
-    axes.set_title(title, fontsize=10)
+    with matplotlib.rc_context(PLAIN_TEXT):
+        figure = Figure(figsize=(8, 3.4))
+        axes = figure.subplots()
+        draw(axes)
+        axes.set_title(title, fontsize=10)
+        png = _png(figure)
     return (
-        f'<figure><img alt="{escape(title)}" src="data:image/png;base64,{_png(figure)}">'
+        f'<figure><img alt="{escape(title)}" src="data:image/png;base64,{png}">'
         f"<figcaption><b>Shows:</b> {escape(shows)} <b>Does not show:</b> {escape(does_not)}"
         "</figcaption></figure>"
     )

@@ -8,13 +8,16 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from matplotlib.backends.backend_agg import RendererAgg
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score, roc_auc_score
 
 from medtpe.core.thresholds import Thresholds, ThresholdsError
+from medtpe.ledger.outcomes import OutcomeRow, record_outcomes
 from medtpe.ledger.store import Ledger
 from medtpe.monitoring.figures import ECE_BINS
 from medtpe.monitoring.report import (
@@ -181,6 +184,48 @@ def test_site_names_are_escaped_in_the_page(tmp_path: Path) -> None:
     page = (tmp_path / "out" / REPORT_HTML).read_text()
     assert "<script" not in page and "&lt;script&gt;" in page
     assert "Discrimination cannot be measured" in page
+
+
+MATHS_LIKE = ("$\\x$", "$$", "_^{}", "$\\alpha$")
+"""Names matplotlib would read as maths: an unknown command, an empty formula, sub- and superscript
+marks, a Greek letter."""
+
+
+def test_cohort_names_are_drawn_as_written_never_as_maths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger = Ledger.open(sqlite_url(tmp_path))
+    rows = [
+        prediction(
+            i,
+            created_at=START + timedelta(hours=i),
+            subject_id=str(i),
+            prediction_time=None,
+            p_yes=0.2 + 0.6 * (i % 2),
+            site=MATHS_LIKE[i % 4],
+        )
+        for i in range(32)
+    ]
+    ledger.record(rows)
+    outcomes = [
+        OutcomeRow(row.prediction_id, "known", bool(i // 4 % 2), None, {"unit": MATHS_LIKE[i % 4]})
+        for i, row in enumerate(rows)
+    ]
+    record_outcomes(ledger, outcomes, source="test", data_end=None, joined_at=START)
+    drawn: list[tuple[str, object]] = []
+    draw_text = RendererAgg.draw_text
+
+    def recorded(self: RendererAgg, *args: Any, ismath: object = False, **kwargs: Any) -> None:
+        drawn.append((args[3], ismath))  # (gc, x, y, s, prop, angle)
+        draw_text(self, *args, ismath=ismath, **kwargs)
+
+    monkeypatch.setattr(RendererAgg, "draw_text", recorded)
+    write_report(ledger.engine, tmp_path / "out", ReportSettings(resamples=10))
+    page = (tmp_path / "out" / REPORT_HTML).read_text()
+    for name in MATHS_LIKE:
+        assert (f"unit={name} (n=8)", False) in drawn  # the subgroup plot's tick label
+        assert f"<td>unit={name}</td>" in page and f"<td>{name}</td>" in page
+    assert not [text for text, ismath in drawn if ismath]
 
 
 @pytest.mark.parametrize(
