@@ -25,7 +25,13 @@ from medtpe.core.tasks import Prediction, Task
 from medtpe.core.tasks.answers import answer_end_ids
 from medtpe.core.tasks.option_probabilities import option_probabilities
 from medtpe.core.tokenizer import MedTPETokenizer
-from medtpe.inference.engines.protocol import AnswerConstraint, Completion, Engine, Finish
+from medtpe.inference.engines.protocol import (
+    AnswerConstraint,
+    Completion,
+    Engine,
+    Finish,
+    GenerationParams,
+)
 from medtpe.inference.sampling import Sampling
 
 if TYPE_CHECKING:  # the FHIR mapping is needed only by FHIR records
@@ -323,8 +329,7 @@ class Predictor:
         task = prepared.task
         n = sampling.n_samples if sampling.temperature > 0 else 1
         want_logprobs = sampling.probabilities and bool(task.answer_options)
-        outputs = await engine.generate(
-            prepared.ids(self.mode),
+        params = GenerationParams(
             n=n,
             temperature=sampling.temperature,
             max_new_tokens=sampling.max_new_tokens,
@@ -336,6 +341,7 @@ class Predictor:
             # sequence after a stop id it has not accepted, so the stop rule is for free decoding
             stop_ids=frozenset() if sampling.constrained else self.stop_ids,
         )
+        outputs = await engine.generate(prepared.ids(self.mode), params)
         generate_s = time.perf_counter() - start
         samples = []
         for output in outputs:

@@ -17,7 +17,12 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from medtpe.inference.engines.protocol import EngineConfig, EngineOptions, Finish
+from medtpe.inference.engines.protocol import (
+    EngineConfig,
+    EngineOptions,
+    Finish,
+    GenerationParams,
+)
 
 BUILD_KV_CACHE_GIB = 2.0
 """KV cache of a build's engines (pseudo-labelling, the fidelity gate): they run between training
@@ -70,14 +75,11 @@ async def _generate_all(request: dict) -> list[list[int]]:
     )
     config = EngineConfig(Path(request["model_dir"]), request["max_model_len"], options)
     engine = VllmEngine.start(config)
-    stop_ids = frozenset(request["stop_ids"])
+    params = GenerationParams(
+        max_new_tokens=request["max_new_tokens"], stop_ids=frozenset(request["stop_ids"])
+    )
     try:
-        outputs = await asyncio.gather(
-            *(
-                engine.generate(p, max_new_tokens=request["max_new_tokens"], stop_ids=stop_ids)
-                for p in request["prompts"]
-            )
-        )
+        outputs = await asyncio.gather(*(engine.generate(p, params) for p in request["prompts"]))
     finally:
         engine.shutdown()
     eos = request["eos_id"]

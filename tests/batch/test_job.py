@@ -30,7 +30,7 @@ from medtpe.cli.predict_commands import predict
 from medtpe.core.figure_names import RENAMED
 from medtpe.core.tasks import get_task
 from medtpe.inference.engines.instant import InstantEngine
-from medtpe.inference.engines.protocol import Completion, EngineConfig
+from medtpe.inference.engines.protocol import Completion, EngineConfig, GenerationParams
 from medtpe.inference.sampling import Sampling
 from tests.support.meds_fixtures import PREDICTION_TIME, write_meds_dataset
 from tests.support.service_support import engine_test_config, own_ledger_environment
@@ -49,9 +49,11 @@ class FailingEngine(InstantEngine):
         super().__init__(config.model_dir, config.max_model_len or 8192)
         self.fail_at, self.garble_at = fail_at, garble_at
 
-    async def generate(self, prompt_ids: Sequence[int], **kwargs: object) -> list[Completion]:
+    async def generate(
+        self, prompt_ids: Sequence[int], params: GenerationParams
+    ) -> list[Completion]:
         index = len(self.prompts)
-        outputs = await super().generate(prompt_ids, **kwargs)
+        outputs = await super().generate(prompt_ids, params)
         if index == self.fail_at:
             raise ValueError("prompt rejected")
         if index == self.garble_at:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
 
 import pytest
 
@@ -16,7 +15,7 @@ from medtpe.core.meds import MedsEvent, SubjectEvents
 from medtpe.core.prompt import ChatTemplate
 from medtpe.core.tasks import get_task
 from medtpe.inference.engines.instant import InstantEngine
-from medtpe.inference.engines.protocol import Completion
+from medtpe.inference.engines.protocol import Completion, GenerationParams
 from medtpe.inference.predictor import Predictor
 from medtpe.inference.record import FhirResources, MedsRecord, NoEventsError
 from medtpe.inference.sampling import Sampling
@@ -41,15 +40,17 @@ def events(subject: int = 3, hours: int = 20) -> SubjectEvents:
 
 
 class RecordingEngine(InstantEngine):
-    """The instant engine, keeping each generation's keyword arguments."""
+    """The instant engine, keeping each generation's parameters."""
 
     def __init__(self) -> None:
         super().__init__(smollm2_dir(), 8192)
-        self.calls: list[dict[str, Any]] = []
+        self.calls: list[GenerationParams] = []
 
-    async def generate(self, prompt_ids: Sequence[int], **kwargs: Any) -> list[Completion]:
-        self.calls.append(kwargs)
-        return await super().generate(prompt_ids, **kwargs)
+    async def generate(
+        self, prompt_ids: Sequence[int], params: GenerationParams
+    ) -> list[Completion]:
+        self.calls.append(params)
+        return await super().generate(prompt_ids, params)
 
 
 def test_a_meds_record_is_prepared_mode_free(predictors: dict[str, Predictor]) -> None:
@@ -102,18 +103,18 @@ def test_answer_decodes_as_the_sampling_says(predictors: dict[str, Predictor]) -
         # the ids of the predictor's own mode, from the same mode-free prepared record
         assert engine.prompts[-1] == prepared.ids(mode)
         call = engine.calls[-1]
-        assert (call["n"], call["temperature"], call["max_new_tokens"]) == (3, 0.7, 9)
-        assert call["seed"] == 5 and call["cache_salt"] == "tenant"
-        assert call["constraint"] is None and call["stop_ids"] == predictor.stop_ids
-        assert call["top_logprobs"] is not None and len(answer.samples) == 3
+        assert (call.n, call.temperature, call.max_new_tokens) == (3, 0.7, 9)
+        assert call.seed == 5 and call.cache_salt == "tenant"
+        assert call.constraint is None and call.stop_ids == predictor.stop_ids
+        assert call.top_logprobs is not None and len(answer.samples) == 3
         assert answer.probabilities == pytest.approx({"yes": 0.75, "no": 0.25})
 
     greedy = Sampling(n_samples=3, probabilities=False, constrained=True)
     answer = asyncio.run(predictors["original"].answer(engine, prepared, greedy))
     call = engine.calls[-1]
-    assert call["n"] == 1 and len(answer.samples) == 3  # one greedy answer, counted three times
-    assert call["top_logprobs"] is None and answer.probabilities is None
-    assert call["constraint"] is not None and call["stop_ids"] == frozenset()
+    assert call.n == 1 and len(answer.samples) == 3  # one greedy answer, counted three times
+    assert call.top_logprobs is None and answer.probabilities is None
+    assert call.constraint is not None and call.stop_ids == frozenset()
 
 
 def test_sampling_canonical_form_and_bounds() -> None:

@@ -33,7 +33,7 @@ def child(model: Path) -> None:
     import asyncio
 
     started = time.perf_counter()
-    from medtpe.inference.engines.protocol import EngineConfig, EngineOptions
+    from medtpe.inference.engines.protocol import EngineConfig, EngineOptions, GenerationParams
     from medtpe.inference.engines.vllm_engine import VllmEngine
 
     imported = time.perf_counter() - started
@@ -42,7 +42,7 @@ def child(model: Path) -> None:
     ready = time.perf_counter() - started
 
     async def first() -> list[int]:
-        return (await engine.generate(PROMPT, max_new_tokens=8))[0].ids
+        return (await engine.generate(PROMPT, GenerationParams(max_new_tokens=8)))[0].ids
 
     ids = asyncio.run(first())
     done = time.perf_counter() - started

@@ -23,6 +23,7 @@ from medtpe.inference.engines.protocol import (
     EngineDead,
     EngineFactory,
     Finish,
+    GenerationParams,
 )
 
 ANSWER = 'yes"}'
@@ -83,49 +84,39 @@ class InstantEngine:
             await asyncio.sleep(min(left, 0.02))
 
     async def generate(
-        self,
-        prompt_ids: Sequence[int],
-        *,
-        n: int = 1,
-        temperature: float = 0.0,
-        max_new_tokens: int = 64,
-        seed: int | None = None,
-        top_logprobs: int | None = None,
-        cache_salt: str | None = None,
-        constraint: AnswerConstraint | None = None,
-        stop_ids: frozenset[int] = frozenset(),
+        self, prompt_ids: Sequence[int], params: GenerationParams
     ) -> list[Completion]:
-        """`n` copies of the fixed answer, cut after its first stop id or at `max_new_tokens`
-        (it matches every binary task's constraint after the prefill; the constraint is
-        recorded, not applied)."""
+        """`params.n` copies of the fixed answer, cut after its first stop id or at
+        `max_new_tokens` (it matches every binary task's constraint after the prefill; the
+        constraint is recorded, not applied)."""
         if self._dead:
             raise EngineDead("the engine is dead")
         self.prompts.append(list(prompt_ids))
-        self.cache_salts.append(cache_salt)
-        self.constraints.append(constraint)
+        self.cache_salts.append(params.cache_salt)
+        self.constraints.append(params.constraint)
         if self.delay_s:
             await self._hold(self.delay_s)
         if self._dead:
             raise EngineDead("the engine died during generation")
         ids, finish = list(self.answer_ids), Finish.EOS
-        stop_at = next((k for k, token in enumerate(ids) if token in stop_ids), None)
+        stop_at = next((k for k, token in enumerate(ids) if token in params.stop_ids), None)
         if stop_at is not None:
             ids, finish = ids[: stop_at + 1], Finish.STOP
-        if len(ids) > max_new_tokens:
-            ids, finish = ids[:max_new_tokens], Finish.LENGTH
+        if len(ids) > params.max_new_tokens:
+            ids, finish = ids[: params.max_new_tokens], Finish.LENGTH
         logprobs = None
-        if top_logprobs:
+        if params.top_logprobs:
             yes, no = self.option_ids["yes"], self.option_ids["no"]
             logprobs = [{yes: math.log(0.75), no: math.log(0.25)}]
             logprobs += [{token: 0.0} for token in ids[1:]]
-        return [Completion(ids, logprobs, finish) for _ in range(n)]
+        return [Completion(ids, logprobs, finish) for _ in range(params.n)]
 
     async def warm_up(self, prompt_ids: Sequence[int]) -> None:
         """One generation like any other, recorded, but never held by `delay_s`: an engine
         that holds its requests is ready at once."""
         delay, self.delay_s = self.delay_s, 0.0
         try:
-            await self.generate(prompt_ids, max_new_tokens=2)
+            await self.generate(prompt_ids, GenerationParams(max_new_tokens=2))
         finally:
             self.delay_s = delay
 

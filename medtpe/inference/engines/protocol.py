@@ -1,4 +1,5 @@
-"""The engine interface: token ids in, token ids out, one error type.
+"""The engine interface: token ids and their `GenerationParams` in, token ids out, one error
+type.
 
 Everything that generates (the service, the evaluation, the benchmarks) talks to an `Engine`;
 this module is the protocol only and imports no implementation.
@@ -124,6 +125,26 @@ class AnswerConstraint:
             raise ValueError("an AnswerConstraint needs exactly one of regex, choice, json_schema")
 
 
+@dataclass(frozen=True)
+class GenerationParams:
+    """How one prompt's answers are generated (the engine's `SamplingParams`): `n` answers at
+    `temperature`, each at most `max_new_tokens` long."""
+
+    n: int = 1
+    temperature: float = 0.0
+    max_new_tokens: int = 64
+    seed: int | None = None
+    """The sampling seed of this request (None: the engine's own)."""
+    top_logprobs: int | None = None
+    """k: each answer carries every position's top-k log-probabilities (None: none)."""
+    cache_salt: str | None = None
+    """Prompts with different salts never share cached prefixes (None: one shared space)."""
+    constraint: AnswerConstraint | None = None
+    """Answers that match it (structured output); None: free decoding."""
+    stop_ids: frozenset[int] = frozenset()
+    """The stop rule: each answer ends at the first of these ids it generates (kept in it)."""
+
+
 class Finish(StrEnum):
     """Why a generation ended."""
 
@@ -168,22 +189,10 @@ class Engine(Protocol):
         ...
 
     async def generate(
-        self,
-        prompt_ids: Sequence[int],
-        *,
-        n: int = 1,
-        temperature: float = 0.0,
-        max_new_tokens: int = 64,
-        seed: int | None = None,
-        top_logprobs: int | None = None,
-        cache_salt: str | None = None,
-        constraint: AnswerConstraint | None = None,
-        stop_ids: frozenset[int] = frozenset(),
+        self, prompt_ids: Sequence[int], params: GenerationParams
     ) -> list[Completion]:
-        """`n` answers to one prompt; with `top_logprobs` = k, each with every position's top k;
-        with a `constraint`, answers that match it; each answer ends at the first of `stop_ids`
-        it generates (the stop rule, applied inside the engine). Prompts with different
-        `cache_salt`s never share cached prefixes (None: one shared space)."""
+        """`params.n` answers to one prompt, generated as `params` says (its stop rule and
+        constraint applied inside the engine)."""
         ...
 
     async def warm_up(self, prompt_ids: Sequence[int]) -> None:

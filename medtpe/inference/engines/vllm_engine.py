@@ -32,6 +32,7 @@ from medtpe.inference.engines.protocol import (
     EngineDead,
     EngineOptions,
     Finish,
+    GenerationParams,
 )
 
 logger = logging.getLogger(__name__)
@@ -164,19 +165,9 @@ class VllmEngine:
         return self._dead
 
     async def generate(
-        self,
-        prompt_ids: Sequence[int],
-        *,
-        n: int = 1,
-        temperature: float = 0.0,
-        max_new_tokens: int = 64,
-        seed: int | None = None,
-        top_logprobs: int | None = None,
-        cache_salt: str | None = None,
-        constraint: AnswerConstraint | None = None,
-        stop_ids: frozenset[int] = frozenset(),
+        self, prompt_ids: Sequence[int], params: GenerationParams
     ) -> list[Completion]:
-        """Generate `n` answers to one prompt (end-of-sequence token excluded); with
+        """Generate `params.n` answers to one prompt (end-of-sequence token excluded); with
         `top_logprobs` = k, each carries every position's top-k log-probabilities; with a
         `constraint`, decoding is restricted to text that matches it (vLLM structured outputs);
         generation stops at the first of `stop_ids` (vLLM `stop_token_ids`, checked by the engine
@@ -188,24 +179,24 @@ class VllmEngine:
         """
         if self.dead:
             raise EngineDead("the engine is dead")
-        params = SamplingParams(
-            n=n,
-            temperature=temperature,
-            max_tokens=max_new_tokens,
-            seed=seed,
+        sampling = SamplingParams(
+            n=params.n,
+            temperature=params.temperature,
+            max_tokens=params.max_new_tokens,
+            seed=params.seed,
             detokenize=False,
-            logprobs=top_logprobs,
-            structured_outputs=structured_outputs(constraint),
-            stop_token_ids=sorted(stop_ids),
+            logprobs=params.top_logprobs,
+            structured_outputs=structured_outputs(params.constraint),
+            stop_token_ids=sorted(params.stop_ids),
         )
         # with n > 1 the streamed outputs carry the completions separately: keep the latest
         # (cumulative) state of each completion index
         completions: dict[int, CompletionOutput] = {}
         prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
-        if cache_salt is not None:
-            prompt["cache_salt"] = cache_salt
+        if params.cache_salt is not None:
+            prompt["cache_salt"] = params.cache_salt
         try:
-            async for output in self._llm.generate(prompt, params, uuid.uuid4().hex):
+            async for output in self._llm.generate(prompt, sampling, uuid.uuid4().hex):
                 completions.update((c.index, c) for c in output.outputs)
         except EngineDeadError as exc:
             self._dead = True
@@ -216,11 +207,14 @@ class VllmEngine:
             raise
         if not completions:  # pragma: no cover - vLLM always yields a final output
             raise RuntimeError("the engine returned no output")
-        return [_completion(completions[i], top_logprobs, stop_ids) for i in sorted(completions)]
+        return [
+            _completion(completions[i], params.top_logprobs, params.stop_ids)
+            for i in sorted(completions)
+        ]
 
     async def warm_up(self, prompt_ids: Sequence[int]) -> None:
         """One short generation, so the first real request does not pay the start-up costs."""
-        await self.generate(prompt_ids, max_new_tokens=2)
+        await self.generate(prompt_ids, GenerationParams(max_new_tokens=2))
 
     def shutdown(self) -> None:
         """Stop the engine process."""

@@ -25,7 +25,7 @@ from medtpe.evaluation.records import EvalRecord, load_records
 from medtpe.evaluation.runner import evaluate_mode, measured
 from medtpe.inference.cpu_cores import SMALL_MACHINE_CORES
 from medtpe.inference.cpu_dtype import engine_dtype
-from medtpe.inference.engines.protocol import EngineDead, Finish
+from medtpe.inference.engines.protocol import EngineDead, Finish, GenerationParams
 from medtpe.inference.engines.vllm_engine import VllmEngine
 from medtpe.inference.model import load_model
 from medtpe.inference.predictor import Predictor
@@ -126,10 +126,10 @@ async def stop_rule_ends_the_answer(
     """The stop rule inside the engine: with `stop_ids` the answer is the free answer cut right
     after its first stop id (kept), and says it stopped there."""
     prepared = predictor.prepare(task, record.events, record.prediction_time)
-    [free] = await engine.generate(prepared.ids(predictor.mode), max_new_tokens=16)
-    [stopped] = await engine.generate(
-        prepared.ids(predictor.mode), max_new_tokens=16, stop_ids=predictor.stop_ids
-    )
+    free_params = GenerationParams(max_new_tokens=16)
+    [free] = await engine.generate(prepared.ids(predictor.mode), free_params)
+    stopping = replace(free_params, stop_ids=predictor.stop_ids)
+    [stopped] = await engine.generate(prepared.ids(predictor.mode), stopping)
     first = next(k for k, token in enumerate(free.ids) if token in predictor.stop_ids)
     assert stopped.ids == free.ids[: first + 1] and stopped.finish is Finish.STOP
     assert free.finish is not Finish.STOP
@@ -158,7 +158,7 @@ async def evaluate_then_kill(
     for core in cores:
         core.kill()
     with pytest.raises(EngineDead):
-        await engine.generate(prompt_ids, max_new_tokens=2)
+        await engine.generate(prompt_ids, GenerationParams(max_new_tokens=2))
     assert engine.dead
     return rows
 

@@ -21,7 +21,7 @@ from medtpe.cli.ledger_commands import RecordSource
 from medtpe.core.cds.risk import DEFAULT_TASK_BANDS
 from medtpe.core.cds.services import get_service
 from medtpe.inference.engines.instant import InstantEngine
-from medtpe.inference.engines.protocol import Completion, EngineConfig
+from medtpe.inference.engines.protocol import Completion, EngineConfig, GenerationParams
 from medtpe.ledger.store import Ledger, PredictionRow
 from medtpe.service.settings import ServiceSettings
 from tests.support.cds_support import ICU_PATIENT, hook_request, load_bundle, prefetch_of
@@ -124,10 +124,12 @@ class HeldShadow(InstantEngine):
     """An instant engine holding every generation after the warm-up and the first answer (the
     shadow's) until `release()`."""
 
-    async def generate(self, prompt_ids: Sequence[int], **kwargs: Any) -> list[Completion]:
+    async def generate(
+        self, prompt_ids: Sequence[int], params: GenerationParams
+    ) -> list[Completion]:
         if len(self.prompts) >= 2:
             await self._hold(HOLD_S)
-        return await super().generate(prompt_ids, **kwargs)
+        return await super().generate(prompt_ids, params)
 
     @classmethod
     def start(cls, config: EngineConfig) -> HeldShadow:
