@@ -3,8 +3,9 @@
 
 The key comes from `MEDTPE_LEDGER_SIGNING_KEY` (PEM PKCS#8 text, or the base64 of the 32-byte
 seed). A local SQLite ledger without it gets a key generated once and kept in
-`.cache/ledger-signing-key` (mode 0600), with a warning; any other ledger refuses to start
-without it (`SigningKeyMissing`)."""
+`.cache/ledger-signing-key` (mode 0600, created atomically: processes starting at once share
+one key), with a warning; a key file that group or others may open, or that is empty or holds no
+key, is refused, never replaced. Any other ledger refuses to start without a configured key."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import hashlib
 import json
 import logging
 import os
+import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,25 +99,83 @@ def parse_private_key(text: str) -> Ed25519PrivateKey:
 
 
 def local_key(path: Path) -> Ed25519PrivateKey:
-    """The key kept in `path` (base64 seed, mode 0600), generated there the first time."""
-    if path.exists():
-        return parse_private_key(path.read_text())
+    """The key kept in `path` (`read_key_file`), generated there the first time
+    (`create_key_file`): every process that starts at once ends up with the same key."""
+    if not path.exists():
+        create_key_file(path)
+    return read_key_file(path)
+
+
+def create_key_file(path: Path) -> None:
+    """Write a new key to `path` unless a key is there: the seed goes to a temporary file in the
+    same directory (mode 0600 from its creation, synced), which is then hard-linked as `path`.
+    The link fails when `path` exists, so of processes racing to create it one wins and the
+    others read its complete file; a failed write (a full disk) leaves no `path` behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
     seed = Ed25519PrivateKey.generate().private_bytes(
         serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
     )
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(8)}.tmp")
     try:
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:  # another process made it meanwhile
-        return parse_private_key(path.read_text())
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(base64.b64encode(seed).decode() + "\n")
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(base64.b64encode(seed) + b"\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(temporary, path)
+        except FileExistsError:  # another process made it meanwhile: its key is the key
+            return
+        _sync_directory(path.parent)
+    except OSError as exc:
+        raise SigningKeyError(
+            f"the signing key file {path} cannot be created ({exc.strerror or exc}): free the "
+            "space or fix the directory, or set MEDTPE_LEDGER_SIGNING_KEY"
+        ) from exc
+    finally:
+        temporary.unlink(missing_ok=True)
     logger.warning(
         "no MEDTPE_LEDGER_SIGNING_KEY: receipts are signed with a key generated in %s (fine for "
         "a local ledger; set MEDTPE_LEDGER_SIGNING_KEY for a shared one)",
         path,
     )
-    return parse_private_key(path.read_text())
+
+
+def _sync_directory(directory: Path) -> None:
+    """Make a new name in `directory` durable (fsync of the directory itself)."""
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def read_key_file(path: Path) -> Ed25519PrivateKey:
+    """The key in the local key file `path`; a `SigningKeyError` naming the file when group or
+    others may open it, or when it is empty or holds no key. Such a file is never replaced by a
+    new key: the receipts signed with its key verify only with it."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            raise SigningKeyError(
+                f"the signing key file {path} is open to group or others (mode {mode:04o}): "
+                f"run `chmod 600 {path}`"
+            )
+        text = path.read_text()
+    except OSError as exc:
+        raise SigningKeyError(
+            f"the signing key file {path} cannot be read: {exc.strerror or exc}"
+        ) from exc
+    keep = (
+        "restore it from a backup (the receipts it signed verify only with its key), or move it "
+        "away to start a new key"
+    )
+    if not text.strip():
+        raise SigningKeyError(f"the signing key file {path} is empty: {keep}")
+    try:
+        return parse_private_key(text)
+    except SigningKeyError as exc:
+        raise SigningKeyError(f"the signing key file {path} holds no key ({exc}): {keep}") from exc
 
 
 @dataclass(frozen=True)
