@@ -24,7 +24,7 @@ from medtpe.inference.model import LoadedModel
 from medtpe.inference.predictor import Answer, PreparedRecord
 from medtpe.inference.receipt_facts import answer_facts, run_prediction_id
 from medtpe.inference.sampling import Sampling
-from medtpe.ledger.answers import basis_row, receipt_basis
+from medtpe.ledger.answers import ReceiptBasis
 from medtpe.ledger.settings import LedgerSettings
 from medtpe.ledger.signing import Signer
 from medtpe.ledger.store import Ledger, LedgerConflict, PredictionRow
@@ -80,8 +80,8 @@ class RunRecorder:
         """The row of the job's record `record` kept for `commit`; its prediction id."""
         assert self.engine is not None, "the engine answered"
         facts = answer_facts(self.model, self.engine, prepared, sampling, answer, latency_s)
-        row = basis_row(
-            receipt_basis(facts, keep_record=self.ledger.keep_records),
+        basis = ReceiptBasis.of(facts, keep_record=self.ledger.keep_records)
+        row = basis.signed(
             self.signer,
             door=self.run.door,
             caller=CALLER,

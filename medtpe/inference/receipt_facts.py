@@ -1,12 +1,13 @@
-"""What every door records of one answer in the prediction ledger, as plain values: the record
+"""What every door records of one answer in the prediction ledger (`AnswerFacts`): the record
 read (events, prediction time, a FHIR record's descriptions), the prompt's ids, the artefact's
 digest, the rendering settings, the model, the decoding settings, the versions, the answer and
-the response's figures. `medtpe.ledger.answers.receipt_basis` hashes them into a receipt basis and
-`medtpe.ledger.answers.basis_row` signs that into a row. The dtype is the one the engine ran in
-(`Engine.dtype`), never the option's `auto`.
+the response's figures. `medtpe.ledger.answers.ReceiptBasis.of` hashes them into a receipt basis,
+which `medtpe.ledger.answers.ReceiptBasis.signed` signs into a row. The dtype is the one the
+engine ran in (`Engine.dtype`), never the option's `auto`.
 
-`/predict`, `/predict/batch`, the CDS hooks and `medtpe predict` take their rows' facts from
-`answer_facts` only, so a row says the same things whichever door wrote it."""
+`/predict`, `/predict/batch`, the CDS hooks, the fidelity shadow, `medtpe predict` and
+`medtpe verify`'s re-derivation take their facts from `answer_facts` only, so a row says the same
+things whichever door wrote it."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import importlib.metadata
 import uuid
 from functools import cache
 from pathlib import Path
-from typing import Any
 
+from medtpe.core.answer_facts import AnswerFacts, RenderingFacts
 from medtpe.core.tokenizer.artefact_manifest import content_digest
 from medtpe.inference.engines.protocol import Engine
 from medtpe.inference.model import LoadedModel
@@ -30,43 +31,43 @@ def answer_facts(
     sampling: Sampling,
     answer: Answer,
     latency_s: float,
-) -> dict[str, Any]:
+) -> AnswerFacts:
     """The facts of `answer` to `prepared` by `model` on `engine`, `latency_s` after the
-    record's work began (`medtpe.ledger.answers.receipt_basis`'s `facts`)."""
+    record's work began."""
     predictor = model.predictor
     fhir = prepared.fhir
     seg = prepared.segmentation
-    return {
-        "task": prepared.task.name,
-        "subject_id": fhir.patient_id
+    return AnswerFacts(
+        task=prepared.task.name,
+        subject_id=fhir.patient_id
         if fhir is not None and fhir.patient_id
         else str(prepared.events.subject_id),
-        "events": prepared.events,
-        "prediction_time": prepared.prediction_time,
-        "descriptions": fhir.descriptions if fhir is not None else None,
-        "prompt_ids": prepared.ids(model.identity.mode),
-        "artefact_digest": artefact_digest(Path(model.bundle.path)),
-        "rendering": {
-            "render_version": model.rendering.render_version,
-            "descriptions_sha256": model.rendering.digest,
-            "max_input_tokens": prepared.max_input_tokens,
-            "window_policy": predictor.windowing.policy.value,
-            "window_grid_hours": predictor.windowing.grid_hours,
-        },
-        "model": model.identity.name,
-        "mode": model.identity.mode,
-        "dtype": engine.dtype,
-        "decoding": sampling.as_dict(),
-        "engine_version": engine_version(engine),
-        "product_version": product_version(),
-        "answer": answer.prediction,
-        "p_yes": (answer.probabilities or {}).get("yes"),
-        "format_ok": answer.format_ok,
-        "original_tokens": len(seg.original_ids),
-        "medtpe_tokens": len(seg.medtpe_ids),
-        "compression_rate": float(seg.compression_rate),
-        "latency_ms": latency_s * 1e3,
-    }
+        events=prepared.events,
+        prediction_time=prepared.prediction_time,
+        descriptions=fhir.descriptions if fhir is not None else None,
+        prompt_ids=prepared.ids(model.identity.mode),
+        artefact_digest=artefact_digest(Path(model.bundle.path)),
+        rendering=RenderingFacts(
+            render_version=model.rendering.render_version,
+            descriptions_sha256=model.rendering.digest,
+            max_input_tokens=prepared.max_input_tokens,
+            window_policy=predictor.windowing.policy.value,
+            window_grid_hours=predictor.windowing.grid_hours,
+        ),
+        model=model.identity.name,
+        mode=model.identity.mode,
+        dtype=engine.dtype,
+        decoding=sampling.as_dict(),
+        engine_version=engine_version(engine),
+        product_version=product_version(),
+        answer=answer.prediction,
+        p_yes=(answer.probabilities or {}).get("yes"),
+        format_ok=answer.format_ok,
+        original_tokens=len(seg.original_ids),
+        medtpe_tokens=len(seg.medtpe_ids),
+        compression_rate=float(seg.compression_rate),
+        latency_ms=latency_s * 1e3,
+    )
 
 
 def run_prediction_id(run: str, record: str) -> str:

@@ -1,19 +1,23 @@
-"""One answer's ledger row from its facts (`medtpe.inference.receipt_facts.answer_facts`, plain
-values), in two steps: `receipt_basis` computes what the answer was derived from (the receipt's
-digests and the row's figures, as JSON values a score cache can keep), `basis_row` signs it as one
-prediction (a new id and time): an answer's row is `basis_row(receipt_basis(facts), ...)`. A
-CDS card served from the score cache is a prediction shown again: a new row on the cached
-basis. Every door writes its rows through these."""
+"""One answer's ledger rows from its facts (`medtpe.core.answer_facts.AnswerFacts`), in two
+steps, each in one place: `ReceiptBasis.of` computes what the answer was derived from (the
+receipt's digests and the row's figures), `ReceiptBasis.signed` signs it as one prediction (a new
+id and time). A CDS card served from the score cache is a prediction shown again: a new row on
+the cached basis (`ReceiptBasis.to_json` and `from_json` keep it as JSON values). Every door —
+`/predict`, `/predict/batch`, the CDS hooks, the fidelity shadow, `medtpe predict` — writes its
+rows through these, and `medtpe verify` re-derives a receipt's `Derivation` with `of`."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from typing import Any
 
+from medtpe.core.answer_facts import AnswerFacts
 from medtpe.core.meds.canonical import canonical_record, record_digest
 from medtpe.ledger.receipt import (
+    Derivation,
     Receipt,
     prompt_ids_digest,
     rendering_digest,
@@ -23,74 +27,120 @@ from medtpe.ledger.receipt import (
 from medtpe.ledger.signing import Signer
 from medtpe.ledger.store import PredictionRow
 
-_RECEIPT_FACTS = (
-    "task", "artefact_digest", "model", "mode", "dtype", "engine_version", "product_version",
-    "answer", "p_yes",
-)  # fmt: skip
-_ROW_FACTS = (
-    "subject_id", "format_ok", "original_tokens", "medtpe_tokens", "compression_rate",
-    "latency_ms",
-)  # fmt: skip
 
+@dataclass(frozen=True, kw_only=True)
+class ReceiptBasis(Derivation):
+    """What an answer's rows are built from: what the receipt signs (`Derivation`) and the
+    row's figures, all JSON values."""
 
-def receipt_basis(facts: Mapping[str, Any], *, keep_record: bool = False) -> dict[str, Any]:
-    """What an answer was derived from, as JSON values: `receipt` (the receipt's fields but its
-    id and time: digests of the record, prompt and rendering computed) and `row` (the row's
-    figures; with `keep_record` the canonical record, `MEDTPE_LEDGER_RECORDS=store`)."""
-    events, when, descriptions = facts["events"], facts["prediction_time"], facts["descriptions"]
-    rendering = rendering_settings(**facts["rendering"])
-    receipt = {name: facts[name] for name in _RECEIPT_FACTS}
-    receipt |= {
-        "record_sha256": record_digest(events, when, descriptions),
-        "prompt_ids_sha256": prompt_ids_digest(facts["prompt_ids"]),
-        "rendering": rendering,
-        "rendering_digest": rendering_digest(rendering),
-        "decoding": dict(facts["decoding"]),
-    }
-    row = {name: facts[name] for name in _ROW_FACTS}
-    row["prediction_time"] = None if when is None else utc_text(when)
-    row["record"] = canonical_record(events, when, descriptions).decode() if keep_record else None
-    return {"receipt": receipt, "row": row}
+    subject_id: str
+    prediction_time: str | None
+    """UTC ISO 8601 (`utc_text`); None: every event was read."""
+    format_ok: bool
+    original_tokens: int
+    medtpe_tokens: int
+    compression_rate: float
+    latency_ms: float
+    record: str | None
+    """The canonical record (`MEDTPE_LEDGER_RECORDS=store`), else None."""
 
+    @classmethod
+    def of(cls, facts: AnswerFacts, *, keep_record: bool = False) -> ReceiptBasis:
+        """The basis of one answer's `facts`: the record, prompt and rendering hashed; with
+        `keep_record` the canonical record kept."""
+        events, when, descriptions = facts.events, facts.prediction_time, facts.descriptions
+        settings = facts.rendering
+        rendering = rendering_settings(
+            settings.render_version,
+            settings.descriptions_sha256,
+            settings.max_input_tokens,
+            settings.window_policy,
+            settings.window_grid_hours,
+        )
+        record = canonical_record(events, when, descriptions).decode() if keep_record else None
+        return cls(
+            task=facts.task,
+            record_sha256=record_digest(events, when, descriptions),
+            prompt_ids_sha256=prompt_ids_digest(facts.prompt_ids),
+            artefact_digest=facts.artefact_digest,
+            rendering=rendering,
+            rendering_digest=rendering_digest(rendering),
+            model=facts.model,
+            mode=facts.mode,
+            dtype=facts.dtype,
+            decoding=dict(facts.decoding),
+            engine_version=facts.engine_version,
+            product_version=facts.product_version,
+            answer=facts.answer,
+            p_yes=facts.p_yes,
+            subject_id=facts.subject_id,
+            prediction_time=None if when is None else utc_text(when),
+            format_ok=facts.format_ok,
+            original_tokens=facts.original_tokens,
+            medtpe_tokens=facts.medtpe_tokens,
+            compression_rate=facts.compression_rate,
+            latency_ms=facts.latency_ms,
+            record=record,
+        )
 
-def basis_row(
-    basis: Mapping[str, Any],
-    signer: Signer,
-    *,
-    door: str,
-    caller: str,
-    site: str | None = None,
-    prediction_id: str | None = None,
-    latency_ms: float | None = None,
-    silent: bool = False,
-    shadow_of: str | None = None,
-) -> PredictionRow:
-    """The signed row of one prediction on `basis` (`receipt_basis`), asked by `caller` through
-    `door`; `prediction_id`: a given id (a batch run's) else a new random one; `latency_ms`: this
-    answer's, when not the basis' (a card from the score cache); `silent`: recorded, not shown;
-    `shadow_of`: the prediction this row answers a second way (a fidelity shadow)."""
-    receipt = Receipt(
-        prediction_id=prediction_id or str(uuid.uuid4()),
-        created_at=utc_text(datetime.now(UTC)),
-        **basis["receipt"],
-    )
-    row = basis["row"]
-    when = row["prediction_time"]
-    record = row["record"]
-    return PredictionRow.signed(
-        receipt,
-        signer,
-        door=door,
-        caller=caller,
-        site=site,
-        subject_id=row["subject_id"],
-        prediction_time=None if when is None else datetime.fromisoformat(when.removesuffix("Z")),
-        format_ok=row["format_ok"],
-        original_tokens=row["original_tokens"],
-        medtpe_tokens=row["medtpe_tokens"],
-        compression_rate=row["compression_rate"],
-        latency_ms=row["latency_ms"] if latency_ms is None else latency_ms,
-        record=None if record is None else record.encode(),
-        silent=silent,
-        shadow_of=shadow_of,
-    )
+    def signed(
+        self,
+        signer: Signer,
+        *,
+        door: str,
+        caller: str,
+        site: str | None = None,
+        prediction_id: str | None = None,
+        latency_ms: float | None = None,
+        silent: bool = False,
+        shadow_of: str | None = None,
+    ) -> PredictionRow:
+        """The signed row of one prediction on this basis, asked by `caller` through `door`;
+        `prediction_id`: a given id (a batch run's) else a new random one; `latency_ms`: this
+        answer's, when not the basis' (a card from the score cache); `silent`: recorded, not
+        shown; `shadow_of`: the prediction this row answers a second way (a fidelity shadow)."""
+        receipt = Receipt.of(
+            self,
+            prediction_id=prediction_id or str(uuid.uuid4()),
+            created_at=utc_text(datetime.now(UTC)),
+        )
+        when = self.prediction_time
+        prediction_time = None if when is None else datetime.fromisoformat(when.removesuffix("Z"))
+        return PredictionRow.signed(
+            receipt,
+            signer,
+            door=door,
+            caller=caller,
+            site=site,
+            subject_id=self.subject_id,
+            prediction_time=prediction_time,
+            format_ok=self.format_ok,
+            original_tokens=self.original_tokens,
+            medtpe_tokens=self.medtpe_tokens,
+            compression_rate=self.compression_rate,
+            latency_ms=self.latency_ms if latency_ms is None else latency_ms,
+            record=None if self.record is None else self.record.encode(),
+            silent=silent,
+            shadow_of=shadow_of,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The basis as JSON values (what the score cache keeps): `receipt`, what is signed,
+        and `row`, the row's figures."""
+        values = asdict(self)
+        signed = {f.name for f in fields(Derivation)}
+        return {
+            "receipt": {name: value for name, value in values.items() if name in signed},
+            "row": {name: value for name, value in values.items() if name not in signed},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ReceiptBasis:
+        """The basis `to_json` gave (a field read from either part, so a figure signed since
+        reads the same); a ValueError naming a missing, repeated or unknown field."""
+        try:
+            return cls(**data["receipt"], **data["row"])
+        except KeyError as exc:
+            raise ValueError(f"receipt basis: no {exc} part") from exc
+        except TypeError as exc:
+            raise ValueError(f"receipt basis: {exc}") from exc

@@ -67,13 +67,13 @@ def utc_text(when: datetime) -> str:
     return when.isoformat(timespec="microseconds") + "Z"
 
 
-@dataclass(frozen=True)
-class Receipt:
-    """What one answer was derived from, and the answer."""
+@dataclass(frozen=True, kw_only=True)
+class Derivation:
+    """What one answer was derived from, and the answer: what a receipt signs besides its
+    prediction's id and time. A field declared here is signed by every receipt from then on
+    (`Receipt.of` copies each; `medtpe.ledger.answers.ReceiptBasis` extends this type with the
+    row's figures, so moving a figure here signs it)."""
 
-    prediction_id: str
-    created_at: str
-    """UTC ISO 8601 (`utc_text`)."""
     task: str
     record_sha256: str
     """SHA-256 of the canonical record (`medtpe.core.meds.canonical`)."""
@@ -97,7 +97,23 @@ class Receipt:
     answer: Any
     """The answer's value (JSON), None when the model gave none."""
     p_yes: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Receipt(Derivation):
+    """What one answer was derived from, and the answer, as one prediction: its id and time."""
+
+    prediction_id: str
+    created_at: str
+    """UTC ISO 8601 (`utc_text`)."""
     receipt_version: int = field(default=RECEIPT_VERSION)
+
+    @classmethod
+    def of(cls, derivation: Derivation, *, prediction_id: str, created_at: str) -> Receipt:
+        """The receipt of prediction `prediction_id`, made at `created_at`, on `derivation`
+        (its `Derivation` fields, whatever its own type adds)."""
+        signed = {f.name: getattr(derivation, f.name) for f in fields(Derivation)}
+        return cls(prediction_id=prediction_id, created_at=created_at, **signed)
 
     def canonical(self) -> bytes:
         """The bytes that are signed (the fields as they are: `asdict`'s deep copy would give

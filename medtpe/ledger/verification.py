@@ -4,17 +4,18 @@ what was re-derived from the record, the artefact and the engine against what th
 changed, artefact changed, rendering changed, prompt changed, dtype changed, engine drifted.
 
 Re-deriving (reading the record, re-preparing the prompt, re-running the engine) needs the
-inference layer: the command line does it (`medtpe verify`) and hands the result here."""
+inference layer: the command line does it (`medtpe verify`) and hands the result here, the
+`Derivation` its doors would sign (`medtpe.ledger.answers.ReceiptBasis.of`)."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from medtpe.ledger.receipt import Receipt, canonical_json, rendering_digest, utc_text
+from medtpe.ledger.receipt import Derivation, Receipt, canonical_json, utc_text
 from medtpe.ledger.signing import verify_signature
 
 if TYPE_CHECKING:
@@ -34,20 +35,6 @@ class Check:
     part: str
     ok: bool
     detail: str
-
-
-@dataclass(frozen=True)
-class Rederived:
-    """What a verifier computed again from the record, the artefact and the engine."""
-
-    record_sha256: str
-    artefact_digest: str
-    rendering: dict[str, Any]
-    prompt_ids_sha256: str
-    dtype: str
-    """The dtype the re-run's engine ran in."""
-    answer: Any
-    p_yes: float | None
 
 
 def check_row(
@@ -94,16 +81,17 @@ def check_row(
     return receipt, checks
 
 
-def compare(receipt: Receipt, again: Rederived, p_tolerance: float = P_TOLERANCE) -> list[Check]:
-    """The re-derived prediction against its receipt, part by part: the inputs (record,
-    artefact, rendering), the prompt they give, the engine's dtype, answer and p("yes")."""
+def compare(receipt: Receipt, again: Derivation, p_tolerance: float = P_TOLERANCE) -> list[Check]:
+    """The re-derived prediction (`again`: what its answer now derives from, its dtype the one
+    the re-run's engine ran in) against its receipt, part by part: the inputs (record, artefact,
+    rendering), the prompt they give, the engine's dtype, answer and p("yes")."""
     checks = [
         _same("record", receipt.record_sha256, again.record_sha256, "record changed"),
         _same("artefact", receipt.artefact_digest, again.artefact_digest, "artefact changed"),
         _same(
             "rendering",
             receipt.rendering_digest,
-            rendering_digest(again.rendering),
+            again.rendering_digest,
             "rendering changed (renderer version, code descriptions, budget or windowing)",
         ),
     ]

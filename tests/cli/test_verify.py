@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib.metadata
 import json
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 
 import click
@@ -21,21 +19,17 @@ from click.testing import CliRunner
 
 from medtpe.cli.ledger_commands import RecordSource, rederive, rerun_dtype
 from medtpe.cli.main import cli
-from medtpe.core.meds.canonical import canonical_record, record_digest
 from medtpe.core.meds.readers import MedsDataset
 from medtpe.core.tasks import get_task
 from medtpe.inference.engines.instant import InstantEngine
+from medtpe.inference.engines.protocol import Engine
 from medtpe.inference.model import LoadedModel, ModelConfig, load_model
 from medtpe.inference.predictor import Answer, PreparedRecord
+from medtpe.inference.receipt_facts import answer_facts
 from medtpe.inference.record import MedsRecord
 from medtpe.inference.sampling import Sampling
-from medtpe.ledger.receipt import (
-    Receipt,
-    prompt_ids_digest,
-    rendering_digest,
-    rendering_settings,
-    utc_text,
-)
+from medtpe.ledger.answers import ReceiptBasis
+from medtpe.ledger.receipt import Receipt
 from medtpe.ledger.store import Ledger, PredictionRow
 from medtpe.ledger.verification import check_row, compare
 from tests.support.ledger_rows import SIGNER
@@ -57,51 +51,17 @@ def model_files(service_files: tuple[Path, Path], meds_dir: Path) -> dict[str, P
 
 
 def door_row(
-    loaded: LoadedModel, prepared: PreparedRecord, sampling: Sampling, answer: Answer
+    loaded: LoadedModel,
+    engine: Engine,
+    prepared: PreparedRecord,
+    sampling: Sampling,
+    answer: Answer,
 ) -> PredictionRow:
-    """The ledger row a door writes for `answer` (`medtpe predict` on MEDS input)."""
-    rendering = rendering_settings(
-        loaded.rendering.render_version,
-        loaded.rendering.digest,
-        loaded.predictor.max_input_tokens,
-        loaded.predictor.windowing.policy.value,
-        loaded.predictor.windowing.grid_hours,
-    )
-    record = canonical_record(prepared.events, prepared.prediction_time)
-    receipt = Receipt(
-        prediction_id=str(uuid.uuid4()),
-        created_at=utc_text(datetime.now(UTC)),
-        task=prepared.task.name,
-        record_sha256=record_digest(prepared.events, prepared.prediction_time),
-        prompt_ids_sha256=prompt_ids_digest(prepared.ids(loaded.identity.mode)),
-        artefact_digest=loaded.bundle.digest(),
-        rendering=rendering,
-        rendering_digest=rendering_digest(rendering),
-        model=loaded.identity.name,
-        mode=loaded.identity.mode,
-        dtype="float32",
-        decoding=sampling.as_dict(),
-        engine_version="instant",
-        product_version=importlib.metadata.version("medtpe"),
-        answer=answer.prediction,
-        p_yes=(answer.probabilities or {}).get("yes"),
-    )
-    segmentation = prepared.segmentation
-    return PredictionRow.signed(
-        receipt,
-        SIGNER,
-        door="batch_meds",
-        caller="cli",
-        site=None,
-        subject_id=str(prepared.events.subject_id),
-        prediction_time=prepared.prediction_time,
-        format_ok=answer.format_ok,
-        original_tokens=len(segmentation.original_ids),
-        medtpe_tokens=len(segmentation.medtpe_ids),
-        compression_rate=segmentation.compression_rate,
-        latency_ms=1.0,
-        record=record,
-    )
+    """The ledger row a door writes for `answer` (`medtpe predict` on MEDS input, the record
+    kept)."""
+    facts = answer_facts(loaded, engine, prepared, sampling, answer, latency_s=0.001)
+    basis = ReceiptBasis.of(facts, keep_record=True)
+    return basis.signed(SIGNER, door="batch_meds", caller="cli")
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +77,7 @@ def recorded(model_files: dict[str, Path], meds_dir: Path) -> PredictionRow:
     sampling = Sampling(max_new_tokens=16)
     engine = InstantEngine.factory()(loaded.engine_config)
     answer = asyncio.run(loaded.predictor.answer(engine, prepared, sampling))
-    return door_row(loaded, prepared, sampling, answer)
+    return door_row(loaded, engine, prepared, sampling, answer)
 
 
 def test_a_recorded_prediction_re_derives_from_the_meds_dataset_and_the_stored_record(

@@ -49,8 +49,9 @@ class Score:
     mapping: Mapping[str, int] = field(default_factory=dict)
     """The FHIR → MEDS mapping's counts (resources read, codings mapped and not)."""
     receipt: Mapping[str, Any] | None = None
-    """What the answer was derived from (`medtpe.ledger.answers.receipt_basis`): each card shown on
-    this score, from the cache too, is a ledger row on it; None with the ledger off."""
+    """What the answer was derived from, as JSON values (`medtpe.ledger.answers.ReceiptBasis`'s
+    `to_json`): each card shown on this score, from the cache too, is a ledger row on it; None
+    with the ledger off."""
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from medtpe.inference.model import LoadedModel
 from medtpe.inference.predictor import RecordAnswer
 from medtpe.inference.receipt_facts import answer_facts
 from medtpe.inference.record import FhirResources
+from medtpe.ledger.answers import ReceiptBasis
 from medtpe.ledger.store import PredictionRow
 from medtpe.service.cds_hooks.audit import AuditEntry
 from medtpe.service.cds_hooks.jwt_auth import Caller, HookAuthenticator, JwksCache, ReplayCache
@@ -192,7 +193,8 @@ async def _scored(
         answered = await predict_record(state, model, prepared, sampling, salt, site=service.id)
         engine = state.running_engine()
         facts = answer_facts(model, engine, prepared, sampling, answered.answer, answered.total_s)
-        score = replace(_score(model, answered), receipt=state.ledger.basis(facts))
+        basis = None if state.ledger.off else state.ledger.basis(facts).to_json()
+        score = replace(_score(model, answered), receipt=basis)
         shadow = partial(ShadowJob, model, prepared, sampling, salt)
     kept = [(*caller_key, "sent", sent), *([] if cached else [key])]
     await hooks.scores.put(score, *kept)  # one round trip to a shared store
@@ -218,8 +220,8 @@ async def _issued_card(
     bands = state.card_bands(service.task, service.id)
     row = None
     if score.receipt is not None:
-        row = state.ledger.basis_row(
-            score.receipt,
+        row = state.ledger.row(
+            ReceiptBasis.from_json(score.receipt),
             door="cds_hook",
             caller=_ledger_caller(caller),
             site=service.id,

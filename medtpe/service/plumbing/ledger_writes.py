@@ -1,8 +1,8 @@
 """The service's side of the prediction ledger: the ledger opened with the app (retried while it
 cannot be, `/readyz` not ready meanwhile), each answer's row built
-(`medtpe.ledger.answers.basis_row`) and committed before the answer leaves (fail closed: a row that
-cannot be written is a 503 `ledger_unavailable` with `Retry-After`, and no answer), and who asked
-(`caller_id`).
+(`medtpe.ledger.answers.ReceiptBasis`) and committed before the answer leaves (fail closed: a row
+that cannot be written is a 503 `ledger_unavailable` with `Retry-After`, and no answer), and who
+asked (`caller_id`).
 
 With `MEDTPE_LEDGER_OFF=true` (loopback only, `medtpe.service.settings`) nothing is recorded and
 answers carry no `prediction_id` nor receipt."""
@@ -13,11 +13,12 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from medtpe.core.answer_facts import AnswerFacts
 from medtpe.core.secret_masking import mask_secrets
-from medtpe.ledger.answers import basis_row, receipt_basis
+from medtpe.ledger.answers import ReceiptBasis
 from medtpe.ledger.feedback import FeedbackRow, record_feedback
 from medtpe.ledger.settings import LedgerSettings
 from medtpe.ledger.signing import Signer
@@ -99,49 +100,28 @@ class ServiceLedger:
             await self.ledger.aclose()
             self.ledger = None
 
+    def basis(self, facts: AnswerFacts) -> ReceiptBasis:
+        """What an answer was derived from (`medtpe.ledger.answers.ReceiptBasis.of`, the record
+        kept with `MEDTPE_LEDGER_RECORDS=store`): every row of that answer is signed on it."""
+        return ReceiptBasis.of(facts, keep_record=self.keep_records)
+
     def row(
         self,
-        facts: Mapping[str, Any],
+        basis: ReceiptBasis,
         *,
         door: str,
         caller: str,
         site: str | None = None,
-        silent: bool = False,
-        shadow_of: str | None = None,
-    ) -> PredictionRow:
-        """The signed row of one answer's facts (`medtpe.inference.receipt_facts.answer_facts`);
-        `silent`: recorded, not shown; `shadow_of`: the prediction it shadows."""
-        basis = receipt_basis(facts, keep_record=self.keep_records)
-        return self.basis_row(
-            basis, door=door, caller=caller, site=site, silent=silent, shadow_of=shadow_of
-        )
-
-    def basis(self, facts: Mapping[str, Any]) -> dict[str, Any] | None:
-        """What an answer was derived from (`medtpe.ledger.answers.receipt_basis`; None with the
-        ledger
-        off), for rows of the same answer shown again (a CDS card from the score cache)."""
-        if self.off:
-            return None
-        return receipt_basis(facts, keep_record=self.keep_records)
-
-    def basis_row(
-        self,
-        basis: Mapping[str, Any],
-        *,
-        door: str,
-        caller: str,
-        site: str | None,
         latency_ms: float | None = None,
         silent: bool = False,
         shadow_of: str | None = None,
     ) -> PredictionRow:
-        """A new prediction's signed row on `basis` (`medtpe.ledger.answers.basis_row`);
-        `latency_ms`:
-        this answer's, when not the basis' (a card from the score cache); `silent`: recorded, not
-        shown; `shadow_of`: the prediction it shadows."""
+        """A new prediction's row on `basis`, signed with the service's key
+        (`medtpe.ledger.answers.ReceiptBasis.signed`); `latency_ms`: this answer's, when not the
+        basis' (a card from the score cache); `silent`: recorded, not shown; `shadow_of`: the
+        prediction it shadows."""
         assert self.signer is not None, "no rows with the ledger off"
-        return basis_row(
-            basis,
+        return basis.signed(
             self.signer,
             door=door,
             caller=caller,

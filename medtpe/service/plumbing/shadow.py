@@ -108,9 +108,9 @@ class Shadows:
         facts = answer_facts(
             model, engine, prepared, job.sampling, answer, time.perf_counter() - start
         )
-        row = await asyncio.to_thread(
-            state.ledger.row,
-            facts,
+        basis = await asyncio.to_thread(state.ledger.basis, facts)  # the record hashed
+        row = state.ledger.row(
+            basis,
             door=shown.door,
             caller=shown.caller,
             site=shown.site,

@@ -292,7 +292,7 @@ def _recorded(
     facts = answer_facts(
         model, engine, answered.record, sampling, answered.answer, answered.total_s
     )
-    row = state.ledger.row(facts, door=asked.door, caller=asked.caller)
+    row = state.ledger.row(state.ledger.basis(facts), door=asked.door, caller=asked.caller)
     asked.rows.append(row)
     if model is state.model:
         asked.shadows.append(ShadowJob(model, answered.record, sampling, asked.salt, row))
