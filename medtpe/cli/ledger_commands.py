@@ -12,10 +12,8 @@ command only."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import gzip
 import json
-import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,15 +22,15 @@ from typing import TYPE_CHECKING, Any, get_args
 import click
 
 from medtpe.cli import options
-from medtpe.core.meds.canonical import parse_canonical_record
+from medtpe.core.meds.canonical import parse_canonical_record, record_digest
 from medtpe.inference.engines.protocol import Dtype
-from medtpe.ledger.receipt import Derivation, Receipt
-from medtpe.ledger.settings import LedgerSettings
+from medtpe.ledger.receipt import Receipt, prompt_ids_digest, rendering_settings
+from medtpe.ledger.settings import LedgerMissing, LedgerSettings
 from medtpe.ledger.signing import SigningKeyError, public_key_from_jwk
-from medtpe.ledger.verification import AUTO, P_TOLERANCE, Check, check_row, compare
+from medtpe.ledger.verification import AUTO, P_TOLERANCE, Check, Rederived, check_row, compare
 
 if TYPE_CHECKING:  # the store (SQLAlchemy: the `service` extra) inside the commands only
-    from medtpe.ledger.store import PredictionRow
+    from medtpe.ledger.store import Ledger, PredictionRow
 
 RERUN_DTYPES = tuple(name for name in get_args(Dtype) if name != AUTO)
 """What `medtpe verify --dtype` may name."""
@@ -56,6 +54,21 @@ def ledger_settings(ledger_url: str | None) -> LedgerSettings:
     try:
         return LedgerSettings.from_environ(**given)
     except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def existing_ledger(settings: LedgerSettings) -> Ledger:
+    """The ledger a command that reads it opens (`verify`, `outcomes`, `monitor`): one that is
+    already there (`LedgerSettings.open_ledger(existing=True)`). A SQLite path of no file (a
+    typo) is a usage error naming it (exit status 2), never a new, empty ledger; a ledger that
+    cannot be opened an error (exit status 1)."""
+    from medtpe.ledger.store import LedgerUnavailable
+
+    try:
+        return settings.open_ledger(existing=True)
+    except LedgerMissing as exc:
+        raise click.BadParameter(str(exc), param_hint="--ledger") from exc
+    except LedgerUnavailable as exc:
         raise click.ClickException(str(exc)) from exc
 
 
@@ -167,19 +180,18 @@ def verify(
     if meds_dir is not None and fhir_dirs:
         raise click.UsageError("give --meds or --fhir, not both")
     settings = ledger_settings(ledger_url)
+    opened = existing_ledger(settings)
     try:
         key = (
             _jwk_file_key(public_key_file)
             if public_key_file is not None
             else settings.signer().public_key
         )
-        opened = settings.open_ledger()
-        try:
-            row = opened.get(prediction_id)
-        finally:
-            opened.close()
+        row = opened.get(prediction_id)
     except (SigningKeyError, LedgerUnavailable, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
+    finally:
+        opened.close()
     if row is None:
         raise click.ClickException(f"no prediction {prediction_id} in the ledger")
     receipt, checks = check_row(row, key)
@@ -234,22 +246,19 @@ def rederive(
     run: Callable[[Coroutine[Any, Any, Any]], Any] = asyncio.run,
     *,
     dtype: str | None = None,
-) -> Derivation:
+) -> Rederived:
     """Re-derive the prediction of `row`: the model configured as the receipt says (mode,
     budget, windowing, dtype unless `dtype` is given, answer length), the record read from
     `source`, prepared and answered with the receipt's decoding settings (`start_engine`: vLLM
     unless given; `run`: the event loop's runner, one loop for every row where one engine
-    serves several); what the answer derives from as the doors hash it
-    (`medtpe.ledger.answers.ReceiptBasis.of`), its `dtype` the one the engine ran in."""
+    serves several); `Rederived.dtype` is what the engine ran in."""
     from medtpe.core.fhir import load_site_mapping
     from medtpe.core.meds.readers import MedsDataset
     from medtpe.core.tasks import get_task
     from medtpe.inference.engines.factories import start_vllm
     from medtpe.inference.model import ModelConfig, load_model
-    from medtpe.inference.receipt_facts import answer_facts
     from medtpe.inference.record import FhirResources, MedsRecord
     from medtpe.inference.sampling import Sampling
-    from medtpe.ledger.answers import ReceiptBasis
     from medtpe.training.export import prepare_model_files
 
     rendering = receipt.rendering
@@ -266,8 +275,7 @@ def rederive(
     loaded = load_model(config)
     predictor, task = loaded.predictor, get_task(receipt.task)
     when = None if row.prediction_time is None else row.prediction_time.replace(tzinfo=None)
-    stored: dict[str, str] | None = None
-    """A stored record's own descriptions (no FHIR mapping runs to give them)."""
+    descriptions: dict[str, str] | None = None
     if source.meds_dir is not None:
         events = MedsDataset.load(source.meds_dir).events(int(row.subject_id))
         prepared = MedsRecord(events, when).prepare(predictor, task)
@@ -275,25 +283,34 @@ def rederive(
         resources = list(patient_resources(source.fhir_dirs, row.subject_id))
         mapping = load_site_mapping(source.fhir_mapping)
         prepared = FhirResources(resources, mapping, when, row.subject_id).prepare(predictor, task)
+        descriptions = prepared.fhir.descriptions if prepared.fhir is not None else None
     else:
         assert row.record is not None
-        events, stored_when, stored = parse_canonical_record(row.record)
-        prepared = predictor.prepare(task, events, stored_when, stored or None)
+        events, stored_when, descriptions = parse_canonical_record(row.record)
+        prepared = predictor.prepare(task, events, stored_when, descriptions or None)
     if row.shadow_of is not None:  # a fidelity shadow answered the uncompressed prompt
         prepared = predictor.uncompressed(prepared)
     engine = (start_engine or start_vllm)(loaded.engine_config)
     try:
-        sampling = Sampling(**receipt.decoding)
-        start = time.perf_counter()
-        answer = run(predictor.answer(engine, prepared, sampling))
-        facts = answer_facts(
-            loaded, engine, prepared, sampling, answer, time.perf_counter() - start
-        )
+        answer = run(predictor.answer(engine, prepared, Sampling(**receipt.decoding)))
+        ran = engine.dtype
     finally:
         engine.shutdown()
-    if stored is not None:
-        facts = dataclasses.replace(facts, descriptions=stored)
-    return ReceiptBasis.of(facts)
+    return Rederived(
+        record_sha256=record_digest(prepared.events, prepared.prediction_time, descriptions),
+        artefact_digest=loaded.bundle.digest(),
+        rendering=rendering_settings(
+            loaded.rendering.render_version,
+            loaded.rendering.digest,
+            predictor.max_input_tokens,
+            config.windowing.policy.value,
+            config.windowing.grid_hours,
+        ),
+        prompt_ids_sha256=prompt_ids_digest(prepared.ids(receipt.mode)),
+        dtype=ran,
+        answer=answer.prediction,
+        p_yes=(answer.probabilities or {}).get("yes"),
+    )
 
 
 def patient_resources(directories: tuple[Path, ...], patient_id: str) -> Iterator[Any]:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from medtpe.cli.ledger_commands import LEDGER_OPTION, ledger_settings
+from medtpe.cli.ledger_commands import LEDGER_OPTION, existing_ledger, ledger_settings
 from medtpe.cli.options import (
     FHIR_MAPPING_OPTION,
     TASK_OPTION,
@@ -37,15 +37,6 @@ if TYPE_CHECKING:  # the store (SQLAlchemy: the `service` or `monitor` extra) in
     from medtpe.monitoring.outcomes import SubjectSource
 
 MAX_RESAMPLES = 10_000
-
-
-def _open(ledger_url: str | None) -> Ledger:
-    from medtpe.ledger.store import LedgerUnavailable
-
-    try:
-        return ledger_settings(ledger_url).open_ledger()
-    except LedgerUnavailable as exc:
-        raise click.ClickException(str(exc)) from exc
 
 
 def _fhir_source(
@@ -121,7 +112,7 @@ def outcomes(
         mapping = load_attribute_map(attributes_path)
     except AttributeMapError as exc:
         raise click.BadParameter(str(exc), param_hint="--attributes") from exc
-    ledger = _open(ledger_url)
+    ledger = existing_ledger(ledger_settings(ledger_url))
     try:
         if meds_dir is not None:
             try:
@@ -199,7 +190,7 @@ def monitor(
         thresholds = Thresholds.load(thresholds_path)
     except ThresholdsError as exc:
         raise click.BadParameter(str(exc), param_hint="--thresholds") from exc
-    ledger = _open(ledger_url)
+    ledger = existing_ledger(ledger_settings(ledger_url))
     settings = ReportSettings(_utc(since), _utc(until), thresholds, resamples)
     try:
         report = write_report(ledger.engine, out_dir, settings)

@@ -45,6 +45,11 @@ NONE = "none"
 """The value of an optional variable that says unset (as every other `MEDTPE_*` setting)."""
 
 
+class LedgerMissing(ValueError):
+    """The ledger a reading command names does not exist (a SQLite path of no file): such a
+    command never creates it (`LedgerSettings.open_ledger(existing=True)`)."""
+
+
 def default_url() -> str:
     """The embedded default: a SQLite file under the cache (`.cache/ledger.sqlite3`)."""
     return f"sqlite:///{cache_dir() / LEDGER_FILE}"
@@ -196,12 +201,35 @@ class LedgerSettings:
         elif default_key_file().exists():
             read_key_file(default_key_file())
 
-    def open_ledger(self) -> Ledger:
+    def open_ledger(self, *, existing: bool = False) -> Ledger:
         """The ledger these settings name, migrated to the newest schema, its records kept as
-        `ledger_records` says: the one way a ledger is opened (`LedgerUnavailable`)."""
+        `ledger_records` says: the one way a ledger is opened (`LedgerUnavailable`).
+        `existing`: the ledger must already be there, as for a command that only reads it
+        (`medtpe verify`, `outcomes`, `monitor`): a SQLite path of no file is a `LedgerMissing`
+        naming it, never a new, empty ledger (a PostgreSQL database that does not exist is a
+        `LedgerUnavailable` anyway); the writers (the service, `medtpe predict`, `medtpe
+        ledger upgrade`) create it."""
+        if existing:
+            self._require_existing()
         from medtpe.ledger.store import Ledger
 
         return Ledger.open(self.ledger_url, keep_records=self.ledger_records == "store")
+
+    def _require_existing(self) -> None:
+        """A `LedgerMissing` when the ledger is a SQLite file that does not exist."""
+        from sqlalchemy.engine import make_url
+
+        url = make_url(self.ledger_url)
+        if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+            return
+        if "uri" in url.query:  # a `file:` URI: SQLite reads it, its path is no plain path
+            return
+        path = Path(url.database)
+        if not path.is_file():
+            raise LedgerMissing(
+                f"no ledger at {path}: check {variable('ledger_url')} or --ledger (a SQLite "
+                "ledger is created by the service, `medtpe predict` or `medtpe ledger upgrade`)"
+            )
 
     def signer(self) -> Signer:
         """The receipts' signer (`medtpe.ledger.signing.signer_for`; `SigningKeyError` without the
