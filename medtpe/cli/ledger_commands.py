@@ -12,8 +12,10 @@ command only."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gzip
 import json
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,12 +24,12 @@ from typing import TYPE_CHECKING, Any, get_args
 import click
 
 from medtpe.cli import options
-from medtpe.core.meds.canonical import parse_canonical_record, record_digest
+from medtpe.core.meds.canonical import parse_canonical_record
 from medtpe.inference.engines.protocol import Dtype
-from medtpe.ledger.receipt import Receipt, prompt_ids_digest, rendering_settings
+from medtpe.ledger.receipt import Derivation, Receipt
 from medtpe.ledger.settings import LedgerMissing, LedgerSettings
 from medtpe.ledger.signing import SigningKeyError, public_key_from_jwk
-from medtpe.ledger.verification import AUTO, P_TOLERANCE, Check, Rederived, check_row, compare
+from medtpe.ledger.verification import AUTO, P_TOLERANCE, Check, check_row, compare
 
 if TYPE_CHECKING:  # the store (SQLAlchemy: the `service` extra) inside the commands only
     from medtpe.ledger.store import Ledger, PredictionRow
@@ -246,19 +248,22 @@ def rederive(
     run: Callable[[Coroutine[Any, Any, Any]], Any] = asyncio.run,
     *,
     dtype: str | None = None,
-) -> Rederived:
+) -> Derivation:
     """Re-derive the prediction of `row`: the model configured as the receipt says (mode,
     budget, windowing, dtype unless `dtype` is given, answer length), the record read from
     `source`, prepared and answered with the receipt's decoding settings (`start_engine`: vLLM
     unless given; `run`: the event loop's runner, one loop for every row where one engine
-    serves several); `Rederived.dtype` is what the engine ran in."""
+    serves several); what the answer derives from as the doors hash it
+    (`medtpe.ledger.answers.ReceiptBasis.of`), its `dtype` the one the engine ran in."""
     from medtpe.core.fhir import load_site_mapping
     from medtpe.core.meds.readers import MedsDataset
     from medtpe.core.tasks import get_task
     from medtpe.inference.engines.factories import start_vllm
     from medtpe.inference.model import ModelConfig, load_model
+    from medtpe.inference.receipt_facts import answer_facts
     from medtpe.inference.record import FhirResources, MedsRecord
     from medtpe.inference.sampling import Sampling
+    from medtpe.ledger.answers import ReceiptBasis
     from medtpe.training.export import prepare_model_files
 
     rendering = receipt.rendering
@@ -275,7 +280,8 @@ def rederive(
     loaded = load_model(config)
     predictor, task = loaded.predictor, get_task(receipt.task)
     when = None if row.prediction_time is None else row.prediction_time.replace(tzinfo=None)
-    descriptions: dict[str, str] | None = None
+    stored: dict[str, str] | None = None
+    """A stored record's own descriptions (no FHIR mapping runs to give them)."""
     if source.meds_dir is not None:
         events = MedsDataset.load(source.meds_dir).events(int(row.subject_id))
         prepared = MedsRecord(events, when).prepare(predictor, task)
@@ -283,34 +289,25 @@ def rederive(
         resources = list(patient_resources(source.fhir_dirs, row.subject_id))
         mapping = load_site_mapping(source.fhir_mapping)
         prepared = FhirResources(resources, mapping, when, row.subject_id).prepare(predictor, task)
-        descriptions = prepared.fhir.descriptions if prepared.fhir is not None else None
     else:
         assert row.record is not None
-        events, stored_when, descriptions = parse_canonical_record(row.record)
-        prepared = predictor.prepare(task, events, stored_when, descriptions or None)
+        events, stored_when, stored = parse_canonical_record(row.record)
+        prepared = predictor.prepare(task, events, stored_when, stored or None)
     if row.shadow_of is not None:  # a fidelity shadow answered the uncompressed prompt
         prepared = predictor.uncompressed(prepared)
     engine = (start_engine or start_vllm)(loaded.engine_config)
     try:
-        answer = run(predictor.answer(engine, prepared, Sampling(**receipt.decoding)))
-        ran = engine.dtype
+        sampling = Sampling(**receipt.decoding)
+        start = time.perf_counter()
+        answer = run(predictor.answer(engine, prepared, sampling))
+        facts = answer_facts(
+            loaded, engine, prepared, sampling, answer, time.perf_counter() - start
+        )
     finally:
         engine.shutdown()
-    return Rederived(
-        record_sha256=record_digest(prepared.events, prepared.prediction_time, descriptions),
-        artefact_digest=loaded.bundle.digest(),
-        rendering=rendering_settings(
-            loaded.rendering.render_version,
-            loaded.rendering.digest,
-            predictor.max_input_tokens,
-            config.windowing.policy.value,
-            config.windowing.grid_hours,
-        ),
-        prompt_ids_sha256=prompt_ids_digest(prepared.ids(receipt.mode)),
-        dtype=ran,
-        answer=answer.prediction,
-        p_yes=(answer.probabilities or {}).get("yes"),
-    )
+    if stored is not None:
+        facts = dataclasses.replace(facts, descriptions=stored)
+    return ReceiptBasis.of(facts)
 
 
 def patient_resources(directories: tuple[Path, ...], patient_id: str) -> Iterator[Any]:
