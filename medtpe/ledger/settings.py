@@ -1,14 +1,23 @@
 """The ledger's settings, declared once (`medtpe.core.declared`) and read from the environment
 here (`from_environ`: `MEDTPE_LEDGER_URL`, `MEDTPE_LEDGER_RECORDS`, `MEDTPE_LEDGER_SIGNING_KEY`,
-`MEDTPE_LEDGER_OFF`), strictly: a value that is no boolean, no ledger URL or no kind of records is
-an error naming the variable and what it accepts. The service's settings hold a `LedgerSettings`
-(`ServiceSettings.ledger`); the batch job and the command line read their own.
+`MEDTPE_LEDGER_OFF`, `MEDTPE_LEDGER_STATEMENT_TIMEOUT_S`, `MEDTPE_LEDGER_LOCK_TIMEOUT_S`), strictly:
+a value that is no boolean, no ledger URL, no kind of records or no positive number of seconds is
+an error naming the variable and what it accepts.
+
+The timeouts bound every wait on the database (`DatabaseTimeouts`): a statement past
+`ledger_statement_timeout_s`, or a lock not granted within `ledger_lock_timeout_s`, is cancelled
+by the database and is a `LedgerUnavailable` (the service's 503 `ledger_unavailable`); their
+defaults fit well inside the service's request deadline (`MEDTPE_REQUEST_TIMEOUT_S`, 300 s).
+
+The service's settings hold a `LedgerSettings` (`ServiceSettings.ledger`); the batch job and the
+command line read their own.
 
 `open_ledger` is the one way a ledger is opened: by the service, the batch job, `medtpe
 outcomes`, `medtpe monitor`, `medtpe verify` and `medtpe ledger`."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -43,6 +52,20 @@ BOOLEAN_WORDS = (
 BOOLEANS = {yes: True for yes, _ in BOOLEAN_WORDS} | {no: False for _, no in BOOLEAN_WORDS}
 NONE = "none"
 """The value of an optional variable that says unset (as every other `MEDTPE_*` setting)."""
+STATEMENT_TIMEOUT_S = 30.0
+"""The longest a ledger statement may run by default."""
+LOCK_TIMEOUT_S = 10.0
+"""The longest a ledger statement may wait for a lock by default."""
+
+
+@dataclass(frozen=True)
+class DatabaseTimeouts:
+    """How long the ledger's database may keep a caller waiting, in seconds: a statement in all
+    (PostgreSQL's `statement_timeout`), and for a lock (PostgreSQL's `lock_timeout`, SQLite's
+    `busy_timeout`)."""
+
+    statement_s: float = STATEMENT_TIMEOUT_S
+    lock_s: float = LOCK_TIMEOUT_S
 
 
 class LedgerMissing(ValueError):
@@ -86,11 +109,25 @@ def parse_optional(name: str, value: object) -> str | None:
     return None if value is None or value == NONE else str(value)
 
 
+def parse_seconds(name: str, value: object) -> float:
+    """A duration setting's value: a positive, finite number of seconds; anything else a
+    ValueError naming its variable."""
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if isinstance(value, bool) or not (0 < seconds < math.inf):
+        raise ValueError(f"{variable(name)}={value!r}: expected a positive number of seconds")
+    return seconds
+
+
 _PARSERS: Mapping[str, Callable[[str, object], Any]] = {
     "ledger_url": parse_text,
     "ledger_records": parse_text,
     "ledger_signing_key": parse_optional,
     "ledger_off": parse_boolean,
+    "ledger_statement_timeout_s": parse_seconds,
+    "ledger_lock_timeout_s": parse_seconds,
 }
 """How each setting's text (or a caller's value) is read; the rest is checked on construction."""
 
@@ -131,6 +168,22 @@ class LedgerSettings:
             "address other machines reach, like an open start."
         ),
     )
+    ledger_statement_timeout_s: float = field(
+        default=STATEMENT_TIMEOUT_S,
+        metadata=described(
+            "The longest one ledger statement may run, lock waits included (PostgreSQL's "
+            "`statement_timeout` on every connection); past it the database cancels it: the "
+            "service answers 503 `ledger_unavailable`, a command stops naming the ledger."
+        ),
+    )
+    ledger_lock_timeout_s: float = field(
+        default=LOCK_TIMEOUT_S,
+        metadata=described(
+            "The longest one ledger statement may wait for a lock another connection holds "
+            "(PostgreSQL's `lock_timeout`, SQLite's `busy_timeout`): a table locked by a "
+            "migration or an index build is a 503 `ledger_unavailable` after this long."
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.ledger_records not in get_args(RecordsKept):
@@ -144,12 +197,16 @@ class LedgerSettings:
                 f"{variable('ledger_url')}={mask_secrets(self.ledger_url)!r}: expected {URL_FORMS}"
             )
         parse_boolean("ledger_off", self.ledger_off)
+        parse_seconds("ledger_statement_timeout_s", self.ledger_statement_timeout_s)
+        parse_seconds("ledger_lock_timeout_s", self.ledger_lock_timeout_s)
 
     def __repr__(self) -> str:
         """The settings without the signing key, the URL's password masked."""
         return (
             f"LedgerSettings(ledger_url={mask_secrets(self.ledger_url)!r}, "
-            f"ledger_records={self.ledger_records!r}, ledger_off={self.ledger_off!r})"
+            f"ledger_records={self.ledger_records!r}, ledger_off={self.ledger_off!r}, "
+            f"ledger_statement_timeout_s={self.ledger_statement_timeout_s!r}, "
+            f"ledger_lock_timeout_s={self.ledger_lock_timeout_s!r})"
         )
 
     @classmethod
@@ -203,7 +260,8 @@ class LedgerSettings:
 
     def open_ledger(self, *, existing: bool = False) -> Ledger:
         """The ledger these settings name, migrated to the newest schema, its records kept as
-        `ledger_records` says: the one way a ledger is opened (`LedgerUnavailable`).
+        `ledger_records` says, every wait on it bounded by `timeouts`: the one way a ledger is
+        opened (`LedgerUnavailable`).
         `existing`: the ledger must already be there, as for a command that only reads it
         (`medtpe verify`, `outcomes`, `monitor`): a SQLite path of no file is a `LedgerMissing`
         naming it, never a new, empty ledger (a PostgreSQL database that does not exist is a
@@ -213,7 +271,13 @@ class LedgerSettings:
             self._require_existing()
         from medtpe.ledger.store import Ledger
 
-        return Ledger.open(self.ledger_url, keep_records=self.ledger_records == "store")
+        return Ledger.open(
+            self.ledger_url, keep_records=self.ledger_records == "store", timeouts=self.timeouts()
+        )
+
+    def timeouts(self) -> DatabaseTimeouts:
+        """The bounds of every wait on the ledger's database."""
+        return DatabaseTimeouts(self.ledger_statement_timeout_s, self.ledger_lock_timeout_s)
 
     def _require_existing(self) -> None:
         """A `LedgerMissing` when the ledger is a SQLite file that does not exist."""

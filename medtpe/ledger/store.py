@@ -5,8 +5,12 @@ A write that fails raises `LedgerUnavailable` (the service answers 503 with `Ret
 answer leaves without its row). Recording is idempotent on `prediction_id`: a row recorded
 again with the same content is a no-op, with other content a `LedgerConflict`.
 
-SQLite runs in WAL mode with `synchronous=NORMAL` and a 10 s `busy_timeout`, so several
-processes on one machine can write to one file. NORMAL: a committed row survives the writing
+Every wait on the database is bounded (`medtpe.ledger.settings.DatabaseTimeouts`): PostgreSQL
+connections are opened within `CONNECT_TIMEOUT_S` with a `statement_timeout` and a
+`lock_timeout`, so a table another connection locks (a migration, an index build) is a
+`LedgerUnavailable` after the lock timeout, never a wait without end. SQLite runs in WAL mode
+with `synchronous=NORMAL` and the lock timeout as its `busy_timeout`, so several processes on
+one machine can write to one file. NORMAL: a committed row survives the writing
 process's crash (SIGKILL included: it is in the WAL file), not a power cut or an operating-system
 crash, which may lose the last commits; FULL would fsync each commit (3.8 ms a row on the
 development machine's disk against 0.16 ms, past the ledger's 2 ms budget). A ledger that must
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -34,9 +39,9 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from medtpe.ledger.migrate import upgrade
 from medtpe.ledger.receipt import Receipt, canonical_json
 from medtpe.ledger.schema import DOORS, Prediction
+from medtpe.ledger.settings import DatabaseTimeouts
 from medtpe.ledger.signing import Signer
 
-SQLITE_BUSY_TIMEOUT_MS = 10_000
 CONNECT_TIMEOUT_S = 5
 CHUNK_ROWS = 1_000
 """Rows read back per statement when a `record` retries rows already there, and per batch
@@ -168,30 +173,45 @@ def database_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
-def _sqlite_pragmas(connection: Any, _record: Any) -> None:
+def _milliseconds(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def _sqlite_pragmas(timeouts: DatabaseTimeouts, connection: Any, _record: Any) -> None:
     cursor = connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute(f"PRAGMA busy_timeout={_milliseconds(timeouts.lock_s)}")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
 
 
-def make_engine(url: str) -> Engine:
-    """A SQLAlchemy engine of the ledger at `url` (SQLite: WAL pragmas on every connection;
-    PostgreSQL: psycopg 3; a connection the server dropped is replaced at its first failure,
-    which `Ledger.record` retries once)."""
+def postgres_options(timeouts: DatabaseTimeouts) -> str:
+    """The `options` of every PostgreSQL connection: its statement and lock timeouts."""
+    return (
+        f"-c statement_timeout={_milliseconds(timeouts.statement_s)} "
+        f"-c lock_timeout={_milliseconds(timeouts.lock_s)}"
+    )
+
+
+def make_engine(url: str, timeouts: DatabaseTimeouts) -> Engine:
+    """A SQLAlchemy engine of the ledger at `url`, every wait bounded by `timeouts` (SQLite: WAL
+    pragmas and the busy timeout on every connection; PostgreSQL: psycopg 3, the connect,
+    statement and lock timeouts on every connection; a connection the server dropped is replaced
+    at its first failure, which `Ledger.record` retries once)."""
     full = make_url(database_url(url))
     if full.get_backend_name() == "sqlite":
         engine = create_engine(full)
-        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "connect", functools.partial(_sqlite_pragmas, timeouts))
         return engine
     if full.get_backend_name() != "postgresql":
         raise ValueError(
             f"ledger URL {full.render_as_string()}: expected sqlite:///PATH or postgresql://…"
         )
     return create_engine(
-        full, connect_args={"connect_timeout": CONNECT_TIMEOUT_S}, use_insertmanyvalues=False
+        full,
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_S, "options": postgres_options(timeouts)},
+        use_insertmanyvalues=False,
     )
 
 
@@ -204,10 +224,17 @@ class Ledger:
         """Whether a row's `record` is stored (`MEDTPE_LEDGER_RECORDS=store`) or dropped."""
 
     @classmethod
-    def open(cls, url: str, *, keep_records: bool = False) -> Ledger:
-        """The ledger at `url`, migrated to the newest schema; `LedgerUnavailable` when the
-        database cannot be reached."""
-        engine = make_engine(url)
+    def open(
+        cls,
+        url: str,
+        *,
+        keep_records: bool = False,
+        timeouts: DatabaseTimeouts = DatabaseTimeouts(),  # noqa: B008 (frozen)
+    ) -> Ledger:
+        """The ledger at `url`, migrated to the newest schema, every wait on it bounded by
+        `timeouts` (`LedgerSettings.open_ledger` gives the configured ones);
+        `LedgerUnavailable` when the database cannot be reached."""
+        engine = make_engine(url, timeouts)
         try:
             if engine.dialect.name == "sqlite" and engine.url.database not in (None, ":memory:"):
                 Path(engine.url.database).parent.mkdir(parents=True, exist_ok=True)

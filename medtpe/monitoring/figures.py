@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Any
@@ -19,11 +20,10 @@ import numpy as np
 from medtpe.core.metrics.scores import (
     ECE_BINS,
     INTERVAL_LEVEL,
+    Interval,
     auprc_scores,
     auroc_scores,
     ece_scores,
-    interval,
-    subject_resample_weights,
 )
 
 if TYPE_CHECKING:
@@ -38,6 +38,10 @@ P_CLIP = 1e-6
 FEW_OUTCOMES = 10
 """Fewer known positives or negatives than this: too few to judge discrimination."""
 OVERRIDDEN = "overridden"
+BOOTSTRAP_BLOCK_BYTES = 128 * 2**20
+"""The most bytes of resample weights held at once: a slice's resamples are drawn and scored a
+block at a time (the same draws, the same figures, as all at once), so a slice of millions of
+predictions costs a few times this, not resamples x rows x 8 bytes."""
 
 
 def _number(value: float | None) -> float | None:
@@ -150,14 +154,16 @@ class Slicer:
         empty = {"value": None, "low": None, "high": None, "n_resamples": 0}
         if not len(y):
             return {"auroc": empty, "auprc": empty, "ece": empty}
-        weights = subject_resample_weights(subjects.astype(str), self.resamples, self.seed)
+        metrics = {"auroc": auroc_scores, "auprc": auprc_scores, "ece": ece_scores}
+        samples: dict[str, list[np.ndarray]] = {name: [] for name in metrics}
+        for weights in resample_blocks(subjects, self.resamples, self.seed):
+            for name, metric in metrics.items():
+                samples[name].append(metric(y, score, weights=weights))
         return {
-            name: interval(metric, y, score, weights=weights).to_json()
-            for name, metric in (
-                ("auroc", auroc_scores),
-                ("auprc", auprc_scores),
-                ("ece", ece_scores),
-            )
+            name: Interval.from_samples(
+                metric(y, score)[0], np.concatenate(samples[name])
+            ).to_json()
+            for name, metric in metrics.items()
         }
 
     def _overrides(self, rows: np.ndarray) -> dict[str, Any]:
@@ -175,6 +181,21 @@ class Slicer:
                 for reason, n in reasons.most_common()
             },
         }
+
+
+def resample_blocks(
+    subjects: np.ndarray, resamples: int, seed: int, block_bytes: int = BOOTSTRAP_BLOCK_BYTES
+) -> Iterator[np.ndarray]:
+    """The patient-level bootstrap weights of `medtpe.core.metrics.scores.
+    subject_resample_weights` (the same subjects, seed and draws), `block_bytes` of weights at
+    a time: (resamples in the block, rows) arrays, all resamples in all."""
+    found, row_subject = np.unique(subjects.astype(str), return_inverse=True)
+    rng = np.random.default_rng(seed)
+    chances = np.full(len(found), 1 / len(found))
+    block = max(1, block_bytes // (8 * max(1, len(subjects))))
+    for first in range(0, resamples, block):
+        draws = rng.multinomial(len(found), chances, min(block, resamples - first))
+        yield draws[:, row_subject].astype(float)
 
 
 def verdict(figures: dict[str, Any]) -> str:
@@ -255,8 +276,8 @@ def shadow_pairs(data: Monitored, rows: np.ndarray, weeks: np.ndarray) -> dict[s
     when there is no shadow row)."""
     if not len(rows):
         return None
-    index = {pid: i for i, pid in enumerate(data.prediction_id)}
-    pairs = [(r, index[data.shadow_of[r]]) for r in rows if data.shadow_of[r] in index]
+    originals = data.positions(data.shadow_of[rows])
+    pairs = [(r, int(o)) for r, o in zip(rows, originals, strict=True) if o >= 0]
     by_week: dict[str, list[tuple[int, int]]] = {}
     for shadow, original in pairs:
         by_week.setdefault(str(weeks[shadow]), []).append((shadow, original))

@@ -5,14 +5,18 @@ its cohort attributes (`medtpe.monitoring.cohort`), from a MEDS dataset or a FHI
 A prediction's outcome is `known` when its horizon has passed by the data's end (the last event
 time in the dataset) and the labeller gives a row at its subject and prediction time, `open` while
 the horizon has not passed (or is still to come: an ICU stay not yet closed), `no_label` when it
-has passed and the task's definition gives no label there. Joining again updates the rows (an
-`open` one becomes `known` once the data reach its horizon); nothing is duplicated. The rows are
-written by the ledger (`medtpe.ledger.outcomes.record_outcomes`)."""
+has passed and the task's definition gives no label there. A join reads only the predictions
+whose outcome is not known yet (`medtpe.ledger.outcomes.awaiting_outcome`: none recorded, or
+`open`), subject by subject, and commits their outcomes as it goes, `CHUNK` rows a transaction
+(`medtpe.ledger.outcomes.record_outcomes`): joining again labels the new predictions and closes
+the open ones once the data reach their horizon; a `known` or `no_label` outcome is kept as it
+is, nothing is duplicated, and a join stopped midway keeps what it committed."""
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,10 +30,9 @@ from medtpe.core.meds.events import SubjectEvents, to_naive_utc
 from medtpe.core.meds.labels import LABEL_FUNCTIONS
 from medtpe.core.meds.readers import MedsDataset
 from medtpe.core.tasks import Task
-from medtpe.ledger.outcomes import OutcomeRow, record_outcomes
+from medtpe.ledger.outcomes import CHUNK, OutcomeRow, awaiting_outcome, record_outcomes
 from medtpe.ledger.store import Ledger
 from medtpe.monitoring.cohort import AttributeMap, attributes_at
-from medtpe.monitoring.frame import naive_utc
 from medtpe.monitoring.horizons import horizon_of
 
 NOT_IN_DATA = "not_in_data"
@@ -167,8 +170,8 @@ def label_subject(
 
 @dataclass
 class OutcomeCounts:
-    """How a join went: predictions read, by status (`known`, `open`, `no_label`,
-    `not_in_data`), the known positives, attribute rows written."""
+    """How a join went: predictions joined (those whose outcome was not known yet), by status
+    (`known`, `open`, `no_label`, `not_in_data`), the known positives, attribute rows written."""
 
     predictions: int = 0
     statuses: Counter[str] | None = None
@@ -186,8 +189,8 @@ class OutcomeCounts:
 
 
 def subjects_of(ledger: Ledger, task: str) -> set[str]:
-    """The subject ids of the ledger's predictions of `task`."""
-    return {row.subject_id for row in ledger.rows(task=task)}
+    """The subject ids of the ledger's predictions of `task` whose outcome is not known yet."""
+    return {subject for _, subject, _ in awaiting_outcome(ledger, task)}
 
 
 def join_outcomes(
@@ -198,31 +201,35 @@ def join_outcomes(
     *,
     now: datetime | None = None,
 ) -> OutcomeCounts:
-    """Label every ledger prediction of `task` from `source` and store outcomes and attributes
-    (see the module docstring); the counts."""
+    """Label each ledger prediction of `task` whose outcome is not known yet from `source` and
+    store outcomes and attributes as it goes (see the module docstring); the counts."""
     horizon_of(task.name)  # refuse a task without a horizon before reading anything
     mapping = mapping or AttributeMap()
-    by_subject: dict[str, list[tuple[str, datetime | None]]] = defaultdict(list)
     counts = OutcomeCounts(statuses=Counter())
-    for row in ledger.rows(task=task.name):
-        by_subject[row.subject_id].append((row.prediction_id, naive_utc(row.prediction_time)))
-        counts.predictions += 1
+    joined_at = now or datetime.now(UTC)
     joined: list[OutcomeRow] = []
-    for subject, predictions in by_subject.items():
+
+    def commit() -> None:
+        record_outcomes(
+            ledger, joined, source=source.name, data_end=source.data_end, joined_at=joined_at
+        )
+        joined.clear()
+
+    awaiting = awaiting_outcome(ledger, task.name)
+    for subject, group in itertools.groupby(awaiting, key=lambda found: found[1]):
+        predictions = [(prediction_id, when) for prediction_id, _, when in group]
+        counts.predictions += len(predictions)
         events = source.events(subject)
         if events is None:
             counts.statuses[NOT_IN_DATA] += len(predictions)
             continue
-        joined.extend(label_subject(task, events, predictions, source.data_end, mapping))
-    for one in joined:
-        counts.statuses[one.status] += 1
-        counts.positives += one.label is True
-        counts.attributes += len(one.attributes)
-    record_outcomes(
-        ledger,
-        joined,
-        source=source.name,
-        data_end=source.data_end,
-        joined_at=now or datetime.now(UTC),
-    )
+        for one in label_subject(task, events, predictions, source.data_end, mapping):
+            counts.statuses[one.status] += 1
+            counts.positives += one.label is True
+            counts.attributes += len(one.attributes)
+            joined.append(one)
+        if len(joined) >= CHUNK:
+            commit()
+    if joined:
+        commit()
     return counts

@@ -56,10 +56,11 @@ class ReportSettings:
 
 def flags(data: Monitored, thresholds: Thresholds) -> tuple[np.ndarray, np.ndarray]:
     """(each row's threshold, whether its p("yes") reaches it)."""
-    cut = np.array(
-        [thresholds.of(t, s or None) for t, s in zip(data.task, data.site, strict=True)],
-        dtype=float,
-    )
+    cut = np.empty(len(data), dtype=float)
+    for task in set(data.task):
+        mine = data.task == task
+        for site in set(data.site[mine]):
+            cut[mine & (data.site == site)] = thresholds.of(task, site or None)
     with np.errstate(invalid="ignore"):
         return cut, np.nan_to_num(data.p_yes, nan=-1.0) >= cut
 
@@ -124,9 +125,12 @@ def task_report(
 
 
 def build_report(engine: Engine, settings: ReportSettings) -> tuple[dict[str, Any], Monitored]:
-    """The report's figures (JSON-ready) and the data they were computed on."""
+    """The report's figures (JSON-ready) and the data they were computed on
+    (`medtpe.monitoring.frame.read_monitored`: `PeriodTooLarge` past `MAX_REPORT_ROWS`
+    predictions, `LedgerUnavailable`)."""
     data = read_monitored(engine, settings.since, settings.until)
-    weeks = np.array([iso_week(t) for t in data.created_at.tolist()], dtype=object)
+    days, day_of_row = np.unique(data.created_at.astype("datetime64[D]"), return_inverse=True)
+    weeks = np.array([iso_week(day) for day in days.tolist()], dtype=object)[day_of_row]
     tasks = sorted(set(data.task[data.in_period]))
     report = {
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
