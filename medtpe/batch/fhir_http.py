@@ -1,15 +1,21 @@
 """HTTP with a FHIR server for the Bulk Data client and SMART Backend Services: where the access
 token may go (`medtpe.core.fhir.url_guard`'s rule, on URLs parsed by `urllib.parse`: HTTPS,
 plain HTTP to the loopback only, the token anywhere on the FHIR server's origin), waits the
-server asks for (`Retry-After`), responses read under a size cap, and the server's errors (an
-OperationOutcome, an OAuth error) as one clear message. Network errors are summarised without the
-server's text of them."""
+server asks for (`Retry-After`), responses read under a size cap (and, where the caller asks,
+within a total deadline), JSON parsed only when it nests no deeper than `MAX_JSON_DEPTH` (checked on
+the bytes: no `RecursionError`), and the server's errors (an OperationOutcome, an OAuth error) as
+one clear message, its text stripped of control characters and cut to `MAX_SERVER_TEXT` characters
+(`server_text`: it is printed and logged). Network errors are summarised without the server's text
+of them."""
 
 from __future__ import annotations
 
 import email.utils
 import json
+import threading
 import time
+import unicodedata
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -17,6 +23,7 @@ from urllib.parse import urljoin
 
 import httpx
 
+from medtpe.batch.ndjson_lines import MAX_JSON_DEPTH, nested_deeper_than
 from medtpe.core.fhir.url_guard import PlainHttp, Refusal, TokenScope, Url, transport_refusal
 
 MAX_JSON_BYTES = 16 * 1024 * 1024
@@ -27,6 +34,8 @@ MAX_HTTP_DATE_CHARS = 64
 """The longest `Retry-After` read as an HTTP date (longer: the default wait)."""
 RETRIED_STATUSES = frozenset({429, 503})
 """Statuses retried after the server's `Retry-After`."""
+MAX_SERVER_TEXT = 500
+"""The most characters of a server's own text (an error's explanation) put in a message."""
 
 
 class FhirServerError(RuntimeError):
@@ -108,13 +117,28 @@ def is_ascii_number(text: str, max_digits: int) -> bool:
     return 0 < len(text) <= max_digits and text.isascii() and text.isdigit()
 
 
-def read_capped(response: httpx.Response, limit: int) -> bytes:
-    """The body of a streamed response, refused beyond `limit` bytes."""
+def server_text(text: str, limit: int = MAX_SERVER_TEXT) -> str:
+    """A server's `text` fit to print and log: control and format characters (terminal escapes,
+    line breaks, bidirectional overrides) made spaces, runs of spaces one, at most `limit`
+    characters (then `…`)."""
+    shown = " ".join(
+        "".join(" " if unicodedata.category(c).startswith("C") else c for c in text).split()
+    )
+    return shown if len(shown) <= limit else shown[: limit - 1] + "…"
+
+
+def read_capped(
+    response: httpx.Response, limit: int, abandoned: threading.Event | None = None
+) -> bytes:
+    """The body of a streamed response, refused beyond `limit` bytes (and given up as soon as
+    `abandoned` is set: `FhirServerError`)."""
     body = bytearray()
     for chunk in response.iter_bytes():
         body += chunk
         if len(body) > limit:
             raise FhirServerError(f"{response.request.url}: a response over {limit} bytes")
+        if abandoned is not None and abandoned.is_set():
+            raise FhirServerError(f"{response.request.url}: the response was given up")
     return bytes(body)
 
 
@@ -129,39 +153,44 @@ class Reply:
     reason: str
 
     def json(self) -> Any:
-        """The body as JSON (`FhirServerError` when it is not)."""
+        """The body as JSON (`FhirServerError` when it is not, or nests deeper than
+        `MAX_JSON_DEPTH`)."""
+        if nested_deeper_than(self.content, MAX_JSON_DEPTH):
+            raise FhirServerError(
+                f"{self.url}: the response nests deeper than {MAX_JSON_DEPTH} levels"
+            )
         try:
             return json.loads(self.content)
         except ValueError as exc:
             raise FhirServerError(f"{self.url}: the response is not JSON") from exc
 
+    def _body(self) -> Any:
+        """The body as JSON, or None where `json` refuses it."""
+        try:
+            return self.json()
+        except FhirServerError:
+            return None
+
     def explanation(self) -> str:
         """What the server says of an error: an OperationOutcome's issues, an OAuth error, else
-        the status text."""
-        try:
-            body = json.loads(self.content)
-        except ValueError:
-            body = None
+        the status text; as `server_text` (no control character, at most `MAX_SERVER_TEXT`)."""
+        body = self._body()
         if isinstance(body, dict) and body.get("resourceType") == "OperationOutcome":
-            return outcome_text(body)
+            return server_text(outcome_text(body))
         if isinstance(body, dict) and "error" in body:
             description = body.get("error_description")
-            return f"{body['error']}: {description}" if description else str(body["error"])
-        return self.reason or f"HTTP {self.status}"
+            said = f"{body['error']}: {description}" if description else str(body["error"])
+            return server_text(said)
+        return server_text(self.reason or f"HTTP {self.status}")
 
     def is_transient(self) -> bool:
         """A 5xx whose OperationOutcome has a `transient` issue (the client may retry)."""
-        try:
-            body = json.loads(self.content)
-        except ValueError:
+        if self.status < 500:
             return False
-        return (
-            self.status >= 500
-            and isinstance(body, dict)
-            and any(
-                isinstance(issue, dict) and issue.get("code") == "transient"
-                for issue in body.get("issue") or []
-            )
+        body = self._body()
+        return isinstance(body, dict) and any(
+            isinstance(issue, dict) and issue.get("code") == "transient"
+            for issue in body.get("issue") or []
         )
 
 
@@ -189,26 +218,69 @@ def fetch(
     settings: HttpSettings,
     what: str,
     limit: int = MAX_JSON_BYTES,
+    deadline_s: float | None = None,
 ) -> Reply:
-    """`request` sent and its response read (under `limit` bytes), again after a 429 / 503 /
-    transient 5xx as the server's `Retry-After` says, at most `settings.retries` more times.
-    A network error is a `FhirServerError` naming `what`, not the network's own text."""
+    """`request` sent and its response read (under `limit` bytes; with `deadline_s`, each
+    response whole within that many seconds of its request, headers and body: `_within`), again
+    after a 429 / 503 / transient 5xx as the server's `Retry-After` says, at most
+    `settings.retries` more times. A network error is a `FhirServerError` naming `what`, not the
+    network's own text."""
     for attempt in range(settings.retries + 1):
-        try:
-            with client.stream(
-                request.method, request.url, headers=request.headers, content=request.content
-            ) as response:
-                reply = Reply(
-                    response.status_code,
-                    response.headers,
-                    str(response.url),
-                    read_capped(response, limit),
-                    response.reason_phrase,
-                )
-        except httpx.HTTPError as exc:
-            raise FhirServerError(f"{what}: {type(exc).__name__} reaching the server") from exc
+        if deadline_s is None:
+            reply = _exchange(client, request, what, limit)
+        else:
+            reply = _within(client, request, what, limit, deadline_s)
         retried = reply.status in RETRIED_STATUSES or reply.is_transient()
         if not retried or attempt == settings.retries:
             return reply
         time.sleep(retry_after_s(reply.headers, settings))
     raise AssertionError("unreachable")
+
+
+def _exchange(
+    client: httpx.Client,
+    request: httpx.Request,
+    what: str,
+    limit: int,
+    abandoned: threading.Event | None = None,
+) -> Reply:
+    """`request` sent and its response read whole (see `fetch`)."""
+    try:
+        with client.stream(
+            request.method, request.url, headers=request.headers, content=request.content
+        ) as response:
+            return Reply(
+                response.status_code,
+                response.headers,
+                str(response.url),
+                read_capped(response, limit, abandoned),
+                response.reason_phrase,
+            )
+    except httpx.HTTPError as exc:
+        raise FhirServerError(f"{what}: {type(exc).__name__} reaching the server") from exc
+
+
+def _within(
+    client: httpx.Client, request: httpx.Request, what: str, limit: int, deadline_s: float
+) -> Reply:
+    """`_exchange` in a thread of its own, waited for `deadline_s` seconds at most: connect and
+    read timeouts bound each silence, not a server that drips its answer (headers or body) a byte
+    at a time. At the deadline the answer is given up (`FhirServerError` naming the server and
+    the bound); the thread stops at the next bytes the server sends, or its read timeout."""
+    answer: Future[Reply] = Future()
+    abandoned = threading.Event()
+
+    def run() -> None:
+        try:
+            answer.set_result(_exchange(client, request, what, limit, abandoned))
+        except Exception as exc:  # handed to the waiting thread
+            answer.set_exception(exc)
+
+    threading.Thread(target=run, name=f"fhir {what}", daemon=True).start()
+    try:
+        return answer.result(timeout=deadline_s)
+    except TimeoutError:
+        abandoned.set()
+        raise FhirServerError(
+            f"{what}: {request.url} sent no whole answer within {deadline_s:g} s"
+        ) from None

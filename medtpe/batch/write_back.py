@@ -5,10 +5,17 @@ entries to the server's base URL with the SMART Backend Services token
 
 The HTTP rules are the Bulk Data client's (`medtpe.batch.fhir_http`): HTTPS (loopback: HTTP), the
 token only to the FHIR server's origin (the base URL is the one URL posted to; a redirect is
-refused, never followed), connect and read timeouts, a response read under a byte cap, `Retry-After`
-on 429 / 503, one new token after a 401. The transaction-response's entry statuses count what the
-server created (`201`) and what it already had (`200`: a rerun's RiskAssessments, found by
-their prediction id, and its Provenances, updated in place): a rerun creates nothing.
+refused, never followed), connect and read timeouts, `Retry-After` on 429 / 503, one new token
+after a 401. The server's answers are not trusted either: each must arrive whole within
+`MAX_ANSWER_S` seconds (headers and body: a server dripping it is left at the deadline), its body
+under `MAX_RESPONSE_BYTES` bytes, its JSON no deeper than `medtpe.batch.ndjson_lines.MAX_JSON_DEPTH`
+levels (checked on the bytes, before the parser); another answer is a `FhirServerError` naming the
+server and the bound, and the server's own text in an error is shown without control characters,
+cut to `medtpe.batch.fhir_http.MAX_SERVER_TEXT` characters.
+
+The transaction-response's entry statuses count what the server created (`201`) and what it
+already had (`200`: a rerun's RiskAssessments, found by their prediction id, and its Provenances,
+updated in place): a rerun creates nothing.
 """
 
 from __future__ import annotations
@@ -58,6 +65,8 @@ WRITE_BACK_SCOPE = (
 """The SMART scopes the write-back asks for: create (conditional: search) and update."""
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 """The largest transaction-response read (`Prefer: return=minimal` keeps it to statuses)."""
+MAX_ANSWER_S = 300.0
+"""The longest a transaction's answer may take, from the request to its last byte."""
 
 
 class WriteBackError(FhirServerError):
@@ -94,6 +103,8 @@ class FhirWriter:
     client: httpx.Client = field(repr=False)
     auth: SmartBackendAuth | None = None
     settings: HttpSettings = field(default_factory=HttpSettings)
+    answer_s: float = MAX_ANSWER_S
+    """The longest one answer may take in all (`medtpe.batch.fhir_http.fetch`'s deadline)."""
 
     def __post_init__(self) -> None:
         check_secure(self.base, "the FHIR server")
@@ -110,7 +121,14 @@ class FhirWriter:
             if self.auth is not None:
                 headers["Authorization"] = f"Bearer {self.auth.token()}"
             request = httpx.Request("POST", self.base.rstrip("/"), headers=headers, content=body)
-            reply = fetch(self.client, request, self.settings, "transaction", MAX_RESPONSE_BYTES)
+            reply = fetch(
+                self.client,
+                request,
+                self.settings,
+                "the transaction",
+                MAX_RESPONSE_BYTES,
+                deadline_s=self.answer_s,
+            )
             if reply.status == 401 and self.auth is not None and attempt == 0:
                 self.auth.refresh()
                 continue
@@ -122,7 +140,7 @@ class FhirWriter:
             )
         if reply.status != 200:
             raise WriteBackError(
-                f"the FHIR server refused the transaction: HTTP {reply.status}: "
+                f"the FHIR server {self.base} refused the transaction: HTTP {reply.status}: "
                 f"{reply.explanation()}"
             )
         return self._statuses(reply.json(), len(bundle["entry"]))
@@ -269,9 +287,10 @@ def write_back(
     settings: HttpSettings | None = None,
     max_entries: int = MAX_BUNDLE_ENTRIES,
     environ: dict[str, str] | None = None,
+    answer_s: float = MAX_ANSWER_S,
 ) -> WriteBackResult:
     """Write `items` to the server of `access` (SMART Backend Services when it names a client;
-    its `scope` should grant `WRITE_BACK_SCOPE`)."""
+    its `scope` should grant `WRITE_BACK_SCOPE`), each answer whole within `answer_s` seconds."""
     settings = settings or HttpSettings()
     with settings.client() as client:
         auth = None
@@ -282,5 +301,5 @@ def write_back(
             )
         else:
             log.warning("no client id: writing to %s without a token", access.base_url)
-        writer = FhirWriter(access.base_url, client, auth, settings)
+        writer = FhirWriter(access.base_url, client, auth, settings, answer_s)
         return write_predictions(writer, items, model, max_entries)

@@ -5,7 +5,8 @@ label; AIProvenance: the model as the agent, the card as an entity; AIDevice; AI
 transaction Bundles of bounded size.
 
 A rerun writes nothing twice: the RiskAssessment is a conditional create on its identifier (the
-prediction id of the receipt: `If-None-Exist: identifier=urn:medtpe:prediction-id|<id>`); the
+prediction id of the receipt: `If-None-Exist: identifier=urn:medtpe:prediction-id|<id>`, the
+id escaped as FHIR search values are and percent-encoded: `search_value`); the
 Device and the DocumentReference likewise on theirs (model and artefact; the card's digest); the
 Provenance, which R4 gives no identifier, is an update-as-create (`PUT Provenance/<id>`) at an id
 derived from the prediction id. References inside a Bundle are `urn:uuid:` full URLs derived from
@@ -22,6 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 from medtpe.core.tasks import Prediction, Task
 from medtpe.model_card.card import card_digest
@@ -75,6 +77,12 @@ SHARED_ENTRIES = 2
 FHIR_ID_CHARS = 64
 FHIR_ID = re.compile(r"[A-Za-z0-9\-.]{1,64}")
 """A FHIR resource id (R4 `id`)."""
+SEARCH_ESCAPED = re.compile(r"([\\,$|])")
+"""The characters FHIR R4 escapes with a backslash in a search parameter's value (search.html,
+"Escaping Search Parameters")."""
+QUERY_SAFE = ":/"
+"""Characters left as they are when a search value is percent-encoded into a query (besides
+letters, digits and `_.-~`): the systems' `urn:` and the model identifier's `name/mode/id`."""
 
 
 @dataclass(frozen=True)
@@ -304,6 +312,17 @@ def model_card_document(model: ModelRef) -> dict[str, Any]:
     }
 
 
+def search_value(text: str) -> str:
+    """`text` as one part of a search parameter's value in a query: `\\ , $ |` escaped with a
+    backslash (FHIR R4's search escaping), then percent-encoded (`&`, `+`, `%`, `#`, spaces...)."""
+    return quote(SEARCH_ESCAPED.sub(r"\\\1", text), safe=QUERY_SAFE)
+
+
+def identifier_search(system: str, value: str) -> str:
+    """The `If-None-Exist` query that finds the resource with identifier `system|value`."""
+    return f"identifier={search_value(system)}|{search_value(value)}"
+
+
 def _conditional(resource: dict[str, Any], full_url: str, system: str) -> dict[str, Any]:
     value = resource["identifier"][0]["value"]
     return {
@@ -312,7 +331,7 @@ def _conditional(resource: dict[str, Any], full_url: str, system: str) -> dict[s
         "request": {
             "method": "POST",
             "url": resource["resourceType"],
-            "ifNoneExist": f"identifier={system}|{value}",
+            "ifNoneExist": identifier_search(system, value),
         },
     }
 

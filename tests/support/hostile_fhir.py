@@ -1,6 +1,7 @@
 """A FHIR server that answers whatever a test tells it, for the tests of the CDS Hooks fetch
-(medtpe/service/cds_hooks/fhir_fetch.py): a ThreadingHTTPServer on 127.0.0.1 in a thread that
-records every request it gets (path with query, `Authorization` header) and answers each with the
+(medtpe/service/cds_hooks/fhir_fetch.py) and of the write-back (medtpe/batch/write_back.py): a
+ThreadingHTTPServer on 127.0.0.1 in a thread that records every request it gets (a GET, or a POST
+whose body it reads; path with query, `Authorization` header) and answers each with the
 test's `Answer`: any status, headers and bytes, streamed in repeats without a length, or dripped
 slowly; it notes how many body bytes it sent and whether the client closed the connection
 before the end. Also how a test reads the service's audit lines back from the log."""
@@ -78,6 +79,10 @@ def hostile_fhir() -> Iterator[HostileFhir]:
     """A `HostileFhir` serving on 127.0.0.1 (a free port) while the block runs."""
 
     class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.do_GET()
+
         def do_GET(self) -> None:
             fhir.requests.append(Seen(self.path, self.headers.get("Authorization")))
             answer = fhir.respond(self.path)

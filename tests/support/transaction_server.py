@@ -6,8 +6,9 @@ processed as FHIR R4 says (http.html#transaction):
 - every resource is validated with `fhir.resources`' R4B models (an invalid one: 400 with an
   OperationOutcome, nothing stored);
 - `POST` with `ifNoneExist: identifier=system|value`: 200 and the resource found when one of that
-  type has the identifier (conditional create), else 201 and a new id; `PUT Type/id`: 200 when it
-  exists (updated), else 201 (update as create);
+  type has the identifier (conditional create; the value form-decoded, then read with FHIR's
+  search escaping: `search_tokens`), else 201 and a new id; `PUT Type/id`: 200 when it exists
+  (updated), else 201 (update as create);
 - references to an entry's `fullUrl` are rewritten to the resource created or found;
 - all or nothing; more than `max_entries` entries: 400;
 - the token's SMART scopes must grant each entry's write (`system/<type>.c` for a `POST`,
@@ -27,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote_plus, urlsplit
 
 from fhir.resources.R4B import get_fhir_model_class
 from pydantic import ValidationError
@@ -78,15 +79,21 @@ class TransactionServer(BulkServer):
         return [r for (k, _), r in sorted(self.store.items()) if k == kind]
 
     def _find(self, kind: str, condition: str) -> str | None:
-        name, _, token = condition.partition("=")
-        if name != "identifier":
+        """The id of the resource of `kind` the query `condition` finds: every `identifier`
+        parameter matched by one of the resource's identifiers (other parameters ignored, as a
+        lenient server does)."""
+        params = [part.partition("=") for part in condition.split("&")]
+        searches = [
+            set(search_tokens(unquote_plus(value)))
+            for name, _, value in params
+            if unquote_plus(name) == "identifier"
+        ]
+        if not searches:
             raise ValueError(f"unsupported condition {condition!r}")
-        system, _, value = token.partition("|")
         for (k, rid), resource in self.store.items():
-            if k == kind and any(
-                i.get("system") == system and i.get("value") == value
-                for i in resource.get("identifier", [])
-            ):
+            pairs = {(i.get("system"), i.get("value")) for i in resource.get("identifier", [])}
+            pairs |= {(None, value) for _, value in pairs}
+            if k == kind and all(pairs & wanted for wanted in searches):
                 return rid
         return None
 
@@ -130,6 +137,27 @@ class TransactionServer(BulkServer):
                 self.store[(kind, rid)] = stored
             response.append({"response": {"status": status, "location": f"{kind}/{rid}"}})
         return {"resourceType": "Bundle", "type": "transaction-response", "entry": response}
+
+
+def search_tokens(text: str) -> list[tuple[str | None, str]]:
+    """A token search's (system, value) alternatives as a FHIR R4 server reads the parameter's
+    (form-decoded) value: alternatives split at each unescaped `,`, system and value at the first
+    unescaped `|` (no `|`: None, any system), each `\\` dropped before the character it escapes."""
+    alternatives: list[tuple[str | None, str]] = []
+    system: str | None = None
+    current: list[str] = []
+    chars = iter(text + ",")
+    for char in chars:
+        if char == "\\":
+            current.append(next(chars, ""))
+        elif char == "|" and system is None:
+            system, current = "".join(current), []
+        elif char == ",":
+            alternatives.append((system, "".join(current)))
+            system, current = None, []
+        else:
+            current.append(char)
+    return alternatives
 
 
 def _rewrite(value: Any, placed: dict[str, str]) -> Any:
