@@ -279,11 +279,15 @@ COMPOSE_REQUIRED = {
     "MEDTPE_METRICS_KEYS": "compose-scrape-token",
     "GRAFANA_ADMIN_PASSWORD": "compose-grafana-password",
     "LEDGER_DB_PASSWORD": "0123456789abcdef0123456789abcdef",
+    "LEDGER_OWNER_PASSWORD": "00112233445566778899aabbccddeeff",
+    "LEDGER_SERVICE_PASSWORD": "ffeeddccbbaa99887766554433221100",
     "MEDTPE_LEDGER_SIGNING_KEY": COMPOSE_SIGNING_KEY,
 }
 """Every variable the compose file requires, with the values its tests give."""
 LEDGER_SECRET = {"MEDTPE_LEDGER_URL": "url", "MEDTPE_LEDGER_SIGNING_KEY": "signing-key"}
 """The ledger's variables and their keys in the required Kubernetes Secret `medtpe-ledger`."""
+ROLES_SCRIPT = DEPLOY / "ledger-db-roles.sql"
+"""The ledger database's roles: its owner (migrations) and the service's (SELECT, INSERT)."""
 
 
 def compose_command(*files: str) -> list[str]:
@@ -326,7 +330,14 @@ def test_compose_service_matches_the_image_and_settings(
     environment_names: set[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = compose_config("docker-compose.yml")
-    assert set(config["services"]) == {"medtpe", "valkey", "ledger-db", "prometheus", "grafana"}
+    assert set(config["services"]) == {
+        "medtpe",
+        "valkey",
+        "ledger-db",
+        "ledger-migrate",
+        "prometheus",
+        "grafana",
+    }
     medtpe = config["services"]["medtpe"]
     assert medtpe["build"]["args"]["VARIANT"] == "cpu"
     assert Path(medtpe["build"]["context"]) == ROOT
@@ -354,24 +365,48 @@ def test_compose_ledger_is_the_postgres_service(
     files: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The service records into the `ledger-db` PostgreSQL, reached inside only and with its
-    data on a named volume, once its health check passes; the URL's credentials are the
-    server's, the signing key the required variable's (the service parses it)."""
+    data on a named volume, as the role deploy/ledger-db-roles.sql limits to SELECT and INSERT
+    (never the server's superuser nor the owner), once `ledger-migrate` has migrated the schema
+    as the owner (same image, same database); each role's password its own required variable;
+    the signing key the required variable's (the service parses it)."""
     config = compose_config(*files)
     services = config["services"]
     medtpe, database = services["medtpe"], services["ledger-db"]
+    migrate = services["ledger-migrate"]
     settings = settings_from_environment(medtpe["environment"], monkeypatch)
     url = urlsplit(settings.ledger.ledger_url)
-    assert url.scheme == "postgresql" and (url.hostname, url.port) == ("ledger-db", 5432)
+    owner = urlsplit(migrate["environment"]["MEDTPE_LEDGER_URL"])
     server = database["environment"]
-    assert url.username == server["POSTGRES_USER"] and url.path == f"/{server['POSTGRES_DB']}"
-    assert url.password == server["POSTGRES_PASSWORD"]
-    assert url.password == COMPOSE_REQUIRED["LEDGER_DB_PASSWORD"]
+    for each in (url, owner):
+        assert each.scheme == "postgresql" and (each.hostname, each.port) == ("ledger-db", 5432)
+        assert each.path == f"/{server['POSTGRES_DB']}"
+    roles = re.findall(r"^CREATE ROLE (\w+) LOGIN", ROLES_SCRIPT.read_text(), re.MULTILINE)
+    assert roles == [owner.username, url.username] == ["medtpe_owner", "medtpe_service"]
+    assert url.username not in (server["POSTGRES_USER"], owner.username)
+    assert url.password == COMPOSE_REQUIRED["LEDGER_SERVICE_PASSWORD"]
+    assert owner.password == COMPOSE_REQUIRED["LEDGER_OWNER_PASSWORD"]
+    assert server["POSTGRES_PASSWORD"] == COMPOSE_REQUIRED["LEDGER_DB_PASSWORD"]
+    secrets = {
+        secret["source"]: config["secrets"][secret["source"]] for secret in database["secrets"]
+    }
+    assert {name: secret["environment"] for name, secret in secrets.items()} == {
+        "ledger-owner-password": "LEDGER_OWNER_PASSWORD",
+        "ledger-service-password": "LEDGER_SERVICE_PASSWORD",
+    }
+    assert bind_mounts(database) == {
+        "/docker-entrypoint-initdb.d/ledger-db-roles.sql": ROLES_SCRIPT
+    }
     assert settings.ledger.ledger_signing_key == COMPOSE_SIGNING_KEY
     assert not settings.ledger.ledger_off
     assert medtpe["depends_on"]["ledger-db"]["condition"] == "service_healthy"
+    assert medtpe["depends_on"]["ledger-migrate"]["condition"] == "service_completed_successfully"
+    assert migrate["command"] == ["ledger", "upgrade"]  # the image's entrypoint is `medtpe`
+    assert (migrate["image"], migrate["build"]) == (medtpe["image"], medtpe["build"])
+    assert migrate["depends_on"]["ledger-db"]["condition"] == "service_healthy"
+    assert migrate.get("restart", "no") == "no" and migrate["healthcheck"] == {"disable": True}
     assert database["image"] == "postgres:16" and "ports" not in database
-    (data,) = database["volumes"]
-    assert data["type"] == "volume" and data["source"] in config["volumes"]
+    (data,) = [volume for volume in database["volumes"] if volume["type"] == "volume"]
+    assert data["source"] in config["volumes"]
     assert data["target"] == "/var/lib/postgresql/data"
     check = database["healthcheck"]["test"]
     assert check[:2] == ["CMD", "pg_isready"] and f"--dbname={server['POSTGRES_DB']}" in check
