@@ -11,10 +11,12 @@ Each API process is the ordinary app (`medtpe.service.app.create_app`) on the sh
 engine a client of the shared core, its admission limits a 1/N share
 (`ServiceSettings.process_limits`). What must be the same in every process, the CDS Hooks replay and
 score caches, is in the store `MEDTPE_STATE_URL` names (medtpe/service/cds_hooks/state_store.py:
-each process its own client); with CDS issuers and no state URL the settings refuse N > 1, before
-any process starts. It reports ready after its own warm-up generation through the core. If any API
-process or the engine core dies, the supervisor stops the rest and exits non-zero, so the
-orchestrator restarts the whole instance; SIGTERM drains every API process, then stops the engine.
+each process its own client), its score entries authenticated with `MEDTPE_STATE_KEY` (unset: one
+key drawn here for all processes, as the cache-salt secret is); with CDS issuers and no state URL
+the settings refuse N > 1, before any process starts. It reports ready after its own warm-up
+generation through the core. If any API process or the engine core dies, the supervisor stops the
+rest and exits non-zero, so the orchestrator restarts the whole instance; SIGTERM drains every API
+process, then stops the engine.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ class ApiProcessArgs:
     salt_secret: bytes
     """One cache-salt secret for all processes of the engine
     (medtpe/service/plumbing/tenancy.py)."""
+    state_key: bytes
+    """Without `MEDTPE_STATE_KEY`: one key of the score cache's MACs for all processes
+    (medtpe/service/cds_hooks/state_store.py)."""
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -80,7 +85,7 @@ def serve_api_processes(settings: ServiceSettings) -> None:
             settings.api_workers,
             _api_process,
             sock,
-            ApiProcessArgs(settings, new_secret()),
+            ApiProcessArgs(settings, new_secret(), new_secret()),
             stop_within_s(settings.shutdown_grace_s),
         )
     finally:
@@ -95,7 +100,7 @@ def _api_process(
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     logger.info("API process %d serving %s", client["client_index"], listen_address)
     settings = args.settings
-    app = create_app(settings, connect_vllm(client), args.salt_secret)
+    app = create_app(settings, connect_vllm(client), args.salt_secret, args.state_key)
     server = draining_server(app, log_level="info")
     try:
         asyncio.run(server.serve(sockets=[sock]))

@@ -46,13 +46,15 @@ def create_app(
     settings: ServiceSettings | None = None,
     engine_factory: EngineFactory = start_vllm,
     salt_secret: bytes | None = None,
+    state_key: bytes | None = None,
 ) -> FastAPI:
     """The service app; the engine (vLLM unless `engine_factory` says otherwise) starts with the
     app, in the background, and stops with it. `salt_secret` keys the callers' cache salts
-    (medtpe/service/plumbing/tenancy.py; None: drawn now)."""
+    (medtpe/service/plumbing/tenancy.py; None: drawn now), `state_key` the score cache's MACs
+    without `MEDTPE_STATE_KEY` (`ServiceState.state_key`; None: drawn now)."""
     settings = settings or ServiceSettings()
     install_log_masking(settings.secrets())
-    state = ServiceState(settings, engine_factory, salt_secret)
+    state = ServiceState(settings, engine_factory, salt_secret, state_key)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

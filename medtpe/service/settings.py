@@ -211,6 +211,15 @@ class ServiceSettings(BaseSettings):
         "TLS, `redis://:password@host...`); unset: in each process's memory, one API process "
         "only when CDS issuers are configured (medtpe/service/cds_hooks/state_store.py).",
     )
+    state_key: str | None = Field(
+        None,
+        repr=False,
+        min_length=32,
+        description="The key (at least 32 characters, e.g. `openssl rand -hex 32`) every API "
+        "process and replica shares to authenticate the score cache's entries in the state "
+        "store (HMAC-SHA256): an entry without its MAC is a miss, never a card. Required with "
+        "`MEDTPE_STATE_URL`; unset without it: drawn when the instance starts.",
+    )
     cds_fhir_timeout_s: float = Field(
         10.0, gt=0, description="CDS Hooks: deadline of all FHIR server fetches of one call."
     )
@@ -402,6 +411,17 @@ class ServiceSettings(BaseSettings):
         return value
 
     @model_validator(mode="after")
+    def _state_key_with_state_url(self) -> ServiceSettings:
+        """Whoever can write to a shared store could forge scores: its entries need a key."""
+        if self.state_url is not None and self.state_key is None:
+            raise ValueError(
+                "MEDTPE_STATE_URL names a shared state store and MEDTPE_STATE_KEY is unset: set "
+                "it to a key every API process and replica shares (at least 32 characters, e.g. "
+                "`openssl rand -hex 32`), which authenticates the score cache's entries"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _shared_replay_cache(self) -> ServiceSettings:
         """Several API processes each holding their own `jti`s would accept one token once per
         process: with CDS issuers they need the shared state."""
@@ -511,6 +531,7 @@ class ServiceSettings(BaseSettings):
         tokens of every URL setting and the ledger's signing key (`medtpe.core.secret_masking`
         keeps them out of the log)."""
         found = [*self.api_keys, *self.metrics_keys, *self.ledger.secrets()]
+        found += [self.state_key] if self.state_key else []
         for name, value in self:
             if name.endswith("_url") and value is not None:
                 found += url_secrets(str(value))

@@ -34,6 +34,7 @@ from medtpe.core.paths import DEFAULT_ARTEFACT_NAME
 from tests.support.deploy_support import (
     DEPLOY,
     ROOT,
+    container_environment,
     exported_metric_names,
     medtpe_environment_names,
     promql_metric_names,
@@ -282,8 +283,12 @@ COMPOSE_REQUIRED = {
     "LEDGER_OWNER_PASSWORD": "00112233445566778899aabbccddeeff",
     "LEDGER_SERVICE_PASSWORD": "ffeeddccbbaa99887766554433221100",
     "MEDTPE_LEDGER_SIGNING_KEY": COMPOSE_SIGNING_KEY,
+    "STATE_STORE_PASSWORD": "fedcba9876543210fedcba9876543210",
+    "MEDTPE_STATE_KEY": "compose-state-key-0123456789abcdef",
 }
 """Every variable the compose file requires, with the values its tests give."""
+STATE_SECRET = {("medtpe-state", "password"): "0a1b2c3d4e5f", ("medtpe-state", "mac-key"): "k" * 64}
+"""The keys of the required Kubernetes Secret `medtpe-state`, with the values its tests give."""
 LEDGER_SECRET = {"MEDTPE_LEDGER_URL": "url", "MEDTPE_LEDGER_SIGNING_KEY": "signing-key"}
 """The ledger's variables and their keys in the required Kubernetes Secret `medtpe-ledger`."""
 ROLES_SCRIPT = DEPLOY / "ledger-db-roles.sql"
@@ -310,8 +315,9 @@ def compose_config(*files: str) -> dict[str, Any]:
 @pytest.mark.parametrize("variable", sorted(COMPOSE_REQUIRED))
 def test_compose_requires_its_secrets(variable: str) -> None:
     """The service listens on 0.0.0.0 in its container: compose stops without its API keys, the
-    token Prometheus scrapes with, Grafana's admin password, the ledger database's password or
-    the receipts' signing key (no default), naming the variable."""
+    token Prometheus scrapes with, Grafana's admin password, the ledger database's password, the
+    receipts' signing key, the state store's password or the key of its cached scores (no
+    default), naming the variable."""
     env = {k: v for k, v in (os.environ | COMPOSE_REQUIRED).items() if k != variable}
     command = compose_command("docker-compose.yml")
     refused = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
@@ -608,13 +614,16 @@ def test_dashboard_shows_what_operations_need() -> None:
 
 STATE_STORE = "medtpe-state"
 """The `app.kubernetes.io/name` of the state store's manifests (deploy/k8s/state-store.yaml)."""
+LEDGER_DB = "medtpe-ledger-db"
+"""The `app.kubernetes.io/name` of the ledger database's NetworkPolicy (ledger-db-policy.yaml)
+and of the PostgreSQL pods it protects."""
 
 
 def k8s_documents(component: str = "medtpe") -> dict[str, dict[str, Any]]:
     """kind -> document of every manifest that deploy/k8s/kustomization.yaml lists (all but the
     batch jobs: KubeRay's, tests/deploy/test_deploy_rayjobs.py, and the CronJobs,
     tests/batch/test_population_cronjob.py) labelled `app.kubernetes.io/name` `component`: the
-    service's, or `STATE_STORE`."""
+    service's, `STATE_STORE` or `LEDGER_DB`."""
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     listed = set(kustomization["resources"])
     batch_jobs = {
@@ -631,6 +640,21 @@ def k8s_documents(component: str = "medtpe") -> dict[str, dict[str, Any]]:
     return documents
 
 
+def service_environment() -> dict[str, str]:
+    """The MEDTPE_* variables of the service's container (deployment.yaml), its ConfigMap's and
+    its own, the Secrets' values `STATE_SECRET`'s and placeholders (`container_environment`)."""
+    documents = k8s_documents()
+    (container,) = documents["Deployment"]["spec"]["template"]["spec"]["containers"]
+    secrets = STATE_SECRET | {
+        ("medtpe-api-keys", "api-keys"): "k8s-api-key",
+        ("medtpe-metrics-key", "metrics-key"): "k8s-scrape-token",
+        ("medtpe-ledger", "url"): "postgresql://medtpe:pw@db.hospital.example/medtpe",
+        ("medtpe-ledger", "signing-key"): COMPOSE_SIGNING_KEY,
+    }
+    env = container_environment(container, documents["ConfigMap"]["data"], secrets)
+    return {name: value for name, value in env.items() if name.startswith("MEDTPE_")}
+
+
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_manifests_validate_against_the_kubernetes_schemas(version: str) -> None:
     documents = k8s_documents()
@@ -642,8 +666,10 @@ def test_manifests_validate_against_the_kubernetes_schemas(version: str) -> None
         "Ingress",
     }
     store = k8s_documents(STATE_STORE)
-    assert set(store) == {"Deployment", "Service"}
-    for document in [*documents.values(), *store.values()]:
+    assert set(store) == {"Deployment", "Service", "NetworkPolicy"}
+    ledger = k8s_documents(LEDGER_DB)
+    assert set(ledger) == {"NetworkPolicy"}
+    for document in [*documents.values(), *store.values(), *ledger.values()]:
         kubernetes_validate.validate(document, version, strict=True)
 
 
@@ -655,7 +681,7 @@ def test_the_state_store_runs_where_medtpe_state_url_points(
     dropped before its token expires)."""
     store = k8s_documents(STATE_STORE)
     deployment, service = store["Deployment"], store["Service"]
-    settings = settings_from_environment(k8s_documents()["ConfigMap"]["data"], monkeypatch)
+    settings = settings_from_environment(service_environment(), monkeypatch)
     assert settings.state_url is not None
     url = urlsplit(settings.state_url)
     (port,) = service["spec"]["ports"]
@@ -721,10 +747,12 @@ def test_deployment_probes_resources_and_volume(
     assert set(mounts) <= volumes
     assert any(Path(config["data"]["MEDTPE_CACHE_DIR"]).is_relative_to(p) for p in mounts.values())
 
-    # every MEDTPE_* variable is a real setting; shutdown drains before the pod is killed
+    # every MEDTPE_* variable is a real setting, any other one a part of a MEDTPE_* variable's
+    # value (`$(NAME)`); shutdown drains before the pod is killed
     names = set(config["data"]) | {e["name"] for e in container.get("env", [])}
     assert {n for n in names if n.startswith("MEDTPE_")} <= environment_names
-    assert all(n.startswith("MEDTPE_") for n in names)
+    parts = {n for e in container["env"] for n in re.findall(r"\$\((\w+)\)", e.get("value", ""))}
+    assert all(n.startswith("MEDTPE_") or n in parts for n in names)
     settings = settings_from_environment(config["data"], monkeypatch)
     assert settings.kv_cache_gib is None  # one GPU per pod: vLLM's share of its memory
     assert float(config["data"]["MEDTPE_SHUTDOWN_GRACE_S"]) < pod["terminationGracePeriodSeconds"]

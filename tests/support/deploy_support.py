@@ -13,7 +13,7 @@ import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -153,6 +153,27 @@ def settings_from_environment(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     return ServiceSettings()
+
+
+def container_environment(
+    container: Mapping[str, Any],
+    config_data: Mapping[str, str],
+    secrets: Mapping[tuple[str, str], str],
+) -> dict[str, str]:
+    """The environment Kubernetes gives `container`: its ConfigMap's data (`envFrom`), then its
+    `env` in order, a Secret's value looked up in `secrets` by (Secret, key), and each `$(NAME)`
+    in a literal value replaced by the value of an earlier variable, as the kubelet does."""
+    env = dict(config_data)
+    for variable in container.get("env", []):
+        if "valueFrom" in variable:
+            ref = variable["valueFrom"]["secretKeyRef"]
+            env[variable["name"]] = secrets[(ref["name"], ref["key"])]
+            continue
+        value = variable["value"]
+        for name in set(re.findall(r"\$\((\w+)\)", value)) & set(env):
+            value = value.replace(f"$({name})", env[name])
+        env[variable["name"]] = value
+    return env
 
 
 def substitute_grafana_macros(expr: str) -> str:

@@ -18,6 +18,9 @@ from tests.support.service_support import free_port
 REDIS_SERVER = shutil.which("redis-server")
 """The server's path; None where it is not installed."""
 START_TIMEOUT_S = 10.0
+STATE_KEY = "tests-state-key-of-the-instances-sharing-a-store"
+"""`MEDTPE_STATE_KEY` of the test instances whose state is on a redis-server (it authenticates
+their score cache's entries; every instance sharing the store has the same)."""
 
 
 class RedisServer:

@@ -46,7 +46,7 @@ from medtpe.service.cds_hooks.state_store import LocalStore, RedisStore, ScoreSt
 from medtpe.service.settings import ServiceSettings
 from tests.support.cds_support import hook_request, patient_id, prefetch_of
 from tests.support.ehr import serving_ehr
-from tests.support.redis_server import running_redis
+from tests.support.redis_server import STATE_KEY, running_redis
 from tests.support.service_support import served_in_thread, synthetic_events
 from tools.benchmarks.bench_cds_hooks import SERVICE, TASK, percentile, probability, prompt_tokens
 from tools.benchmarks.results_file import write_results
@@ -100,7 +100,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         urls = {
             "hook_local": stack.enter_context(served_in_thread(ServiceSettings(**common))),
             "hook_redis": stack.enter_context(
-                served_in_thread(ServiceSettings(**common, state_url=redis.url))
+                served_in_thread(
+                    ServiceSettings(**common, state_url=redis.url, state_key=STATE_KEY)
+                )
             ),
         }
         client = stack.enter_context(httpx.Client(timeout=120))
@@ -152,7 +154,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 async def state_operations(store: StateStore, n: int, score: Score) -> list[float]:
     """Seconds of each of `n` hook calls' state operations on `store`: a `jti` claimed, two
     score misses, two scores kept at once (as a call on a new record does them)."""
-    replays, scores = ReplayCache(store), ScoreStore(store, ttl_s=60)
+    replays, scores = ReplayCache(store), ScoreStore(store, STATE_KEY.encode(), ttl_s=60)
     seconds = []
     for i in range(n):
         start = time.perf_counter()

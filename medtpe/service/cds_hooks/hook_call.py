@@ -5,8 +5,8 @@ the client left out is fetched from its FHIR server), then the score:
 
 - from the score cache when the same caller sent the very same resources before (a digest of
   their text: nothing is decoded or mapped); the cache is in the state every API process and
-  replica shares (medtpe/service/cds_hooks/state_store.py), and a store that does not answer is a
-  miss;
+  replica shares (medtpe/service/cds_hooks/state_store.py), and a store that does not answer, or
+  an entry without the service's MAC, is a miss;
 - else map them to MEDS events and the prompt (`medtpe.inference.record.FhirResources`, in a worker
   thread: every resource gets the first pass, only those the prompt can reach are validated and
   read; the process's `ResourceCache` holds what each resource seen before
@@ -76,14 +76,20 @@ class CdsHooks:
 
     @classmethod
     def from_settings(
-        cls, settings: ServiceSettings, on_state_failure: Callable[[str], None] | None = None
+        cls,
+        settings: ServiceSettings,
+        state_key: bytes,
+        on_state_failure: Callable[[str], None] | None = None,
+        on_score_rejected: Callable[[str], None] | None = None,
     ) -> CdsHooks:
         """The hooks of one API process: the replay and score caches in the state store of
         `state_url` (unset: this process's memory), each failed store operation told to
-        `on_state_failure`; the issued cards there too (unset: at most `cds_issued_cards` in
-        this process's memory)."""
+        `on_state_failure`; the score cache's entries authenticated with `state_key`, each
+        refused one told to `on_score_rejected`; the issued cards there too (unset: at most
+        `cds_issued_cards` in this process's memory)."""
         store = open_store(settings.state_url, settings.cds_score_cache_size, on_state_failure)
         cards = store if settings.state_url else LocalStore(settings.cds_issued_cards)
+        enabled = settings.cds_score_cache_size > 0
         return cls(
             HookAuthenticator(
                 settings.cds_issuers,
@@ -91,7 +97,9 @@ class CdsHooks:
                 JwksCache(settings.cds_jwks_grace_s),
                 ReplayCache(store),
             ),
-            ScoreStore(store, settings.cds_score_cache_ttl_s, settings.cds_score_cache_size > 0),
+            ScoreStore(
+                store, state_key, settings.cds_score_cache_ttl_s, enabled, on_score_rejected
+            ),
             IssuedCards(cards, settings.cds_card_ttl_s),
             str(settings.cds_base_url).rstrip("/") if settings.cds_base_url else None,
             settings.cds_resource_cache_bytes,

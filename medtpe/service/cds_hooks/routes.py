@@ -204,7 +204,10 @@ def attach(app: FastAPI) -> None:
     `app.state.service`)."""
     state: ServiceState = app.state.service
     app.state.cds_hooks = CdsHooks.from_settings(
-        state.settings, lambda operation: state.metrics.state_failures.labels(operation).inc()
+        state.settings,
+        state.state_key,
+        lambda operation: state.metrics.state_failures.labels(operation).inc(),
+        lambda reason: state.metrics.score_entries_refused.labels(reason).inc(),
     )
     if not state.settings.cds_issuers:
         logger.warning("CDS Hooks: no issuer allowed (MEDTPE_CDS_ISSUERS): every call gets 401")

@@ -12,6 +12,9 @@ taken for those only), behind one small async interface (`StateStore`) with two 
 Keys are namespaced and hashed (`state_key`: `medtpe:jti:{sha256(issuer)}:{sha256(jti)}`,
 `medtpe:score:{sha256(...)}`, `medtpe:card:{sha256(...)}`), so no issuer, token or patient
 identifier is stored in clear.
+A score's entry carries its MAC (HMAC-SHA256, keyed by `MEDTPE_STATE_KEY`, over the store key
+and the entry's JSON bytes, which say when it expires): an entry the service did not write
+under that key, or past its time to live, is a miss (`ScoreStore`), never a card.
 Every Redis operation is bounded: connect and read timeouts of `STATE_TIMEOUT_S`, no retry, the
 whole operation within `STATE_DEADLINE_S`. A store that cannot answer raises `StateUnavailable`
 (logged once per outage, failures counted per operation): the replay check then fails closed
@@ -23,11 +26,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import logging
 import math
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import msgspec
@@ -79,8 +84,8 @@ class StateStore(Protocol):
         """The live value under each of `keys` (None where there is none; one round trip)."""
         ...
 
-    async def put(self, keys: Sequence[str], value: bytes, ttl_s: float) -> None:
-        """Store `value` under each of `keys` for `ttl_s` seconds (one round trip)."""
+    async def put(self, values: Mapping[str, bytes], ttl_s: float) -> None:
+        """Store each of `values` under its key for `ttl_s` seconds (one round trip)."""
         ...
 
     async def aclose(self) -> None:
@@ -143,15 +148,21 @@ class LocalStore:
         """`get` of each key."""
         return [await self.get(key) for key in keys]
 
-    async def put(self, keys: Sequence[str], value: bytes, ttl_s: float) -> None:
-        """Store `value` under each key, dropping the least recently used beyond `max_values`."""
+    async def put(self, values: Mapping[str, bytes], ttl_s: float) -> None:
+        """Store each value under its key, dropping the least recently used beyond
+        `max_values`."""
         if self.max_values <= 0:
             return
-        for key in keys:
+        for key, value in values.items():
             self._values[key] = (self._clock() + ttl_s, value)
             self._values.move_to_end(key)
         while len(self._values) > self.max_values:
             self._values.popitem(last=False)
+
+    def held_keys(self) -> list[str]:
+        """The keys of the values held (as `KEYS medtpe:*` lists a Redis server's), least
+        recently used first."""
+        return list(self._values)
 
     def clear(self) -> None:
         """Forget every value (the claims stay: a `jti` seen stays refused)."""
@@ -208,9 +219,9 @@ class RedisStore:
         """`MGET keys`."""
         return await self._run("get", lambda c: c.mget(list(keys)))
 
-    async def put(self, keys: Sequence[str], value: bytes, ttl_s: float) -> None:
+    async def put(self, values: Mapping[str, bytes], ttl_s: float) -> None:
         """`SET key value PX ttl` for each key, pipelined: one round trip."""
-        await self._run("put", lambda c: _set_all(c, keys, value, _ms(ttl_s)))
+        await self._run("put", lambda c: _set_all(c, values, _ms(ttl_s)))
 
     async def aclose(self) -> None:
         """Close this event loop's connections."""
@@ -249,10 +260,11 @@ class RedisStore:
         return result
 
 
-async def _set_all(client: Redis, keys: Sequence[str], value: bytes, ttl_ms: int) -> None:
-    """SET each key to `value` (time to live `ttl_ms`) in one pipeline (not a transaction)."""
+async def _set_all(client: Redis, values: Mapping[str, bytes], ttl_ms: int) -> None:
+    """SET each key to its value (time to live `ttl_ms`) in one pipeline (not a
+    transaction)."""
     async with client.pipeline(transaction=False) as pipe:
-        for key in keys:
+        for key, value in values.items():
             pipe.set(key, value, px=ttl_ms)
         await pipe.execute()
 
@@ -276,47 +288,98 @@ SCORE_FORMAT = "score-v3"
 releases side by side (a rolling update) never read each other's values."""
 
 
-class ScoreStore:
-    """The CDS score cache on a state store: scores serialised (msgspec JSON), kept `ttl_s`
-    seconds; a store that fails makes a miss (get) or is skipped (put), and the call goes on.
-    `enabled` False: nothing is kept."""
+MAC_BYTES = 64
+"""Length of an entry's MAC at its start: HMAC-SHA256 in hex."""
 
-    def __init__(self, store: StateStore, ttl_s: float, enabled: bool = True) -> None:
+
+@dataclass(frozen=True)
+class ScoreEntry:
+    """What a score's entry holds after its MAC: the score and when it stops being served."""
+
+    expires: float
+    """Unix time (s) at which the entry's time to live ends."""
+    score: Score
+
+
+class ScoreStore:
+    """The CDS score cache on a state store, each entry authenticated: `key` (bytes every API
+    process and replica shares) keys an HMAC-SHA256 over the store key and the entry's JSON
+    (`ScoreEntry`), kept at the entry's start. An entry without a valid MAC (written by anyone
+    but the service, altered, or moved to another key) is a miss, `unauthenticated`; one with
+    a valid MAC past its `expires` (an older entry written back) is a miss, `expired`; each told
+    to `on_rejected`. Entries are kept `ttl_s` seconds; a store that fails makes a miss (get)
+    or is skipped (put), and the call goes on. `enabled` False: nothing is kept. `clock`: Unix
+    time."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        key: bytes,
+        ttl_s: float,
+        enabled: bool = True,
+        on_rejected: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.store = store
         self.ttl_s = ttl_s
         self.enabled = enabled
+        self.on_rejected = on_rejected
         self.skipped = 0
         """Gets and puts the store failed (each call went on without the cache)."""
+        self.rejected: Counter[str] = Counter()
+        """Entries found and refused, by reason (`unauthenticated`, `expired`)."""
+        self._key = key
+        self._clock = clock
 
     async def get(self, *parts: str) -> Score | None:
-        """The score kept under `parts`, else None (also when the store fails)."""
+        """The score kept under `parts` by this service, else None (also when the store fails
+        or the entry is refused)."""
         if not self.enabled:
             return None
+        name = score_key(parts)
         try:
-            data = await self.store.get(_score_key(parts))
+            data = await self.store.get(name)
         except StateUnavailable:
             self.skipped += 1
             return None
         if data is None:
             return None
+        payload = data[MAC_BYTES:]
+        if not hmac.compare_digest(data[:MAC_BYTES], self._mac(name, payload)):
+            return self._reject("unauthenticated")
         try:
-            return msgspec.json.decode(data, type=Score)
-        except msgspec.DecodeError:  # not a value this release wrote: a miss
+            entry = msgspec.json.decode(payload, type=ScoreEntry)
+        except msgspec.DecodeError:  # a `Score` changed without a new `SCORE_FORMAT`: a miss
             return None
+        if entry.expires <= self._clock():
+            return self._reject("expired")
+        return entry.score
 
     async def put(self, score: Score, *keys: tuple[str, ...]) -> None:
-        """Keep `score` under each of `keys` (each a tuple of parts; one round trip; nothing
-        when the store fails)."""
+        """Keep `score` under each of `keys` (each a tuple of parts), each entry with its MAC
+        (one round trip; nothing when the store fails)."""
         if not self.enabled:
             return
-        named = [_score_key(parts) for parts in keys]
+        payload = msgspec.json.encode(ScoreEntry(self._clock() + self.ttl_s, score))
+        names = [score_key(parts) for parts in keys]
         try:
-            await self.store.put(named, msgspec.json.encode(score), self.ttl_s)
+            await self.store.put({n: self._mac(n, payload) + payload for n in names}, self.ttl_s)
         except StateUnavailable:
             self.skipped += 1
 
+    def _mac(self, name: str, payload: bytes) -> bytes:
+        """The MAC (hex) of an entry's JSON under the store key `name`."""
+        message = name.encode() + b"\x00" + payload
+        return hmac.new(self._key, message, hashlib.sha256).hexdigest().encode()
 
-def _score_key(parts: tuple[str, ...]) -> str:
+    def _reject(self, reason: str) -> None:
+        """Count an entry refused for `reason` (a miss)."""
+        self.rejected[reason] += 1
+        if self.on_rejected is not None:
+            self.on_rejected(reason)
+
+
+def score_key(parts: tuple[str, ...]) -> str:
     """`medtpe:score:{sha256}` of the parts (unit-separated) and `SCORE_FORMAT`."""
     return state_key("score", "\x1f".join((SCORE_FORMAT, *parts)))
 
@@ -339,7 +402,7 @@ class IssuedCards:
         fails keeps nothing (its failure is counted by the store), and the card is answered:
         feedback on it will be refused."""
         with contextlib.suppress(StateUnavailable):
-            await self.store.put([_card_key(caller, card)], service.encode(), self.ttl_s)
+            await self.store.put({_card_key(caller, card): service.encode()}, self.ttl_s)
 
     async def unknown(self, caller: Sequence[str], service: str, cards: Sequence[str]) -> list[int]:
         """The indices of `cards` that `service` did not issue to `caller` (or whose time to

@@ -188,6 +188,14 @@ class ServiceMetrics:
             ["operation"],
             registry=reg,
         )
+        self.score_entries_refused = Counter(
+            "medtpe_state_score_entries_refused",
+            "Score cache entries found in the state store and refused, by reason "
+            "(unauthenticated: no valid MAC; expired: a valid one past its time to live): each "
+            "a miss, the score recomputed.",
+            ["reason"],
+            registry=reg,
+        )
         self.cds_fhir_fetch = Histogram(
             "medtpe_cds_fhir_fetch_seconds",
             "Time of one hook call's fetches from the EHR's FHIR server.",

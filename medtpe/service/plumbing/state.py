@@ -23,7 +23,7 @@ from medtpe.service.plumbing.ledger_writes import ServiceLedger
 from medtpe.service.plumbing.limits import Admission
 from medtpe.service.plumbing.metrics import ServiceMetrics
 from medtpe.service.plumbing.shadow import Shadows
-from medtpe.service.plumbing.tenancy import CacheSalts
+from medtpe.service.plumbing.tenancy import CacheSalts, new_secret
 from medtpe.service.settings import ServiceSettings
 
 logger = logging.getLogger("medtpe.service")
@@ -41,9 +41,15 @@ class ServiceState:
         settings: ServiceSettings,
         engine_factory: EngineFactory = start_vllm,
         salt_secret: bytes | None = None,
+        state_key: bytes | None = None,
     ) -> None:
         self.settings = settings
         self.salts = CacheSalts(salt_secret)
+        configured = settings.state_key.encode() if settings.state_key else None
+        self.state_key = configured or state_key or new_secret()
+        """The key of the score cache's MACs (medtpe/service/cds_hooks/state_store.py):
+        `MEDTPE_STATE_KEY`, else `state_key` (one for all API processes of the instance), else
+        drawn now (the state is this process's memory)."""
         self.engine_factory = engine_factory
         self.metrics = ServiceMetrics()
         self.admission = Admission(*settings.process_limits)

@@ -24,7 +24,7 @@ from medtpe.service.settings import ServiceSettings
 from tests.support.cds_support import ICU_PATIENT, hook_request, load_bundle, prefetch_of
 from tests.support.ehr import CLOSED_FHIR_SERVER, Ehr
 from tests.support.hostile_fhir import audit_lines
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import STATE_KEY, RedisServer
 from tests.support.service_support import AUTH, instant_client, instant_settings, metric_value
 
 ICU = get_service("medtpe-icu-mortality-patient-view")
@@ -42,6 +42,7 @@ def hooks_settings(
         cds_issuers=json.loads(ehr.issuers_setting([CLOSED_FHIR_SERVER])),
         cds_base_url=BASE,
         state_url=redis.url,
+        state_key=STATE_KEY,
         **values,
     )
 

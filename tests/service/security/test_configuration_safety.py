@@ -1,7 +1,8 @@
 """Careless configuration does not pass silently: secrets never reach a log line whatever their
 form (a Redis URL's password in its user information or its query, a PostgreSQL URL or
-key=value DSN, API and metrics keys, bearer tokens), the settings' `repr` shows no key, and a
-plain-http JWK Set URL is refused at start unless it is on this machine."""
+key=value DSN, API and metrics keys, the state store's MAC key, bearer tokens), the settings'
+`repr` shows no key, a shared state store without its MAC key and a plain-http JWK Set URL are
+refused at start (the latter unless it is on this machine)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from medtpe.service.settings import ServiceSettings
 PASSWORD = "Str0ng-Pa55word"
 KEY = "api-key-0123456789"
 SCRAPE = "scrape-token-98765"
+STATE_KEY = "state-key-0123456789abcdef0123456789"
 
 
 @pytest.fixture
@@ -83,6 +85,7 @@ def test_every_log_line_of_the_service_is_masked(clean_environment, log: io.Stri
     password or key on its own, a URL, an exception's text, all masked."""
     settings = ServiceSettings(
         state_url=f"redis://:{PASSWORD}@store:6379/0",
+        state_key=STATE_KEY,
         api_keys=[KEY],
         metrics_keys=[SCRAPE],
     )
@@ -90,14 +93,14 @@ def test_every_log_line_of_the_service_is_masked(clean_environment, log: io.Stri
     logger = logging.getLogger("medtpe.service")
     logger.info("state store %s", settings.state_url)
     logger.warning("AUTH failed: WRONGPASS invalid password %s for the default user", PASSWORD)
-    logger.info("keys %s and %s", KEY, SCRAPE)
+    logger.info("keys %s, %s and %s", KEY, SCRAPE, STATE_KEY)
     try:
         raise ConnectionError(f"cannot reach redis://:{PASSWORD}@store:6379/0")
     except ConnectionError:
         logger.exception("start-up failed")
     written = log.getvalue()
     assert written.count("\n") >= 5 and "ConnectionError" in written
-    for secret in (PASSWORD, KEY, SCRAPE):
+    for secret in (PASSWORD, KEY, SCRAPE, STATE_KEY):
         assert secret not in written
     assert "redis://***@store:6379/0" in written
 
@@ -129,7 +132,7 @@ def test_a_state_store_outage_is_logged_without_its_password(
     """A real client to a closed port, the password in the URL's query: the warning of the
     outage names the store, never the password."""
     url = f"redis://127.0.0.1:1/0?password={PASSWORD}"
-    install_log_masking(ServiceSettings(state_url=url).secrets())
+    install_log_masking(ServiceSettings(state_url=url, state_key=STATE_KEY).secrets())
     store = RedisStore(url, timeout_s=0.5)
 
     async def claim() -> None:
@@ -147,12 +150,26 @@ def test_a_state_store_outage_is_logged_without_its_password(
 
 def test_the_settings_repr_shows_no_secret(clean_environment) -> None:
     settings = ServiceSettings(
-        state_url=f"redis://store/0?password={PASSWORD}", api_keys=[KEY], metrics_keys=[SCRAPE]
+        state_url=f"redis://store/0?password={PASSWORD}",
+        state_key=STATE_KEY,
+        api_keys=[KEY],
+        metrics_keys=[SCRAPE],
     )
     shown = repr(settings) + str(settings)
     assert "state_url=" in shown
-    for secret in (PASSWORD, KEY, SCRAPE):
+    for secret in (PASSWORD, KEY, SCRAPE, STATE_KEY):
         assert secret not in shown
+
+
+def test_a_shared_state_store_needs_a_mac_key_of_32_characters(clean_environment) -> None:
+    """Whoever writes to a shared store could forge scores the service signs: its entries are
+    authenticated with `MEDTPE_STATE_KEY`, which the start requires with the store's URL."""
+    with pytest.raises(ValidationError, match="MEDTPE_STATE_KEY is unset"):
+        ServiceSettings(state_url="redis://store:6379/0")
+    with pytest.raises(ValidationError, match="at least 32 characters"):
+        ServiceSettings(state_url="redis://store:6379/0", state_key="short")
+    assert ServiceSettings(state_url="redis://store:6379/0", state_key=STATE_KEY).state_key
+    assert ServiceSettings().state_key is None  # in memory: drawn when the instance starts
 
 
 def _issuers(jwks_url: str) -> dict[str, object]:
@@ -201,6 +218,7 @@ def test_medtpe_serve_refuses_a_plain_http_jwk_set_naming_no_secret() -> None:
         "MEDTPE_CDS_BASE_URL": "https://cds.example",
         "MEDTPE_API_KEYS": KEY,
         "MEDTPE_STATE_URL": f"redis://:{PASSWORD}@store:6379/0",
+        "MEDTPE_STATE_KEY": STATE_KEY,
     }
     medtpe = Path(sys.executable).with_name("medtpe")
     out = subprocess.run(
@@ -208,5 +226,5 @@ def test_medtpe_serve_refuses_a_plain_http_jwk_set_naming_no_secret() -> None:
     )
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert "MEDTPE_CDS_ISSUERS" in out.stderr and "must be https://" in out.stderr
-    for secret in (KEY, PASSWORD):
+    for secret in (KEY, PASSWORD, STATE_KEY):
         assert secret not in out.stdout + out.stderr

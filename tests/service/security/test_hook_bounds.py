@@ -34,6 +34,7 @@ from medtpe.service.settings import ServiceSettings
 from tests.support.cds_support import ICU_PATIENT, hook_request, load_bundle, prefetch_of
 from tests.support.ehr import Ehr
 from tests.support.hostile_fhir import Answer, HostileFhir, audit_lines, hostile_fhir
+from tests.support.redis_server import STATE_KEY
 from tests.support.service_support import (
     AUTH,
     free_port,
@@ -173,10 +174,9 @@ def client(
     request: pytest.FixtureRequest, service_files: tuple[Path, Path], ehr: Ehr, fhir: HostileFhir
 ) -> Iterator[TestClient]:
     """The service with its state in memory (`local`) or on a redis-server (`redis`)."""
-    state_url = None
+    values: dict[str, Any] = {"cds_max_feedback_items": MAX_ITEMS}
     if request.param == "redis":
-        state_url = request.getfixturevalue("redis_server").url
-    values = {"state_url": state_url, "cds_max_feedback_items": MAX_ITEMS}
+        values |= {"state_url": request.getfixturevalue("redis_server").url, "state_key": STATE_KEY}
     with instant_client(settings_for(service_files, ehr, fhir, BASE, **values)) as client:
         yield client
 

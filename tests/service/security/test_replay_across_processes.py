@@ -21,7 +21,7 @@ from medtpe.core.cds.services import get_service
 from medtpe.service.cds_hooks.state_store import STATE_RETRY_AFTER_S
 from tests.support.cds_support import ICU_PATIENT, hook_request, load_bundle, prefetch_of
 from tests.support.ehr import Ehr
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import STATE_KEY, RedisServer
 from tests.support.service_support import AUTH, instant_client, instant_settings, metric_value
 
 CLAIM_FAILURES = "medtpe_state_store_failures_total"
@@ -43,7 +43,7 @@ def instances(
     service_files: tuple[Path, Path], ehr: Ehr, redis_server: RedisServer
 ) -> Iterator[tuple[TestClient, TestClient]]:
     """Two instances sharing the redis-server's state."""
-    settings = hooks_settings(service_files, ehr, state_url=redis_server.url)
+    settings = hooks_settings(service_files, ehr, state_url=redis_server.url, state_key=STATE_KEY)
     with instant_client(settings) as first, instant_client(settings) as second:
         yield first, second
 
@@ -153,8 +153,9 @@ def test_several_api_processes_with_issuers_need_the_state_url(
 ) -> None:
     with pytest.raises(ValidationError, match="MEDTPE_STATE_URL"):
         hooks_settings(service_files, ehr, api_workers=2)
-    shared = hooks_settings(service_files, ehr, api_workers=2, state_url="redis://store:6379/0")
+    store = {"state_url": "redis://store:6379/0", "state_key": STATE_KEY}
+    shared = hooks_settings(service_files, ehr, api_workers=2, **store)
     assert shared.state_url == "redis://store:6379/0"
     assert instant_settings(service_files, api_workers=2).state_url is None  # no hooks
     with pytest.raises(ValidationError, match="MEDTPE_STATE_URL"):
-        hooks_settings(service_files, ehr, state_url="http://store:6379/0")
+        hooks_settings(service_files, ehr, state_url="http://store:6379/0", state_key=STATE_KEY)
