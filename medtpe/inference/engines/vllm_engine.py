@@ -123,6 +123,22 @@ def client_vllm_config(config: EngineConfig, n_processes: int, rank: int) -> Vll
     return args.create_engine_config(UsageContext.OPENAI_API_SERVER)
 
 
+class _AsyncLLM(AsyncLLM):
+    """vLLM's `AsyncLLM`, shut down once. `VllmEngine.shutdown` shuts it down; vLLM's
+    `__del__` shuts it down again when the object is collected, which for an engine freed only
+    at interpreter exit runs after the modules' globals are gone: a `TypeError: 'NoneType'
+    object is not callable` traceback on every command's way out."""
+
+    _shut_down = False
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Stop the engine core and the output handler, the first time only."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        super().shutdown(timeout)
+
+
 class VllmEngine:
     """An `AsyncLLM` with a token-ids-in, token-ids-out interface and death detection."""
 
@@ -138,7 +154,7 @@ class VllmEngine:
         """Start the engine (blocking, about 30 s on CPU; run it off the event loop)."""
         logger.info("starting vLLM engine on %s", config.model_dir)
         bind_cpu_cores(config.options)
-        return cls(AsyncLLM.from_engine_args(engine_args(config)), config)
+        return cls(_AsyncLLM.from_engine_args(engine_args(config)), config)
 
     @classmethod
     def connect(cls, client: dict[str, Any], config: EngineConfig) -> VllmEngine:
@@ -148,7 +164,7 @@ class VllmEngine:
         addresses.pop("api_server_loads", None)  # vLLM's own least-loaded accept: not used
         count, index = addresses.pop("client_count"), addresses.pop("client_index")
         logger.info("connecting API process %d of %d to the engine core", index, count)
-        llm = AsyncLLM.from_vllm_config(
+        llm = _AsyncLLM.from_vllm_config(
             client_vllm_config(config, count, index),
             disable_log_stats=not config.options.log_stats,
             client_addresses=addresses,
@@ -217,5 +233,5 @@ class VllmEngine:
         await self.generate(prompt_ids, GenerationParams(max_new_tokens=2))
 
     def shutdown(self) -> None:
-        """Stop the engine process."""
+        """Stop the engine process (again: nothing)."""
         self._llm.shutdown()

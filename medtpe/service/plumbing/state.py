@@ -125,10 +125,15 @@ class ServiceState:
             self.publish_status()
 
     async def _started(self, model: LoadedModel) -> Engine:
-        """An engine for `model`, started and warmed up."""
+        """An engine for `model`, started and warmed up (shut down again when the warm-up
+        fails: an engine is never left to the interpreter's exit)."""
         engine = await asyncio.to_thread(self.engine_factory, model.engine_config)
         predictor = model.predictor
-        await engine.warm_up(predictor.engine_ids(predictor.segment("Hello")))
+        try:
+            await engine.warm_up(predictor.engine_ids(predictor.segment("Hello")))
+        except BaseException:
+            engine.shutdown()
+            raise
         return engine
 
     def _engines(self) -> list[Engine]:
