@@ -95,32 +95,32 @@ class ReceiptBasis(Derivation):
         silent: bool = False,
         shadow_of: str | None = None,
     ) -> PredictionRow:
-        """The signed row of one prediction on this basis, asked by `caller` through `door`;
-        `prediction_id`: a given id (a batch run's) else a new random one; `latency_ms`: this
-        answer's, when not the basis' (a card from the score cache); `silent`: recorded, not
-        shown; `shadow_of`: the prediction this row answers a second way (a fidelity shadow)."""
+        """The signed row of one prediction on this basis, asked by `caller` through `door`
+        for `site` (the receipt signs them, with the basis' subject and prediction time, and
+        `silent`: recorded, not shown); `prediction_id`: a given id (a batch run's) else a new
+        random one; `latency_ms`: this answer's, when not the basis' (a card from the score
+        cache); `shadow_of`: the prediction this row answers a second way (a fidelity
+        shadow)."""
         receipt = Receipt.of(
             self,
             prediction_id=prediction_id or str(uuid.uuid4()),
             created_at=utc_text(datetime.now(UTC)),
-        )
-        when = self.prediction_time
-        prediction_time = None if when is None else datetime.fromisoformat(when.removesuffix("Z"))
-        return PredictionRow.signed(
-            receipt,
-            signer,
+            subject_id=self.subject_id,
+            prediction_time=self.prediction_time,
             door=door,
             caller=caller,
             site=site,
-            subject_id=self.subject_id,
-            prediction_time=prediction_time,
+            silent=silent,
+        )
+        return PredictionRow.signed(
+            receipt,
+            signer,
             format_ok=self.format_ok,
             original_tokens=self.original_tokens,
             medtpe_tokens=self.medtpe_tokens,
             compression_rate=self.compression_rate,
             latency_ms=self.latency_ms if latency_ms is None else latency_ms,
             record=None if self.record is None else self.record.encode(),
-            silent=silent,
             shadow_of=shadow_of,
         )
 

@@ -37,7 +37,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from medtpe.ledger.migrate import upgrade
-from medtpe.ledger.receipt import Receipt, canonical_json
+from medtpe.ledger.receipt import RECEIPT_VERSION, Receipt, canonical_json
 from medtpe.ledger.schema import DOORS, Prediction
 from medtpe.ledger.settings import DatabaseTimeouts
 from medtpe.ledger.signing import Signer
@@ -99,33 +99,36 @@ class PredictionRow:
         receipt: Receipt,
         signer: Signer,
         *,
-        door: str,
-        caller: str,
-        site: str | None,
-        subject_id: str,
-        prediction_time: datetime | None,
         format_ok: bool,
         original_tokens: int,
         medtpe_tokens: int,
         compression_rate: float,
         latency_ms: float,
         record: bytes | None = None,
-        silent: bool = False,
         shadow_of: str | None = None,
     ) -> PredictionRow:
-        """The row of `receipt` signed by `signer`: its id, time, task, mode, answer and
-        p("yes") are the receipt's, so the row cannot say otherwise than what is signed."""
+        """The row of `receipt` (of the version written now) signed by `signer`: every column
+        it signs (id, time, door, caller, site, task, subject, prediction time, mode, answer,
+        p("yes"), silent) is the receipt's, so the row cannot say otherwise than what is
+        signed."""
+        if receipt.receipt_version != RECEIPT_VERSION:
+            raise ValueError(
+                f"a row is signed on a receipt of version {RECEIPT_VERSION}, not "
+                f"{receipt.receipt_version}"
+            )
+        assert receipt.door is not None and receipt.caller is not None  # version 2
+        assert receipt.subject_id is not None and receipt.silent is not None
         return cls(
             prediction_id=receipt.prediction_id,
-            created_at=datetime.fromisoformat(receipt.created_at.removesuffix("Z")).replace(
-                tzinfo=UTC
-            ),
-            door=door,
-            caller=caller,
-            site=site,
+            created_at=_utc_time(receipt.created_at),
+            door=receipt.door,
+            caller=receipt.caller,
+            site=receipt.site,
             task=receipt.task,
-            subject_id=subject_id,
-            prediction_time=_aware_utc(prediction_time),
+            subject_id=receipt.subject_id,
+            prediction_time=None
+            if receipt.prediction_time is None
+            else _utc_time(receipt.prediction_time),
             answer=canonical_json(receipt.answer).decode(),
             p_yes=receipt.p_yes,
             format_ok=format_ok,
@@ -138,7 +141,7 @@ class PredictionRow:
             signature=signer.sign(receipt),
             key_id=signer.key_id,
             record=None if record is None else record.decode(),
-            silent=silent,
+            silent=receipt.silent,
             shadow_of=shadow_of,
         )
 
@@ -151,6 +154,11 @@ class PredictionRow:
 
 
 _COLUMNS = tuple(field.name for field in dataclasses.fields(PredictionRow))
+
+
+def _utc_time(text: str) -> datetime:
+    """A receipt's time (`utc_text`) as an aware UTC datetime."""
+    return datetime.fromisoformat(text.removesuffix("Z")).replace(tzinfo=UTC)
 
 
 def _naive_utc(when: datetime | None) -> datetime | None:

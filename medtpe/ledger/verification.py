@@ -1,7 +1,8 @@
-"""Checking a ledger row: its signature and its agreement with its receipt (`check_row`), then
-what was re-derived from the record, the artefact and the engine against what the receipt says
-(`compare`). Each check names the part that differs: signature invalid, row edited, record
-changed, artefact changed, rendering changed, prompt changed, dtype changed, engine drifted.
+"""Checking a ledger row: its signature and, column by column, its agreement with its receipt
+(`check_row`: every column the receipt's version signs), then what was re-derived from the
+record, the artefact and the engine against what the receipt says (`compare`). Each check names
+the part that differs: signature invalid, row edited (and which columns), record changed,
+artefact changed, rendering changed, prompt changed, dtype changed, engine drifted.
 
 Re-deriving (reading the record, re-preparing the prompt, re-running the engine) needs the
 inference layer: the command line does it (`medtpe verify`) and hands the result here, the
@@ -9,13 +10,19 @@ inference layer: the command line does it (`medtpe verify`) and hands the result
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from medtpe.ledger.receipt import Derivation, Receipt, canonical_json, utc_text
+from medtpe.ledger.receipt import (
+    PREDICTION_FIELDS,
+    Derivation,
+    Receipt,
+    canonical_json,
+    utc_text,
+)
 from medtpe.ledger.signing import verify_signature
 
 if TYPE_CHECKING:
@@ -37,11 +44,22 @@ class Check:
     detail: str
 
 
+SIGNED_COLUMNS = ("prediction_id", "created_at", "task", "mode", "answer", "p_yes")
+"""The `predictions` columns every receipt signs; since version 2 also `PREDICTION_FIELDS`."""
+
+
+def signed_columns(receipt: Receipt) -> tuple[str, ...]:
+    """The `predictions` columns `receipt` signs (its version's)."""
+    signed = receipt.signed_fields()
+    return SIGNED_COLUMNS + tuple(name for name in PREDICTION_FIELDS if name in signed)
+
+
 def check_row(
     row: PredictionRow, public_key: Ed25519PublicKey
 ) -> tuple[Receipt | None, list[Check]]:
     """The row's receipt (None when it cannot be read), whether it is signed by `public_key`,
-    and whether the row's columns say what the receipt signs."""
+    and whether each column the receipt signs says what it signs; a receipt of a version that
+    signs fewer columns gets a `coverage` line naming the columns it leaves unchecked."""
     try:
         receipt = Receipt.from_text(row.receipt)
     except ValueError as exc:
@@ -58,27 +76,47 @@ def check_row(
             else "signature invalid: the receipt was edited or signed by another key",
         )
     ]
-    columns = {
-        "prediction_id": (row.prediction_id, receipt.prediction_id),
-        "created_at": (utc_text(row.created_at), receipt.created_at),
-        "task": (row.task, receipt.task),
-        "mode": (row.mode, receipt.mode),
-        "answer": (json.loads(row.answer), receipt.answer),
-        "p_yes": (row.p_yes, receipt.p_yes),
-    }
+    columns = signed_columns(receipt)
     edited = sorted(
-        name for name, (stored, signed_value) in columns.items() if stored != signed_value
+        name
+        for name in columns
+        if _column_text(row, name) != canonical_json(getattr(receipt, name)).decode()
     )
     checks.append(
         Check(
             "row",
             not edited,
-            "the row says what its receipt signs"
+            f"the row's {len(columns)} signed columns say what its receipt signs"
             if not edited
             else f"row edited: {', '.join(edited)} differ from the signed receipt",
         )
     )
+    unsigned = [name for name in PREDICTION_FIELDS if name not in columns]
+    if unsigned:
+        checks.append(
+            Check(
+                "coverage",
+                True,
+                f"receipt version {receipt.receipt_version} does not sign "
+                f"{', '.join(unsigned)}: those columns are not checked",
+            )
+        )
     return receipt, checks
+
+
+def _column_text(row: PredictionRow, name: str) -> str:
+    """Column `name` of `row` as a receipt writes it: canonical JSON (`answer` is stored so),
+    times as `utc_text`; a value no receipt holds (NaN) as its `repr`, which no receipt's text
+    equals."""
+    value = getattr(row, name)
+    if name == "answer":
+        return value
+    if isinstance(value, datetime):
+        value = utc_text(value)
+    try:
+        return canonical_json(value).decode()
+    except ValueError:
+        return repr(value)
 
 
 def compare(receipt: Receipt, again: Derivation, p_tolerance: float = P_TOLERANCE) -> list[Check]:

@@ -1,6 +1,8 @@
-"""An answer's receipt basis (`medtpe.ledger.answers.ReceiptBasis`): the receipt and the row a
-fixed answer gives are byte for byte those every release gave (the canonical receipt pinned), the
-basis survives the score cache's JSON exactly, and a malformed one is refused by name."""
+"""An answer's receipt basis (`medtpe.ledger.answers.ReceiptBasis`): a fixed answer gives the
+pinned version 2 receipt, byte for byte, and the row every release gave; a version 1 receipt
+(pinned as those releases wrote it) still reads back to its own bytes and verifies for what it
+signs, naming the columns it does not; the basis survives the score cache's JSON exactly, and a
+malformed one is refused by name."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from medtpe.core.answer_facts import AnswerFacts, RenderingFacts
 from medtpe.ledger.answers import ReceiptBasis
 from medtpe.ledger.receipt import Receipt, utc_text
 from medtpe.ledger.signing import verify_signature
+from medtpe.ledger.verification import check_row
 from tests.support.ledger_rows import DECODING, SIGNER, events
 
 PREDICTION_ID = "00000000-0000-4000-8000-000000000001"
@@ -57,6 +60,25 @@ RECORD = (
     '"prediction_time":"2020-01-02T00:00:00.000000","subject_id":7}'
 )
 CANONICAL_RECEIPT = (
+    '{"answer":"yes","artefact_digest":"' + "a" * 64 + '","caller":"key:x",'
+    '"created_at":"' + CREATED_AT + '",'
+    '"decoding":{"constrained":false,"max_new_tokens":64,"n_samples":1,"probabilities":true,'
+    '"seed":null,"temperature":0.0},"door":"predict","dtype":"float32",'
+    '"engine_version":"InstantEngine/vllm-none",'
+    '"mode":"medtpe","model":"smollm2-135m-instruct","p_yes":0.8125,'
+    '"prediction_id":"' + PREDICTION_ID + '","prediction_time":"2020-01-02T00:00:00.000000Z",'
+    '"product_version":"0.1.0",'
+    '"prompt_ids_sha256":"9e33b57fc8dc3e308e2d43eb4d2ebdebbb94715180182d6412deff5031af2148",'
+    '"receipt_version":2,'
+    '"record_sha256":"1c98f81078b6be764277fe4f2c318aba02ca8d8179fb3b37f80f6127501a2ec5",'
+    '"rendering":{"descriptions_sha256":"' + "b" * 64 + '","max_input_tokens":4096,'
+    '"render_version":1,"window_grid_hours":24,"window_policy":"sliding"},'
+    '"rendering_digest":"e224de18d053c04a3c9e8038aee6501628ae5ab0693a4c69020761e9360332e7",'
+    '"silent":false,"site":null,"subject_id":"7","task":"icu_mortality"}'
+)
+"""The version 2 receipt of `FACTS` asked through `/predict` by `key:x` (created_at set to
+CREATED_AT)."""
+CANONICAL_RECEIPT_V1 = (
     '{"answer":"yes","artefact_digest":"' + "a" * 64 + '","created_at":"' + CREATED_AT + '",'
     '"decoding":{"constrained":false,"max_new_tokens":64,"n_samples":1,"probabilities":true,'
     '"seed":null,"temperature":0.0},"dtype":"float32","engine_version":"InstantEngine/vllm-none",'
@@ -70,10 +92,11 @@ CANONICAL_RECEIPT = (
     '"rendering_digest":"e224de18d053c04a3c9e8038aee6501628ae5ab0693a4c69020761e9360332e7",'
     '"task":"icu_mortality"}'
 )
-"""The receipt of `FACTS` as the dict-built rows wrote it (their created_at set to CREATED_AT)."""
+"""The version 1 receipt of `FACTS` as the releases before version 2 wrote it (created_at set
+to CREATED_AT): it signs no subject, prediction time, door, caller, site or silent."""
 
 
-def test_a_fixed_answer_gives_the_receipt_and_row_it_always_gave() -> None:
+def test_a_fixed_answer_gives_the_version_2_receipt_and_the_row_it_always_gave() -> None:
     before = datetime.now(UTC)
     row = ReceiptBasis.of(FACTS, keep_record=True).signed(
         SIGNER, door="predict", caller="key:x", prediction_id=PREDICTION_ID
@@ -108,6 +131,38 @@ def test_a_fixed_answer_gives_the_receipt_and_row_it_always_gave() -> None:
         "silent": False,
         "shadow_of": None,
     }
+
+
+def test_a_version_1_receipt_still_verifies_for_what_it_signs() -> None:
+    old = Receipt.from_text(CANONICAL_RECEIPT_V1)
+    assert old.canonical().decode() == CANONICAL_RECEIPT_V1  # the bytes its signature covers
+    assert set(old.to_json()) == set(json.loads(CANONICAL_RECEIPT_V1))
+    current = ReceiptBasis.of(FACTS).signed(
+        SIGNER, door="predict", caller="key:x", prediction_id=PREDICTION_ID
+    )
+    row = dataclasses.replace(
+        current,
+        created_at=datetime(2026, 1, 1, tzinfo=UTC),
+        receipt=CANONICAL_RECEIPT_V1,
+        signature=SIGNER.sign(old),
+    )
+    receipt, checks = check_row(row, SIGNER.public_key)
+    assert receipt == old
+    assert [(c.part, c.ok) for c in checks] == [
+        ("signature", True),
+        ("row", True),
+        ("coverage", True),
+    ]
+    assert checks[1].detail == "the row's 6 signed columns say what its receipt signs"
+    assert checks[2].detail == (
+        "receipt version 1 does not sign subject_id, prediction_time, door, caller, site, "
+        "silent: those columns are not checked"
+    )
+    _, checks = check_row(dataclasses.replace(row, p_yes=0.5), SIGNER.public_key)
+    assert checks[1].detail == "row edited: p_yes differ from the signed receipt"
+    assert check_row(current, SIGNER.public_key)[1][1].detail == (
+        "the row's 12 signed columns say what its receipt signs"
+    )
 
 
 def test_a_row_says_how_it_was_asked_and_keeps_the_record_only_when_told() -> None:

@@ -109,6 +109,25 @@ def test_a_receipt_reads_back_from_its_canonical_text() -> None:
         Receipt.from_json({"prediction_id": "x"})
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"receipt_version": 1}, r"version 1 signs no subject_id, prediction_time, door, caller"),
+        ({"door": None}, r"version 2 misses fields \['door'\]"),
+        ({"silent": 0}, r"version 2 needs silent \(bool\)"),
+        ({"receipt_version": 3}, r"version 3 is none this release reads \(1, 2\)"),
+        ({"receipt_version": "2"}, r"version '2' is none this release reads"),
+    ],
+)
+def test_a_receipt_not_of_its_versions_fields_is_refused(
+    change: dict[str, object], message: str
+) -> None:
+    data = {k: v for k, v in (receipt(1).to_json() | change).items() if v is not None}
+    data["site"] = None  # a version 2 receipt's site may be null
+    with pytest.raises(ValueError, match=f"receipt: {message}"):
+        Receipt.from_json(data)
+
+
 def test_the_prompt_ids_digest_is_of_the_canonical_list() -> None:
     assert prompt_ids_digest([1, 2, 3]) == prompt_ids_digest(np.array([1, 2, 3]).tolist())
     assert prompt_ids_digest([1, 2, 3]) != prompt_ids_digest([1, 2, 3, 0])

@@ -59,7 +59,8 @@ RECORD = canonical_record(events(), datetime(2020, 1, 2, 0, 0))
 
 
 def receipt(index: int = 0, **changes: object) -> Receipt:
-    """The receipt of prediction `index` (ids, times and p differ by index)."""
+    """The receipt of prediction `index`, a typical `/predict` answer (ids, times, site and p
+    differ by index)."""
     when = START + timedelta(milliseconds=index)
     fields: dict[str, object] = {
         "prediction_id": str(uuid.UUID(int=index + 1, version=4)),
@@ -78,6 +79,12 @@ def receipt(index: int = 0, **changes: object) -> Receipt:
         "product_version": "0.1.0",
         "answer": "yes" if index % 2 else "no",
         "p_yes": 1 / (index + 3),
+        "subject_id": "7",
+        "prediction_time": utc_text(datetime(2020, 1, 2, 0, 0)),
+        "door": "predict",
+        "caller": "key:3f2a9c01",
+        "site": "tenant-a" if index % 3 else None,
+        "silent": False,
     }
     return Receipt(**(fields | changes))  # type: ignore[arg-type]
 
@@ -92,11 +99,6 @@ def _row(index: int) -> PredictionRow:
     return PredictionRow.signed(
         receipt(index),
         SIGNER,
-        door="predict",
-        caller="key:3f2a9c01",
-        site="tenant-a" if index % 3 else None,
-        subject_id="7",
-        prediction_time=datetime(2020, 1, 2, 0, 0),
         format_ok=True,
         original_tokens=3_000 + index,
         medtpe_tokens=1_500,

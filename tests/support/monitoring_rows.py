@@ -40,21 +40,21 @@ def prediction(
         task=task,
         answer=answer,
         p_yes=p_yes,
+        subject_id=subject_id,
+        prediction_time=None if prediction_time is None else utc_text(prediction_time),
+        door=door,
+        caller="key:monitor-test",
+        site=site,
+        silent=silent,
     )
     return PredictionRow.signed(
         signed,
         SIGNER,
-        door=door,
-        caller="key:monitor-test",
-        site=site,
-        subject_id=subject_id,
-        prediction_time=prediction_time,
         format_ok=p_yes is not None,
         original_tokens=2_000,
         medtpe_tokens=1_000,
         compression_rate=0.5,
         latency_ms=latency_ms,
-        silent=silent,
         shadow_of=shadow_of,
     )
 

@@ -17,7 +17,6 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -44,7 +43,17 @@ START = datetime(2026, 8, 3, tzinfo=UTC)
 RENDERING = rendering_settings(1, "b" * 64, 4096, "sliding", 24)
 
 
-def _row(signer: Signer, index: int, p: float, **columns: Any) -> PredictionRow:
+def _row(
+    signer: Signer,
+    index: int,
+    p: float,
+    *,
+    site: str,
+    subject_id: str,
+    latency_ms: float,
+    silent: bool = False,
+    shadow_of: str | None = None,
+) -> PredictionRow:
     receipt = Receipt(
         prediction_id=str(uuid.UUID(int=index + 1, version=4)),
         created_at=utc_text(START + timedelta(minutes=12 * index)),
@@ -62,17 +71,22 @@ def _row(signer: Signer, index: int, p: float, **columns: Any) -> PredictionRow:
         product_version="0.1.0",
         answer="yes" if p >= 0.5 else "no",
         p_yes=p,
+        subject_id=subject_id,
+        prediction_time=utc_text(datetime(2150, 1, 1) + timedelta(hours=index)),
+        door="cds_hook",
+        caller="key:bench",
+        site=site,
+        silent=silent,
     )
     return PredictionRow.signed(
         receipt,
         signer,
-        caller="key:bench",
-        prediction_time=datetime(2150, 1, 1) + timedelta(hours=index),
         format_ok=True,
         original_tokens=3000,
         medtpe_tokens=1500,
         compression_rate=0.5,
-        **columns,
+        latency_ms=latency_ms,
+        shadow_of=shadow_of,
     )
 
 
@@ -86,7 +100,6 @@ def populate(ledger: Ledger, rows: int, seed: int = 3) -> None:
             signer,
             i,
             float(p[i]),
-            door="cds_hook",
             site=("north", "south", "east")[i % 3],
             subject_id=str(i % 2000),
             latency_ms=float(rng.gamma(4, 60)),
@@ -99,7 +112,6 @@ def populate(ledger: Ledger, rows: int, seed: int = 3) -> None:
             signer,
             rows + k,
             float(np.clip(p[k * 40] + rng.normal(0, 0.05), 0, 1)),
-            door="cds_hook",
             site=live[k * 40].site,
             subject_id=live[k * 40].subject_id,
             latency_ms=300.0,

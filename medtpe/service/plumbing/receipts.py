@@ -20,7 +20,9 @@ class SignedReceipt(BaseModel):
         description="The receipt: `prediction_id`, `created_at`, `task`, the SHA-256 of the "
         "record (`record_sha256`), of the prompt's ids, the artefact's digest, the rendering "
         "and its digest, model, mode, dtype, decoding settings, engine and product versions, "
-        "`answer` and `p_yes`."
+        "`answer` and `p_yes`; who asked it about whom, as of when and whether it was shown "
+        "(`subject_id`, `prediction_time`, `door`, `caller`, `site`, `silent`); "
+        "`receipt_version` (2)."
     )
     signature: str = Field(
         description="Ed25519 signature of the receipt's canonical JSON, base64url."
