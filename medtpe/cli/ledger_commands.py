@@ -1,6 +1,11 @@
-"""`medtpe ledger upgrade|public-key` and `medtpe verify ID`: the prediction ledger from the
-command line, on the ledger `MEDTPE_LEDGER_URL` names (as the service and `medtpe predict` do)
-or `--ledger URL`.
+"""`medtpe ledger upgrade|public-key|checkpoint|audit` and `medtpe verify ID`: the prediction
+ledger from the command line, on the ledger `MEDTPE_LEDGER_URL` names (as the service and `medtpe
+predict` do) or `--ledger URL`.
+
+`medtpe ledger checkpoint` signs the hash chain's head and prints it as one JSON line (`--out
+FILE` appends it there too); `medtpe ledger audit` walks the chain, checks every row's signature
+and the checkpoints, the ledger's and those of `--checkpoints FILE`, and names the first gap,
+insertion, reordering or edit (exit status 1).
 
 `medtpe verify` checks a row's signature and that the row says what its receipt signs, then
 re-derives the prediction — the record from `--meds DIR` / `--fhir DIR` or the row's stored
@@ -15,6 +20,7 @@ import asyncio
 import dataclasses
 import gzip
 import json
+import os
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
@@ -32,8 +38,11 @@ from medtpe.ledger.signing import SigningKeyError, public_key_from_jwk
 from medtpe.ledger.verification import AUTO, P_TOLERANCE, Check, check_row, compare
 
 if TYPE_CHECKING:  # the store (SQLAlchemy: the `service` extra) inside the commands only
+    from medtpe.ledger.chain import Checkpoint
     from medtpe.ledger.store import Ledger, PredictionRow
 
+AUDIT_DEADLINE_S = 3600.0
+"""How long `medtpe ledger audit` may run by default."""
 RERUN_DTYPES = tuple(name for name in get_args(Dtype) if name != AUTO)
 """What `medtpe verify --dtype` may name."""
 
@@ -105,6 +114,118 @@ def public_key(ledger_url: str | None) -> None:
         click.echo(json.dumps(ledger_settings(ledger_url).signer().jwk()))
     except SigningKeyError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+@ledger.command("checkpoint")
+@LEDGER_OPTION
+@click.option(
+    "--out",
+    "out_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also append the checkpoint's line to this file (keep it away from the ledger).",
+)
+def checkpoint(ledger_url: str | None, out_file: Path | None) -> None:
+    """Sign the ledger's hash chain at its last row now, keep the checkpoint in the ledger and
+    print it as one JSON line."""
+    from medtpe.ledger.store import LedgerUnavailable
+
+    settings = ledger_settings(ledger_url)
+    opened = existing_ledger(settings)
+    try:
+        line = opened.checkpoint(settings.signer()).to_line()
+    except (SigningKeyError, LedgerUnavailable) as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        opened.close()
+    if out_file is not None:
+        try:
+            with out_file.open("a", encoding="utf-8") as kept:
+                kept.write(line + "\n")
+                kept.flush()
+                os.fsync(kept.fileno())
+        except OSError as exc:
+            raise click.ClickException(
+                f"{out_file}: the checkpoint cannot be kept ({exc.strerror or exc}); it is in "
+                f"the ledger: {line}"
+            ) from exc
+    click.echo(line)
+
+
+@ledger.command("audit")
+@LEDGER_OPTION
+@click.option(
+    "--checkpoints",
+    "checkpoints_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Checkpoints kept away from the ledger (`medtpe ledger checkpoint --out`'s lines).",
+)
+@click.option(
+    "--public-key",
+    "public_key_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="The signer's public key, a JWK file [default: the configured signing key's].",
+)
+@click.option(
+    "--deadline-s",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=AUDIT_DEADLINE_S,
+    show_default=True,
+    help="Stop, unfinished (exit status 1), past this many seconds.",
+)
+def audit(
+    ledger_url: str | None,
+    checkpoints_file: Path | None,
+    public_key_file: Path | None,
+    deadline_s: float,
+) -> None:
+    """Check the ledger's hash chain, every row's signature and the signed checkpoints; name the
+    first row deleted, inserted, moved or edited (exit status 1)."""
+    from medtpe.ledger.audit import AuditIncomplete
+    from medtpe.ledger.audit import audit as audit_ledger
+    from medtpe.ledger.store import LedgerUnavailable
+
+    kept = [] if checkpoints_file is None else kept_checkpoints(checkpoints_file)
+    settings = ledger_settings(ledger_url)
+    opened = existing_ledger(settings)
+    try:
+        key = (
+            _jwk_file_key(public_key_file)
+            if public_key_file is not None
+            else settings.signer().public_key
+        )
+        found = audit_ledger(opened.engine, key, kept, deadline_s=deadline_s)
+    except (SigningKeyError, AuditIncomplete, LedgerUnavailable) as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        opened.close()
+    click.echo(found.line())
+    if found.finding is not None:
+        raise SystemExit(1)
+
+
+def kept_checkpoints(path: Path) -> list[tuple[str, Checkpoint]]:
+    """The checkpoints of the file `path` (one JSON line each; blank lines skipped), named by
+    the file; a line that is none is a usage error naming the file and the line."""
+    from medtpe.ledger.chain import Checkpoint
+
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(f"{path}: {exc}", param_hint="--checkpoints") from exc
+    kept = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            kept.append((str(path), Checkpoint.from_line(line)))
+        except ValueError as exc:
+            raise click.BadParameter(
+                f"{path}, line {number}: no checkpoint ({exc})", param_hint="--checkpoints"
+            ) from exc
+    return kept
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,17 @@
 """The ledger's tables (SQLAlchemy 2 typed declarative); `medtpe/ledger/migrations` creates and
 changes them: a change here goes with a new migration under `medtpe/ledger/migrations/versions`.
 
-`predictions`: one row per answer; `feedback`: what an EHR said of a CDS card (accepted,
-overridden). Times are UTC (naive in SQLite, `timestamptz` in PostgreSQL)."""
+`predictions`: one row per answer, each in the hash chain (`medtpe.ledger.chain`: its place and
+digest); `chain_checkpoints`: the chain's head signed at a row count; `feedback`: what an EHR said
+of a CDS card (accepted, overridden). Times are UTC (naive in SQLite, `timestamptz` in
+PostgreSQL)."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -57,12 +60,31 @@ class Prediction(Base):
     signature: Mapped[str] = mapped_column(String(200))
     key_id: Mapped[str] = mapped_column(String(100))
     record: Mapped[str | None] = mapped_column(Text)
+    chain_seq: Mapped[int | None] = mapped_column(BigInteger)
+    """The row's place in the hash chain (1, 2, 3 …; given under the chain's lock as it is
+    appended); empty only for a row written past the ledger's writer."""
+    chain_digest: Mapped[str | None] = mapped_column(String(64))
+    """The chain's digest with this row (`medtpe.ledger.chain.link`)."""
 
     __table_args__ = (
         Index("ix_predictions_task_created_at", "task", "created_at"),
         Index("ix_predictions_subject_id", "subject_id"),
         Index("ix_predictions_site_created_at", "site", "created_at"),
+        Index("ix_predictions_chain_seq", "chain_seq", unique=True),
     )
+
+
+class ChainCheckpoint(Base):
+    """The hash chain's head at a row count, signed with the ledger's key
+    (`medtpe.ledger.chain.Checkpoint`)."""
+
+    __tablename__ = "chain_checkpoints"
+
+    rows: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    digest: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    key_id: Mapped[str] = mapped_column(String(100))
+    signature: Mapped[str] = mapped_column(String(200))
 
 
 class Feedback(Base):

@@ -1,8 +1,9 @@
 """The ledger's settings, declared once (`medtpe.core.declared`) and read from the environment
 here (`from_environ`: `MEDTPE_LEDGER_URL`, `MEDTPE_LEDGER_RECORDS`, `MEDTPE_LEDGER_SIGNING_KEY`,
-`MEDTPE_LEDGER_OFF`, `MEDTPE_LEDGER_STATEMENT_TIMEOUT_S`, `MEDTPE_LEDGER_LOCK_TIMEOUT_S`), strictly:
-a value that is no boolean, no ledger URL, no kind of records or no positive number of seconds is
-an error naming the variable and what it accepts.
+`MEDTPE_LEDGER_OFF`, `MEDTPE_LEDGER_STATEMENT_TIMEOUT_S`, `MEDTPE_LEDGER_LOCK_TIMEOUT_S`,
+`MEDTPE_LEDGER_CHECKPOINT_ROWS`), strictly: a value that is no boolean, no ledger URL, no kind of
+records, no positive number of seconds or no row count is an error naming the variable and what
+it accepts.
 
 The timeouts bound every wait on the database (`DatabaseTimeouts`): a statement past
 `ledger_statement_timeout_s`, or a lock not granted within `ledger_lock_timeout_s`, is cancelled
@@ -56,6 +57,8 @@ STATEMENT_TIMEOUT_S = 30.0
 """The longest a ledger statement may run by default."""
 LOCK_TIMEOUT_S = 10.0
 """The longest a ledger statement may wait for a lock by default."""
+CHECKPOINT_ROWS = 1_000
+"""Rows between the ledger's automatic chain checkpoints by default."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,20 @@ def parse_seconds(name: str, value: object) -> float:
     return seconds
 
 
+def parse_count(name: str, value: object) -> int:
+    """A count setting's value: a whole number, 0 or more; anything else a ValueError naming its
+    variable."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        count = value
+    elif isinstance(value, str) and value.strip().isdigit():
+        count = int(value)
+    else:
+        count = -1
+    if count < 0:
+        raise ValueError(f"{variable(name)}={value!r}: expected a whole number, 0 or more")
+    return count
+
+
 _PARSERS: Mapping[str, Callable[[str, object], Any]] = {
     "ledger_url": parse_text,
     "ledger_records": parse_text,
@@ -128,6 +145,7 @@ _PARSERS: Mapping[str, Callable[[str, object], Any]] = {
     "ledger_off": parse_boolean,
     "ledger_statement_timeout_s": parse_seconds,
     "ledger_lock_timeout_s": parse_seconds,
+    "ledger_checkpoint_rows": parse_count,
 }
 """How each setting's text (or a caller's value) is read; the rest is checked on construction."""
 
@@ -184,6 +202,15 @@ class LedgerSettings:
             "migration or an index build is a 503 `ledger_unavailable` after this long."
         ),
     )
+    ledger_checkpoint_rows: int = field(
+        default=CHECKPOINT_ROWS,
+        metadata=described(
+            "Every this many rows, the writer that appends the row signs the ledger's hash chain "
+            "at that row (its digest and row count, with the signing key) in a checkpoint kept "
+            "in the ledger (`medtpe ledger audit` checks them; `medtpe ledger checkpoint` signs "
+            "one at once and prints it); 0: only `medtpe ledger checkpoint`."
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.ledger_records not in get_args(RecordsKept):
@@ -199,6 +226,7 @@ class LedgerSettings:
         parse_boolean("ledger_off", self.ledger_off)
         parse_seconds("ledger_statement_timeout_s", self.ledger_statement_timeout_s)
         parse_seconds("ledger_lock_timeout_s", self.ledger_lock_timeout_s)
+        parse_count("ledger_checkpoint_rows", self.ledger_checkpoint_rows)
 
     def __repr__(self) -> str:
         """The settings without the signing key, the URL's password masked."""
@@ -206,7 +234,8 @@ class LedgerSettings:
             f"LedgerSettings(ledger_url={mask_secrets(self.ledger_url)!r}, "
             f"ledger_records={self.ledger_records!r}, ledger_off={self.ledger_off!r}, "
             f"ledger_statement_timeout_s={self.ledger_statement_timeout_s!r}, "
-            f"ledger_lock_timeout_s={self.ledger_lock_timeout_s!r})"
+            f"ledger_lock_timeout_s={self.ledger_lock_timeout_s!r}, "
+            f"ledger_checkpoint_rows={self.ledger_checkpoint_rows!r})"
         )
 
     @classmethod
@@ -260,8 +289,9 @@ class LedgerSettings:
 
     def open_ledger(self, *, existing: bool = False) -> Ledger:
         """The ledger these settings name, migrated to the newest schema, its records kept as
-        `ledger_records` says, every wait on it bounded by `timeouts`: the one way a ledger is
-        opened (`LedgerUnavailable`).
+        `ledger_records` says, every wait on it bounded by `timeouts`, its chain checkpointed
+        every `ledger_checkpoint_rows` rows with `signer` (asked when the first is due): the one
+        way a ledger is opened (`LedgerUnavailable`).
         `existing`: the ledger must already be there, as for a command that only reads it
         (`medtpe verify`, `outcomes`, `monitor`): a SQLite path of no file is a `LedgerMissing`
         naming it, never a new, empty ledger (a PostgreSQL database that does not exist is a
@@ -272,7 +302,11 @@ class LedgerSettings:
         from medtpe.ledger.store import Ledger
 
         return Ledger.open(
-            self.ledger_url, keep_records=self.ledger_records == "store", timeouts=self.timeouts()
+            self.ledger_url,
+            keep_records=self.ledger_records == "store",
+            timeouts=self.timeouts(),
+            checkpoint_every=self.ledger_checkpoint_rows,
+            signer=self.signer,
         )
 
     def timeouts(self) -> DatabaseTimeouts:

@@ -200,7 +200,11 @@ class Signer:
 
     def sign(self, receipt: Receipt) -> str:
         """The base64url Ed25519 signature of the receipt's canonical bytes."""
-        return _b64url(self.private_key.sign(receipt.canonical()))
+        return self.sign_bytes(receipt.canonical())
+
+    def sign_bytes(self, data: bytes) -> str:
+        """The base64url Ed25519 signature of `data` (a ledger checkpoint's signed bytes)."""
+        return _b64url(self.private_key.sign(data))
 
 
 def signer_for(url: str, key_text: str | None, key_file: Path) -> Signer:
@@ -218,8 +222,13 @@ def signer_for(url: str, key_text: str | None, key_file: Path) -> Signer:
 
 def verify_signature(receipt: Receipt, signature: str, public_key: Ed25519PublicKey) -> bool:
     """Whether `signature` (base64url) signs `receipt`'s canonical bytes under `public_key`."""
+    return verify_bytes(receipt.canonical(), signature, public_key)
+
+
+def verify_bytes(data: bytes, signature: str, public_key: Ed25519PublicKey) -> bool:
+    """Whether `signature` (base64url) signs `data` under `public_key`."""
     try:
-        public_key.verify(_b64url_decode(signature), receipt.canonical())
+        public_key.verify(_b64url_decode(signature), data)
     except (InvalidSignature, ValueError, binascii.Error):
         return False
     return True

@@ -1,6 +1,10 @@
 """The ledger's store: `Ledger.open(url)` (SQLite or PostgreSQL, migrated to the newest schema),
 `record(rows)` in one transaction, `get(prediction_id)`, `rows(since, until, task)`.
 
+Every row is appended to the ledger's hash chain (`medtpe.ledger.chain`) in the transaction that
+inserts it, under the chain's lock: its place and digest, and every `checkpoint_every` rows a
+checkpoint of the chain signed with the ledger's key; `checkpoint` signs one at once.
+
 A write that fails raises `LedgerUnavailable` (the service answers 503 with `Retry-After`: no
 answer leaves without its row). Recording is idempotent on `prediction_id`: a row recorded
 again with the same content is a no-op, with other content a `LedgerConflict`.
@@ -25,17 +29,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, select
+from sqlalchemy import Connection, Engine, create_engine, event, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
+from medtpe.ledger import chain
 from medtpe.ledger.migrate import upgrade
 from medtpe.ledger.receipt import RECEIPT_VERSION, Receipt, canonical_json
 from medtpe.ledger.schema import DOORS, Prediction
@@ -154,6 +159,8 @@ class PredictionRow:
 
 
 _COLUMNS = tuple(field.name for field in dataclasses.fields(PredictionRow))
+_CONTENT = tuple(_TABLE.c[name] for name in _COLUMNS)
+"""The columns a `PredictionRow` reads (all but the chain's)."""
 
 
 def _utc_time(text: str) -> datetime:
@@ -226,10 +233,20 @@ def make_engine(url: str, timeouts: DatabaseTimeouts) -> Engine:
 class Ledger:
     """One ledger database."""
 
-    def __init__(self, engine: Engine, *, keep_records: bool = False) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        keep_records: bool = False,
+        checkpoint_every: int = 0,
+        signer: Callable[[], Signer] | None = None,
+    ) -> None:
         self.engine = engine
         self.keep_records = keep_records
         """Whether a row's `record` is stored (`MEDTPE_LEDGER_RECORDS=store`) or dropped."""
+        self.checkpoint_every = checkpoint_every if signer is not None else 0
+        """Rows between the chain's checkpoints signed as rows are recorded (0: none)."""
+        self._signer = None if signer is None else functools.cache(signer)
 
     @classmethod
     def open(
@@ -238,10 +255,14 @@ class Ledger:
         *,
         keep_records: bool = False,
         timeouts: DatabaseTimeouts = DatabaseTimeouts(),  # noqa: B008 (frozen)
+        checkpoint_every: int = 0,
+        signer: Callable[[], Signer] | None = None,
     ) -> Ledger:
         """The ledger at `url`, migrated to the newest schema, every wait on it bounded by
-        `timeouts` (`LedgerSettings.open_ledger` gives the configured ones);
-        `LedgerUnavailable` when the database cannot be reached."""
+        `timeouts` (`LedgerSettings.open_ledger` gives the configured ones), a checkpoint of
+        its chain signed by `signer` (asked for the first time one is due) at every
+        `checkpoint_every`-th row (0 or no signer: none); `LedgerUnavailable` when the database
+        cannot be reached."""
         engine = make_engine(url, timeouts)
         try:
             if engine.dialect.name == "sqlite" and engine.url.database not in (None, ":memory:"):
@@ -250,7 +271,9 @@ class Ledger:
         except (SQLAlchemyError, OSError) as exc:
             engine.dispose()
             raise LedgerUnavailable(f"the ledger cannot be opened: {database_reason(exc)}") from exc
-        return cls(engine, keep_records=keep_records)
+        return cls(
+            engine, keep_records=keep_records, checkpoint_every=checkpoint_every, signer=signer
+        )
 
     def record(self, rows: Sequence[PredictionRow]) -> None:
         """Commit `rows` in one transaction (all or none). A row already recorded with the same
@@ -278,25 +301,60 @@ class Ledger:
             ) from exc
 
     def _write(self, unique: dict[str, dict[str, Any]]) -> None:
-        """Insert the rows not there yet in one transaction (one statement executed for every
-        row: psycopg pipelines them); when some were there, compare them with theirs."""
-        with self.engine.begin() as connection:
-            inserted = connection.execute(self._insert(), list(unique.values())).rowcount
-            if inserted == len(unique):
-                return
-            ids = list(unique)  # some were there: a retry, or a conflict
-            for first in range(0, len(ids), CHUNK_ROWS):
-                stored = connection.execute(
-                    select(_TABLE).where(
-                        _TABLE.c.prediction_id.in_(ids[first : first + CHUNK_ROWS])
+        """Append the rows not there yet to the chain in one transaction, under the chain's
+        lock (one INSERT executed for every row: psycopg pipelines them). Tried first as if
+        none were there; when some were (a retry, or a conflict), rolled back and done again
+        with those compared with theirs and left out."""
+        with self.engine.connect() as connection:
+            with connection.begin() as transaction:
+                head = chain.lock_chain(connection)
+                appended, _ = chain.chained(list(unique.values()), head)
+                if connection.execute(self._insert(), appended).rowcount == len(appended):
+                    self._sign_due(connection, appended)
+                    return
+                transaction.rollback()
+            with connection.begin():
+                head = chain.lock_chain(connection)
+                fresh = self._not_recorded(connection, unique)
+                if fresh:
+                    appended, _ = chain.chained(fresh, head)
+                    connection.execute(self._insert(), appended)
+                    self._sign_due(connection, appended)
+
+    def _not_recorded(
+        self, connection: Connection, unique: dict[str, dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """The rows of `unique` the ledger does not hold; a `LedgerConflict` when it holds one
+        with other content."""
+        ids, fresh = list(unique), dict(unique)
+        for first in range(0, len(ids), CHUNK_ROWS):
+            stored = connection.execute(
+                select(*_CONTENT).where(_TABLE.c.prediction_id.in_(ids[first : first + CHUNK_ROWS]))
+            ).mappings()
+            for existing in stored:
+                if _comparable(existing) != fresh.pop(existing["prediction_id"]):
+                    raise LedgerConflict(
+                        f"prediction {existing['prediction_id']} is recorded already "
+                        "with other content"
                     )
-                ).mappings()
-                for existing in stored:
-                    if _comparable(existing) != unique[existing["prediction_id"]]:
-                        raise LedgerConflict(
-                            f"prediction {existing['prediction_id']} is recorded already "
-                            "with other content"
-                        )
+        return list(fresh.values())
+
+    def _sign_due(self, connection: Connection, appended: list[dict[str, Any]]) -> None:
+        """Store the checkpoints due among the rows just appended."""
+        if self._signer is not None and self.checkpoint_every:
+            due = chain.due_checkpoints(appended, self.checkpoint_every, self._signer)
+            chain.record_checkpoints(connection, list(due))
+
+    def checkpoint(self, signer: Signer) -> chain.Checkpoint:
+        """The chain's head signed by `signer` now and stored (the one already stored at this
+        row count when there is one); `LedgerUnavailable` when the ledger cannot be written."""
+        try:
+            with self.engine.connect() as connection, connection.begin():
+                return chain.checkpoint_now(connection, signer)
+        except SQLAlchemyError as exc:
+            raise LedgerUnavailable(
+                f"the ledger cannot be written: {database_reason(exc)}"
+            ) from exc
 
     async def arecord(self, rows: Sequence[PredictionRow]) -> None:
         """`record` in a worker thread (for the event loop of the service)."""
@@ -308,14 +366,14 @@ class Ledger:
             with self.engine.connect() as connection:
                 found = (
                     connection.execute(
-                        select(_TABLE).where(_TABLE.c.prediction_id == prediction_id)
+                        select(*_CONTENT).where(_TABLE.c.prediction_id == prediction_id)
                     )
                     .mappings()
                     .first()
                 )
         except SQLAlchemyError as exc:
             raise LedgerUnavailable(f"the ledger cannot be read: {database_reason(exc)}") from exc
-        return None if found is None else _row(found)
+        return None if found is None else stored_row(found)
 
     def created(self, prediction_ids: Sequence[str]) -> dict[str, datetime]:
         """When each of `prediction_ids` the ledger holds was recorded (UTC), read
@@ -343,7 +401,7 @@ class Ledger:
     ) -> Iterator[PredictionRow]:
         """The rows created at or after `since` and before `until`, of `task`, oldest first
         (read in batches, streamed)."""
-        query = select(_TABLE).order_by(_TABLE.c.created_at, _TABLE.c.prediction_id)
+        query = select(*_CONTENT).order_by(_TABLE.c.created_at, _TABLE.c.prediction_id)
         if since is not None:
             query = query.where(_TABLE.c.created_at >= _naive_utc(since))
         if until is not None:
@@ -354,7 +412,7 @@ class Ledger:
             with self.engine.connect() as connection:
                 result = connection.execution_options(yield_per=CHUNK_ROWS).execute(query)
                 for found in result.mappings():
-                    yield _row(found)
+                    yield stored_row(found)
         except SQLAlchemyError as exc:
             raise LedgerUnavailable(f"the ledger cannot be read: {database_reason(exc)}") from exc
 
@@ -394,7 +452,8 @@ def _comparable(found: Any) -> dict[str, Any]:
     return values
 
 
-def _row(found: Any) -> PredictionRow:
+def stored_row(found: Any) -> PredictionRow:
+    """The `PredictionRow` of a row's columns as read (its times UTC)."""
     values = dict(found)
     for name in _TIME_COLUMNS:
         values[name] = _aware_utc(values[name])

@@ -13,13 +13,20 @@ end, and the count checked (nothing lost or doubled).
 
     .venv/bin/python -m tools.benchmarks.bench_ledger --records 400 --batch-rows 20000 \\
         --out tools/benchmarks/results/bench_ledger.json
+
+Side by side with other code (`--against DIR`: a checkout of it, e.g. `git worktree add DIR
+COMMIT`): the same measurement run `--rounds` times by each side's own copy of this script, in
+a process of its own, the sides alternating (before, after; then after, before …) so both see
+the same load; the results hold each run and each side's median p50s and rows per second.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -126,13 +133,55 @@ def row_building(repeats: int = 50) -> dict[str, Any]:
     return {"events": len(events), "prompt_ids": len(ids), "p50_ms": out}
 
 
+def side_by_side(against: Path, records: int, batch_rows: int, rounds: int) -> dict[str, Any]:
+    """The measurement by the code in `against` ("before") and this code ("after"), each side's
+    own script in a process of its own, `rounds` times, alternating the sides."""
+    sides = {"before": against.resolve(), "after": Path(__file__).resolve().parents[2]}
+    runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+    with tempfile.TemporaryDirectory() as folder:
+        for round_ in range(rounds):
+            for side in ("before", "after") if round_ % 2 == 0 else ("after", "before"):
+                out = Path(folder) / f"{side}-{round_}.json"
+                command = [sys.executable, "-m", "tools.benchmarks.bench_ledger"]
+                command += ["--records", str(records), "--batch-rows", str(batch_rows)]
+                subprocess.run([*command, "--out", str(out)], cwd=sides[side], check=True)
+                runs[side].append(json.loads(out.read_text())["results"])
+    return {"sides": {side: str(root) for side, root in sides.items()}, "runs": runs} | {
+        "median": {side: _medians(found) for side, found in runs.items()}
+    }
+
+
+def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each database's median over `runs` of the one-row p50 and the batch rows per second."""
+    out: dict[str, Any] = {}
+    for database in ("sqlite", "postgresql"):
+        measured = [run[database] for run in runs if isinstance(run[database], dict)]
+        if measured:
+            out[database] = {
+                "one_row_p50_ms": statistics.median(
+                    m["one_row_per_request"]["p50_ms"] for m in measured
+                ),
+                "batch_rows_per_s": statistics.median(m["batch"]["rows_per_s"] for m in measured),
+                "read_back_intact": all(m["read_back_intact"] for m in measured),
+            }
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the measurements and write the results file."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=400)
     parser.add_argument("--batch-rows", type=int, default=20_000)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--against", type=Path, default=None, help="a checkout of other code")
+    parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args(argv)
+    command = " ".join(["python -m tools.benchmarks.bench_ledger", *sys.argv[1:]])
+    if args.against is not None:
+        compared = side_by_side(args.against, args.records, args.batch_rows, args.rounds)
+        print(json.dumps(compared["median"], indent=1))
+        write_results(args.out, command, compared)
+        return
     request_rows = [row(i) for i in range(args.records)]
     batch = [row(i) for i in range(args.records, args.records + args.batch_rows)]
     results: dict[str, Any] = {"records": args.records, "row_building": row_building()}
@@ -146,9 +195,7 @@ def main(argv: list[str] | None = None) -> None:
         with running_postgres() as server:
             results["postgresql"] = measure(fresh_database(server), request_rows, batch)
     print(results)
-    write_results(
-        args.out, " ".join(["python -m tools.benchmarks.bench_ledger", *sys.argv[1:]]), results
-    )
+    write_results(args.out, command, results)
 
 
 if __name__ == "__main__":
