@@ -64,6 +64,7 @@ from medtpe.inference.engines.protocol import EngineFactory
 from medtpe.inference.model import ModelConfig
 from medtpe.inference.predictor import Predictor, PreparedRecord
 from medtpe.inference.record import FhirResources, NoEventsError
+from medtpe.ledger.settings import LedgerSettings
 
 WORK_DIR = ".fhir-work"
 """The partition's directory under `--out`."""
@@ -366,10 +367,11 @@ def run_fhir(
     *,
     ray: Any = None,
     engine_factory: EngineFactory = start_vllm,
+    ledger: LedgerSettings | None = None,
 ) -> dict[str, Any]:
     """Score every patient (or label row) of the export (see the module docstring), in this
-    process or on Ray (`ray`: `medtpe.batch.ray_job.RayResources`); returns (and writes) the
-    summary."""
+    process or on Ray (`ray`: `medtpe.batch.ray_job.RayResources`), each answer recorded in
+    `ledger` (default: the `MEDTPE_LEDGER_*` environment's); returns (and writes) the summary."""
     partition, reused = partitioned(source, out_dir)
     plans = plan_buckets(partition, job)
     if reused and not all(
@@ -382,11 +384,13 @@ def run_fhir(
     settings = fhir_settings(source, partition, reused)
     try:
         if ray is None:
-            summary = run_plans(config, job, plans, prepare, out_dir, settings, engine_factory)
+            summary = run_plans(
+                config, job, plans, prepare, out_dir, settings, engine_factory, ledger
+            )
         else:
             from medtpe.batch.ray_job import run_ray
 
-            summary = run_ray(config, job, out_dir, ray, (plans, prepare), settings)
+            summary = run_ray(config, job, out_dir, ray, (plans, prepare), settings, ledger)
     finally:
         gather_issues(partition, out_dir)
     clean_up(partition, plans, out_dir)

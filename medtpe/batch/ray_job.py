@@ -66,6 +66,7 @@ from medtpe.batch.rows import RecordRow, predictions_table, records_table
 from medtpe.core.ray_cluster import LOCAL, ray_session
 from medtpe.inference.engines.factories import start_vllm
 from medtpe.inference.model import ModelConfig, load_model
+from medtpe.ledger.settings import LedgerSettings
 
 SHARD = "shard"
 """Partition column: the shard's index among the run's pending plans."""
@@ -161,10 +162,12 @@ def run_ray(
     resources: RayResources,
     shards: tuple[Sequence[ShardPlan], ShardPreparer] | None = None,
     settings: dict[str, Any] | None = None,
+    ledger: LedgerSettings | None = None,
 ) -> dict[str, Any]:
-    """Score every pending shard on Ray Data (see the module docstring); returns (and writes)
-    the summary. `shards`: other plans than the MEDS dataset's and their preparer (the job's
-    settings in the summary updated by `settings`)."""
+    """Score every pending shard on Ray Data (see the module docstring), each answer recorded in
+    `ledger` (default: the `MEDTPE_LEDGER_*` environment's); returns (and writes) the summary.
+    `shards`: other plans than the MEDS dataset's and their preparer (the job's settings in the
+    summary updated by `settings`)."""
     if shards is None:
         assert job.meds_dir is not None, "a MEDS job, or its shards"
         shards = plan_shards(job), MedsShards(job.meds_dir)
@@ -177,12 +180,12 @@ def run_ray(
         if not plan.requests:
             write_shard(out_dir, plan.name, job.task, [], job.labels is not None)
     if with_records:
-        ledger = run_ledger(job, model, out_dir, prepare, None)
-        checked = ledger.open(model)  # fail closed before any actor starts
+        recording = run_ledger(job, model, out_dir, prepare, ledger)
+        checked = recording.open(model)  # fail closed before any actor starts
         if checked is not None:
             checked.close()
         with ray_session(resources.address, resources.num_cpus):
-            _run_pipeline(config, job, out_dir, with_records, resources, prepare, ledger)
+            _run_pipeline(config, job, out_dir, with_records, resources, prepare, recording)
     run = run_figures("ray", plans, todo, start, start, time.perf_counter())
     run["engine_start_s"] = None  # the actors start their engines inside the pipeline's time
     run["ray"] = {

@@ -350,7 +350,9 @@ def predict(
     from medtpe.core.tasks import get_task
     from medtpe.inference.model import ModelConfig
 
-    _check_inputs(labels_path, times, meds_dir, split, partition, ray_address, ray_cpus, fhir)
+    ledger = _check_inputs(
+        labels_path, times, meds_dir, split, partition, ray_address, ray_cpus, fhir
+    )
     task = get_task(task_name)
     job = Job(
         meds_dir=meds_dir,
@@ -383,10 +385,10 @@ def predict(
         "engine_cpus": engine_cpus,
         "engine_gpus": engine_gpus,
     }
-    summary, source = _run_job(config, job, fhir, out_dir, ray_address, ray)
+    summary, source = _run_job(config, job, fhir, out_dir, ray_address, ray, ledger)
     _echo_summary(task.title, summary, out_dir)
     if fhir["write_back"]:
-        _write_back(fhir, config, job, source, out_dir, summary["this_run"])
+        _write_back(fhir, config, job, source, out_dir, summary["this_run"], ledger)
 
 
 def _check_inputs(
@@ -398,8 +400,10 @@ def _check_inputs(
     ray_address: str | None,
     ray_cpus: int | None,
     fhir: dict[str, Any],
-) -> None:
-    """A usage error for options of `medtpe predict` that exclude or need each other."""
+) -> Any:
+    """A usage error for options of `medtpe predict` that exclude or need each other; the
+    ledger's settings (`medtpe.ledger.settings.LedgerSettings`, read once: a variable the ledger
+    refuses stops the run here, and the job and the write-back take these)."""
     if (labels_path is None) == (not times):
         raise click.UsageError("give either --labels FILE or --times (not both)")
     if ray_cpus is not None and ray_address != LOCAL:
@@ -413,11 +417,12 @@ def _check_inputs(
         raise click.UsageError("--write-back writes to the server of --fhir-server: give both")
     if fhir["model_card_url"] is not None and not fhir["write_back"]:
         raise click.UsageError("--model-card-url names the card --write-back writes: give both")
-    ledger = ledger_settings(None)  # a ledger variable the ledger refuses stops the run here
+    ledger = ledger_settings(None)
     if fhir["write_back"] and ledger.ledger_off:
         raise click.UsageError(
             "--write-back writes the answers the ledger holds: not with MEDTPE_LEDGER_OFF=true"
         )
+    return ledger
 
 
 def _run_job(
@@ -427,9 +432,11 @@ def _run_job(
     out_dir: Path,
     ray_address: str | None,
     ray: dict[str, Any],
+    ledger: Any,
 ) -> tuple[dict[str, Any], Any]:
     """Prepare the model files and run `job` on its input (MEDS or FHIR, exported from
-    `--fhir-server` first), in this process or on Ray (`ray`: `RayResources`' other fields);
+    `--fhir-server` first; its answers recorded in `ledger`, the `LedgerSettings`), in this
+    process or on Ray (`ray`: `RayResources`' other fields);
     its summary and its FHIR input (None: MEDS)."""
     from medtpe.batch.job import run_local
     from medtpe.training.export import prepare_model_files
@@ -450,15 +457,15 @@ def _run_job(
             from medtpe.core.fhir import SiteMappingError
 
             try:
-                summary = run_fhir(config, job, source, out_dir, ray=resources)
+                summary = run_fhir(config, job, source, out_dir, ray=resources, ledger=ledger)
             except (ExportError, ExportChangedError, SiteMappingError) as exc:
                 raise click.ClickException(str(exc)) from exc
         elif resources is None:
-            summary = run_local(config, job, out_dir)
+            summary = run_local(config, job, out_dir, ledger=ledger)
         else:
             from medtpe.batch.ray_job import run_ray
 
-            summary = run_ray(config, job, out_dir, resources)
+            summary = run_ray(config, job, out_dir, resources, ledger=ledger)
     except RayUnavailableError as exc:
         raise click.UsageError(str(exc)) from exc
     return summary, source
@@ -482,11 +489,17 @@ def _echo_summary(title: str, summary: dict[str, Any], out_dir: Path) -> None:
 
 
 def _write_back(
-    fhir: dict[str, Any], config: Any, job: Any, source: Any, out_dir: Path, run: dict[str, Any]
+    fhir: dict[str, Any],
+    config: Any,
+    job: Any,
+    source: Any,
+    out_dir: Path,
+    run: dict[str, Any],
+    ledger: Any,
 ) -> None:
     """Write the job's answers back to `--fhir-server` (`medtpe.batch.write_back`), each identified
-    by its row in the ledger `MEDTPE_LEDGER_URL` names, and report what the server created and
-    already had."""
+    by its row in the ledger of `ledger` (the job's `LedgerSettings`), and report what the server
+    created and already had."""
     from medtpe.batch.fhir_http import FhirServerError
     from medtpe.batch.write_back import WRITE_BACK_SCOPE, fhir_job_items, job_model, write_back
     from medtpe.ledger.store import LedgerUnavailable
@@ -494,11 +507,11 @@ def _write_back(
     model = job_model(config.artefact_dir, run, fhir["model_card_url"])
     access = replace(_server_access(fhir), scope=WRITE_BACK_SCOPE)
     try:
-        ledger = ledger_settings(None).open_ledger()
+        opened = ledger.open_ledger()
         try:
-            result = write_back(access, fhir_job_items(source, job, out_dir, ledger), model)
+            result = write_back(access, fhir_job_items(source, job, out_dir, opened), model)
         finally:
-            ledger.close()
+            opened.close()
     except (FhirServerError, LedgerUnavailable, ValueError) as exc:
         raise click.ClickException(f"write-back: {exc}") from exc
     created, existing = result.created, result.existing
