@@ -6,8 +6,14 @@ monitoring report (`monitoring`). Both read the ledger `MEDTPE_LEDGER_URL` names
 --fhir` reads it), at the task's horizon, and records each prediction's cohort attributes; run
 it again as data arrive (nightly): open outcomes close, nothing is duplicated.
 
-`medtpe monitor` writes `report.html`, `report.json` and `seismometer/<task>/` under `--out`.
-The report's modules (matplotlib: the `monitor` extra) are imported inside the commands."""
+`medtpe monitor` writes `report.html`, `report.json` and `seismometer/<task>/` under `--out`,
+reading the period's rows streamed (a period past `medtpe.monitoring.frame.MAX_REPORT_ROWS`
+predictions is refused, to be reported in parts). The report's modules (matplotlib: the
+`monitor` extra) are imported inside the commands.
+
+Every wait of either command on the ledger is a connect or a statement, each bounded by the
+ledger's timeouts (`MEDTPE_LEDGER_STATEMENT_TIMEOUT_S`, `MEDTPE_LEDGER_LOCK_TIMEOUT_S`): a table
+locked past them stops the command with the database's reason, never a wait without end."""
 
 from __future__ import annotations
 
@@ -100,8 +106,9 @@ def outcomes(
     fhir_mapping: Path | None,
     attributes_path: Path | None,
 ) -> None:
-    """Label the ledger's predictions of a task with what happened (the task's labeller, at its
-    horizon; not yet known: open, counted) and record their cohort attributes. Idempotent."""
+    """Label the ledger's predictions of a task whose outcome is not known yet with what happened
+    (the task's labeller, at its horizon; not yet known: open, counted) and record their cohort
+    attributes, 500 a transaction. Idempotent."""
     from medtpe.ledger.store import LedgerUnavailable
     from medtpe.monitoring.outcomes import MedsSource, join_outcomes
 
@@ -119,14 +126,14 @@ def outcomes(
                 source = MedsSource(MedsDataset.load(meds_dir), f"meds:{meds_dir}")
             except MedsFormatError as exc:
                 raise click.ClickException(str(exc)) from exc
-        else:
-            source = _fhir_source(ledger, task.name, fhir_dirs, fhir_mapping)
         try:
+            if meds_dir is None:
+                source = _fhir_source(ledger, task.name, fhir_dirs, fhir_mapping)
             counts = join_outcomes(ledger, task, source, mapping)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--task") from exc
         except LedgerUnavailable as exc:
             raise click.ClickException(str(exc)) from exc
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--task") from exc
     finally:
         ledger.close()
     data_end = source.data_end.isoformat() if source.data_end else None
@@ -182,6 +189,8 @@ def monitor(
 ) -> None:
     """The monitoring report of the ledger's predictions: per task, week, site and subgroup;
     silent and shadow predictions apart; HTML, JSON and a seismometer export."""
+    from medtpe.ledger.store import LedgerUnavailable
+    from medtpe.monitoring.frame import PeriodTooLarge
     from medtpe.monitoring.report import REPORT_HTML, ReportSettings, write_report
 
     if since is not None and until is not None and until <= since:
@@ -194,6 +203,10 @@ def monitor(
     settings = ReportSettings(_utc(since), _utc(until), thresholds, resamples)
     try:
         report = write_report(ledger.engine, out_dir, settings)
+    except LedgerUnavailable as exc:
+        raise click.ClickException(str(exc)) from exc
+    except PeriodTooLarge as exc:
+        raise click.BadParameter(str(exc), param_hint="--since/--until") from exc
     finally:
         ledger.close()
     for task in report["tasks"]:

@@ -437,8 +437,12 @@ def _run_job(
     """Prepare the model files and run `job` on its input (MEDS or FHIR, exported from
     `--fhir-server` first; its answers recorded in `ledger`, the `LedgerSettings`), in this
     process or on Ray (`ray`: `RayResources`' other fields);
-    its summary and its FHIR input (None: MEDS)."""
+    its summary and its FHIR input (None: MEDS). A ledger that cannot be opened or written
+    (down, or a table locked past `MEDTPE_LEDGER_LOCK_TIMEOUT_S`: every wait on it is a
+    statement the ledger's timeouts bound) stops the job with its reason; the shards committed
+    before stay, and a run again goes on from there."""
     from medtpe.batch.job import run_local
+    from medtpe.ledger.store import LedgerUnavailable
     from medtpe.training.export import prepare_model_files
 
     try:
@@ -468,6 +472,8 @@ def _run_job(
             summary = run_ray(config, job, out_dir, resources, ledger=ledger)
     except RayUnavailableError as exc:
         raise click.UsageError(str(exc)) from exc
+    except LedgerUnavailable as exc:
+        raise click.ClickException(str(exc)) from exc
     return summary, source
 
 

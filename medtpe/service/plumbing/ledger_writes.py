@@ -4,17 +4,28 @@ cannot be, `/readyz` not ready meanwhile), each answer's row built
 that cannot be written is a 503 `ledger_unavailable` with `Retry-After`, and no answer), and who
 asked (`caller_id`).
 
+Every blocking call on the ledger (open, write, close) runs on the ledger's own small pool
+(`LedgerPool`: `LEDGER_THREADS` threads, at most `LEDGER_QUEUE` calls waiting), never on the
+event loop's default executor: a database that does not answer (a table locked by a migration or
+an index build) holds at most those threads, each for at most the ledger's timeouts
+(`MEDTPE_LEDGER_LOCK_TIMEOUT_S`, `MEDTPE_LEDGER_STATEMENT_TIMEOUT_S`), after which its answer is
+a 503 `ledger_unavailable`; a write past the queue's bound is one at once. `/tokenize`,
+`/readyz` and every door that writes nothing go on answering.
+
 With `MEDTPE_LEDGER_OFF=true` (loopback only, `medtpe.service.settings`) nothing is recorded and
 answers carry no `prediction_id` nor receipt."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from medtpe.core.answer_facts import AnswerFacts
 from medtpe.core.secret_masking import mask_secrets
@@ -33,6 +44,58 @@ REOPEN_INTERVAL_S = 2.0
 """Least time between two attempts to open a ledger that could not be opened."""
 CALLER_KEY_CHARS = 16
 """Hex digits of an API key's SHA-256 naming its caller (the key itself is never stored)."""
+LEDGER_THREADS = 4
+"""Threads of the ledger's own pool (`LedgerPool`)."""
+LEDGER_QUEUE = 64
+"""Ledger calls that may wait for one of its threads; one more is refused at once (a 503)."""
+
+Result = TypeVar("Result")
+
+
+class LedgerPoolFull(RuntimeError):
+    """Every thread of the ledger's pool is busy and its queue is full."""
+
+
+class LedgerPool:
+    """The executor of the ledger's blocking calls: `threads` threads of its own, at most
+    `threads` + `queue` calls in it at once (running or waiting)."""
+
+    def __init__(self, threads: int = LEDGER_THREADS, queue: int = LEDGER_QUEUE) -> None:
+        self.limit = threads + queue
+        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="medtpe-ledger")
+        self._lock = threading.Lock()
+        self._held = 0
+
+    @property
+    def held(self) -> int:
+        """Calls in the pool now (running or waiting)."""
+        return self._held
+
+    async def run(self, call: Callable[..., Result], *args: Any) -> Result:
+        """`call(*args)` on one of the pool's threads; `LedgerPoolFull` at once when the pool
+        holds `limit` calls. A call its caller stopped awaiting (a request's deadline) keeps its
+        place until it ends: the database's timeouts end it."""
+        with self._lock:
+            if self._held >= self.limit:
+                raise LedgerPoolFull(
+                    f"{self._held} ledger calls are running or waiting (at most {self.limit})"
+                )
+            self._held += 1
+        try:
+            submitted = self._executor.submit(functools.partial(call, *args))
+        except RuntimeError:  # shut down
+            self._release(None)
+            raise
+        submitted.add_done_callback(self._release)
+        return await asyncio.wrap_future(submitted)
+
+    def _release(self, _done: Future[Any] | None) -> None:
+        with self._lock:
+            self._held -= 1
+
+    def shutdown(self) -> None:
+        """Take no more calls (those running end on their own)."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
 
 def caller_id(api_key: str | None) -> str:
@@ -66,6 +129,7 @@ class ServiceLedger:
         """Why the ledger could not be opened (None: open, or not tried yet)."""
         self._tried_at = float("-inf")
         self._opening = asyncio.Lock()
+        self.pool = LedgerPool()
 
     @property
     def ready(self) -> bool:
@@ -87,18 +151,21 @@ class ServiceLedger:
                 return
             self._tried_at = time.monotonic()
             try:
-                self.ledger = await asyncio.to_thread(self.settings.open_ledger)
+                self.ledger = await self.pool.run(self.settings.open_ledger)
                 self.failure = None
                 logger.info("ledger open: %s", mask_secrets(self.settings.ledger_url))
-            except LedgerUnavailable as exc:
+            except (LedgerUnavailable, LedgerPoolFull) as exc:
                 self.failure = mask_secrets(str(exc))
                 logger.error("ledger unavailable: %s", self.failure)
 
     async def close(self) -> None:
-        """Close the database connections."""
+        """Close the database connections; the ledger's pool takes no more calls (a new one
+        serves the ledger if it is opened again)."""
         if self.ledger is not None:
             await self.ledger.aclose()
             self.ledger = None
+        self.pool.shutdown()
+        self.pool = LedgerPool()
 
     def basis(self, facts: AnswerFacts) -> ReceiptBasis:
         """What an answer was derived from (`medtpe.ledger.answers.ReceiptBasis.of`, the record
@@ -158,8 +225,8 @@ class ServiceLedger:
         await self.require()
         assert self.ledger is not None
         try:
-            await asyncio.to_thread(write, self.ledger, rows)
-        except LedgerUnavailable as exc:
+            await self.pool.run(write, self.ledger, rows)
+        except (LedgerUnavailable, LedgerPoolFull) as exc:
             logger.error("ledger write failed: %s", mask_secrets(str(exc)))
             raise unavailable("the ledger cannot be written now") from exc
 
