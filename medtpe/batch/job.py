@@ -261,7 +261,7 @@ async def answer_record(
     prediction_id = None
     if recorder is not None:
         elapsed = time.perf_counter() - start
-        prediction_id = recorder.add(request.record, prepared, job.sampling, answer, elapsed)
+        prediction_id = recorder.add(prepared, job.sampling, answer, elapsed)
     return RecordRow(
         record=request.record,
         subject_id=request.subject_id,
@@ -457,11 +457,11 @@ def run_ledger(
     ledger: LedgerSettings | None,
 ) -> RunLedger:
     """Where a run records its answers: `ledger` (default: the `MEDTPE_LEDGER_*`
-    environment's), this run's identity, the door of its input (`MedsShards`: MEDS, else
-    FHIR)."""
+    environment's), this run's identity (`run_identity`), the door of its input (`MedsShards`:
+    MEDS, else FHIR)."""
     settings = ledger or LedgerSettings.from_environ()
     door = "batch_meds" if isinstance(prepare, MedsShards) else "batch_fhir"
-    return RunLedger(settings, run_identity(out_dir, job_settings(job, model)), door)
+    return RunLedger(settings, run_identity(out_dir, model, job.sampling), door)
 
 
 def run_plans(

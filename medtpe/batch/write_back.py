@@ -213,14 +213,16 @@ def fhir_job_predictions(
     out_dir: Path,
     plans: Sequence[FhirShardPlan],
     task: Task,
-    recorded: Callable[[Sequence[str]], Mapping[str, datetime]],
+    recorded: Callable[[Sequence[str]], Mapping[str, tuple[datetime, str]]],
 ) -> Iterator[WrittenPrediction]:
     """The answered records of a FHIR job's shards written under `out_dir` (`medtpe.batch.fhir_job`:
-    a records file per plan), shard by shard, each with the FHIR Patient id its plan gives it,
-    its ledger prediction id and when its row was recorded (`recorded`: prediction ids -> the
-    times of those the ledger holds, `medtpe.ledger.store.Ledger.created`); records without an
-    answer or a probability are left out; an answered record without a ledger row is a `ValueError`
-    (nothing is written back that the ledger does not hold)."""
+    a records file per plan), shard by shard, each written for the patient its ledger row names:
+    the records file's prediction id names the row (`recorded`: prediction ids -> when each row
+    the ledger holds was recorded and its subject, `medtpe.ledger.store.Ledger.recorded`), whose
+    subject must be the patient the job's plan gives the record. Records without an answer or a
+    probability are left out; an answered record without a ledger row, or whose row is about
+    another patient (a records file of other data), is a `ValueError`: nothing is written back
+    that the ledger does not hold for that patient."""
     for plan in plans:
         path = records_path(out_dir, plan.name)
         if not path.is_file():
@@ -234,19 +236,25 @@ def fhir_job_predictions(
             and row.prediction_time is not None
             and row.record in patients
         ]
-        times = recorded([row.prediction_id for row in answered if row.prediction_id])
+        found = recorded([row.prediction_id for row in answered if row.prediction_id])
         for row in answered:
-            if row.prediction_id is None or row.prediction_id not in times:
+            if row.prediction_id is None or row.prediction_id not in found:
                 raise ValueError(f"record {row.record} has no ledger row: not written back")
+            at, subject = found[row.prediction_id]
+            if subject != patients[row.record]:
+                raise ValueError(
+                    f"record {row.record}: its ledger row {row.prediction_id} is about another "
+                    "patient than the job's (a records file of other data): not written back"
+                )
             assert row.prediction_time is not None  # answered
             yield WrittenPrediction(
                 prediction_id=row.prediction_id,
-                patient_id=patients[row.record],
+                patient_id=subject,
                 prediction_time=row.prediction_time,
                 task=task,
                 prediction=row.prediction,
                 p_yes=row.p_yes,
-                recorded=times[row.prediction_id],
+                recorded=at,
             )
 
 
@@ -276,7 +284,7 @@ def fhir_job_items(
 
     partition, _ = partitioned(source, out_dir, progress=False)
     plans = plan_buckets(partition, job)
-    return fhir_job_predictions(out_dir, plans, job.task, ledger.created)
+    return fhir_job_predictions(out_dir, plans, job.task, ledger.recorded)
 
 
 def write_back(

@@ -12,7 +12,6 @@ things whichever door wrote it."""
 from __future__ import annotations
 
 import importlib.metadata
-import uuid
 from functools import cache
 from pathlib import Path
 
@@ -68,12 +67,6 @@ def answer_facts(
         compression_rate=float(seg.compression_rate),
         latency_ms=latency_s * 1e3,
     )
-
-
-def run_prediction_id(run: str, record: str) -> str:
-    """A prediction id derived from a run's identity and a record's (UUID 5): a resumed run
-    gives each record the id the first run gave it, so its row is not written twice."""
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"medtpe-run:{run}/{record}"))
 
 
 @cache

@@ -375,20 +375,20 @@ class Ledger:
             raise LedgerUnavailable(f"the ledger cannot be read: {database_reason(exc)}") from exc
         return None if found is None else stored_row(found)
 
-    def created(self, prediction_ids: Sequence[str]) -> dict[str, datetime]:
-        """When each of `prediction_ids` the ledger holds was recorded (UTC), read
-        `CHUNK_ROWS` ids per statement; ids it does not hold are left out."""
-        found: dict[str, datetime] = {}
+    def recorded(self, prediction_ids: Sequence[str]) -> dict[str, tuple[datetime, str]]:
+        """When each of `prediction_ids` the ledger holds was recorded (UTC) and whom it is
+        about (its `subject_id`), read `CHUNK_ROWS` ids per statement; ids it does not hold are
+        left out."""
+        found: dict[str, tuple[datetime, str]] = {}
         ids = list(dict.fromkeys(prediction_ids))
+        columns = (_TABLE.c.prediction_id, _TABLE.c.created_at, _TABLE.c.subject_id)
         try:
             with self.engine.connect() as connection:
                 for start in range(0, len(ids), CHUNK_ROWS):
                     chunk = ids[start : start + CHUNK_ROWS]
-                    query = select(_TABLE.c.prediction_id, _TABLE.c.created_at).where(
-                        _TABLE.c.prediction_id.in_(chunk)
-                    )
-                    for prediction_id, created_at in connection.execute(query):
-                        found[prediction_id] = _aware_utc(created_at)
+                    query = select(*columns).where(_TABLE.c.prediction_id.in_(chunk))
+                    for prediction_id, created_at, subject_id in connection.execute(query):
+                        found[prediction_id] = (_aware_utc(created_at), subject_id)
         except SQLAlchemyError as exc:
             raise LedgerUnavailable(f"the ledger cannot be read: {database_reason(exc)}") from exc
         return found

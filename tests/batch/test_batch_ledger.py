@@ -1,7 +1,8 @@
 """The ledger at `medtpe predict`'s doors, on the instant engine: every scored record of a MEDS
 or a FHIR run is one committed row carrying the records file's prediction id, answer and
 p("yes") under a valid signature; a resumed run gives each record its first id and writes no
-row twice; a ledger that cannot be opened stops the job before it writes anything."""
+row twice; a rerun over changed data gives a changed record a row of its own; a ledger that
+cannot be opened stops the job before it writes anything."""
 
 from __future__ import annotations
 
@@ -80,6 +81,66 @@ def test_a_meds_run_records_each_answer_once_and_a_resumed_run_none_twice(
     again = records(out)
     assert [r["prediction_id"] for r in again] == [r["prediction_id"] for r in first]
     assert checked_rows(ledger_url, again, "batch_meds").keys() == rows.keys()
+
+
+def test_a_rerun_over_changed_data_gives_changed_records_rows_of_their_own(
+    service_files: tuple[Path, Path], tmp_path: Path, ledger_url: str
+) -> None:
+    """Subject 1 replaced by subject 11 at the same label row, between a run and a rerun into
+    the same folder (shard 0 scored again, as after a run stopped before its files): subject 11
+    gets a row of its own, never subject 1's, and the unchanged records keep theirs."""
+    meds = write_meds_dataset(tmp_path / "meds", subjects=(1, 2, 3, 4), hours=8)
+    config = engine_test_config(service_files, meds, max_new_tokens=8)
+    labels = meds / "labels" / "icu_mortality.parquet"
+    job = Job(meds, TASK, labels=labels, sampling=Sampling(max_new_tokens=8), concurrency=2)
+    settings = LedgerSettings(ledger_url, "digest", SEED)
+    out = tmp_path / "out"
+    run_local(config, job, out, InstantEngine.factory(), settings)
+    first = {r["subject_id"]: r["prediction_id"] for r in records(out)}
+
+    write_meds_dataset(meds, subjects=(11, 2, 3, 4), hours=8)  # same paths, new data
+    (out / "train" / "0.parquet").unlink()
+    (out / "train" / "0.records.pq").unlink()
+    run_local(config, job, out, InstantEngine.factory(), settings)
+    again = records(out)
+    assert [r["subject_id"] for r in again] == [11, 2, 3, 4]
+    ledger = Ledger.open(ledger_url)
+    try:
+        rows = {row.prediction_id: row for row in ledger.rows()}
+    finally:
+        ledger.close()
+    for record in again:  # each id names a row about the records file's subject
+        assert rows[record["prediction_id"]].subject_id == str(record["subject_id"])
+    now = {r["subject_id"]: r["prediction_id"] for r in again}
+    assert now[11] not in first.values()
+    assert {s: now[s] for s in (2, 3, 4)} == {s: first[s] for s in (2, 3, 4)}
+    assert sorted(row.subject_id for row in rows.values()) == ["1", "11", "2", "3", "4"]
+
+
+def test_a_record_twice_in_a_run_is_one_prediction(
+    service_files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    meds = write_meds_dataset(tmp_path / "meds", subjects=(1, 2), hours=8)
+    labels = pq.read_table(meds / "labels" / "icu_mortality.parquet")
+    repeated = tmp_path / "labels.parquet"
+    pq.write_table(pa.concat_tables([labels, labels.slice(0, 1)]), repeated)  # subject 1 again
+    config = engine_test_config(service_files, meds, max_new_tokens=8)
+    job = Job(meds, TASK, labels=repeated, sampling=Sampling(max_new_tokens=8), concurrency=2)
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+    run_local(
+        config, job, tmp_path / "out", InstantEngine.factory(), LedgerSettings(url, "digest", SEED)
+    )
+    scored = records(tmp_path / "out")
+    assert [r["subject_id"] for r in scored] == [1, 2, 1]
+    assert scored[0]["prediction_id"] == scored[2]["prediction_id"] != scored[1]["prediction_id"]
+    ledger = Ledger.open(url)
+    try:
+        rows = list(ledger.rows())
+    finally:
+        ledger.close()
+    assert sorted((row.prediction_id, row.subject_id) for row in rows) == sorted(
+        {(r["prediction_id"], str(r["subject_id"])) for r in scored}
+    )
 
 
 def test_a_fhir_run_records_each_patient_by_its_fhir_id(

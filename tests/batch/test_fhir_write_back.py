@@ -265,14 +265,18 @@ def test_a_fhir_jobs_answered_records_with_their_patients_and_ledger_rows(tmp_pa
     at = datetime(2026, 11, 27, tzinfo=UTC)
     asked: list[list[str]] = []
 
-    def ledger(held: set[str]):
-        def created(ids):
+    def ledger(held: dict[str, str]):
+        """The ledger's `recorded` of rows `held` (prediction id -> subject)."""
+
+        def recorded(ids):
             asked.append(list(ids))
-            return {i: at for i in ids if i in held}
+            return {i: (at, held[i]) for i in ids if i in held}
 
-        return created
+        return recorded
 
-    found = fhir_job_predictions(tmp_path, [plan, pending], task, ledger({"id-0", "id-2"}))
+    found = fhir_job_predictions(
+        tmp_path, [plan, pending], task, ledger({"id-0": "pa", "id-2": "pc"})
+    )
     written = list(found)
     assert [(w.prediction_id, w.patient_id, w.prediction, w.p_yes) for w in written] == [
         ("id-0", "pa", True, 0.7),
@@ -281,7 +285,9 @@ def test_a_fhir_jobs_answered_records_with_their_patients_and_ledger_rows(tmp_pa
     assert {w.recorded for w in written} == {at}
     assert asked == [["id-0", "id-2"]]  # one look-up per shard
     with pytest.raises(ValueError, match="record 2 has no ledger row"):
-        list(fhir_job_predictions(tmp_path, [plan], task, ledger({"id-0"})))
+        list(fhir_job_predictions(tmp_path, [plan], task, ledger({"id-0": "pa"})))
+    with pytest.raises(ValueError, match="record 2: its ledger row id-2 is about another patient"):
+        list(fhir_job_predictions(tmp_path, [plan], task, ledger({"id-0": "pa", "id-2": "pa"})))
 
 
 def test_the_card_written_is_the_served_models_card() -> None:

@@ -95,7 +95,7 @@ def test_rows_are_read_by_time_and_task(ledger_url: str) -> None:
     ledger.close()
 
 
-def test_the_times_of_ids_are_read_in_chunks(
+def test_the_times_and_subjects_of_ids_are_read_in_chunks(
     ledger_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(store, "CHUNK_ROWS", 2)
@@ -103,8 +103,8 @@ def test_the_times_of_ids_are_read_in_chunks(
     rows = [row(i) for i in range(5)]
     ledger.record(rows)
     asked = [r.prediction_id for r in rows] + ["not-there", rows[0].prediction_id]
-    assert ledger.created(asked) == {r.prediction_id: r.created_at for r in rows}
-    assert ledger.created([]) == {}
+    assert ledger.recorded(asked) == {r.prediction_id: (r.created_at, "7") for r in rows}
+    assert ledger.recorded([]) == {}
     ledger.close()
 
 
