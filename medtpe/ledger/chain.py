@@ -13,7 +13,8 @@ Digests (SHA-256, hexadecimal):
   row count.
 
 Rows are appended under the chain's lock held to the commit (`lock_chain`: PostgreSQL's
-transaction-scoped advisory lock `CHAIN_LOCK_KEY`, SQLite's write lock by `BEGIN IMMEDIATE`), so
+transaction-scoped advisory lock `CHAIN_LOCK_KEY`, taken with the head's read by the function
+`HEAD_FUNCTION`; SQLite's write lock by `BEGIN IMMEDIATE`), so
 writers in several processes append one after the other; the database's role needs only SELECT
 and INSERT."""
 
@@ -91,13 +92,21 @@ class Head:
     digest: str = GENESIS
 
 
+HEAD_FUNCTION = "medtpe_chain_head"
+"""PostgreSQL's function (migration 0003) that takes the chain's lock and then reads its head, in
+one statement: its query runs after the lock is granted, on a snapshot of its own (a volatile
+function's), so it sees the rows the previous holder committed."""
+
+
 def lock_chain(connection: Connection) -> Head:
     """Take the chain's lock in `connection`'s transaction (held to its commit or rollback; the
     transaction must not have run a statement yet) and read its head."""
     if connection.dialect.name == "postgresql":
-        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": CHAIN_LOCK_KEY})
-    else:  # SQLite: the write lock now, before the head is read (WAL: readers go on)
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        found = connection.execute(
+            text(f"SELECT seq, digest FROM {HEAD_FUNCTION}(:key)"), {"key": CHAIN_LOCK_KEY}
+        ).one()
+        return Head() if found[0] is None else Head(found[0], found[1])
+    connection.exec_driver_sql("BEGIN IMMEDIATE")  # SQLite's write lock (WAL: readers go on)
     return read_head(connection)
 
 

@@ -301,25 +301,29 @@ class Ledger:
             ) from exc
 
     def _write(self, unique: dict[str, dict[str, Any]]) -> None:
-        """Append the rows not there yet to the chain in one transaction, under the chain's
-        lock (one INSERT executed for every row: psycopg pipelines them). Tried first as if
-        none were there; when some were (a retry, or a conflict), rolled back and done again
-        with those compared with theirs and left out."""
-        with self.engine.connect() as connection:
-            with connection.begin() as transaction:
-                head = chain.lock_chain(connection)
-                appended, _ = chain.chained(list(unique.values()), head)
-                if connection.execute(self._insert(), appended).rowcount == len(appended):
-                    self._sign_due(connection, appended)
+        """Append the rows not there yet to the chain in one transaction, under the chain's lock;
+        those there already (a retry, or a conflict) compared with theirs and left out. One row
+        (an answer's) is inserted at once, its insert saying whether it was there; several are
+        looked up first, then inserted by one statement executed for each (psycopg pipelines
+        them)."""
+        with self.engine.begin() as connection:
+            head = chain.lock_chain(connection)
+            if len(unique) == 1:
+                [values] = unique.values()
+                [appended], _ = chain.chained([values], head)
+                inserted = connection.execute(
+                    self._insert().returning(_TABLE.c.chain_seq), appended
+                ).first()
+                if inserted is None:
+                    self._not_recorded(connection, unique)
                     return
-                transaction.rollback()
-            with connection.begin():
-                head = chain.lock_chain(connection)
-                fresh = self._not_recorded(connection, unique)
-                if fresh:
-                    appended, _ = chain.chained(fresh, head)
-                    connection.execute(self._insert(), appended)
-                    self._sign_due(connection, appended)
+                self._sign_due(connection, [appended])
+                return
+            fresh = self._not_recorded(connection, unique)
+            if fresh:
+                appended_rows, _ = chain.chained(fresh, head)
+                connection.execute(self._insert(), appended_rows)
+                self._sign_due(connection, appended_rows)
 
     def _not_recorded(
         self, connection: Connection, unique: dict[str, dict[str, Any]]

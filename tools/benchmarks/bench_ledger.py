@@ -9,7 +9,8 @@ Ed25519 signature.
 Each request-sized write is one transaction of one row, committed before the next (PostgreSQL
 fsyncs each commit, SQLite's WAL at checkpoints); the
 rows are built before the clock starts. Every row written is read back and compared at the
-end, and the count checked (nothing lost or doubled).
+end, and the count checked (nothing lost or doubled); then the whole ledger is audited
+(`medtpe.ledger.audit`: its hash chain, every row's signature) and timed.
 
     .venv/bin/python -m tools.benchmarks.bench_ledger --records 400 --batch-rows 20000 \\
         --out tools/benchmarks/results/bench_ledger.json
@@ -38,6 +39,7 @@ import numpy as np
 
 from medtpe.core.meds import SubjectEvents
 from medtpe.core.meds.canonical import canonical_record, record_digest
+from medtpe.ledger.audit import audit
 from medtpe.ledger.receipt import prompt_ids_digest
 from medtpe.ledger.store import Ledger, PredictionRow
 from tests.support.ledger_rows import SIGNER, receipt, row
@@ -90,15 +92,29 @@ def read_back(ledger: Ledger, rows: list[PredictionRow]) -> bool:
 
 
 def measure(url: str, request_rows: list[PredictionRow], batch: list[PredictionRow]) -> dict:
-    """Request-sized and batch writes on a fresh ledger at `url`, checked."""
+    """Request-sized and batch writes on a fresh ledger at `url`, checked, then audited whole
+    (`medtpe ledger audit`'s walk: chain, signatures, checkpoints)."""
     ledger = Ledger.open(url)
     try:
         requests = request_writes(ledger, request_rows)
         batches = batch_writes(ledger, batch)
         intact = read_back(ledger, request_rows + batch)
+        start = time.perf_counter()
+        audited = audit(ledger.engine, SIGNER.public_key, deadline_s=600)
+        seconds = time.perf_counter() - start
     finally:
         ledger.close()
-    return {"one_row_per_request": requests, "batch": batches, "read_back_intact": intact}
+    return {
+        "one_row_per_request": requests,
+        "batch": batches,
+        "read_back_intact": intact,
+        "audit": {
+            "rows": audited.rows,
+            "intact": audited.finding is None,
+            "seconds": round(seconds, 3),
+            "rows_per_s": round(audited.rows / seconds),
+        },
+    }
 
 
 def icu_record(n_events: int = 2_000) -> SubjectEvents:

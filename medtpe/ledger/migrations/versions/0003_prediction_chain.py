@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from medtpe.ledger.chain import CHAINED_COLUMNS, GENESIS, link, row_digest
+from medtpe.ledger.chain import CHAINED_COLUMNS, GENESIS, HEAD_FUNCTION, link, row_digest
 
 revision = "0003"
 down_revision = "0002"
@@ -35,7 +35,8 @@ _TYPES = {
 
 def upgrade() -> None:
     """Add `chain_seq` and `chain_digest` to `predictions`, create `chain_checkpoints`, chain
-    the rows already there, then index `chain_seq` (unique)."""
+    the rows already there, then index `chain_seq` (unique); on PostgreSQL, create the function
+    that locks the chain and reads its head."""
     op.add_column("predictions", sa.Column("chain_seq", sa.BigInteger, nullable=True))
     op.add_column("predictions", sa.Column("chain_digest", sa.String(64), nullable=True))
     op.create_table(
@@ -48,6 +49,22 @@ def upgrade() -> None:
     )
     _chain_rows(op.get_bind())
     op.create_index("ix_predictions_chain_seq", "predictions", ["chain_seq"], unique=True)
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute(_HEAD_FUNCTION)
+
+
+_HEAD_FUNCTION = f"""
+CREATE FUNCTION {HEAD_FUNCTION}(lock_key bigint, OUT seq bigint, OUT digest text)
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(lock_key);
+    SELECT chain_seq, chain_digest INTO seq, digest FROM predictions
+     WHERE chain_seq IS NOT NULL ORDER BY chain_seq DESC LIMIT 1;
+END
+$$
+"""
+"""PostgreSQL: the chain's lock, then its head read on a snapshot taken after the lock was
+granted (`medtpe.ledger.chain.lock_chain`)."""
 
 
 def _chain_rows(connection: sa.Connection) -> None:
@@ -82,7 +99,9 @@ def _chain_rows(connection: sa.Connection) -> None:
 
 
 def downgrade() -> None:
-    """Drop the index, the checkpoints and the two columns."""
+    """Drop the function, the index, the checkpoints and the two columns."""
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute(f"DROP FUNCTION {HEAD_FUNCTION}(bigint)")
     op.drop_index("ix_predictions_chain_seq", "predictions")
     op.drop_table("chain_checkpoints")
     with op.batch_alter_table("predictions") as batch:
