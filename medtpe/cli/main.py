@@ -69,20 +69,26 @@ def optional_modules() -> dict[str, list[str]]:
 def user_errors() -> tuple[type[Exception], ...]:
     """The errors the layers raise about what the user gave them: a directory that is not a
     MEDS dataset, a model file to prepare first, an unreadable task file, an artefact of another
-    base tokenizer, a FHIR mapping that does not validate (imported when one is raised)."""
+    base tokenizer, a FHIR mapping that does not validate, a record answered otherwise than the
+    ledger row its id names (imported when one is raised)."""
     from medtpe.core.fhir.site_mapping import SiteMappingError
     from medtpe.core.meds.readers import MedsFormatError
     from medtpe.core.tasks import TaskFileError
     from medtpe.core.tokenizer.artefact_files import ArtefactMismatchError
     from medtpe.inference.checkpoints import ModelFilesMissing
 
-    return (
+    errors: tuple[type[Exception], ...] = (
         MedsFormatError,
         ModelFilesMissing,
         TaskFileError,
         ArtefactMismatchError,
         SiteMappingError,
     )
+    try:  # the ledger's database libraries are an optional extra
+        from medtpe.ledger.store import LedgerConflict
+    except ModuleNotFoundError:
+        return errors
+    return (*errors, LedgerConflict)
 
 
 class MedtpeGroup(click.Group):
