@@ -38,10 +38,11 @@ P_CLIP = 1e-6
 FEW_OUTCOMES = 10
 """Fewer known positives or negatives than this: too few to judge discrimination."""
 OVERRIDDEN = "overridden"
-BOOTSTRAP_BLOCK_BYTES = 128 * 2**20
+BOOTSTRAP_BLOCK_BYTES = 32 * 2**20
 """The most bytes of resample weights held at once: a slice's resamples are drawn and scored a
-block at a time (the same draws, the same figures, as all at once), so a slice of millions of
-predictions costs a few times this, not resamples x rows x 8 bytes."""
+block at a time (the same draws as all at once; the ECE's last digit may differ by a rounding),
+so a slice of millions of predictions costs about 7 times this (the metrics' sorted copies), not
+resamples x rows x 8 bytes that many times."""
 
 
 def _number(value: float | None) -> float | None:

@@ -1,11 +1,12 @@
 """The ledger's predictions of a period with their outcomes, attributes and feedback, as
 columns (one numpy array per field), streamed from the database `READ_ROWS` rows at a time.
 
-Memory is bounded in bytes: the columns hold each row in about 250 bytes (its id's text, times and
-numbers as numpy values, every repeated text — task, site, subject, answer, status, attribute
-values — one shared object), and a period of more than `MAX_REPORT_ROWS` predictions is refused
-before anything is read (`PeriodTooLarge`, naming the count and the bound), so `medtpe monitor`
-stays under 2 GB (docs/benchmarks.md measures it)."""
+Memory is bounded in bytes: the columns hold a row in a few hundred bytes (its id's text, times
+and numbers as numpy values, every repeated text — task, site, subject, answer, status, attribute
+values — one shared object), the bootstrap holds a block of weights at a time
+(`medtpe.monitoring.figures.BOOTSTRAP_BLOCK_BYTES`), and a period of more than `MAX_REPORT_ROWS`
+predictions is refused before anything is read (`PeriodTooLarge`, naming the count and the
+bound); docs/benchmarks.md measures the peak against rows."""
 
 from __future__ import annotations
 

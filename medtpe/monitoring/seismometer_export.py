@@ -35,6 +35,12 @@ COHORT_COLUMNS = {"sex": "Sex", "age_band": "AgeBand"}
 """Column names of the built-in attributes (mapped attributes keep their own names)."""
 
 
+def _text(values: np.ndarray) -> pa.Array:
+    """A text column from numpy's texts, never through a fixed-width copy of them (4 bytes a
+    character of the longest: a report's ids alone would take 144 bytes a row)."""
+    return pa.array(values, pa.string())
+
+
 def _column(name: str) -> str:
     return COHORT_COLUMNS.get(name, name)
 
@@ -46,21 +52,17 @@ def write_task(data: Monitored, rows: np.ndarray, thresholds: np.ndarray, folder
         np.isnat(data.prediction_time[rows]), data.created_at[rows], data.prediction_time[rows]
     )
     columns: dict[str, pa.Array] = {
-        "Id": pa.array(data.subject_id[rows].astype(str)),
-        "ContextId": pa.array(data.prediction_id[rows].astype(str)),
+        "Id": _text(data.subject_id[rows]),
+        "ContextId": _text(data.prediction_id[rows]),
         "PredictTime": pa.array(when, pa.timestamp("us")),
         "Score": pa.array(data.p_yes[rows], pa.float64(), from_pandas=True),
         "Threshold": pa.array(thresholds[rows], pa.float64()),
-        "Site": pa.array(np.where(data.site[rows] == "", "(none)", data.site[rows]).astype(str)),
-        "Silent": pa.array(np.where(data.silent[rows], "silent", "live").astype(str)),
-        "OutcomeStatus": pa.array(
-            np.where(data.status[rows] == "", "not_joined", data.status[rows]).astype(str)
-        ),
+        "Site": _text(np.where(data.site[rows] == "", "(none)", data.site[rows])),
+        "Silent": _text(np.where(data.silent[rows], "silent", "live")),
+        "OutcomeStatus": _text(np.where(data.status[rows] == "", "not_joined", data.status[rows])),
     }
     for name, values in sorted(data.attributes.items()):
-        columns[_column(name)] = pa.array(
-            np.where(values[rows] == "", "(unknown)", values[rows]).astype(str)
-        )
+        columns[_column(name)] = _text(np.where(values[rows] == "", "(unknown)", values[rows]))
     pq.write_table(pa.table(columns), folder / PREDICTIONS)
     known_mask = ~np.isnan(data.label[rows])
     known = rows[known_mask]
@@ -68,8 +70,8 @@ def write_task(data: Monitored, rows: np.ndarray, thresholds: np.ndarray, folder
     event_time = np.where(np.isnat(ends), when[known_mask], ends)
     events = pa.table(
         {
-            "Id": pa.array(data.subject_id[known].astype(str)),
-            "ContextId": pa.array(data.prediction_id[known].astype(str)),
+            "Id": _text(data.subject_id[known]),
+            "ContextId": _text(data.prediction_id[known]),
             "Type": pa.array([OUTCOME] * len(known), pa.string()),
             "EventTime": pa.array(event_time, pa.timestamp("us")),
             "Value": pa.array(data.label[known].astype(np.int64)),
