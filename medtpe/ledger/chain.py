@@ -14,7 +14,8 @@ Digests (SHA-256, hexadecimal):
 
 Rows are appended under the chain's lock held to the commit (`lock_chain`: PostgreSQL's
 transaction-scoped advisory lock `CHAIN_LOCK_KEY`, taken with the head's read by the function
-`HEAD_FUNCTION`; SQLite's write lock by `BEGIN IMMEDIATE`), so
+`HEAD_FUNCTION`; SQLite's write lock, by `BEGIN IMMEDIATE`, or by the one statement that reads
+the head and inserts an answer's row, `SQLITE_APPEND`), so
 writers in several processes append one after the other; the database's role needs only SELECT
 and INSERT."""
 
@@ -27,7 +28,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, select, text
+from sqlalchemy import Connection, bindparam, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 
 from medtpe.ledger.receipt import canonical_json, sha256_hex, utc_text
@@ -108,6 +109,20 @@ def lock_chain(connection: Connection) -> Head:
         return Head() if found[0] is None else Head(found[0], found[1])
     connection.exec_driver_sql("BEGIN IMMEDIATE")  # SQLite's write lock (WAL: readers go on)
     return read_head(connection)
+
+
+LINK_FUNCTION = "medtpe_chain_link"
+"""SQLite's function `link` (registered on every connection of the ledger's engine)."""
+SQLITE_APPEND = text(
+    f"INSERT INTO predictions ({', '.join(CHAINED_COLUMNS)}, chain_seq, chain_digest) "
+    f"SELECT {', '.join(':' + name for name in CHAINED_COLUMNS)}, "
+    f"coalesce(last.chain_seq, 0) + 1, {LINK_FUNCTION}(coalesce(last.chain_digest, :genesis), "
+    ":row) FROM (SELECT 1) AS one LEFT JOIN (SELECT chain_seq, chain_digest FROM predictions "
+    "WHERE chain_seq IS NOT NULL ORDER BY chain_seq DESC LIMIT 1) AS last ON 1 "
+    "RETURNING chain_seq, chain_digest"
+).bindparams(*(bindparam(name, type_=_PREDICTIONS.c[name].type) for name in CHAINED_COLUMNS))
+"""SQLite: one row appended after the chain's head in one statement (parameters: the row's
+columns, `genesis` and `row`, its `row_digest`), its place and link returned."""
 
 
 def read_head(connection: Connection) -> Head:

@@ -38,7 +38,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, create_engine, event, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
 from medtpe.ledger import chain
 from medtpe.ledger.migrate import upgrade
@@ -199,6 +199,7 @@ def _sqlite_pragmas(timeouts: DatabaseTimeouts, connection: Any, _record: Any) -
     cursor.execute(f"PRAGMA busy_timeout={_milliseconds(timeouts.lock_s)}")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
+    connection.create_function(chain.LINK_FUNCTION, 2, chain.link, deterministic=True)
 
 
 def postgres_options(timeouts: DatabaseTimeouts) -> str:
@@ -303,27 +304,37 @@ class Ledger:
     def _write(self, unique: dict[str, dict[str, Any]]) -> None:
         """Append the rows not there yet to the chain in one transaction, under the chain's lock;
         those there already (a retry, or a conflict) compared with theirs and left out. One row
-        (an answer's) is inserted at once, its insert saying whether it was there; several are
-        looked up first, then inserted by one statement executed for each (psycopg pipelines
-        them)."""
+        (an answer's) is tried first as new (`_append_one`); several are looked up first, then
+        inserted by one statement executed for each (psycopg pipelines them)."""
+        if len(unique) == 1 and self._append_one(*unique.values()):
+            return
         with self.engine.begin() as connection:
             head = chain.lock_chain(connection)
-            if len(unique) == 1:
-                [values] = unique.values()
-                [appended], _ = chain.chained([values], head)
-                inserted = connection.execute(
-                    self._insert().returning(_TABLE.c.chain_seq), appended
-                ).first()
-                if inserted is None:
-                    self._not_recorded(connection, unique)
-                    return
-                self._sign_due(connection, [appended])
-                return
             fresh = self._not_recorded(connection, unique)
             if fresh:
-                appended_rows, _ = chain.chained(fresh, head)
-                connection.execute(self._insert(), appended_rows)
-                self._sign_due(connection, appended_rows)
+                appended, _ = chain.chained(fresh, head)
+                connection.execute(self._insert(), appended)
+                self._sign_due(connection, appended)
+
+    def _append_one(self, values: dict[str, Any]) -> bool:
+        """Append one row as new, in as many statements as a plain insert where possible: on
+        SQLite one statement reads the head and inserts (`chain.SQLITE_APPEND`: a write
+        statement begins with the write lock); on PostgreSQL the lock and the head's read are
+        one statement (`chain.lock_chain`), the insert another. False, nothing written, when
+        the row's id is there already."""
+        try:
+            with self.engine.begin() as connection:
+                if connection.dialect.name == "sqlite":
+                    given = values | {"genesis": chain.GENESIS, "row": chain.row_digest(values)}
+                    seq, digest = connection.execute(chain.SQLITE_APPEND, given).one()
+                    appended = values | {"chain_seq": seq, "chain_digest": digest}
+                else:
+                    [appended], _ = chain.chained([values], chain.lock_chain(connection))
+                    connection.execute(_TABLE.insert(), appended)
+                self._sign_due(connection, [appended])
+        except IntegrityError:  # the id is there: a retry, or a conflict
+            return False
+        return True
 
     def _not_recorded(
         self, connection: Connection, unique: dict[str, dict[str, Any]]
