@@ -1,5 +1,8 @@
 """`medtpe predict` on the real vLLM engine (default model, test artefact, small budget): the local
-job, then the same job on a local Ray cluster started for it, answer for answer the same."""
+job, then the same job on a local Ray cluster started for it, answer for answer the same; then
+`medtpe verify` re-derives one of the local job's ledger rows on the real engine, and neither
+command leaves a Python traceback on its way out (each shuts its engine down before the
+interpreter exits)."""
 
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.xdist_group("ray
 
 
 def _predict(
-    service_files: tuple[Path, Path], meds: Path, out: Path, *extra: str
+    service_files: tuple[Path, Path], meds: Path, out: Path, env: dict[str, str], *extra: str
 ) -> subprocess.CompletedProcess:
     artefact, export = service_files
     command = medtpe_command(
@@ -41,7 +44,6 @@ def _predict(
         artefact=artefact,
         export_dir=export,
     )
-    env = {**os.environ, **service_env(service_files), "MEDTPE_TASK": "icu_mortality"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     return done
@@ -77,9 +79,11 @@ def test_local_and_ray_predict_the_same(service_files: tuple[Path, Path], tmp_pa
     pq.write_table(pa.concat_tables([pq.read_table(labels), orphan]), labels)
 
     local, ray = tmp_path / "local", tmp_path / "ray"
-    done = _predict(service_files, meds, local)
+    env = {**os.environ, **service_env(service_files), "MEDTPE_TASK": "icu_mortality"}
+    done = _predict(service_files, meds, local, env)
     assert "4 records scored in 3 shards" in done.stdout
-    _predict(service_files, meds, ray, "--ray", "--ray-cpus", "2")
+    ray_env = {**os.environ, **service_env(service_files), "MEDTPE_TASK": "icu_mortality"}
+    _predict(service_files, meds, ray, ray_env, "--ray", "--ray-cpus", "2")
 
     expected = [
         "_no_events.parquet",
@@ -115,3 +119,16 @@ def test_local_and_ray_predict_the_same(service_files: tuple[Path, Path], tmp_pa
         assert (row["error"] is None) == row["format_ok"]
         assert row["medtpe_tokens"] < row["original_tokens"] <= 512
         assert 0.0 <= row["p_yes"] <= 1.0
+
+    assert "Traceback" not in done.stderr, done.stderr[-4000:]
+    artefact, export = service_files
+    verify = medtpe_command(
+        "verify", rows[2]["prediction_id"], meds=meds, artefact=artefact, export_dir=export
+    )
+    checked = subprocess.run(verify, env=env, capture_output=True, text=True, timeout=900)
+    assert checked.returncode == 0, checked.stdout + checked.stderr[-4000:]
+    report = [line.split() for line in checked.stdout.splitlines()]
+    parts = {words[1]: words[0] for words in report if words and words[0] in ("ok", "DIFF")}
+    assert {"signature", "record", "prompt", "answer", "p_yes"} <= set(parts), checked.stdout
+    assert set(parts.values()) == {"ok"}, checked.stdout
+    assert "Traceback" not in checked.stderr, checked.stderr[-4000:]
