@@ -27,9 +27,10 @@ _P, _O = Prediction.__table__.c, Outcome.__table__.c
 REASON_CHARS = 100
 READ_ROWS = 10_000
 """Rows fetched per round trip (a server-side cursor on PostgreSQL)."""
-MAX_REPORT_ROWS = 4_000_000
+MAX_REPORT_ROWS = 3_800_000
 """The most predictions one report reads (a year of a 10,000-a-day site is 3.65 M): past it the
-period is refused, to be reported in parts (`--since`/`--until`)."""
+period is refused, to be reported in parts (`--since`/`--until`). The report's peak measured about
+0.54 GB and 374 bytes a row (docs/benchmarks.md): at most about 1.97 GB."""
 LOOKUP_CHUNK = 1_000
 """Prediction ids per statement when rows outside the period are read by id."""
 
