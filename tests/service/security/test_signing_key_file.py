@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from medtpe.ledger.settings import LedgerSettings
 from medtpe.ledger.signing import SigningKeyError, local_key, parse_private_key, signer_for
 from tests.support.paths import ROOT
 
@@ -104,9 +105,8 @@ def test_the_service_refuses_to_start_on_an_open_key_file(tmp_path: Path) -> Non
     key_file = tmp_path / "ledger-signing-key"
     key_file.write_text(SEED + "\n")
     key_file.chmod(0o640)
-    env = {
-        name: value for name, value in os.environ.items() if not name.startswith("MEDTPE_LEDGER_")
-    }
+    ledger_variables = LedgerSettings.variables()
+    env = {name: value for name, value in os.environ.items() if name not in ledger_variables}
     env["MEDTPE_CACHE_DIR"] = str(tmp_path)
     done = subprocess.run(
         [str(Path(sys.executable).with_name("medtpe")), "serve"],
