@@ -311,6 +311,7 @@ def verify(
             else settings.signer().public_key
         )
         row = opened.get(prediction_id)
+        linked = opened.chain_link_holds(prediction_id)
     except (SigningKeyError, LedgerUnavailable, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     finally:
@@ -318,6 +319,7 @@ def verify(
     if row is None:
         raise click.ClickException(f"no prediction {prediction_id} in the ledger")
     receipt, checks = check_row(row, key)
+    checks.append(chain_check(linked))
     if receipt is not None and not signature_only:
         source = RecordSource(meds_dir, fhir_dirs, fhir_mapping)
         if meds_dir is None and not fhir_dirs and row.record is None:
@@ -333,6 +335,25 @@ def verify(
     click.echo(report(checks))
     if not all(check.ok for check in checks):
         raise SystemExit(1)
+
+
+def chain_check(linked: bool | None) -> Check:
+    """The row's place in the hash chain as a verify line: every column as chained, the
+    unsigned ones included (`Ledger.chain_link_holds`; None: not checkable here)."""
+    if linked is None:
+        return Check(
+            "chain",
+            True,
+            "not checked here (no place, or the row before it gone): "
+            "medtpe ledger audit walks the chain",
+        )
+    return Check(
+        "chain",
+        linked,
+        "every column as chained, after the row before it"
+        if linked
+        else "row edited: a column differs from the chain's digest of it (medtpe ledger audit)",
+    )
 
 
 def _jwk_file_key(path: Path) -> Any:

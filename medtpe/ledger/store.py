@@ -390,6 +390,40 @@ class Ledger:
             raise LedgerUnavailable(f"the ledger cannot be read: {database_reason(exc)}") from exc
         return None if found is None else stored_row(found)
 
+    def chain_link_holds(self, prediction_id: str) -> bool | None:
+        """Whether the row of `prediction_id` is the chain's link it says it is: its
+        `chain_digest` is the link of the row before it and of its own columns as stored now
+        (every column, those its receipt does not sign included; `medtpe.ledger.chain`). None
+        when that cannot be told: no such row, a row outside the chain, or the row before it
+        gone (retention); `medtpe ledger audit` walks the whole chain."""
+        columns = [_TABLE.c[name] for name in chain.CHAINED_COLUMNS]
+        seq_column, digest_column = _TABLE.c.chain_seq, _TABLE.c.chain_digest
+        try:
+            with self.engine.connect() as connection:
+                found = (
+                    connection.execute(
+                        select(*columns, seq_column, digest_column).where(
+                            _TABLE.c.prediction_id == prediction_id
+                        )
+                    )
+                    .mappings()
+                    .first()
+                )
+                if found is None or found["chain_seq"] is None:
+                    return None
+                previous = (
+                    chain.GENESIS
+                    if found["chain_seq"] == 1
+                    else connection.execute(
+                        select(digest_column).where(seq_column == found["chain_seq"] - 1)
+                    ).scalar_one_or_none()
+                )
+        except SQLAlchemyError as exc:
+            raise LedgerUnavailable(f"the ledger cannot be read: {database_reason(exc)}") from exc
+        if previous is None:
+            return None
+        return chain.link(previous, chain.row_digest(found)) == found["chain_digest"]
+
     def recorded(self, prediction_ids: Sequence[str]) -> dict[str, tuple[datetime, str]]:
         """When each of `prediction_ids` the ledger holds was recorded (UTC) and whom it is
         about (its `subject_id`), read `CHUNK_ROWS` ids per statement; ids it does not hold are

@@ -2,9 +2,11 @@
 (`--signature-only`, through the command line): every column of the `predictions` table that a
 receipt signs — who asked, through which door, for which site, about whom, as of when, whether it
 was shown, and the answer — is compared with the receipt, and an edit names its column, on SQLite
-for each column and on PostgreSQL too. A version 1 receipt (written before receipts signed who,
-when and whether shown) still verifies for what it signs, and verify names the columns it does
-not sign."""
+for each column and on PostgreSQL too. A column no receipt signs (the token counts, the latency,
+whether the answer parsed) is caught by the row's link in the ledger's hash chain, which covers
+every column. A version 1 receipt (written before receipts signed who, when and whether shown)
+still verifies for what it signs, verify names the columns it does not sign, and the chain still
+catches an edit of them."""
 
 from __future__ import annotations
 
@@ -117,7 +119,9 @@ def test_a_version_1_receipt_verifies_for_what_it_signs_and_names_what_it_does_n
     )
     url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
     result = verify(url, edited(url, written, {"subject_id": "11"}), key)
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # the chain covers the column the receipt does not
+    assert "DIFF chain" in result.output
+    assert "ok   signature" in result.output
     assert "ok   row       the row's 6 signed columns say what its receipt signs" in result.output
     assert (
         "ok   coverage  receipt version 1 does not sign subject_id, prediction_time, door, "
@@ -130,3 +134,27 @@ def test_a_version_1_receipt_verifies_for_what_it_signs_and_names_what_it_does_n
     )
     result = verify(url, edited(url, answered, {"answer": '"no"'}), key)
     assert result.exit_code == 1 and "row edited: answer differ" in result.output
+
+
+UNSIGNED_EDITS: dict[str, Any] = {
+    "format_ok": False,
+    "original_tokens": 1,
+    "medtpe_tokens": 1,
+    "compression_rate": 0.99,
+    "latency_ms": 0.5,
+}
+"""Columns no receipt signs, and another value an edit could give each."""
+
+
+@pytest.mark.parametrize("column", sorted(UNSIGNED_EDITS))
+def test_an_edit_of_a_column_no_receipt_signs_is_caught_by_the_chain(
+    column: str, tmp_path: Path, key: Path
+) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+    untouched = verify(url, edited(url, row(3), {}), key)
+    assert untouched.exit_code == 0, untouched.output
+    assert "ok   chain" in untouched.output
+    result = verify(url, edited(url, SIGNED, {column: UNSIGNED_EDITS[column]}), key)
+    assert result.exit_code == 1, result.output
+    assert "ok   row" in result.output
+    assert "DIFF chain     row edited: a column differs from the chain's digest" in result.output
