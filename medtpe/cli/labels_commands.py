@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from medtpe.cli.options import MEDS_DIR_OPTION, TaskName, one_line
+from medtpe.cli.options import INPUT_FILE, MEDS_DIR_OPTION, TaskName, one_line
 
 
 def label_definitions() -> list[str]:
@@ -28,7 +28,7 @@ def label_definitions() -> list[str]:
 )
 @click.option(
     "--aces-config",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=INPUT_FILE,
     default=None,
     help="An ACES task configuration instead of --task (needs the es-aces package); binary "
     "labels. medtpe/core/meds/labels/aces/ has one for icu_mortality.",

@@ -152,22 +152,25 @@ def checkpoint(ledger_url: str | None, out_file: Path | None) -> None:
     click.echo(line)
 
 
+PUBLIC_KEY_OPTION = click.option(
+    "--public-key",
+    "public_key_file",
+    type=options.INPUT_FILE,
+    default=None,
+    help="The signer's public key, a JWK file [default: the configured signing key's].",
+)
+
+
 @ledger.command("audit")
 @LEDGER_OPTION
 @click.option(
     "--checkpoints",
     "checkpoints_file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=options.INPUT_FILE,
     default=None,
     help="Checkpoints kept away from the ledger (`medtpe ledger checkpoint --out`'s lines).",
 )
-@click.option(
-    "--public-key",
-    "public_key_file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="The signer's public key, a JWK file [default: the configured signing key's].",
-)
+@PUBLIC_KEY_OPTION
 @click.option(
     "--deadline-s",
     type=click.FloatRange(min=0.0, min_open=True),
@@ -256,13 +259,7 @@ class RecordSource:
     help="A MEDS dataset whose metadata/codes.parquet describes the codes, as the answer's "
     "service or job had [default: --meds for a `medtpe predict` row, else the artefact's].",
 )
-@click.option(
-    "--public-key",
-    "public_key_file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="The signer's public key, a JWK file [default: the configured signing key's].",
-)
+@PUBLIC_KEY_OPTION
 @click.option(
     "--p-tolerance",
     type=click.FloatRange(min=0.0),

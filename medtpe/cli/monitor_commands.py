@@ -28,6 +28,7 @@ import click
 from medtpe.cli.ledger_commands import LEDGER_OPTION, existing_ledger, ledger_settings
 from medtpe.cli.options import (
     FHIR_MAPPING_OPTION,
+    INPUT_FILE,
     TASK_OPTION,
     fhir_dirs_option,
     meds_dir_option,
@@ -93,7 +94,7 @@ def _fhir_source(
 @click.option(
     "--attributes",
     "attributes_path",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=INPUT_FILE,
     default=None,
     help="YAML of cohort attributes mapped from codes ({attribute: {code: value}}; a code "
     "ending in * matches a prefix); sex and age band are always recorded.",
@@ -168,7 +169,7 @@ def _utc(when: datetime | None) -> datetime | None:
 @click.option(
     "--thresholds",
     "thresholds_path",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=INPUT_FILE,
     default=None,
     help="YAML of operating thresholds on p(yes) per task and site [default: 0.5].",
 )

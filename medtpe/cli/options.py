@@ -30,6 +30,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 ENV_PREFIX = "MEDTPE_"
 
 INPUT_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
+INPUT_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 """The type of an option naming an existing input directory."""
 
 
@@ -305,7 +306,7 @@ def model_files(
 
 FHIR_MAPPING_OPTION = click.option(
     "--fhir-mapping",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=INPUT_FILE,
     envvar="MEDTPE_FHIR_MAPPING",
     show_envvar=True,
     default=None,

@@ -156,7 +156,7 @@ FHIR_OPTIONS = options.together(
     ),
     click.option(
         "--client-key",
-        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        type=options.INPUT_FILE,
         envvar="MEDTPE_FHIR_CLIENT_KEY_FILE",
         show_envvar=True,
         default=None,

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import click
 
-from medtpe.cli.options import one_line
+from medtpe.cli.options import INPUT_FILE, one_line
 
 
 @click.command("rescore")
-@click.argument("report", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("report", type=INPUT_FILE)
 @click.option(
     "--predictions-dir",
     type=click.Path(file_okay=False, path_type=Path),

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from medtpe.cli.options import ARTEFACT_DIR, INPUT_DIR, TASK
+from medtpe.cli.options import ARTEFACT_DIR, INPUT_DIR, INPUT_FILE, TASK
 from medtpe.cli.ray_option import ray_option
 from medtpe.core.metrics.fidelity import Thresholds
 from medtpe.inference.model import ModelConfig
@@ -55,13 +55,13 @@ def _base_or_default(base_dir: Path | None) -> Path:
     "--data",
     "data_path",
     required=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=INPUT_FILE,
     help="JSONL with a `prompt` per line (`medtpe render` output).",
 )
 @click.option(
     "--val-data",
     "val_path",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=INPUT_FILE,
     default=None,
     help="Validation JSONL (default: hold out --val-fraction of --data's subjects).",
 )
@@ -218,7 +218,7 @@ def extend_vocab(source: Path, out: Path, base: Path | None) -> None:
 @click.option(
     "--config",
     "config_file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=INPUT_FILE,
     default=None,
     help="YAML file of build settings (keys: medtpe.training.build_config.BuildConfig's fields; "
     "options given here override it).",
