@@ -59,9 +59,11 @@ def checked_rows(url: str, scored: list[dict[str, Any]], door: str) -> dict[str,
     return rows
 
 
-def test_a_meds_run_records_each_answer_once_and_a_resumed_run_none_twice(
+def first_meds_run(
     service_files: tuple[Path, Path], tmp_path: Path, ledger_url: str
-) -> None:
+) -> tuple[Path, Any, Job, LedgerSettings, Path]:
+    """A MEDS run of four subjects on the instant engine, recorded in `ledger_url`: its dataset,
+    model configuration, job, ledger settings and output folder, for a second run after it."""
     meds = write_meds_dataset(tmp_path / "meds", subjects=(1, 2, 3, 4), hours=8)
     config = engine_test_config(service_files, meds, max_new_tokens=8)
     labels = meds / "labels" / "icu_mortality.parquet"
@@ -69,6 +71,13 @@ def test_a_meds_run_records_each_answer_once_and_a_resumed_run_none_twice(
     settings = LedgerSettings(ledger_url, "digest", SEED)
     out = tmp_path / "out"
     run_local(config, job, out, InstantEngine.factory(), settings)
+    return meds, config, job, settings, out
+
+
+def test_a_meds_run_records_each_answer_once_and_a_resumed_run_none_twice(
+    service_files: tuple[Path, Path], tmp_path: Path, ledger_url: str
+) -> None:
+    _, config, job, settings, out = first_meds_run(service_files, tmp_path, ledger_url)
     first = records(out)
     assert len(first) == 4 and all(r["error"] is None for r in first)
     rows = checked_rows(ledger_url, first, "batch_meds")
@@ -89,13 +98,7 @@ def test_a_rerun_over_changed_data_gives_changed_records_rows_of_their_own(
     """Subject 1 replaced by subject 11 at the same label row, between a run and a rerun into
     the same folder (shard 0 scored again, as after a run stopped before its files): subject 11
     gets a row of its own, never subject 1's, and the unchanged records keep theirs."""
-    meds = write_meds_dataset(tmp_path / "meds", subjects=(1, 2, 3, 4), hours=8)
-    config = engine_test_config(service_files, meds, max_new_tokens=8)
-    labels = meds / "labels" / "icu_mortality.parquet"
-    job = Job(meds, TASK, labels=labels, sampling=Sampling(max_new_tokens=8), concurrency=2)
-    settings = LedgerSettings(ledger_url, "digest", SEED)
-    out = tmp_path / "out"
-    run_local(config, job, out, InstantEngine.factory(), settings)
+    meds, config, job, settings, out = first_meds_run(service_files, tmp_path, ledger_url)
     first = {r["subject_id"]: r["prediction_id"] for r in records(out)}
 
     write_meds_dataset(meds, subjects=(11, 2, 3, 4), hours=8)  # same paths, new data
