@@ -57,6 +57,7 @@ def run_identity(out_dir: Path, model: LoadedModel, sampling: Sampling) -> str:
             "max_input_tokens": predictor.max_input_tokens,
             "window_policy": predictor.windowing.policy.value,
             "window_grid_hours": predictor.windowing.grid_hours,
+            "prompt_layout": predictor.layout.value,
         },
         "decoding": sampling.as_dict(),
     }

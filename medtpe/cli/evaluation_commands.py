@@ -61,7 +61,9 @@ def _subject_ids(value: str | None) -> set[int] | None:
 )
 @options.split_option(meds.held_out_split, "; 'all' for every subject")
 @options.SAMPLING_OPTIONS
-@options.model_options("max_input_tokens", "max_new_tokens", "window_policy", "window_grid_hours")
+@options.model_options(
+    "max_input_tokens", "max_new_tokens", "window_policy", "window_grid_hours", "prompt_layout"
+)
 @click.option(
     "--prefill/--no-prefill",
     default=True,
@@ -93,6 +95,7 @@ def evaluate(
     max_new_tokens: int,
     window_policy: str,
     window_grid_hours: int,
+    prompt_layout: str,
     prefill: bool,
     constrained: bool,
     model_dir: Path | None,
@@ -132,6 +135,7 @@ def evaluate(
         max_new_tokens=max_new_tokens,
         window_policy=window_policy,
         window_grid_hours=window_grid_hours,
+        prompt_layout=prompt_layout,
         kv_cache_gib=kv_cache_gib,
         seed=seed,
         dtype=dtype,
@@ -168,6 +172,7 @@ REPORTED_OPTIONS = (
     "max_new_tokens",
     "window_policy",
     "window_grid_hours",
+    "prompt_layout",
     "prefill",
     "constrained",
     "seed",

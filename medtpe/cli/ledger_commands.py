@@ -396,6 +396,7 @@ def rederive(
     (`medtpe.ledger.answers.ReceiptBasis.of`), its `dtype` the one the engine ran in."""
     from medtpe.core.fhir import load_site_mapping
     from medtpe.core.meds.readers import MedsDataset
+    from medtpe.core.prompt.layout import LEGACY_LAYOUT, PromptLayout
     from medtpe.core.tasks import get_task
     from medtpe.inference.engines.factories import start_vllm
     from medtpe.inference.model import ModelConfig, load_model
@@ -417,7 +418,10 @@ def rederive(
     )
     prepare_model_files(config)
     loaded = load_model(config)
-    predictor, task = loaded.predictor, get_task(receipt.task)
+    task = get_task(receipt.task)
+    layout = PromptLayout(rendering.get("prompt_layout", LEGACY_LAYOUT))
+    predictor = loaded.predictor.with_layout(layout, rendering.get("shell_tokens"))
+    loaded = dataclasses.replace(loaded, predictor=predictor)
     when = None if row.prediction_time is None else row.prediction_time.replace(tzinfo=None)
     stored: dict[str, str] | None = None
     """A stored record's own descriptions (no FHIR mapping runs to give them)."""

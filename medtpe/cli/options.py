@@ -17,7 +17,7 @@ import click
 import meds
 
 from medtpe.core.meds.subject_split import DEFAULT_HELD_OUT, DEFAULT_SEED
-from medtpe.core.prompt import WindowPolicy
+from medtpe.core.prompt import PromptLayout, WindowPolicy
 from medtpe.core.secret_masking import mask_secrets
 from medtpe.core.tasks import TaskFileError, list_tasks
 from medtpe.core.tokenizer.artefact_files import MEDTPE_FILE, TOKENIZER_FILE
@@ -241,6 +241,12 @@ MODEL_OPTION_FLAGS: dict[str, tuple[str, str, click.ParamType | None, str | None
         "window_policy",
         click.Choice([p.value for p in WindowPolicy]),
         "WINDOW_POLICY",
+    ),
+    "prompt_layout": (
+        "--prompt-layout",
+        "prompt_layout",
+        click.Choice([layout.value for layout in PromptLayout]),
+        "PROMPT_LAYOUT",
     ),
     "window_grid_hours": (
         "--window-grid-hours",

@@ -92,6 +92,7 @@ RAY_RESOURCE_OPTIONS = options.together(
 
 SERVICE_SETTING_OPTIONS = options.model_options(
     "max_input_tokens",
+    "prompt_layout",
     "max_new_tokens",
     "max_num_seqs",
     "kv_cache_gib",
@@ -325,6 +326,7 @@ def predict(
     mode: str,
     constrained: bool,
     max_input_tokens: int,
+    prompt_layout: str,
     max_new_tokens: int,
     n_samples: int,
     temperature: float | None,
@@ -371,6 +373,7 @@ def predict(
         codes_dir=meds_dir or fhir["codes_dir"],
         codes_replace=fhir["codes_replace"],
         max_input_tokens=max_input_tokens,
+        prompt_layout=prompt_layout,
         max_new_tokens=max_new_tokens,
         max_num_seqs=concurrency,
         kv_cache_gib=kv_cache_gib,

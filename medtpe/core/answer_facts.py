@@ -26,6 +26,11 @@ class RenderingFacts:
     """The input budget the prompt was built within."""
     window_policy: str
     window_grid_hours: int
+    prompt_layout: str
+    """Where the record sits in the prompt (`medtpe.core.prompt.layout.PromptLayout`)."""
+    shell_tokens: int | None
+    """`record-first`: the tokens the record's budget left for the text around it
+    (`medtpe.core.prompt.Prompt.shell_tokens`); None in `task-first`."""
 
 
 @dataclass(frozen=True, kw_only=True)

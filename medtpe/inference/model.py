@@ -16,7 +16,8 @@ from typing import Any
 from medtpe.core.declared import Declared, declared, described
 from medtpe.core.meds.readers import read_code_descriptions
 from medtpe.core.paths import default_artefact_dir, default_export_dir, default_model_dir
-from medtpe.core.prompt import ChatTemplate, Windowing, WindowPolicy
+from medtpe.core.prompt import ChatTemplate, PromptLayout, Windowing, WindowPolicy
+from medtpe.core.prompt.layout import DEFAULT_LAYOUT
 from medtpe.core.prompt.task_prompt import DEFAULT_MAX_INPUT_TOKENS
 from medtpe.core.tokenizer import MedTPETokenizer
 from medtpe.core.tokenizer.artefact_manifest import (
@@ -88,6 +89,15 @@ class ModelConfig:
     max_new_tokens: int = field(
         default=64, metadata=described("Tokens generated per answer at most.")
     )
+    prompt_layout: PromptLayout = field(
+        default=DEFAULT_LAYOUT,
+        metadata=described(
+            "Where the record sits in the prompt: `record-first.v1` (a head that names no task, "
+            "the record, then the task: the tasks asked of one record share its prefill) or "
+            "`task-first.v1` (the task's instruction, the record, the question: the layout of "
+            "receipts that name none)."
+        ),
+    )
     windowing: Windowing = field(default_factory=Windowing)
     """Which events of a record over the budget the prompt shows
     (`medtpe.core.prompt.windowing`)."""
@@ -121,6 +131,8 @@ class ModelConfig:
         windowing = {WINDOWING_OPTIONS[k]: v for k, v in values.items() if k in WINDOWING_OPTIONS}
         if "policy" in windowing:
             windowing["policy"] = WindowPolicy(windowing["policy"])
+        if "prompt_layout" in values:
+            values = values | {"prompt_layout": PromptLayout(values["prompt_layout"])}
         return cls(
             **{k: v for k, v in values.items() if k in own},
             windowing=Windowing(**windowing),
@@ -204,7 +216,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
     budget = input_budget(config, checkpoint)
     descriptions = site_descriptions(bundle, config.codes_dir, config.codes_replace)
     overridden = config.codes_replace
-    rendering = check_rendering(bundle, descriptions, overridden)
+    rendering = check_rendering(bundle, descriptions, overridden, config.prompt_layout)
     if rendering.matches_artefact is False:
         where = f" (codes_dir {config.codes_dir})" if config.codes_dir is not None else ""
         logger.warning(
@@ -221,6 +233,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
         budget,
         descriptions,
         windowing=config.windowing,
+        layout=config.prompt_layout,
     )
     engine_config = EngineConfig(checkpoint, budget + config.max_new_tokens, config.engine)
     identity = ModelIdentity(

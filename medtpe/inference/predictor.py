@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from medtpe.core.meds import SubjectEvents
 from medtpe.core.metrics import compression_rate
-from medtpe.core.prompt import ChatTemplate, Prompt, build_prompt
+from medtpe.core.prompt import ChatTemplate, Prompt, build_prompts
+from medtpe.core.prompt.layout import DEFAULT_LAYOUT, PromptLayout
 from medtpe.core.prompt.windowing import SLIDING_WINDOW, Windowing
 from medtpe.core.tasks import Prediction, Task
 from medtpe.core.tasks.answers import answer_end_ids
@@ -60,6 +61,11 @@ class Segmentation:
 
     original_ids: list[int]
     medtpe_ids: list[int]
+    n_shared_original: int = 0
+    """The leading original ids every task of the record shares (`record-first`: the head and
+    the record; 0 in `task-first`)."""
+    n_shared_medtpe: int = 0
+    """The same leading part in MedTPE ids."""
 
     @property
     def compression_rate(self) -> float:
@@ -69,6 +75,10 @@ class Segmentation:
     def ids(self, mode: Mode) -> list[int]:
         """The ids a `mode` engine gets: MedTPE ids in `medtpe` mode, base ids in `original`."""
         return self.medtpe_ids if mode == "medtpe" else self.original_ids
+
+    def n_shared(self, mode: Mode) -> int:
+        """How many of `ids(mode)` lead every task's prompt about the record."""
+        return self.n_shared_medtpe if mode == "medtpe" else self.n_shared_original
 
 
 @dataclass(frozen=True)
@@ -88,6 +98,9 @@ class PreparedRecord:
     """The input budget the prompt was built within (original-tokenizer tokens)."""
     fhir: FhirRecord | None = None
     """A FHIR record's mapping (its counts, its display texts), else None."""
+    n_tasks: int = 1
+    """How many tasks' prompts were prepared from this record together (`render_s` and
+    `tokenize_s` are their shared work)."""
 
     def ids(self, mode: Mode) -> list[int]:
         """The prompt's ids for an engine of `mode` (`Segmentation.ids`)."""
@@ -179,6 +192,8 @@ class Predictor:
         descriptions: Mapping[str, str] | None = None,
         *,
         windowing: Windowing = SLIDING_WINDOW,
+        layout: PromptLayout = DEFAULT_LAYOUT,
+        shell_tokens: int | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.chat_template = chat_template
@@ -186,6 +201,16 @@ class Predictor:
         self.max_input_tokens = max_input_tokens
         self.descriptions = dict(descriptions or {})
         self.windowing = windowing
+        self.layout = layout
+        self.shell_tokens = shell_tokens
+        """`record-first`: the least text around the record every prompt keeps room for (a
+        receipt's, to re-derive it); None: the longest of the tasks asked together."""
+
+    def with_layout(self, layout: PromptLayout, shell_tokens: int | None = None) -> Predictor:
+        """This predictor in another prompt layout (`shell_tokens` as in `Predictor`)."""
+        other = copy.copy(self)
+        other.layout, other.shell_tokens = layout, shell_tokens
+        return other
 
     def at_budget(self, max_input_tokens: int) -> Predictor:
         """This predictor with another input budget (never above its own, which fits the
@@ -208,19 +233,19 @@ class Predictor:
 
     def build(
         self,
-        task: Task,
+        tasks: Sequence[Task],
         events: SubjectEvents,
         prediction_time: datetime | None,
         descriptions: Mapping[str, str] | None = None,
         horizon: datetime | None = None,
-    ) -> tuple[Prompt, datetime | None]:
-        """The task prompt for `events` within the input budget, and the prediction time used;
-        `descriptions`: the record's own code descriptions (a FHIR record's display texts), for
-        the codes the loaded codes metadata does not describe; `horizon`: the events at or
-        before it may be stand-ins (`build_prompt`)."""
+    ) -> tuple[list[Prompt], datetime | None]:
+        """The prompt of each of `tasks` about `events` within the input budget, and the
+        prediction time used; `descriptions`: the record's own code descriptions (a FHIR
+        record's display texts), for the codes the loaded codes metadata does not describe;
+        `horizon`: the events at or before it may be stand-ins (`build_prompts`)."""
         when = prediction_time if prediction_time is not None else default_prediction_time(events)
-        prompt = build_prompt(
-            task,
+        prompts = build_prompts(
+            tasks,
             events,
             when,
             self.tokenizer.base,
@@ -229,8 +254,10 @@ class Predictor:
             ChainMap(self.descriptions, descriptions) if descriptions else self.descriptions,
             windowing=self.windowing,
             horizon=horizon,
+            layout=self.layout,
+            shell_tokens=self.shell_tokens,
         )
-        return prompt, when
+        return prompts, when
 
     def prepare(
         self,
@@ -242,23 +269,54 @@ class Predictor:
     ) -> PreparedRecord:
         """Render the record into the task prompt and tokenize it (CPU work, no engine);
         `descriptions` and `horizon` as in `build`."""
+        return self.prepare_all([task], events, prediction_time, descriptions, horizon)[0]
+
+    def prepare_all(
+        self,
+        tasks: Sequence[Task],
+        events: SubjectEvents,
+        prediction_time: datetime | None,
+        descriptions: Mapping[str, str] | None = None,
+        horizon: datetime | None = None,
+    ) -> list[PreparedRecord]:
+        """`prepare` for each of `tasks` about one record: in the `record-first` layout the
+        record is rendered and tokenized once for all of them, and their ids agree up to the
+        end of the record (`Segmentation.n_shared`)."""
         start = time.perf_counter()
-        prompt, when = self.build(task, events, prediction_time, descriptions, horizon)
+        prompts, when = self.build(tasks, events, prediction_time, descriptions, horizon)
         rendered = time.perf_counter()
-        # the prompt's original ids come from build_prompt (record text as plain text, so event
+        # the prompt's original ids come from build_prompts (record text as plain text, so event
         # text cannot inject chat turns); MedTPE ids are derived from them
-        segmentation = Segmentation(prompt.base_ids, prompt.medtpe_ids(self.tokenizer))
+        shared: dict[tuple[int, ...], list[int]] = {}
+        segmentations = []
+        for prompt in prompts:
+            if prompt.layout is PromptLayout.TASK_FIRST:
+                segmentations.append(
+                    Segmentation(prompt.base_ids, prompt.medtpe_ids(self.tokenizer))
+                )
+                continue
+            key = tuple(prompt.head_ids)
+            if key not in shared:
+                shared[key] = prompt.shared_medtpe_ids(self.tokenizer)
+            ids = prompt.medtpe_ids(self.tokenizer, shared[key])
+            segmentations.append(
+                Segmentation(prompt.base_ids, ids, len(prompt.shared_ids), len(shared[key]))
+            )
         tokenized = time.perf_counter()
-        return PreparedRecord(
-            task=task,
-            events=events,
-            prompt=prompt,
-            prediction_time=when,
-            segmentation=segmentation,
-            render_s=rendered - start,
-            tokenize_s=tokenized - rendered,
-            max_input_tokens=self.max_input_tokens,
-        )
+        return [
+            PreparedRecord(
+                task=task,
+                events=events,
+                prompt=prompt,
+                prediction_time=when,
+                segmentation=segmentation,
+                render_s=rendered - start,
+                tokenize_s=tokenized - rendered,
+                max_input_tokens=self.max_input_tokens,
+                n_tasks=len(tasks),
+            )
+            for task, prompt, segmentation in zip(tasks, prompts, segmentations, strict=True)
+        ]
 
     def uncompressed(self, prepared: PreparedRecord) -> PreparedRecord:
         """`prepared` with its original ids, every token the artefact evicted decomposed into the

@@ -52,6 +52,8 @@ def answer_facts(
             max_input_tokens=prepared.max_input_tokens,
             window_policy=predictor.windowing.policy.value,
             window_grid_hours=predictor.windowing.grid_hours,
+            prompt_layout=predictor.layout.value,
+            shell_tokens=prepared.prompt.shell_tokens,
         ),
         model=model.identity.name,
         mode=model.identity.mode,

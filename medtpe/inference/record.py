@@ -40,7 +40,11 @@ class MedsRecord:
 
     def prepare(self, predictor: Predictor, task: Task) -> PreparedRecord:
         """The task prompt of the events within `predictor`'s input budget."""
-        return predictor.prepare(task, self.events, self.prediction_time)
+        return self.prepare_all(predictor, [task])[0]
+
+    def prepare_all(self, predictor: Predictor, tasks: Sequence[Task]) -> list[PreparedRecord]:
+        """Each task's prompt of the events, the record rendered once (`Predictor.prepare_all`)."""
+        return predictor.prepare_all(tasks, self.events, self.prediction_time)
 
 
 @dataclass(frozen=True)
@@ -64,13 +68,17 @@ class FhirResources:
     cache: ResourceCache | None = None
 
     def prepare(self, predictor: Predictor, task: Task) -> PreparedRecord:
-        """The task prompt of the mapped events, with the mapping's record (`fhir`): the newest
-        resources read first (`medtpe.core.fhir.window`), more while the prompt reaches back to
-        a resource not read (`Prompt.reaches`), so the prompt is byte-identical to that of the
-        whole record read and the counts are the whole record's. A resource the mapping cannot
-        read raises its `FhirInputError`, a record without an event of the patient
-        `NoEventsError`. The collector is paused meanwhile (`medtpe.core.fhir` makes many
-        short-lived objects)."""
+        """The task prompt of the mapped events (`prepare_all` with one task)."""
+        return self.prepare_all(predictor, [task])[0]
+
+    def prepare_all(self, predictor: Predictor, tasks: Sequence[Task]) -> list[PreparedRecord]:
+        """Each task's prompt of the mapped events, with the mapping's record (`fhir`): the
+        newest resources read first (`medtpe.core.fhir.window`), more while a prompt reaches
+        back to a resource not read (`Prompt.reaches`), so each prompt is byte-identical to
+        that of the whole record read and the counts are the whole record's. A resource the
+        mapping cannot read raises its `FhirInputError`, a record without an event of the
+        patient `NoEventsError`. The collector is paused meanwhile (`medtpe.core.fhir` makes
+        many short-lived objects)."""
         with collector_paused():
             window = FhirWindow(
                 self.resources,
@@ -84,15 +92,15 @@ class FhirResources:
                 record = window.record(n)
                 if not record.rows:
                     raise NoEventsError("the record holds no event of the patient")
-                prepared = predictor.prepare(
-                    task,
+                prepared = predictor.prepare_all(
+                    tasks,
                     record.subject_events(),
                     self.prediction_time,
                     record.descriptions,
                     record.horizon,
                 )
-                if not prepared.prompt.reaches(record.horizon):
-                    return dataclasses.replace(prepared, fhir=record)
+                if not any(p.prompt.reaches(record.horizon) for p in prepared):
+                    return [dataclasses.replace(p, fhir=record) for p in prepared]
                 assert n is not None  # the whole record read has no horizon
                 n = math.ceil(n * self.GROWTH)
                 n = None if n >= window.n_candidates else n

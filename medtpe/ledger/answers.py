@@ -56,6 +56,8 @@ class ReceiptBasis(Derivation):
             settings.max_input_tokens,
             settings.window_policy,
             settings.window_grid_hours,
+            settings.prompt_layout,
+            settings.shell_tokens,
         )
         record = canonical_record(events, when, descriptions).decode() if keep_record else None
         return cls(

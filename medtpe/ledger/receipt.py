@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
+from medtpe.core.prompt.layout import LEGACY_LAYOUT
+
 RECEIPT_VERSION = 2
 """The version of the receipts written now."""
 PREDICTION_FIELDS = ("subject_id", "prediction_time", "door", "caller", "site", "silent")
@@ -53,17 +55,25 @@ def rendering_settings(
     max_input_tokens: int,
     window_policy: str,
     window_grid_hours: int,
+    prompt_layout: str = LEGACY_LAYOUT,
+    shell_tokens: int | None = None,
 ) -> dict[str, Any]:
     """What turns a record into a prompt besides the record: the renderer's version, the code
-    descriptions in use (their digest, `/readyz`'s `rendering.digest`), the input budget and the
-    windowing, under their option names (`medtpe verify` configures a model with them)."""
-    return {
+    descriptions in use (their digest, `/readyz`'s `rendering.digest`), the input budget, the
+    windowing and, but for the `task-first` layout (which settings written before layouts were
+    named mean), the prompt layout and its text's reserve, under their option names (`medtpe
+    verify` configures a model with them)."""
+    settings: dict[str, Any] = {
         "descriptions_sha256": descriptions_sha256,
         "max_input_tokens": int(max_input_tokens),
         "render_version": int(render_version),
         "window_grid_hours": int(window_grid_hours),
         "window_policy": str(window_policy),
     }
+    if prompt_layout != LEGACY_LAYOUT:
+        settings["prompt_layout"] = str(prompt_layout)
+        settings["shell_tokens"] = None if shell_tokens is None else int(shell_tokens)
+    return settings
 
 
 def rendering_digest(settings: Mapping[str, Any]) -> str:

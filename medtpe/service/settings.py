@@ -20,7 +20,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from medtpe.core.cds.risk import DEFAULT_TASK_BANDS, RiskBands
 from medtpe.core.cds.services import SERVICES
-from medtpe.core.prompt import WindowPolicy
+from medtpe.core.prompt import PromptLayout, WindowPolicy
 from medtpe.core.secret_masking import mask_secrets, url_secrets
 from medtpe.core.tasks import TASKS_DIR_ENV, UnknownTaskError, get_task
 from medtpe.core.thresholds import Thresholds, ThresholdsError
@@ -89,6 +89,7 @@ class ServiceSettings(BaseSettings):
         "passed at (its `manifest.json`), with a warning; false: such a start fails.",
     )
     window_policy: WindowPolicy = declared_setting("window_policy")
+    prompt_layout: PromptLayout = declared_setting("prompt_layout")
     window_grid_hours: int = declared_setting("window_grid_hours", ge=1)
     cache_salt_header: str | None = Field(
         None,

@@ -39,6 +39,7 @@ from medtpe.core.meds import PredictionPoint
 from medtpe.core.meds.readers import read_code_descriptions
 from medtpe.core.meds.subject_split import subject_split
 from medtpe.core.metrics.fidelity import Thresholds
+from medtpe.core.prompt.layout import DEFAULT_LAYOUT
 from medtpe.core.prompt.render import RENDER_VERSION
 from medtpe.core.tasks.answers import ANSWER_END
 from medtpe.core.tokenizer.artefact_manifest import (
@@ -181,6 +182,7 @@ class ArtefactBuild:
         identity = config.identity() | {
             "base_tokenizer": self.info.tokenizer_fingerprint,
             "render_version": RENDER_VERSION,  # the text every step reads
+            "prompt_layout": DEFAULT_LAYOUT.value,
         }
         if config.init_from is not None:
             identity["init_from_digest"] = content_digest(config.init_from)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from medtpe.core.meds import MedsEvent, SubjectEvents
 from medtpe.core.prompt import ChatTemplate, build_prompt, render_record
+from medtpe.core.prompt.layout import PromptLayout
 from medtpe.core.tokenizer import BaseTokenizer
 from tests.support.meds_fixtures import DESCRIPTIONS, PREDICTION_TIME, subject_rows
 from tests.support.paths import FIXTURES, SHARED
@@ -101,7 +102,17 @@ def record_pins(
             continue
         out[f"render/{budget}"] = pin(r.text, r.n_tokens, r.n_events_kept, r.n_events_total)
     for budget in prompt_budgets:
-        p = build_prompt(TASK, events, when, tokenizer, chat, budget, descriptions)
+        # pinned in the layout they were recorded in: a receipt of that layout re-derives
+        p = build_prompt(
+            TASK,
+            events,
+            when,
+            tokenizer,
+            chat,
+            budget,
+            descriptions,
+            layout=PromptLayout.TASK_FIRST,
+        )
         out[f"prompt/{budget}"] = pin(
             p.text, p.n_tokens_original, p.n_events_kept, p.n_events_total
         )

@@ -155,7 +155,7 @@ def prompt_identity(meds: Path, stays: list[dict[str, Any]], budget: int) -> dic
 
     def text(record: Any) -> str:
         events = SubjectEvents.from_events(record.events)
-        return predictor.build(task, events, None, record.descriptions)[0].text
+        return predictor.build([task], events, None, record.descriptions)[0][0].text
 
     def windowed(resources: Any, patient: str | None) -> str:
         record = FhirResources(resources, mapping, patient_id=patient)
@@ -163,7 +163,7 @@ def prompt_identity(meds: Path, stays: list[dict[str, Any]], budget: int) -> dic
 
     same = {"hook": 0, "bundle": 0, "hook_same_lines": 0, "bundle_window": 0}
     for stay in stays:
-        by_meds = predictor.build(task, stay["subject_events"], None)[0].text
+        by_meds = predictor.build([task], stay["subject_events"], None)[0][0].text
         flat = [json.dumps(r).encode() for r in _resources(stay["prefetch"])]
         by_hook = windowed(flat, stay["patient"])  # as the hook reads it: JSON text, the window
         same["hook"] += by_hook == by_meds

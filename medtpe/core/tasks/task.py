@@ -48,6 +48,10 @@ class Task(BaseModel):
     title: str
     label_type: Literal["binary", "multiclass", "multilabel"]
     instruction: str = Field(min_length=1)
+    """What the task asks, said before the record (the `task-first` prompt layout)."""
+    instruction_after_record: str | None = Field(None, min_length=1)
+    """What the task asks, said after the record (the `record-first` layout, whose shared head
+    names no task); None: `instruction`."""
     question: str = Field(min_length=1)
     labels: list[str] = Field(default_factory=list, max_length=26)
     positive_words: list[str] = Field(default_factory=list)
@@ -135,19 +139,27 @@ class Task(BaseModel):
         }
 
     def user_message(self, record_text: str, prediction_time: str | None = None) -> str:
-        """The user turn: instruction, options, record, prediction time, question, answer form."""
-        parts = [self.instruction]
-        if self.labels:
-            options = "\n".join(
-                f"{letter}. {label}"
-                for letter, label in zip(self.letters, self.labels, strict=True)
-            )
-            parts.append(f"Options:\n{options}")
+        """The user turn of the `task-first` layout: instruction, options, record, prediction
+        time, question, answer form (`medtpe.core.prompt.layout` places the record first)."""
+        parts = [self.instruction, *self.options_block()]
         parts.append(f"Patient record:\n{record_text}")
-        if prediction_time:
-            parts.append(f"Prediction time: {prediction_time}")
-        parts.append(f"{self.question}\n{self.answer_format()}")
+        parts.extend(self.closing(prediction_time))
         return "\n\n".join(parts)
+
+    def options_block(self) -> list[str]:
+        """The options paragraph (`Options:` and a lettered line per label), if any."""
+        if not self.labels:
+            return []
+        options = "\n".join(
+            f"{letter}. {label}" for letter, label in zip(self.letters, self.labels, strict=True)
+        )
+        return [f"Options:\n{options}"]
+
+    def closing(self, prediction_time: str | None) -> list[str]:
+        """The paragraphs after the record: the prediction time, if any, then the question and
+        the answer form."""
+        parts = [f"Prediction time: {prediction_time}"] if prediction_time else []
+        return [*parts, f"{self.question}\n{self.answer_format()}"]
 
     def parse_answer(self, text: str) -> ParsedAnswer:
         """A model's output (the prefill included) under this task's answer reading.

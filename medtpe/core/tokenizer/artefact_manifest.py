@@ -41,6 +41,7 @@ from typing import Any, Literal
 import meds
 
 from medtpe.core.meds.readers import read_code_descriptions, write_code_descriptions
+from medtpe.core.prompt.layout import DEFAULT_LAYOUT, LEGACY_LAYOUT, PromptLayout
 from medtpe.core.prompt.render import RENDER_VERSION
 from medtpe.core.tokenizer.artefact_files import FORMAT_VERSION, MEDTPE_FILE
 
@@ -75,16 +76,22 @@ def descriptions_digest(descriptions: Mapping[str, str]) -> str:
 
 @dataclass(frozen=True)
 class Rendering:
-    """How records become text: the renderer's version and the code descriptions used."""
+    """How records become text: the renderer's version, the code descriptions used and the
+    prompt layout (`task-first` in a manifest that names none)."""
 
     render_version: int
     descriptions_sha256: str
     n_descriptions: int
+    prompt_layout: str = LEGACY_LAYOUT.value
 
     @classmethod
-    def of(cls, descriptions: Mapping[str, str]) -> Rendering:
-        """The rendering of this process (`RENDER_VERSION`) with `descriptions`."""
-        return cls(RENDER_VERSION, descriptions_digest(descriptions), len(descriptions))
+    def of(
+        cls, descriptions: Mapping[str, str], layout: PromptLayout = DEFAULT_LAYOUT
+    ) -> Rendering:
+        """The rendering of this process (`RENDER_VERSION`) with `descriptions` in `layout`."""
+        return cls(
+            RENDER_VERSION, descriptions_digest(descriptions), len(descriptions), layout.value
+        )
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Rendering:
@@ -93,6 +100,7 @@ class Rendering:
             int(data["render_version"]),
             str(data["descriptions_sha256"]),
             int(data["n_descriptions"]),
+            str(PromptLayout(data.get("prompt_layout", LEGACY_LAYOUT)).value),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -113,6 +121,11 @@ class Rendering:
             out.append(
                 f"renderer version {self.render_version}, the artefact was built with version "
                 f"{built.render_version}"
+            )
+        if self.prompt_layout != built.prompt_layout:
+            out.append(
+                f"prompt layout {self.prompt_layout}, the artefact was built with "
+                f"{built.prompt_layout}"
             )
         return out
 
@@ -146,12 +159,15 @@ class RenderingCheck:
 
 
 def check_rendering(
-    bundle: ArtefactBundle, descriptions: Mapping[str, str], overridden: bool
+    bundle: ArtefactBundle,
+    descriptions: Mapping[str, str],
+    overridden: bool,
+    layout: PromptLayout = DEFAULT_LAYOUT,
 ) -> RenderingCheck:
     """This process's rendering with `descriptions` (`overridden`: configured instead of the
-    artefact's table; else the artefact's, supplemented when they describe more codes) against
-    what `bundle`'s manifest records of its build."""
-    used = Rendering.of(descriptions)
+    artefact's table; else the artefact's, supplemented when they describe more codes) in
+    `layout` against what `bundle`'s manifest records of its build."""
+    used = Rendering.of(descriptions, layout)
     differences = () if bundle.rendering is None else tuple(used.differences(bundle.rendering))
     source: DescriptionsSource = "override" if overridden else "artefact"
     if not descriptions:

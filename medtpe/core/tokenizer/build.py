@@ -84,14 +84,16 @@ def build_tokenizer_from_meds(
 
 
 def default_protected_texts(base_path: Path) -> list[str]:
-    """Texts whose tokens are never evicted: every task's prompt scaffolding and system prompt,
-    and the chat template of the model directory `base_path` (none for a tokenizer.json)."""
+    """Texts whose tokens are never evicted: every task's prompt scaffolding (in every layout)
+    and system prompt, and the chat template of the model directory `base_path` (none for a
+    tokenizer.json)."""
+    from medtpe.core.prompt.layout import PromptLayout, user_message
     from medtpe.core.tasks import get_task, list_tasks
 
     texts = []
     for name in list_tasks():
         task = get_task(name)
-        texts.append(task.user_message(""))
+        texts += [user_message(layout, task, "") for layout in PromptLayout]
         if task.system_prompt:
             texts.append(task.system_prompt)
     if base_path.is_dir():

@@ -4,6 +4,7 @@ what a model renders with."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from medtpe.core.meds.readers import read_code_descriptions, write_code_descriptions
 from medtpe.core.paths import default_artefact_dir
+from medtpe.core.prompt.layout import PromptLayout
 from medtpe.core.prompt.render import RENDER_VERSION
 from medtpe.core.tokenizer.artefact_manifest import (
     DESCRIPTIONS_FILE,
@@ -91,8 +93,9 @@ def test_a_model_rendering_otherwise_is_told_how(artefact: Path) -> None:
 
 def test_another_renderer_version_does_not_match(artefact: Path) -> None:
     bundle = ArtefactBundle.from_pretrained(artefact)
+    built = bundle.rendering
     older = Rendering(
-        RENDER_VERSION - 1, bundle.rendering.descriptions_sha256, len(bundle.descriptions)
+        RENDER_VERSION - 1, built.descriptions_sha256, len(bundle.descriptions), built.prompt_layout
     )
     bundle = bundle.write_manifest(bundle.validated, older)
     check = check_rendering(bundle, bundle.descriptions, overridden=False)
@@ -121,3 +124,17 @@ def test_saving_no_descriptions_removes_the_table(artefact: Path) -> None:
     assert manifest["rendering"]["descriptions_file"] is None
     assert manifest["rendering"]["n_descriptions"] == 0
     assert bundle.artefact_id == DEFAULT_ID and bundle.digest() == manifest["content_digest"]
+
+
+def test_another_prompt_layout_does_not_match(artefact: Path) -> None:
+    bundle = ArtefactBundle.from_pretrained(artefact)
+    for layout in PromptLayout:
+        built = dataclasses.replace(bundle.rendering, prompt_layout=layout.value)
+        bundle = bundle.write_manifest(bundle.validated, built)
+        other = next(o for o in PromptLayout if o is not layout)
+        assert check_rendering(bundle, bundle.descriptions, False, layout).differences == ()
+        check = check_rendering(bundle, bundle.descriptions, False, other)
+        assert check.matches_artefact is False
+        assert check.differences == (
+            f"prompt layout {other.value}, the artefact was built with {layout.value}",
+        )
