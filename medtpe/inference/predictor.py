@@ -135,6 +135,10 @@ class Answer:
     probabilities: dict[str, float] | None = None
     """{answer option: probability} from the first answer token, when asked for and the task
     has a closed set of options (see `medtpe.core.tasks.option_probabilities`)."""
+    cached_tokens: int = 0
+    """Prompt tokens the engine reused from its prefix cache instead of computing them
+    (`Completion.cached_tokens`): in the `record-first` layout, the record another task of the
+    same record was answered on before."""
 
     @property
     def n_trailing(self) -> int:
@@ -418,4 +422,12 @@ class Predictor:
             if want_logprobs
             else None
         )
-        return Answer(prediction, format_ok, samples, generate_s, n_generated, option_probs)
+        return Answer(
+            prediction,
+            format_ok,
+            samples,
+            generate_s,
+            n_generated,
+            option_probs,
+            outputs[0].cached_tokens if outputs else 0,
+        )
