@@ -6,6 +6,7 @@ engine (e.g. an offline runner) gets the very same prompt, ids and answer parsin
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import re
@@ -431,3 +432,22 @@ class Predictor:
             option_probs,
             outputs[0].cached_tokens if outputs else 0,
         )
+
+    async def answer_all(
+        self,
+        engine: Engine,
+        prepared: Sequence[PreparedRecord],
+        sampling: Sampling,
+        *,
+        cache_salt: str | None = None,
+    ) -> list[Answer]:
+        """`answer` for each of several tasks' prompts about one record (`prepare_all`): the
+        first alone, then the others together, so an engine with prefix caching computes the
+        shared record once and reads it from its cache for the others (`Answer.cached_tokens`)."""
+        if not prepared:
+            return []
+        first = await self.answer(engine, prepared[0], sampling, cache_salt=cache_salt)
+        rest = await asyncio.gather(
+            *(self.answer(engine, p, sampling, cache_salt=cache_salt) for p in prepared[1:])
+        )
+        return [first, *rest]
