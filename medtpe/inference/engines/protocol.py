@@ -173,6 +173,11 @@ class Completion:
         return self.logprobs[0] if self.logprobs else None
 
     finish: Finish = Finish.EOS
+    cached_tokens: int = 0
+    """Prompt tokens the engine did not compute, their KV reused from its prefix cache (vLLM
+    `RequestOutput.num_cached_tokens`): whole cache blocks of the longest cached prefix, never
+    the whole prompt (the last prompt token is always computed); the same for each of the
+    prompt's `n` answers."""
 
 
 class Engine(Protocol):

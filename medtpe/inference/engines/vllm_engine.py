@@ -41,13 +41,13 @@ GIB = 1024**3
 
 
 def _completion(
-    output: CompletionOutput, top_k: int | None, stop_ids: frozenset[int]
+    output: CompletionOutput, top_k: int | None, stop_ids: frozenset[int], cached_tokens: int
 ) -> Completion:
     """An engine output as a `Completion`: the end-of-sequence token dropped, a stop id of the
     caller's stop rule kept (vLLM's `stop_reason` is the id that stopped it; the model's own
     extra end-of-sequence ids from its generation config stop that way too, and are dropped),
     each position's top-k logprobs kept (vLLM adds the sampled token to the top k; it is left
-    out unless it ranks within them)."""
+    out unless it ranks within them); `cached_tokens` is the request's prefix-cache hit."""
     ids = list(output.token_ids)
     if output.finish_reason != "stop":
         finish = Finish.LENGTH
@@ -67,7 +67,7 @@ def _completion(
             }
             for position in output.logprobs
         ]
-    return Completion(ids, logprobs, finish)
+    return Completion(ids, logprobs, finish, cached_tokens)
 
 
 def structured_outputs(constraint: AnswerConstraint | None) -> StructuredOutputsParams | None:
@@ -208,12 +208,14 @@ class VllmEngine:
         # with n > 1 the streamed outputs carry the completions separately: keep the latest
         # (cumulative) state of each completion index
         completions: dict[int, CompletionOutput] = {}
+        cached_tokens = 0  # known once the prefill is done (vLLM: None before)
         prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
         if params.cache_salt is not None:
             prompt["cache_salt"] = params.cache_salt
         try:
             async for output in self._llm.generate(prompt, sampling, uuid.uuid4().hex):
                 completions.update((c.index, c) for c in output.outputs)
+                cached_tokens = output.num_cached_tokens or cached_tokens
         except EngineDeadError as exc:
             self._dead = True
             raise EngineDead("the engine died during generation") from exc
@@ -224,7 +226,7 @@ class VllmEngine:
         if not completions:  # pragma: no cover - vLLM always yields a final output
             raise RuntimeError("the engine returned no output")
         return [
-            _completion(completions[i], params.top_logprobs, params.stop_ids)
+            _completion(completions[i], params.top_logprobs, params.stop_ids, cached_tokens)
             for i in sorted(completions)
         ]
 
