@@ -2,15 +2,20 @@
 HTTP layer, the batch job, the build's bookkeeping): it implements
 `medtpe.inference.engines.protocol.Engine`, reads the served checkpoint's own tokenizer, and answers
 every prompt with that tokenizer's ids of a fixed answer. `delay_s` holds each generation (deadline
-and queue tests) until `release()`; `die()` makes it report death like a crashed vLLM. It imports no
-vLLM; never used by the product itself."""
+and queue tests) until `release()`; `die()` makes it report death like a crashed vLLM. Like vLLM's
+automatic prefix cache it remembers prompts in blocks, per cache salt, and reports each answer's
+`cached_tokens` as vLLM would (`PrefixCache`). It imports no vLLM; never used by the product
+itself."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import threading
 import time
+from array import array
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,6 +33,58 @@ from medtpe.inference.engines.protocol import (
 
 ANSWER = 'yes"}'
 """What follows the `{"answer": "` prefill: a well-formed binary answer."""
+
+PREFIX_BLOCK_TOKENS = 128
+"""Tokens per cache block: vLLM's KV-cache block size on CPU (`vllm.platforms.cpu` sets 128
+unless the block size is given)."""
+PREFIX_CACHE_BLOCKS = 4096
+"""The most blocks `PrefixCache` remembers (524,288 tokens); the least recently used go first."""
+
+
+class PrefixCache:
+    """Which prompt prefixes an engine would hold in its prefix cache, as vLLM's automatic prefix
+    caching finds them: full blocks of `block_tokens` ids, each keyed by a hash chained from the
+    cache salt through every block before it (prompts with different salts never share a block),
+    at most `max_blocks` of them, the least recently used forgotten first (a prompt's tail blocks
+    before its head, as vLLM frees them)."""
+
+    def __init__(
+        self, block_tokens: int = PREFIX_BLOCK_TOKENS, max_blocks: int = PREFIX_CACHE_BLOCKS
+    ) -> None:
+        self.block_tokens = block_tokens
+        self.max_blocks = max_blocks
+        self._blocks: OrderedDict[bytes, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        """The blocks remembered."""
+        return len(self._blocks)
+
+    def _keys(self, prompt_ids: Sequence[int], salt: str | None) -> list[bytes]:
+        """The chained key of each full block of the prompt (an empty salt is no salt, as in
+        vLLM)."""
+        key = hashlib.sha256((salt or "").encode()).digest()
+        keys = []
+        for start in range(0, len(prompt_ids) - self.block_tokens + 1, self.block_tokens):
+            block = array("q", prompt_ids[start : start + self.block_tokens]).tobytes()
+            key = hashlib.sha256(key + block).digest()
+            keys.append(key)
+        return keys
+
+    def admit(self, prompt_ids: Sequence[int], salt: str | None) -> int:
+        """The prompt's tokens found cached: the full blocks of its longest cached prefix, within
+        all but its last token (which the engine always computes, for the next token's
+        logits); then its full blocks are remembered as the most recently used."""
+        keys = self._keys(prompt_ids, salt)
+        reusable = (len(prompt_ids) - 1) // self.block_tokens
+        hits = 0
+        while hits < reusable and keys[hits] in self._blocks:
+            hits += 1
+        for key in reversed(keys):  # the head most recent: the tail is forgotten first
+            self._blocks[key] = None
+            self._blocks.move_to_end(key)
+        while len(self._blocks) > self.max_blocks:
+            self._blocks.popitem(last=False)
+        return hits * self.block_tokens
 
 
 class InstantEngine:
@@ -51,6 +108,7 @@ class InstantEngine:
         """The cache salt of each generation, in order."""
         self.constraints: list[AnswerConstraint | None] = []
         """The answer constraint of each generation, in order."""
+        self.prefix_cache = PrefixCache()
         self._dead = False
         self._released = threading.Event()
 
@@ -88,12 +146,13 @@ class InstantEngine:
     ) -> list[Completion]:
         """`params.n` copies of the fixed answer, cut after its first stop id or at
         `max_new_tokens` (it matches every binary task's constraint after the prefill; the
-        constraint is recorded, not applied)."""
+        constraint is recorded, not applied), each with the prompt's prefix-cache hit."""
         if self._dead:
             raise EngineDead("the engine is dead")
         self.prompts.append(list(prompt_ids))
         self.cache_salts.append(params.cache_salt)
         self.constraints.append(params.constraint)
+        cached_tokens = self.prefix_cache.admit(prompt_ids, params.cache_salt)
         if self.delay_s:
             await self._hold(self.delay_s)
         if self._dead:
@@ -109,7 +168,7 @@ class InstantEngine:
             yes, no = self.option_ids["yes"], self.option_ids["no"]
             logprobs = [{yes: math.log(0.75), no: math.log(0.25)}]
             logprobs += [{token: 0.0} for token in ids[1:]]
-        return [Completion(ids, logprobs, finish) for _ in range(params.n)]
+        return [Completion(ids, logprobs, finish, cached_tokens) for _ in range(params.n)]
 
     async def warm_up(self, prompt_ids: Sequence[int]) -> None:
         """One generation like any other, recorded, but never held by `delay_s`: an engine

@@ -1,7 +1,8 @@
 """The real vLLM engine behind `medtpe.inference.engines.protocol.Engine`, medtpe mode on the
 default model, one engine for the module (one start): the dtype it reports (the one asked for,
 resolved); constrained answers at temperature 0.7, with and without the answer prefill, every
-sampled answer parsing; p_yes from one short synthetic record through
+sampled answer parsing; a prompt sharing an earlier one's start served from the prefix cache;
+p_yes from one short synthetic record through
 the evaluation path (`evaluate_mode` -> `Predictor.answer` -> first-token logprobs); the model
 computed in the engine core, on every allowed core; then its engine process is killed and the
 engine must report death and refuse to generate (what the service maps to 503 and red
@@ -25,6 +26,7 @@ from medtpe.evaluation.records import EvalRecord, load_records
 from medtpe.evaluation.runner import evaluate_mode, measured
 from medtpe.inference.cpu_cores import SMALL_MACHINE_CORES
 from medtpe.inference.cpu_dtype import engine_dtype
+from medtpe.inference.engines.instant import PrefixCache
 from medtpe.inference.engines.protocol import EngineDead, Finish, GenerationParams
 from medtpe.inference.engines.vllm_engine import VllmEngine
 from medtpe.inference.model import load_model
@@ -94,6 +96,23 @@ def test_constrained_answers_always_parse(run: EngineRun) -> None:
             if task.label_type == "binary" and prefill:
                 assert result.probabilities is not None
                 assert sum(result.probabilities.values()) == pytest.approx(1.0)
+
+
+def test_a_shared_prefix_is_served_from_the_cache(run: EngineRun) -> None:
+    """Two prompts sharing a start under one cache salt: the second reuses the first's full
+    blocks (vLLM's `num_cached_tokens`), as many as the instant engine's `PrefixCache` reports
+    for the same prompts; the salt is this test's own, so the first finds nothing."""
+    prefix = run.predictor.engine_ids(run.predictor.segment(" ".join(["heart rate 92"] * 60)))
+    tails = [run.predictor.engine_ids(run.predictor.segment(f" Question {k}?")) for k in (1, 2)]
+    prompts = [prefix + tail for tail in tails]
+    params = GenerationParams(max_new_tokens=2, cache_salt="shared-prefix-test")
+    cached = [
+        run.loop.run_until_complete(run.engine.generate(prompt, params))[0].cached_tokens
+        for prompt in prompts
+    ]
+    model = PrefixCache()
+    assert cached == [model.admit(prompt, params.cache_salt) for prompt in prompts]
+    assert cached[0] == 0 < cached[1] <= len(prefix)
 
 
 def test_p_yes_is_a_probability(run: EngineRun) -> None:
