@@ -1,8 +1,9 @@
 """What every route that predicts shares: `served` (admission, deadline, in-flight gauge, latency
 histogram and one log line per request — never record content), `prepare` (the record the
-request brought, `medtpe.inference.record`, into its prompt in a worker thread) and `predict_record`
-(the prepared record's answer, decoded as its `medtpe.inference.sampling.Sampling` says, in a
-concurrency slot on the async engine).
+request brought, `medtpe.inference.record`, into its prompt in a worker thread; `prepare_all`: into
+several tasks' prompts, the record rendered once) and `predict_record` (the prepared record's
+answer, decoded as its `medtpe.inference.sampling.Sampling` says, in a concurrency slot on the
+async engine; `predict_all`: several tasks' prompts about one record, the record computed once).
 `/predict`, `/predict/batch`, `/tokenize` and the CDS hooks all answer through them."""
 
 from __future__ import annotations
@@ -42,8 +43,20 @@ async def prepare(
     """The record's prompt by `predictor`, prepared in a worker thread; for FHIR resources,
     input the mapping cannot read or a record without an event of its patient is a 422 at
     `locate(error)` (`locate(None)` for no event): where the request sent it."""
+    (prepared,) = await prepare_all(predictor, [task], record, locate)
+    return prepared
+
+
+async def prepare_all(
+    predictor: Predictor,
+    tasks: Sequence[Task],
+    record: PatientRecord,
+    locate: Callable[[FhirInputError | None], Loc] | None = None,
+) -> list[PreparedRecord]:
+    """`prepare` for several tasks about the record, rendered once (`prepare_all` of
+    `medtpe.inference.record`): each task's prompt, in order."""
     try:
-        return await asyncio.to_thread(record.prepare, predictor, task)
+        return await asyncio.to_thread(record.prepare_all, predictor, tasks)
     except FhirInputError as exc:
         if locate is None:
             raise
@@ -75,19 +88,38 @@ async def predict_record(
     `MEDTPE_COMPARE_MODES` the other mode's `state.other_model`: the record's ids in that
     mode); `start`: when the request's work began (`time.perf_counter()`; default now), for its
     reported total latency; `site`: the drift counters' site label (a CDS service's id)."""
+    (answered,) = await predict_all(state, model, [record], sampling, salt, start, site)
+    return answered
+
+
+async def predict_all(
+    state: ServiceState,
+    model: LoadedModel,
+    records: Sequence[PreparedRecord],
+    sampling: Sampling,
+    salt: str | None,
+    start: float | None = None,
+    site: str = API_SITE,
+) -> list[RecordAnswer]:
+    """`predict_record` for several tasks' prompts about one record (`prepare_all`), answered
+    by `Predictor.answer_all` within one concurrency slot (the first alone, then the others,
+    which read the record from the engine's prefix cache); each answer observed under its own
+    task."""
     start = time.perf_counter() if start is None else start
     predictor = model.predictor
     async with state.admission.slot(), _engine_errors(state):
-        answer = await predictor.answer(
+        answers = await predictor.answer_all(
             state.running_engine(other_mode=model is state.other_model),
-            record,
+            records,
             sampling,
             cache_salt=salt,
         )
-    state.metrics.observe_answer(record.task.name, predictor.mode, record.segmentation, answer)
-    if model is not state.other_model:  # the record's figures, once per record
-        state.metrics.observe_drift(site, model, record)
-    return RecordAnswer(record, answer, time.perf_counter() - start)
+    for record, answer in zip(records, answers, strict=True):
+        state.metrics.observe_answer(record.task.name, predictor.mode, record.segmentation, answer)
+        if model is not state.other_model:  # the record's figures, once per record
+            state.metrics.observe_drift(site, model, record)
+    total_s = time.perf_counter() - start
+    return [RecordAnswer(r, a, total_s) for r, a in zip(records, answers, strict=True)]
 
 
 @asynccontextmanager
