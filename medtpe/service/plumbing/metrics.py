@@ -151,6 +151,12 @@ class ServiceMetrics:
             ["task"],
             registry=reg,
         )
+        self.prefill_reused_tokens = Counter(
+            "medtpe_prefill_reused_tokens",
+            "Prompt tokens the engine reused from its prefix cache instead of computing them.",
+            ["door"],
+            registry=reg,
+        )
 
     def _admission_metrics(self, reg: CollectorRegistry) -> None:
         """Requests in flight, rejected before generation, failed."""
