@@ -29,10 +29,13 @@ def machine() -> dict[str, Any]:
 
 
 def write_results(path: Path | None, command: str, results: Any) -> None:
-    """Write `{"command", "machine", "results"}` as JSON to `path` (nothing when None)."""
+    """Write `{"command", "machine", "results"}` as JSON to `path` (nothing when None), whole or
+    not at all (a scratch file beside it, then renamed)."""
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     body = {"command": command, "machine": machine(), "results": results}
-    path.write_text(json.dumps(body, indent=1) + "\n")
+    scratch = path.with_name(f".{path.name}.{os.getpid()}")
+    scratch.write_text(json.dumps(body, indent=1) + "\n")
+    os.replace(scratch, path)
     print(f"results: {path}")

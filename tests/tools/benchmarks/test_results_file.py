@@ -26,3 +26,11 @@ def test_results_file_holds_command_machine_and_figures(tmp_path: Path) -> None:
 def test_no_path_writes_nothing(tmp_path: Path) -> None:
     write_results(None, "cmd", {"x": 1})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_rewrite_replaces_the_file_whole(tmp_path: Path) -> None:
+    path = tmp_path / "bench.json"
+    write_results(path, "cmd", {"cells": [1]})
+    write_results(path, "cmd", {"cells": [1, 2]})
+    assert json.loads(path.read_text())["results"] == {"cells": [1, 2]}
+    assert [p.name for p in tmp_path.iterdir()] == ["bench.json"]  # no scratch file left
