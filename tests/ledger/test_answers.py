@@ -38,6 +38,8 @@ FACTS = AnswerFacts(
         max_input_tokens=4096,
         window_policy="sliding",
         window_grid_hours=24,
+        prompt_layout="task-first.v1",  # the layout receipts that name none were made in
+        shell_tokens=None,
     ),
     model="smollm2-135m-instruct",
     mode="medtpe",
@@ -131,6 +133,21 @@ def test_a_fixed_answer_gives_the_version_2_receipt_and_the_row_it_always_gave()
         "silent": False,
         "shadow_of": None,
     }
+
+
+def test_a_record_first_receipt_signs_its_layout_and_text_reserve() -> None:
+    rendering = dataclasses.replace(
+        FACTS.rendering, prompt_layout="record-first.v1", shell_tokens=412
+    )
+    basis = ReceiptBasis.of(dataclasses.replace(FACTS, rendering=rendering))
+    assert basis.rendering == {
+        **ReceiptBasis.of(FACTS).rendering,
+        "prompt_layout": "record-first.v1",
+        "shell_tokens": 412,
+    }
+    assert basis.rendering_digest != ReceiptBasis.of(FACTS).rendering_digest
+    row = basis.signed(SIGNER, door="predict", caller="key:x", prediction_id=PREDICTION_ID)
+    assert Receipt.from_text(row.receipt).rendering["shell_tokens"] == 412
 
 
 def test_a_version_1_receipt_still_verifies_for_what_it_signs() -> None:
