@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,16 +78,22 @@ def render_prompts(
     raise SystemExit(f"only {len(out)} records fill {FILL:.0%} of {budget} tokens")
 
 
-def start_server(model_dir: Path, args: argparse.Namespace, log: Path) -> tuple[Any, int]:
+def start_server(
+    model_dir: Path,
+    args: argparse.Namespace,
+    log: Path,
+    flags: Sequence[str] = ("--enforce-eager", "--no-enable-prefix-caching"),
+) -> tuple[Any, int]:
     """vLLM's OpenAI server (what `vllm serve` runs; the CPU build's `vllm` script fails) on a
-    free port, once `/health` answers."""
+    free port, once `/health` answers; `flags`: its engine settings beyond the context, batch
+    and seed (by default eager, prefix caching off)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     command = [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry"]
     command += ["--model", str(model_dir), "--served-model-name", "model"]
-    command += ["--max-model-len", str(args.max_model_len), "--enforce-eager"]
-    command += ["--no-enable-prefix-caching", "--max-num-seqs", str(args.max_num_seqs)]
+    command += ["--max-model-len", str(args.max_model_len), *flags]
+    command += ["--max-num-seqs", str(args.max_num_seqs)]
     command += ["--seed", "0", "--host", "127.0.0.1", "--port", str(port)]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_gib)}
     log.parent.mkdir(parents=True, exist_ok=True)
