@@ -23,7 +23,7 @@ from medtpe.core.tasks import Task, get_task
 from medtpe.evaluation.figures import build_report
 from medtpe.evaluation.record_result import RecordResult
 from medtpe.evaluation.records import EvalRecord, load_records
-from medtpe.evaluation.runner import evaluate_mode, measured
+from medtpe.evaluation.runner import evaluate_mode
 from medtpe.inference.cpu_cores import SMALL_MACHINE_CORES
 from medtpe.inference.cpu_dtype import engine_dtype
 from medtpe.inference.engines.instant import PrefixCache
@@ -59,10 +59,11 @@ def run(
     service_files: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[EngineRun]:
     """One engine for the module: the test artefact, a 1 GiB KV cache, eager, 32 answer tokens
-    at most; one synthetic ICU record."""
+    at most, prefix caching on as in the service (`measured` would turn it off); one synthetic
+    ICU record."""
     meds = write_meds_dataset(tmp_path_factory.mktemp("meds") / "meds", subjects=(1,), hours=6)
     records = load_records(meds, meds / "labels" / "icu_mortality.parquet", MORTALITY)
-    model = load_model(measured(engine_test_config(service_files, meds, SAMPLING.max_new_tokens)))
+    model = load_model(engine_test_config(service_files, meds, SAMPLING.max_new_tokens))
     loop = asyncio.new_event_loop()
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
