@@ -95,6 +95,7 @@ OPTIONS = objects(
 RECORD = objects(
     {
         "task": st.sampled_from(list_tasks()),
+        "tasks": st.lists(st.sampled_from([*list_tasks(), "x"]), max_size=4),
         "events": st.lists(EVENT, max_size=5),
         "bundle": BUNDLE,
         "prediction_time": st.sampled_from(["2150-01-02T00:00:00", "9999-12-31T23:59", "x"]),

@@ -3,14 +3,21 @@
 Admission control admits a request's records only while fewer than `max_concurrency +
 queue_limit` are being served; `max_concurrency` of them generate at once, the rest wait for a
 slot. Beyond that the request is refused at once (503 + Retry-After) instead of piling up.
+
+A record counts as the prefill of one prompt. A record asked several tasks at once counts what
+the engine computes for them (`tasks_cost`): its first task's prompt whole, then of each further
+task's prompt only the part past the record (the head and the record all of them share are read
+from the engine's prefix cache). Its tasks generate in one slot: the first, then the others
+together.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
+from fractions import Fraction
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -26,19 +33,29 @@ class QueueFull(Exception):
         self.retry_after_s = retry_after_s
 
 
+def tasks_cost(prompt_lengths: Sequence[int], n_shared: int) -> Fraction:
+    """What several tasks' prompts about one record cost admission, in records (one prompt's
+    prefill each): the first prompt whole, of each further one the share of its tokens past the
+    `n_shared` leading tokens all of them share (exact, so what is admitted returns to 0)."""
+    further = prompt_lengths[1:]
+    return 1 + sum((Fraction(n - n_shared, n) for n in further), Fraction(0))
+
+
 class Admission:
-    """Counts admitted records and hands out generation slots."""
+    """Counts admitted records (`tasks_cost` for a record asked several tasks) and hands out
+    generation slots."""
 
     def __init__(self, max_concurrency: int, queue_limit: int) -> None:
         self.max_concurrency = max_concurrency
         self.capacity = max_concurrency + queue_limit
-        self.admitted = 0
+        self.admitted: int | Fraction = 0
         self._slots = asyncio.Semaphore(max_concurrency)
         self._mean_hold_s = 1.0
 
     @contextmanager
-    def admit(self, n_records: int) -> Iterator[None]:
-        """Reserve room for `n_records` for the duration of the block, or raise `QueueFull`."""
+    def admit(self, n_records: int | Fraction) -> Iterator[None]:
+        """Reserve room for `n_records` (a share of a record's prefill counts its share) for the
+        duration of the block, or raise `QueueFull`."""
         if self.admitted + n_records > self.capacity:
             raise QueueFull(self.retry_after_s())
         self.admitted += n_records

@@ -1,8 +1,8 @@
 """Prometheus metrics of the service (names fixed in docs/architecture.md).
 
 Each app instance owns its registries, so several instances (tests, side-by-side modes) never
-share counters. Labels carry only endpoint, task, mode, tokenizer, result, reason and site (a
-configured CDS service's id, or `api`): no patient data. The counter
+share counters. Labels carry only endpoint, task, mode, tokenizer, result, reason, site (a
+configured CDS service's id, or `api`), door and prefix (`Prefix`): no patient data. The counter
 `medtpe_prompt_tokens_total` and the histogram `medtpe_prompt_tokens` share a base name, which
 one registry refuses: the counter lives in a second registry and `_created`
 series are off, so the text exposition (0.0.4) holds each name once.
@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Literal
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -46,6 +47,21 @@ RATE_BUCKETS = tuple(round(0.05 * i, 2) for i in range(0, 21))
 ABS_DP_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 API_SITE = "api"
 """The `site` label of the drift counters for answers of `/predict` and `/predict/batch`."""
+MIXED_TASKS = "mixed"
+"""The `task` label of a request's latency when it asks several tasks."""
+
+Prefix = Literal["alone", "first", "reused"]
+"""The `prefix` label of the generation latency: a task's prompt answered `alone`, or one of
+several tasks' prompts about one record, the `first` (it computes the part they share: the head
+and the record) or a later one (`reused`: that part read from the engine's prefix cache)."""
+
+
+def prefix_part(index: int, n_tasks: int) -> Prefix:
+    """The `prefix` label of the `index`-th of `n_tasks` prompts about one record answered
+    together (`Predictor.answer_all`: the first alone, then the others)."""
+    if n_tasks == 1:
+        return "alone"
+    return "first" if index == 0 else "reused"
 
 
 ENGINE_METRIC_PREFIX = "vllm:"
@@ -114,8 +130,10 @@ class ServiceMetrics:
         )
         self.generation_latency = Histogram(
             "medtpe_generation_latency_seconds",
-            "Engine generation latency per record.",
-            ["task", "mode"],
+            "Engine generation latency per record, by the part of its prompt it shared with "
+            "other tasks' about the same record (alone, first: computed it, reused: read it "
+            "from the prefix cache).",
+            ["task", "mode", "prefix"],
             buckets=LATENCY_BUCKETS,
             registry=reg,
         )
@@ -312,10 +330,13 @@ class ServiceMetrics:
         if build is not None:
             self.build_compression.set(build)
 
-    def observe_answer(self, task: str, mode: str, seg: Segmentation, answer: Answer) -> None:
+    def observe_answer(
+        self, task: str, mode: str, seg: Segmentation, answer: Answer, prefix: Prefix = "alone"
+    ) -> None:
         """Record the generation time, token counts, compression, format compliance and trailing
-        text of one answered record."""
-        self.generation_latency.labels(task, mode).observe(answer.generate_s)
+        text of one answered record; `prefix`: the part of its prompt shared with other tasks'
+        (`prefix_part`)."""
+        self.generation_latency.labels(task, mode, prefix).observe(answer.generate_s)
         for tokenizer, ids in (("original", seg.original_ids), ("medtpe", seg.medtpe_ids)):
             self.prompt_tokens_total.labels(tokenizer, task).inc(len(ids))
             self.prompt_tokens.labels(tokenizer, task).observe(len(ids))

@@ -24,7 +24,7 @@ from medtpe.inference.record import NoEventsError, PatientRecord
 from medtpe.inference.sampling import Sampling
 from medtpe.service.plumbing.errors import ApiError, field_error
 from medtpe.service.plumbing.limits import QueueFull
-from medtpe.service.plumbing.metrics import API_SITE
+from medtpe.service.plumbing.metrics import API_SITE, prefix_part
 from medtpe.service.plumbing.state import ServiceState
 from medtpe.service.settings import ServiceSettings
 
@@ -104,7 +104,7 @@ async def predict_all(
     """`predict_record` for several tasks' prompts about one record (`prepare_all`), answered
     by `Predictor.answer_all` within one concurrency slot (the first alone, then the others,
     which read the record from the engine's prefix cache); each answer observed under its own
-    task."""
+    task and the part of its prompt it shared (`prefix_part`)."""
     start = time.perf_counter() if start is None else start
     predictor = model.predictor
     async with state.admission.slot(), _engine_errors(state):
@@ -114,8 +114,10 @@ async def predict_all(
             sampling,
             cache_salt=salt,
         )
-    for record, answer in zip(records, answers, strict=True):
-        state.metrics.observe_answer(record.task.name, predictor.mode, record.segmentation, answer)
+    for i, (record, answer) in enumerate(zip(records, answers, strict=True)):
+        prefix = prefix_part(i, len(records))
+        seg = record.segmentation
+        state.metrics.observe_answer(record.task.name, predictor.mode, seg, answer, prefix)
         if model is not state.other_model:  # the record's figures, once per record
             state.metrics.observe_drift(site, model, record)
     total_s = time.perf_counter() - start

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from medtpe.core.fhir import FhirRecord
 from medtpe.core.tokenizer import MedTPETokenizer
 from medtpe.inference.model import LoadedModel
@@ -12,7 +14,10 @@ from medtpe.service.predict.schemas import (
     Latency,
     PredictOptions,
     PredictResponse,
+    PredictTasksResponse,
     ResourceMapping,
+    SharedTokens,
+    TaskPrediction,
     TokenCounts,
     Vote,
 )
@@ -56,6 +61,24 @@ def predict_response(
         ),
         model=model.identity,
         fhir=fhir_mapping(record.fhir) if record.fhir is not None else None,
+    )
+
+
+def tasks_response(
+    responses: Sequence[PredictResponse], answered: Sequence[RecordAnswer]
+) -> PredictTasksResponse:
+    """The answer to several tasks about one record: each task's response (`predict_response`,
+    with its row's id and receipt) with its prefix-cache hit, the record's digest (its
+    receipts') and the tokens their prompts share."""
+    seg = answered[0].record.segmentation
+    receipt = responses[0].receipt
+    return PredictTasksResponse(
+        record_sha256=receipt.receipt["record_sha256"] if receipt is not None else None,
+        shared_tokens=SharedTokens(original=seg.n_shared_original, medtpe=seg.n_shared_medtpe),
+        results=[
+            TaskPrediction(**dict(response), cached_tokens=a.answer.cached_tokens)
+            for response, a in zip(responses, answered, strict=True)
+        ],
     )
 
 

@@ -2,10 +2,15 @@
 
 A request is refused while the service drains, then without a valid API key, before its body is
 read (`ApiRoute`). Handlers are a few lines: check the request against the service's limits,
-then hand the record to the inference layer (`medtpe.service.plumbing.serving.predict_record`, or
+then hand the record to the inference layer (`medtpe.service.plumbing.serving.predict_all`, or
 the tokenizer) inside `served` (admission, deadline, in-flight gauge, latency histogram, one log
 line with endpoint, task, status, record count and time — never record content).
 `medtpe.service.predict.responses` turns answers into response bodies.
+
+A record asked several `tasks` is read and rendered once for all of them and answered by
+`Predictor.answer_all` (the first task alone, then the others, which read the record from the
+engine's prefix cache); admission counts what that costs (`tasks_cost`), once the prompts are
+known.
 """
 
 from __future__ import annotations
@@ -28,16 +33,25 @@ from medtpe.ledger.store import PredictionRow
 from medtpe.service.plumbing.errors import ApiError, field_error
 from medtpe.service.plumbing.json_body import FastJsonRoute
 from medtpe.service.plumbing.ledger_writes import caller_id
+from medtpe.service.plumbing.limits import tasks_cost
+from medtpe.service.plumbing.metrics import MIXED_TASKS
 from medtpe.service.plumbing.receipts import receipt_body
-from medtpe.service.plumbing.serving import predict_record, prepare, served, served_sampling
+from medtpe.service.plumbing.serving import (
+    predict_all,
+    prepare,
+    prepare_all,
+    served,
+    served_sampling,
+)
 from medtpe.service.plumbing.shadow import ShadowJob
 from medtpe.service.plumbing.state import ServiceState
-from medtpe.service.predict.responses import predict_response, tokenize_response
+from medtpe.service.predict.responses import predict_response, tasks_response, tokenize_response
 from medtpe.service.predict.schemas import (
     BUDGET,
     ERROR_RESPONSES,
     BatchRequest,
     BatchResponse,
+    PredictAnswer,
     PredictRequest,
     PredictResponse,
 )
@@ -133,9 +147,12 @@ def _invalid(state: ServiceState, loc: Sequence[str | int], msg: str, type_: str
 
 def _checked(
     state: ServiceState, model: LoadedModel, request: PredictRequest, loc: Sequence[str | int]
-) -> tuple[Task, Predictor]:
-    """The request's task and predictor, once its options are within the service's limits."""
-    task = _task(state, request.task, [*loc, "task"])
+) -> tuple[list[Task], Predictor]:
+    """The request's tasks and predictor, once its options are within the service's limits."""
+    if request.tasks is None:
+        tasks = [_task(state, name, [*loc, "task"]) for name in request.task_names]
+    else:
+        tasks = [_task(state, name, [*loc, "tasks", i]) for i, name in enumerate(request.tasks)]
     options = request.options
     limit = state.settings.max_n_samples
     if options.n_samples > limit:
@@ -154,7 +171,13 @@ def _checked(
             "not_offered",
         )
     budget_loc = [*loc, "options", BUDGET]
-    return task, _at_budget(state, model, options.max_input_tokens, budget_loc)
+    return tasks, _at_budget(state, model, options.max_input_tokens, budget_loc)
+
+
+def _label(tasks: Iterable[Task]) -> str:
+    """The latency metric's `task` label of a request: its task, or `MIXED_TASKS`."""
+    names = {task.name for task in tasks}
+    return names.pop() if len(names) == 1 else MIXED_TASKS
 
 
 def _at_budget(
@@ -173,17 +196,19 @@ def _at_budget(
     return model.predictor.at_budget(budget)
 
 
-@router.post("/predict", response_model=PredictResponse)
+@router.post("/predict", response_model=PredictAnswer)
 async def predict(
     body: PredictRequest, state: StateDep, salt: SaltDep, request: Request
-) -> PredictResponse:
-    """Predict the task for one record; the answer leaves once its ledger row is committed."""
+) -> PredictAnswer:
+    """Predict the task (or each of the tasks) for one record; the answer leaves once its
+    ledger rows are committed."""
     model = state.loaded(need_engine=True)
-    task, predictor = _checked(state, model, body, ["body"])
+    tasks, predictor = _checked(state, model, body, ["body"])
+    _within_capacity(state, len(tasks), ["body", "tasks"], "tasks on this instance")
     asked = _Asked("predict", caller_id(request.state.api_key), salt)
-    async with served(state, "predict", task.name, 1):
+    async with served(state, "predict", _label(tasks), 1):
         await state.ledger.require()
-        response = await _predict_request(state, model, predictor, task, body, asked, ["body"])
+        response = await _predict_request(state, model, predictor, tasks, body, asked, ["body"])
         await state.ledger.commit(asked.rows)
     state.shadows.offer(state, asked.shadows)  # after the answer left admission control
     return response
@@ -199,21 +224,34 @@ async def predict_batch(
     checked = [
         _checked(state, model, r, ["body", "records", i]) for i, r in enumerate(body.records)
     ]
-    if len(body.records) > state.admission.capacity:
-        limit = state.admission.capacity
-        raise _invalid(state, ["body", "records"], f"at most {limit} records per batch", "too_long")
-    names = {task.name for task, _ in checked}
-    label = names.pop() if len(names) == 1 else "mixed"
+    n_prompts = sum(len(tasks) for tasks, _ in checked)
+    what = "records per batch"
+    if n_prompts > len(checked):
+        what = "prompts per batch (each of a record's `tasks` counts as one)"
+    _within_capacity(state, n_prompts, ["body", "records"], what)
+    label = _label(task for tasks, _ in checked for task in tasks)
     asked = _Asked("predict_batch", caller_id(request.state.api_key), salt)
     async with served(state, "predict_batch", label, len(checked)):
         await state.ledger.require()
         results = await _all(
-            _predict_request(state, model, predictor, task, record, asked, ["body", "records", i])
-            for i, ((task, predictor), record) in enumerate(zip(checked, body.records, strict=True))
+            _predict_request(state, model, predictor, tasks, record, asked, ["body", "records", i])
+            for i, ((tasks, predictor), record) in enumerate(
+                zip(checked, body.records, strict=True)
+            )
         )
         await state.ledger.commit(asked.rows)
     state.shadows.offer(state, asked.shadows)
     return BatchResponse(results=results)
+
+
+def _within_capacity(
+    state: ServiceState, n_prompts: int, loc: Sequence[str | int], what: str
+) -> None:
+    """A 422 for a request of more prompts (a record's task, or each of its `tasks`) than
+    admission control holds at once, whatever its records share: at most that many `what`."""
+    limit = state.admission.capacity
+    if n_prompts > limit:
+        raise _invalid(state, loc, f"at most {limit} {what}", "too_long")
 
 
 @router.post("/tokenize", response_model=TokenizeResponse)
@@ -253,26 +291,42 @@ async def _predict_request(
     state: ServiceState,
     model: LoadedModel,
     predictor: Predictor,
-    task: Task,
+    tasks: Sequence[Task],
     request: PredictRequest,
     asked: _Asked,
     loc: Sequence[str | int],
-) -> PredictResponse:
-    """A request's record prepared by `predictor` (the request's budget) and answered, its
+) -> PredictAnswer:
+    """A request's record prepared by `predictor` (the request's budget) for its tasks and
+    answered, admitted at what its further tasks' prompts add (`tasks_cost`), each answer's
     ledger row added to `asked.rows`; a bundle's mapping counts in the response; with
     `options.both_modes` the other mode's answer to the same prompt in `other_mode` (a row of
-    its own)."""
+    its own). The answer to a `task` is its `PredictResponse`, to `tasks` a
+    `PredictTasksResponse`."""
     start = time.perf_counter()
-    prepared = await _prepared(state, predictor, task, request, loc)
+    prepared = await _prepared(state, predictor, tasks, request, loc)
     sampling = request.options.sampling(served_sampling(state.settings))
-    answered = await predict_record(state, model, prepared, sampling, asked.salt, start)
-    response = _recorded(state, model, sampling, answered, request, asked)
-    if request.options.both_modes:
+    mode = model.predictor.mode
+    lengths = [len(p.ids(mode)) for p in prepared]
+    further = tasks_cost(lengths, prepared[0].segmentation.n_shared(mode)) - 1
+    with state.admission.admit(further):
+        answered = await predict_all(state, model, prepared, sampling, asked.salt, start)
         other = state.other_model
-        assert other is not None  # `_checked` refused both_modes without it
-        answered = await predict_record(state, other, prepared, sampling, asked.salt)
-        response.other_mode = _recorded(state, other, sampling, answered, request, asked)
-    return response
+        others: list[RecordAnswer] = []
+        if request.options.both_modes:
+            assert other is not None  # `_checked` refused both_modes without it
+            others = await predict_all(state, other, prepared, sampling, asked.salt)
+    reused = sum(a.answer.cached_tokens for a in (*answered, *others))
+    state.metrics.prefill_reused_tokens.labels(asked.door).inc(reused)
+    responses = []
+    for i, answer in enumerate(answered):
+        response = _recorded(state, model, sampling, answer, request, asked)
+        if others:
+            assert other is not None
+            response.other_mode = _recorded(state, other, sampling, others[i], request, asked)
+        responses.append(response)
+    if request.tasks is None:
+        return responses[0]
+    return tasks_response(responses, answered)
 
 
 def _recorded(
@@ -304,21 +358,22 @@ def _recorded(
 async def _prepared(
     state: ServiceState,
     predictor: Predictor,
-    task: Task,
+    tasks: Sequence[Task],
     request: PredictRequest,
     loc: Sequence[str | int],
-) -> PreparedRecord:
+) -> list[PreparedRecord]:
     """The request's record — its events, or its FHIR bundle through the site mapping — as
-    `predictor` prepares it (a bundle it cannot map: a 422 naming entry, resource and field)."""
+    `predictor` prepares it for each task, rendered once (a bundle it cannot map: a 422 naming
+    entry, resource and field)."""
     if request.bundle is None:
         assert request.events is not None  # the request model requires events or a bundle
         record = MedsRecord(request.events, request.prediction_time)
-        return await prepare(predictor, task, record)
+        return await prepare_all(predictor, tasks, record)
     where = [*loc, "bundle"]
     bundle = FhirResources(request.bundle, state.site_mapping(), request.prediction_time)
     try:
-        return await prepare(
-            predictor, task, bundle, lambda error: [*where, *(error.loc if error else ["entry"])]
+        return await prepare_all(
+            predictor, tasks, bundle, lambda error: [*where, *(error.loc if error else ["entry"])]
         )
     except ApiError:
         state.metrics.rejections.labels("invalid").inc()

@@ -37,7 +37,9 @@ from medtpe.service.plumbing.receipts import SignedReceipt
 
 TASK_NAMES = list_tasks()
 MAX_TASK_CHARS = 64
-"""Longest task name accepted (`task`); the names themselves are shorter."""
+"""Longest task name accepted (`task`, each of `tasks`); the names themselves are shorter."""
+MAX_TASKS_PER_RECORD = 8
+"""Most task names one record's `tasks` may hold (each at most once)."""
 MAX_EVENT_CODE_BYTES = 1024
 """Longest event `code`, in UTF-8 bytes."""
 MAX_EVENT_TEXT_BYTES = 64 * 1024
@@ -58,6 +60,13 @@ def optional_task(schema: dict[str, Any]) -> None:
     """JSON schema of an optional `task`: left out when unused, one of the task names."""
     left_out_not_null(schema)
     schema.update(_TASK_FIELD)
+
+
+def _task_list(schema: dict[str, Any]) -> None:
+    """JSON schema of an optional `tasks`: left out when unused, distinct task names."""
+    left_out_not_null(schema)
+    schema["uniqueItems"] = True
+    schema["items"].update(_TASK_FIELD)
 
 
 def left_out(data: object, names: tuple[str, ...]) -> object:
@@ -217,8 +226,18 @@ class PredictOptions(StrictBody):
         )
 
 
+def _located(
+    loc: tuple[str | int, ...], type_: str, message: str, value: object
+) -> ValidationError:
+    """A request model's error at `loc` (below the model), with `type_` and `message`."""
+    error = PydanticCustomError(type_, message)
+    detail = InitErrorDetails(type=error, loc=loc, input=value)
+    return ValidationError.from_exception_data("PredictRequest", [detail])
+
+
 class PredictRequest(StrictBody):
-    """One record, as MEDS `events` or as a FHIR R4 `bundle`, and the task to predict."""
+    """One record, as MEDS `events` or as a FHIR R4 `bundle`, and the task to predict (`task`)
+    or the tasks (`tasks`: the record read once for all of them)."""
 
     model_config = ConfigDict(
         extra="forbid",
@@ -226,12 +245,30 @@ class PredictRequest(StrictBody):
             "oneOf": [
                 {"required": ["events"], "not": {"required": ["bundle"]}},
                 {"required": ["bundle"], "not": {"required": ["events"]}},
-            ]
+            ],
+            "anyOf": [
+                {"required": ["task"], "not": {"required": ["tasks"]}},
+                {"required": ["tasks"], "not": {"required": ["task"]}},
+            ],
         },
     )
 
-    task: str = Field(
-        description="Task name.", max_length=MAX_TASK_CHARS, json_schema_extra=_TASK_FIELD
+    task: str | None = Field(
+        None,
+        description="Task name; give it or `tasks`, not both.",
+        max_length=MAX_TASK_CHARS,
+        json_schema_extra=optional_task,
+    )
+    tasks: list[Annotated[str, Field(max_length=MAX_TASK_CHARS)]] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_TASKS_PER_RECORD,
+        description="Several task names, each once (at most `MAX_TASKS_PER_RECORD`, 8), in "
+        "place of `task`: the record is read and rendered once, within what the longest of "
+        "their texts leaves of the input budget, and each prompt starts with the same ids up "
+        "to the end of the record, which the engine computes once (its prefix cache). The "
+        "answer is `PredictTasksResponse`: one result per task, in this order.",
+        json_schema_extra=_task_list,
     )
     events: Events | None = Field(
         None,
@@ -250,14 +287,39 @@ class PredictRequest(StrictBody):
     @model_validator(mode="before")
     @classmethod
     def _no_null(cls, data: object) -> object:
-        """`events` and `bundle` are left out when unused, never null (as documented)."""
-        return left_out(data, ("events", "bundle"))
+        """`task`, `tasks`, `events` and `bundle` are left out when unused, never null (as
+        documented)."""
+        return left_out(data, ("task", "tasks", "events", "bundle"))
 
     @model_validator(mode="after")
     def _events_or_bundle(self) -> PredictRequest:
         if (self.events is None) == (self.bundle is None):
             raise ValueError("give either `events` (MEDS) or `bundle` (FHIR R4)")
         return self
+
+    @model_validator(mode="after")
+    def _task_or_tasks(self) -> PredictRequest:
+        """One of `task` and `tasks`, the latter without a name twice; else an error at the
+        field (`[..., 'tasks', i]` for the second of two equal names)."""
+        if self.task is None and self.tasks is None:
+            raise _located(("task",), "missing", "give `task` or `tasks`", None)
+        if self.task is not None and self.tasks is not None:
+            raise _located(("tasks",), "task_and_tasks", "give `task` or `tasks`, not both", None)
+        first: dict[str, int] = {}
+        for i, name in enumerate(self.tasks or ()):
+            if name in first:
+                message = f"`tasks` names this task twice (also at {first[name]})"
+                raise _located(("tasks", i), "duplicate_task", message, name)
+            first[name] = i
+        return self
+
+    @property
+    def task_names(self) -> list[str]:
+        """The tasks asked: `[task]`, or `tasks`."""
+        if self.tasks is not None:
+            return self.tasks
+        assert self.task is not None  # `_task_or_tasks`
+        return [self.task]
 
 
 class BatchRequest(StrictBody):
@@ -376,10 +438,49 @@ class PredictResponse(BaseModel):
     )
 
 
-class BatchResponse(BaseModel):
-    """Predictions in request order."""
+class SharedTokens(BaseModel):
+    """The leading prompt tokens every task's prompt about the record shares."""
 
-    results: list[PredictResponse]
+    original: int
+    medtpe: int
+
+
+class TaskPrediction(PredictResponse):
+    """One task's prediction about a record asked with several (`tasks`): what `task` alone
+    answers, and the engine's prefix-cache hit."""
+
+    cached_tokens: int = Field(
+        description="Prompt tokens (in the mode's ids) the engine reused from its prefix cache "
+        "instead of computing them: for the tasks after the first, the record the first one's "
+        "prompt computed (whole cache blocks)."
+    )
+
+
+class PredictTasksResponse(BaseModel):
+    """The predictions of several tasks (`tasks`) about one record, read once."""
+
+    record_sha256: str | None = Field(
+        description="The record's SHA-256, as each result's receipt names it "
+        "(`record_sha256`); null only with `MEDTPE_LEDGER_OFF=true`."
+    )
+    shared_tokens: SharedTokens = Field(
+        description="How many leading tokens every task's prompt shares (the record and what "
+        "precedes it), under both tokenizers: the engine computes them once."
+    )
+    results: list[TaskPrediction] = Field(
+        description="One per task, in the order of `tasks`, each with its own ledger row "
+        "(`prediction_id`) and signed receipt."
+    )
+
+
+PredictAnswer = PredictResponse | PredictTasksResponse
+"""`/predict`'s answer: `PredictResponse` to a `task`, `PredictTasksResponse` to `tasks`."""
+
+
+class BatchResponse(BaseModel):
+    """Predictions in request order (each record's as `/predict` answers it)."""
+
+    results: list[PredictAnswer]
 
 
 class ErrorItem(BaseModel):
