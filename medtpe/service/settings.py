@@ -19,7 +19,7 @@ from pydantic import AnyHttpUrl, Field, ValidationInfo, field_validator, model_v
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from medtpe.core.cds.risk import DEFAULT_TASK_BANDS, RiskBands
-from medtpe.core.cds.services import SERVICES
+from medtpe.core.cds.services import SERVICES, CdsService
 from medtpe.core.prompt import PromptLayout, WindowPolicy
 from medtpe.core.secret_masking import mask_secrets, url_secrets
 from medtpe.core.tasks import TASKS_DIR_ENV, UnknownTaskError, get_task
@@ -253,6 +253,12 @@ class ServiceSettings(BaseSettings):
         '"critical": p}}` (a card\'s indicator: info below `warning`, warning, critical from '
         "`critical`); tasks not listed use 0.2 and 0.5.",
     )
+    cds_service_tasks: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="CDS Hooks: the tasks a service predicts, as JSON `{service_id: [task, "
+        '...]}` (or `{service_id: "task"}`): a hook call reads the patient\'s record once and '
+        "answers one card per task, in this order; a service not listed predicts its own task.",
+    )
     cds_model_card_url: AnyHttpUrl | None = Field(
         None,
         description="CDS Hooks: the model card a card's `source.url` links to; unset: the "
@@ -400,6 +406,35 @@ class ServiceSettings(BaseSettings):
                 get_task(name)
             except UnknownTaskError as exc:
                 raise ValueError(f"MEDTPE_CDS_RISK_BANDS: {exc}") from exc
+        return value
+
+    @field_validator("cds_service_tasks", mode="before")
+    @classmethod
+    def _one_task_alone(cls, value: object) -> object:
+        """A service's single task may be given alone (`"task"` for `["task"]`)."""
+        if isinstance(value, dict):
+            return {k: [v] if isinstance(v, str) else v for k, v in value.items()}
+        return value
+
+    @field_validator("cds_service_tasks")
+    @classmethod
+    def _service_tasks(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        """Each entry names a CDS service and at least one task, each a known task once."""
+        known = {service.id for service in SERVICES}
+        for service_id, tasks in value.items():
+            where = f"MEDTPE_CDS_SERVICE_TASKS[{service_id!r}]"
+            if service_id not in known:
+                services = ", ".join(sorted(known))
+                raise ValueError(f"{where}: no CDS service {service_id!r}; services: {services}")
+            if not tasks:
+                raise ValueError(f"{where}: names no task; leave the service out for its own")
+            if len(set(tasks)) < len(tasks):
+                raise ValueError(f"{where}: names a task twice ({', '.join(tasks)})")
+            for name in tasks:
+                try:
+                    get_task(name)
+                except UnknownTaskError as exc:
+                    raise ValueError(f"{where}: {exc}") from exc
         return value
 
     @field_validator("state_url")
@@ -552,6 +587,11 @@ class ServiceSettings(BaseSettings):
     def silent(self, service_id: str, tenant: str | None) -> bool:
         """Whether the CDS service `service_id` runs silent for a call of `tenant`."""
         return service_id in self.cds_silent or f"{service_id}/{tenant}" in self.cds_silent
+
+    def cds_tasks(self, service: CdsService) -> tuple[str, ...]:
+        """The tasks the CDS `service` predicts, one card each, in order: those
+        `MEDTPE_CDS_SERVICE_TASKS` names for it, else its own."""
+        return tuple(self.cds_service_tasks.get(service.id, (service.task,)))
 
     @property
     def modes(self) -> tuple[Mode, ...]:

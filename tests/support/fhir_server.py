@@ -7,7 +7,9 @@ in a directory and answers what a CDS service asks of an EHR's FHIR server:
   MedicationRequest and Procedure by `patient`, `category` (token: `code` or `system|code`),
   `date` (prefixes `eq`, `lt`, `le`, `gt`, `ge`, repeatable), `_count` (page size), paged through
   `next` links (`_offset`);
-- a bearer token: any other is 401.
+- a bearer token: any other is 401;
+- outside FHIR, the number of requests answered so far (`requests_served`: a test counts the
+  reads a call made).
 
 Run it as a process (`running_fhir_server`): `python -m tests.support.fhir_server --data DIR
 --port N --token T` (FHIRStarter reads `FHIR_SEQUENCE=R4B` when imported). A patient whose id
@@ -57,6 +59,8 @@ DATE_FIELDS = (
 )
 """Where a resource's `date` search value is read, first found first."""
 DEFAULT_COUNT = 100
+REQUESTS_PATH = "/_test/requests"
+"""Not FHIR: how many requests the server has answered (`requests_served`)."""
 
 
 class Store:
@@ -199,7 +203,24 @@ def create_app(data_dir: Path, token: str, delay_s: float) -> Any:
         provider.search_type(get_fhir_model_class(kind))(searcher(kind))
     app = FHIRStarter(title="MedTPE test FHIR server")
     app.add_providers(provider)
+    served = {"requests": 0}
+
+    @app.middleware("http")
+    async def count(request: Request, call_next: Any) -> Any:
+        if request.url.path != REQUESTS_PATH:
+            served["requests"] += 1
+        return await call_next(request)
+
+    @app.get(REQUESTS_PATH)
+    async def requests() -> dict[str, int]:
+        return served
+
     return app
+
+
+def requests_served(url: str) -> int:
+    """How many requests the server at `url` has answered so far (this count's own left out)."""
+    return httpx.get(url + REQUESTS_PATH, timeout=5).json()["requests"]
 
 
 @contextmanager

@@ -16,8 +16,8 @@ its caller's layer may not import (`ALLOWED` of tests/test_layering.py) or that 
 caller's stack below another layer (a layer climb), or into a module outside `medtpe.core`
 already on the caller's stack below another module (a module climb): a layer or module left and
 entered again other than by returning. The walk lists the hops on the stacks of the three
-targets (the prompt's `Predictor.prepare`, the engine's `generate`, `Ledger.record`) in the order
-they were made; `--all` lists every hop of the trace.
+targets (the prompt's `Predictor.prepare` or `prepare_all`, the engine's `generate`,
+`Ledger.record`) in the order they were made; `--all` lists every hop of the trace.
 
 Runs on this checkout's module names (`medtpe.*`) and on the older layout's top-level packages
 (`service`, `batch`, `inference`, `ledger`, `medtpe_core`, `medtpe_cli`), each mapped to its layer:
@@ -70,7 +70,7 @@ NEW_LAYOUT = (ROOT / "medtpe").is_dir()
 """Whether the tree the tests come from has the one import root (else the older layout)."""
 OLD_LAYERS = {"medtpe_core": "core", "medtpe_cli": "cli"}
 """Top-level packages of the older layout whose layer has another name (the rest: their own)."""
-TARGETS = ("Predictor.prepare", "generate", "Ledger.record")
+TARGETS = ("Predictor.prepare", "Predictor.prepare_all", "generate", "Ledger.record")
 """The functions whose stacks make the walk (the engine's `generate` of any engine class)."""
 END = ("ledger", "Ledger.record")
 """The trace ends when this function of the layer returns: the row is committed."""

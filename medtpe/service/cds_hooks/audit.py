@@ -1,5 +1,5 @@
 """One audit line per CDS Hooks call (logger `medtpe.audit`, a JSON object): hookInstance,
-issuer, tenant, jti, service id, model and artefact id, latency, card uuid, outcome, and for a
+issuer, tenant, jti, service id, model and artefact id, latency, card uuids, outcome, and for a
 refused call its reason and the detail the answer leaves out (`AuditedError`: what a FHIR fetch
 met, which the caller is not told).
 
@@ -38,6 +38,7 @@ class AuditEntry:
     model: str | None = None
     artefact: str | None = None
     card: str | None = None
+    """The card's uuid (a hook call's cards: their uuids, space-separated)."""
     outcome: str = "error"
     reason: str | None = None
     detail: str | None = None
@@ -45,8 +46,9 @@ class AuditEntry:
 
     def line(self) -> str:
         """The JSON line (fields without a value left out)."""
+        made = self.event == "hook"  # a hook line's card uuids are the service's, never cut
         values = {
-            k: (v[:MAX_FIELD] if isinstance(v, str) else v)
+            k: (v[:MAX_FIELD] if isinstance(v, str) and not (made and k == "card") else v)
             for k, v in asdict(self).items()
             if v is not None
         }

@@ -5,7 +5,8 @@ from __future__ import annotations
 import uuid
 
 from medtpe.core.cds.cards import CardText
-from medtpe.core.cds.services import SERVICES
+from medtpe.core.cds.services import SERVICES, CdsService
+from medtpe.core.tasks import get_task
 from medtpe.inference.model import ModelIdentity
 from medtpe.ledger.store import PredictionRow
 from medtpe.service.cds_hooks.schemas import (
@@ -30,20 +31,30 @@ OVERRIDE_REASONS = (
 ACKNOWLEDGE = "Acknowledge this risk score"
 
 
-def discovery() -> DiscoveryResponse:
-    """`GET /cds-services`: every service with its hook and prefetch templates."""
+def discovery(settings: ServiceSettings) -> DiscoveryResponse:
+    """`GET /cds-services`: every service with its hook and prefetch templates; the description
+    of a service whose tasks `MEDTPE_CDS_SERVICE_TASKS` sets names them (one card each)."""
     return DiscoveryResponse(
         services=[
             ServiceDescription(
                 hook=s.hook,
                 title=s.title,
-                description=s.description,
+                description=service_description(s, settings.cds_tasks(s)),
                 id=s.id,
                 prefetch=dict(s.prefetch),
             )
             for s in SERVICES
         ]
     )
+
+
+def service_description(service: CdsService, tasks: tuple[str, ...]) -> str:
+    """The discovery description of `service` predicting `tasks`: its own, and when the tasks
+    are not just its own, the cards a call gets."""
+    if tasks == (service.task,):
+        return service.description
+    titles = "; ".join(get_task(name).title for name in tasks)
+    return f"{service.description} One card per task, from one read of the record: {titles}."
 
 
 def risk_card(

@@ -96,17 +96,17 @@ def _service(service_id: str) -> CdsService:
 
 
 @router.get("", response_model=DiscoveryResponse, response_model_exclude_none=True)
-async def discover(caller: CallerDep) -> DiscoveryResponse:
-    """The services: one per task and hook, with their prefetch templates."""
-    return discovery()
+async def discover(caller: CallerDep, state: StateDep) -> DiscoveryResponse:
+    """The services: one per hook and task (or tasks), with their prefetch templates."""
+    return discovery(state.settings)
 
 
 @router.post("/{service_id}", response_model=CdsResponse, response_model_exclude_none=True)
 async def call(
     service_id: str, request: Request, state: StateDep, hooks: HooksDep, caller: CallerDep
 ) -> CdsResponse:
-    """A hook call: one risk card for the patient in context (the body is read after the JWT
-    check, its prefetch kept as JSON text: `read_hook_request`)."""
+    """A hook call: one risk card per task of the service for the patient in context (the body
+    is read after the JWT check, its prefetch kept as JSON text: `read_hook_request`)."""
     service = _service(service_id)
     body = read_hook_request(await request.body())
     entry = AuditEntry(service.id, hookInstance=body.hookInstance, issuer=caller.issuer)
