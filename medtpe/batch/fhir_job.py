@@ -40,6 +40,7 @@ from medtpe.batch.fhir_export import ISSUES_FILE, export_files, fingerprint, par
 from medtpe.batch.job import (
     RECORDS_SUFFIX,
     Job,
+    Prepared,
     Request,
     ShardPlan,
     failed,
@@ -55,7 +56,6 @@ from medtpe.batch.patient_buckets import (
     load_partition,
     partition_fingerprint,
 )
-from medtpe.batch.rows import RecordRow
 from medtpe.core.fhir import FhirInputError, FhirWarning, SiteMapping, load_site_mapping
 from medtpe.core.meds import read_labels
 from medtpe.core.tasks import Task
@@ -164,23 +164,24 @@ def gather_issues(partition: Partition, out_dir: Path) -> None:
 
 def prepare_patient(
     predictor: Predictor,
-    task: Task,
+    tasks: Sequence[Task],
     mapping: SiteMapping,
     patient: str,
     resources: PatientResources,
     prediction_time: datetime | None,
-) -> tuple[PreparedRecord | None, int | None]:
-    """A patient's prompt from their resources as `/predict` builds one from a Bundle and a hook
-    from its prefetch (`medtpe.inference.record.FhirResources`), and the record's subject id; (None,
-    None) when they give no event up to `prediction_time`; the mapping's `FhirInputError` is
-    raised."""
+) -> tuple[list[PreparedRecord] | None, int | None]:
+    """A patient's prompt for each of `tasks` from their resources, read and rendered once for
+    all of them, as `/predict` builds one from a Bundle and a hook from its prefetch
+    (`medtpe.inference.record.FhirResources`), and the record's subject id; (None, None) when
+    they give no event up to `prediction_time`; the mapping's `FhirInputError` is raised."""
     record = FhirResources(resources.texts, mapping, prediction_time, patient_id=patient)
     try:
-        prepared = record.prepare(predictor, task)
+        prepared = record.prepare_all(predictor, tasks)
     except NoEventsError:
         return None, None
-    assert prepared.fhir is not None  # FHIR resources' record
-    return prepared, prepared.fhir.subject_id
+    fhir = prepared[0].fhir
+    assert fhir is not None  # FHIR resources' record
+    return prepared, fhir.subject_id
 
 
 @dataclass(frozen=True)
@@ -192,8 +193,8 @@ class FhirShards:
     mapping_path: Path | None
 
     def __call__(
-        self, predictor: Predictor, task: Task, plan: ShardPlan
-    ) -> Iterator[tuple[Request, PreparedRecord | RecordRow]]:
+        self, predictor: Predictor, tasks: Sequence[Task], plan: ShardPlan
+    ) -> Iterator[tuple[Request, Prepared]]:
         if not plan.requests:
             return
         assert isinstance(plan, FhirShardPlan)
@@ -204,16 +205,16 @@ class FhirShards:
                 bucket = stack.enter_context(Bucket(self.partition, plan.bucket))
                 path = shard_issues(self.partition, plan.name)
                 issues = stack.enter_context(path.open("w", encoding="utf-8"))
-            yield from self._prepare(predictor, task, plan, bucket, issues)
+            yield from self._prepare(predictor, tasks, plan, bucket, issues)
 
     def _prepare(
         self,
         predictor: Predictor,
-        task: Task,
+        tasks: Sequence[Task],
         plan: FhirShardPlan,
         bucket: Bucket | None,
         issues: IO[str] | None,
-    ) -> Iterator[tuple[Request, PreparedRecord | RecordRow]]:
+    ) -> Iterator[tuple[Request, Prepared]]:
         mapping = _mapping(self.mapping_path)
         for request, patient in zip(plan.requests, plan.patients, strict=True):
             resources = bucket.resources(patient) if bucket is not None else None
@@ -222,7 +223,7 @@ class FhirShards:
                 continue
             try:
                 prepared, subject = prepare_patient(
-                    predictor, task, mapping, patient, resources, request.prediction_time
+                    predictor, tasks, mapping, patient, resources, request.prediction_time
                 )
             except FhirInputError as exc:
                 reason = fhir_failure(exc, resources, self.partition)
@@ -241,8 +242,9 @@ class FhirShards:
             elif subject != request.subject_id:  # the pass and the record disagree: never seen
                 yield request, failed(request, f"prepare: subject {subject} is not the plan's")
             else:
-                assert prepared.fhir is not None  # FHIR resources' record
-                note_dropped(issues, self.partition, patient, resources, prepared.fhir.warnings)
+                fhir = prepared[0].fhir
+                assert fhir is not None  # FHIR resources' record
+                note_dropped(issues, self.partition, patient, resources, fhir.warnings)
                 yield request, prepared
 
 
@@ -351,9 +353,12 @@ def fhir_settings(source: FhirInput, partition: Partition, reused: bool) -> dict
     }
 
 
-def clean_up(partition: Partition, plans: Sequence[ShardPlan], out_dir: Path) -> None:
-    """Remove the bucket files once every shard is written (the partition's record stays)."""
-    if not pending(plans, out_dir):
+def clean_up(
+    partition: Partition, plans: Sequence[ShardPlan], out_dir: Path, tasks: Sequence[Task]
+) -> None:
+    """Remove the bucket files once every shard is written for every one of `tasks` (the
+    partition's record stays)."""
+    if not pending(plans, out_dir, tasks):
         for k in range(partition.n_buckets):
             partition.bucket_path(k).unlink(missing_ok=True)
         (partition.work_dir / SHARED_FILE).unlink(missing_ok=True)
@@ -376,7 +381,7 @@ def run_fhir(
     plans = plan_buckets(partition, job)
     if reused and not all(
         partition.bucket_path(p.bucket).is_file()
-        for p in pending(plans, out_dir)
+        for p in pending(plans, out_dir, job.tasks)
         if p.bucket is not None and p.requests
     ):  # the buckets were removed when an earlier job was done; this one asks for more
         partition, reused = partitioned(source, out_dir, reuse=False)
@@ -393,5 +398,5 @@ def run_fhir(
             summary = run_ray(config, job, out_dir, ray, (plans, prepare), settings, ledger)
     finally:
         gather_issues(partition, out_dir)
-    clean_up(partition, plans, out_dir)
+    clean_up(partition, plans, out_dir, job.tasks)
     return summary

@@ -21,6 +21,15 @@ Memory is bounded by one shard (its events and results) and the engine, not by t
 shard is read, scored and written before the next is read. Files are written to a temporary name
 and renamed, the predictions file last, so a shard whose predictions file exists is complete and
 a second run skips it (resume). The label file itself is read whole (a few numbers per record).
+
+Several tasks (`Job.more_tasks`, `medtpe predict --task a,b,c`) are asked about each record with
+one read of its events and one render of it (`MedsRecord.prepare_all`): the record is rendered
+once within what the longest task's text leaves, and in the `record-first` layout the tasks'
+prompts share their ids up to the end of the record, so the engine's prefix cache computes it
+once (`Predictor.answer_all`; `PrefixReuse` counts what it spared). Each task gets the files
+above in a directory of its own, `<out>/<task>/` (one task: `<out>/` itself), and its answers
+their own ledger rows; a shard is complete when every task's predictions file exists (each
+task's files are written in turn, so a run stopped between them scores the shard again).
 """
 
 from __future__ import annotations
@@ -30,8 +39,8 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Self, TypeVar
@@ -52,7 +61,7 @@ from medtpe.core.tasks.option_probabilities import positive_probability
 from medtpe.inference.engines.factories import start_vllm
 from medtpe.inference.engines.protocol import Engine, EngineDead, EngineFactory
 from medtpe.inference.model import LoadedModel, ModelConfig, load_model
-from medtpe.inference.predictor import Predictor, PreparedRecord
+from medtpe.inference.predictor import Answer, Predictor, PreparedRecord
 from medtpe.inference.record import MedsRecord
 from medtpe.inference.sampling import Sampling
 from medtpe.ledger.settings import LedgerSettings
@@ -97,7 +106,9 @@ class Job:
     """The MEDS dataset whose shards are scored; None when the records come from elsewhere (a
     FHIR export, `medtpe.batch.fhir_job`)."""
     task: Task
+    """The task asked (with `more_tasks`: the first of them)."""
     labels: Path | None = None
+    """A MEDS label file of `task` (not with `more_tasks`: a label file labels one task)."""
     times: tuple[datetime | None, ...] = (None,)
     """Without labels: score every subject at each of these times."""
     split: str | None = None
@@ -111,6 +122,13 @@ class Job:
     asked for: `p_yes`)."""
     concurrency: int = 16
     """Records in flight to one engine at a time."""
+    more_tasks: tuple[Task, ...] = ()
+    """Further tasks asked about each record with `task`, from one read and render of it."""
+
+    @property
+    def tasks(self) -> tuple[Task, ...]:
+        """Every task the job asks about each record, `task` first."""
+        return (self.task, *self.more_tasks)
 
 
 def failed(request: Request, reason: str, prepared: PreparedRecord | None = None) -> RecordRow:
@@ -216,10 +234,15 @@ def limited(plans: list[P], limit: int | None) -> list[P]:
 # --- scoring --------------------------------------------------------------------------------
 
 
+Prepared = list[PreparedRecord] | RecordRow
+"""A record's prompt for each task asked (in the job's order), or its failure (every task's)."""
+
+
 def prepare_shard(
-    predictor: Predictor, task: Task, meds_dir: Path, plan: ShardPlan
-) -> Iterator[tuple[Request, PreparedRecord | RecordRow]]:
-    """Each request of the shard with its prompt and ids (the record object every door prepares,
+    predictor: Predictor, tasks: Sequence[Task], meds_dir: Path, plan: ShardPlan
+) -> Iterator[tuple[Request, Prepared]]:
+    """Each request of the shard with its prompt and ids for each of `tasks`, the record read
+    and rendered once for all of them (the record object every door prepares,
     `medtpe.inference.record.MedsRecord`), or its failure; the shard's events are read when the
     first record is asked for."""
     if not plan.requests:
@@ -234,9 +257,58 @@ def prepare_shard(
             yield request, failed(request, NO_EVENTS)
             continue
         try:
-            yield request, MedsRecord(events, request.prediction_time).prepare(predictor, task)
+            record = MedsRecord(events, request.prediction_time)
+            yield request, record.prepare_all(predictor, tasks)
         except Exception as exc:  # a record's bad data never stops the job
             yield request, failed(request, _reason("prepare", exc))
+
+
+@dataclass(frozen=True)
+class Answered:
+    """One task's result for a record: its records-file row and its prompt's tokens the engine
+    was given and read from its prefix cache (0 and 0: the prompt never reached the engine)."""
+
+    row: RecordRow
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass
+class PrefixReuse:
+    """What the engine's prefix cache spared a run: of the prompts it was given (`answers`),
+    how many found a prefix computed before (`reusing`: in the `record-first` layout, the record
+    another task was asked about first), and their tokens, given and read from the cache."""
+
+    answers: int = 0
+    reusing: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+    def add(self, answered: Iterable[Answered]) -> None:
+        """Count the prompts of `answered` that reached the engine."""
+        for one in answered:
+            if one.prompt_tokens:
+                self.answers += 1
+                self.reusing += one.cached_tokens > 0
+                self.prompt_tokens += one.prompt_tokens
+                self.cached_tokens += one.cached_tokens
+
+    def as_dict(self) -> dict[str, Any]:
+        """The summary's figures, with the share of prompt tokens read from the cache."""
+        share = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None
+        return {**asdict(self), "cached_share": share}
+
+    @classmethod
+    def of(cls, figures: Mapping[str, Any]) -> PrefixReuse:
+        """The counts of a summary's figures (`as_dict`)."""
+        return cls(**{f.name: figures[f.name] for f in fields(cls)})
+
+    def line(self) -> str:
+        """One line for the progress bar and the command's output."""
+        return (
+            f"{self.reusing}/{self.answers} prefills shared, "
+            f"{self.cached_tokens}/{self.prompt_tokens} prompt tokens from the prefix cache"
+        )
 
 
 async def answer_record(
@@ -244,24 +316,44 @@ async def answer_record(
     predictor: Predictor,
     job: Job,
     request: Request,
-    prepared: PreparedRecord,
+    prepared: Sequence[PreparedRecord],
     recorder: RunRecorder | None = None,
-) -> RecordRow:
-    """The record's answer through `Predictor.answer` with the job's sampling, its ledger row
-    kept by `recorder` (None: the ledger off); a generation error other than a dead engine
-    becomes the record's failure."""
+) -> list[Answered]:
+    """The record's answer to each task through `Predictor.answer_all` (the first task alone,
+    then the others on the record the engine has cached) with the job's sampling, each answer's
+    ledger row kept by `recorder` (None: the ledger off); a generation error other than a dead
+    engine becomes the record's failure for every task."""
     start = time.perf_counter()
     try:
-        answer = await predictor.answer(engine, prepared, job.sampling)
+        answers = await predictor.answer_all(engine, prepared, job.sampling)
     except EngineDead:
         raise
     except Exception as exc:
-        return failed(request, _reason("generate", exc), prepared)
+        return [Answered(failed(request, _reason("generate", exc), p)) for p in prepared]
+    elapsed = time.perf_counter() - start
+    return [
+        Answered(
+            _answered_row(request, one, answer, recorder, job.sampling, elapsed),
+            len(predictor.engine_ids(one.segmentation)),
+            answer.cached_tokens,
+        )
+        for one, answer in zip(prepared, answers, strict=True)
+    ]
+
+
+def _answered_row(
+    request: Request,
+    prepared: PreparedRecord,
+    answer: Answer,
+    recorder: RunRecorder | None,
+    sampling: Sampling,
+    elapsed: float,
+) -> RecordRow:
+    """The records-file row of an answer, its ledger row kept by `recorder`."""
     seg = prepared.segmentation
     prediction_id = None
     if recorder is not None:
-        elapsed = time.perf_counter() - start
-        prediction_id = recorder.add(prepared, job.sampling, answer, elapsed)
+        prediction_id = recorder.add(prepared, sampling, answer, elapsed)
     return RecordRow(
         record=request.record,
         subject_id=request.subject_id,
@@ -283,19 +375,20 @@ async def answer_all(
     engine: Engine,
     predictor: Predictor,
     job: Job,
-    items: Iterable[tuple[Request, PreparedRecord | RecordRow]],
+    items: Iterable[tuple[Request, Prepared]],
     on_done: Callable[[], object] = lambda: None,
     recorder: RunRecorder | None = None,
-) -> list[RecordRow]:
-    """The rows of `items`, in their order, with up to `job.concurrency` records in the
-    engine at once, each answer's ledger row kept by `recorder`; `items` is consumed lazily,
-    so the next record is prepared while the engine generates."""
+) -> list[list[Answered]]:
+    """Each task's result for each record of `items` (in their order; per record, in the
+    job's task order), with up to `job.concurrency` records in the engine at once, each
+    answer's ledger row kept by `recorder`; `items` is consumed lazily, so the next record is
+    prepared while the engine generates."""
     slots = asyncio.Semaphore(job.concurrency)
 
-    async def one(request: Request, item: PreparedRecord | RecordRow) -> RecordRow:
+    async def one(request: Request, item: Prepared) -> list[Answered]:
         try:
             if isinstance(item, RecordRow):
-                return item
+                return [Answered(item)] * len(job.tasks)
             return await answer_record(engine, predictor, job, request, item, recorder)
         finally:
             slots.release()
@@ -321,9 +414,19 @@ def records_path(out_dir: Path, name: str) -> Path:
     return Path(out_dir) / f"{name}{RECORDS_SUFFIX}"
 
 
-def shard_done(out_dir: Path, name: str) -> bool:
-    """Whether a shard's outputs are complete (its predictions file is written last)."""
-    return predictions_path(out_dir, name).is_file() and records_path(out_dir, name).is_file()
+def task_dir(out_dir: Path, tasks: Sequence[Task], task: Task) -> Path:
+    """Where `task`'s files go in a run asking `tasks`: `out_dir` for one task, else
+    `<out_dir>/<task>`."""
+    return Path(out_dir) if len(tasks) == 1 else Path(out_dir) / task.name
+
+
+def shard_done(out_dir: Path, name: str, tasks: Sequence[Task]) -> bool:
+    """Whether a shard's outputs are complete for every one of `tasks` (each task's predictions
+    file is written after its records file)."""
+    return all(
+        predictions_path(d, name).is_file() and records_path(d, name).is_file()
+        for d in (task_dir(out_dir, tasks, task) for task in tasks)
+    )
 
 
 def write_atomically(table: pa.Table, path: Path) -> None:
@@ -342,14 +445,46 @@ def write_shard(
     write_atomically(predictions_table(task, rows, labelled), predictions_path(out_dir, name))
 
 
+def write_tasks(
+    out_dir: Path,
+    name: str,
+    tasks: Sequence[Task],
+    answered: Sequence[Sequence[Answered]],
+    labelled: bool,
+) -> None:
+    """A shard's files for each of `tasks` (`answered`: each record's results, in task order),
+    task after task (`write_shard` in `task_dir`)."""
+    for index, task in enumerate(tasks):
+        rows = [record[index].row for record in answered]
+        write_shard(task_dir(out_dir, tasks, task), name, task, rows, labelled)
+
+
 def failure_kind(error: str) -> str:
     """A failure reason without its message (stage and exception type)."""
     return ": ".join(error.split(": ")[:2])
 
 
-def summarise(out_dir: Path, run: dict[str, Any]) -> dict[str, Any]:
-    """The summary of every records file under `out_dir` (this run's and earlier runs'), with
-    this run's figures `run`; written to `<out_dir>/summary.json`."""
+def summarise(
+    out_dir: Path, run: dict[str, Any], tasks: Sequence[Task] | None = None
+) -> dict[str, Any]:
+    """The summary of every records file under `out_dir` (this run's and earlier runs'; with
+    several `tasks`, every task's, and each task's own under `tasks`), with this run's figures
+    `run`; written to `<out_dir>/summary.json`."""
+    summary = records_figures(out_dir)
+    if tasks is not None and len(tasks) > 1:
+        summary["tasks"] = {t.name: records_figures(task_dir(out_dir, tasks, t)) for t in tasks}
+    summary["this_run"] = run
+    path = Path(out_dir) / SUMMARY_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # jobs of a partition may race
+    tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+    return summary
+
+
+def records_figures(out_dir: Path) -> dict[str, Any]:
+    """Records, shards, failures (by kind) and token counts of every records file under
+    `out_dir`."""
     n_records = failures = original_tokens = medtpe_tokens = 0
     kinds: Counter[str] = Counter()
     files = sorted(Path(out_dir).glob(f"**/*{RECORDS_SUFFIX}"))
@@ -361,7 +496,7 @@ def summarise(out_dir: Path, run: dict[str, Any]) -> dict[str, Any]:
         kinds.update(failure_kind(e) for e in errors)
         original_tokens += pc.sum(table.column("original_tokens")).as_py() or 0
         medtpe_tokens += pc.sum(table.column("medtpe_tokens")).as_py() or 0
-    summary = {
+    return {
         "records": n_records,
         "shards": len(files),
         "failures": failures,
@@ -371,20 +506,13 @@ def summarise(out_dir: Path, run: dict[str, Any]) -> dict[str, Any]:
         "compression_rate": compression_rate(original_tokens, medtpe_tokens)
         if original_tokens
         else None,
-        "this_run": run,
     }
-    path = Path(out_dir) / SUMMARY_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # jobs of a partition may race
-    tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
-    return summary
 
 
 def job_settings(job: Job, model: LoadedModel) -> dict[str, Any]:
     """The settings a run records in its summary."""
     return {
-        "task": job.task.name,
+        "task": ",".join(task.name for task in job.tasks),
         "meds": None if job.meds_dir is None else str(job.meds_dir),
         "labels": None if job.labels is None else str(job.labels),
         "times": None if job.labels is not None else [str(t or "last") for t in job.times],
@@ -402,17 +530,15 @@ def job_settings(job: Job, model: LoadedModel) -> dict[str, Any]:
 # --- the local job --------------------------------------------------------------------------
 
 
-def pending(plans: Sequence[ShardPlan], out_dir: Path) -> list[ShardPlan]:
-    """The plans whose shard is not written yet."""
-    return [p for p in plans if not shard_done(out_dir, p.name)]
+def pending(plans: Sequence[ShardPlan], out_dir: Path, tasks: Sequence[Task]) -> list[ShardPlan]:
+    """The plans whose shard is not written yet for every one of `tasks`."""
+    return [p for p in plans if not shard_done(out_dir, p.name, tasks)]
 
 
-ShardPreparer = Callable[
-    [Predictor, Task, ShardPlan], Iterable[tuple[Request, PreparedRecord | RecordRow]]
-]
-"""Each request of a shard with its prepared prompt or its failure: `MedsShards` for a MEDS
-dataset's shards; other inputs bring their own (`medtpe.batch.fhir_job`). Pickled to Ray's
-actors."""
+ShardPreparer = Callable[[Predictor, Sequence[Task], ShardPlan], Iterable[tuple[Request, Prepared]]]
+"""Each request of a shard with its prepared prompt for each task, or its failure: `MedsShards`
+for a MEDS dataset's shards; other inputs bring their own (`medtpe.batch.fhir_job`). Pickled to
+Ray's actors."""
 
 
 @dataclass(frozen=True)
@@ -422,9 +548,9 @@ class MedsShards:
     meds_dir: Path
 
     def __call__(
-        self, predictor: Predictor, task: Task, plan: ShardPlan
-    ) -> Iterator[tuple[Request, PreparedRecord | RecordRow]]:
-        return prepare_shard(predictor, task, self.meds_dir, plan)
+        self, predictor: Predictor, tasks: Sequence[Task], plan: ShardPlan
+    ) -> Iterator[tuple[Request, Prepared]]:
+        return prepare_shard(predictor, tasks, self.meds_dir, plan)
 
 
 def run_local(
@@ -461,7 +587,8 @@ def run_ledger(
     MEDS, else FHIR)."""
     settings = ledger or LedgerSettings.from_environ()
     door = "batch_meds" if isinstance(prepare, MedsShards) else "batch_fhir"
-    return RunLedger(settings, run_identity(out_dir, model, job.sampling), door)
+    run = run_identity(out_dir, model, job.sampling, [task.name for task in job.tasks])
+    return RunLedger(settings, run, door)
 
 
 def run_plans(
@@ -476,9 +603,10 @@ def run_plans(
 ) -> dict[str, Any]:
     """`run_local` of `plans` whose records `prepare` prepares (the job's settings in the summary
     updated by `settings`)."""
-    todo = pending(plans, out_dir)
+    todo = pending(plans, out_dir, job.tasks)
     model = load_model(config)
     n_todo = sum(len(p.requests) for p in todo)
+    reuse = PrefixReuse()
     recorder = run_ledger(job, model, out_dir, prepare, ledger).open(model) if n_todo else None
     start = time.perf_counter()
     engine = engine_factory(model.engine_config) if n_todo else None
@@ -487,15 +615,17 @@ def run_plans(
         recorder.engine = engine
     try:
         asyncio.run(
-            _score_plans(engine, model.predictor, job, todo, out_dir, n_todo, prepare, recorder)
+            _score_plans(
+                engine, model.predictor, job, todo, out_dir, n_todo, prepare, recorder, reuse
+            )
         )
     finally:
         if engine is not None:
             engine.shutdown()
         if recorder is not None:
             recorder.close()
-    run = run_figures("local", plans, todo, start, started, time.perf_counter())
-    return summarise(out_dir, {**run, **job_settings(job, model), **settings})
+    run = run_figures("local", plans, todo, start, started, time.perf_counter(), reuse)
+    return summarise(out_dir, {**run, **job_settings(job, model), **settings}, job.tasks)
 
 
 def run_figures(
@@ -505,9 +635,11 @@ def run_figures(
     start: float,
     started: float,
     end: float,
+    reuse: PrefixReuse,
 ) -> dict[str, Any]:
     """A run's own figures: shards written and skipped, records scored, time to start the
-    engine(s), time scoring and records per second of scoring."""
+    engine(s), time scoring, records per second of scoring and what the engine's prefix cache
+    spared (`reuse`)."""
     n_todo = sum(len(p.requests) for p in todo)
     scoring = end - started
     return {
@@ -518,6 +650,7 @@ def run_figures(
         "engine_start_s": started - start,
         "scoring_s": scoring,
         "records_per_s": n_todo / scoring if n_todo and scoring > 0 else None,
+        "prefix_cache": reuse.as_dict(),
     }
 
 
@@ -530,15 +663,19 @@ async def _score_plans(
     total: int,
     prepare: ShardPreparer,
     recorder: RunRecorder | None,
+    reuse: PrefixReuse,
 ) -> None:
     with tqdm(total=total, desc="predict", unit="record") as progress:
         for plan in plans:
-            items = prepare(predictor, job.task, plan)
-            rows = (
+            items = prepare(predictor, job.tasks, plan)
+            answered = (
                 await answer_all(engine, predictor, job, items, lambda: progress.update(), recorder)
                 if engine is not None
                 else []
             )
+            for record in answered:
+                reuse.add(record)
+            progress.set_postfix_str(reuse.line())
             if recorder is not None:  # the rows before the answers' files
                 await asyncio.to_thread(recorder.commit)
-            write_shard(out_dir, plan.name, job.task, rows, job.labels is not None)
+            write_tasks(out_dir, plan.name, job.tasks, answered, job.labels is not None)

@@ -5,14 +5,14 @@ the job before it scores, one that cannot be written stops it before the shard i
 
 A record's prediction id is bound to its content: a UUID 5 of the run (`run_identity`: the
 output directory and what decides an answer besides the record — the model, the rendering, the
-decoding), the task and the record's digest (`batch_prediction_id`). A resumed run gives an
-unchanged record the id its first run gave it and writes no row twice; a record whose data
-changed (another patient at the same position, another event) gets a new id and a row of its
-own, never an earlier record's. The same record twice in one run (a label file's repeated row) is
-one prediction: one row, which both records-file rows name. A run that stopped after a shard's
-rows were committed but before its files were written scores the shard again: rows already there
-whose answer and p("yes") the new ones repeat are kept as they are; an answer that differs is a
-`LedgerConflict` (the engine drifted between the runs)."""
+decoding, the tasks asked together), the task and the record's digest (`batch_prediction_id`).
+A resumed run gives an unchanged record the id its first run gave it and writes no row twice; a
+record whose data changed (another patient at the same position, another event) gets a new id
+and a row of its own, never an earlier record's. The same record twice in one run (a label
+file's repeated row) is one prediction: one row, which both records-file rows name. A run that
+stopped after a shard's rows were committed but before its files were written scores the shard
+again: rows already there whose answer and p("yes") the new ones repeat are kept as they are; an
+answer that differs is a `LedgerConflict` (the engine drifted between the runs)."""
 
 from __future__ import annotations
 
@@ -40,13 +40,21 @@ RUN_ID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:medtpe:batch-prediction-i
 """The UUID 5 namespace of `medtpe predict`'s prediction ids."""
 
 
-def run_identity(out_dir: Path, model: LoadedModel, sampling: Sampling) -> str:
+def run_identity(
+    out_dir: Path, model: LoadedModel, sampling: Sampling, tasks: Sequence[str] = ()
+) -> str:
     """SHA-256 of the run (canonical JSON): its output directory, resolved, and what decides a
     record's answer besides the record and the task — the model (`ModelIdentity`: name, mode,
     artefact id, base fingerprint), the rendering (the code descriptions' digest, the renderer's
-    version, the input budget, the windowing) and the decoding settings (`Sampling.as_dict`).
-    Which records the run scores (inputs' paths, label file or times, split, partition, limit)
-    and how fast (concurrency) are not part of it: a record's id follows its content."""
+    version, the input budget, the windowing, the prompt layout), the decoding settings
+    (`Sampling.as_dict`) and, when the run asks several `tasks` about each record, their names
+    (sorted): the record is rendered once within what the longest of their texts leaves
+    (`Prompt.shell_tokens`), so one task's prompt of one record differs with the tasks asked
+    with it, and its answer gets an id of its own in each set. The order they are asked in
+    decides only which prompt the engine computes first. One task's set is the task its ids
+    name already (no `tasks` key: a single-task run's ids are unchanged). Which records the run
+    scores (inputs' paths, label file or times, split, partition, limit) and how fast
+    (concurrency) are not part of it: a record's id follows its content."""
     predictor = model.predictor
     run = {
         "out_dir": str(Path(out_dir).resolve()),
@@ -61,6 +69,8 @@ def run_identity(out_dir: Path, model: LoadedModel, sampling: Sampling) -> str:
         },
         "decoding": sampling.as_dict(),
     }
+    if len(tasks) > 1:
+        run["tasks"] = sorted(tasks)
     return sha256_hex(canonical_json(run))
 
 

@@ -4,16 +4,18 @@ The pipeline, over the shards not written yet:
 
 1. one row per data shard (`from_items`, one block each);
 2. `flat_map` on CPU actors (`PrepareShard`, `--cpu-workers`): each reads its shard with the
-   project's MEDS reader and renders + MedTPE-encodes the records (`Predictor.prepare`), one
-   row per record;
+   project's MEDS reader and renders + MedTPE-encodes the records, once for every task asked
+   (`Predictor.prepare_all`), one row per record;
 3. `map_batches` on generation actors (`GenerateAnswers`, `--engines`), each holding one engine
    (`medtpe.inference.engines.factories.start_vllm`) and answering a shard's block of records
-   through `Predictor.answer`, `--concurrency` at a time, as the local job does (same batches in the
-   engine, so the same p(yes) to the last bit; Ray splits a block only beyond 128 MiB);
+   through `Predictor.answer_all`, `--concurrency` at a time, as the local job does (same batches
+   in the engine, so the same p(yes) to the last bit; Ray splits a block only beyond 128 MiB): one
+   row per record and task;
 4. a hash repartition by shard, so each shard's rows end in one block, and Ray Data's
-   `write_parquet` (partitioned by shard) writes the records files and the predictions files into
-   a staging directory beside `--out`; when the write has finished, each shard's files are renamed
-   into place (`<out>/<shard>.records.pq`, then `<out>/<shard>.parquet`).
+   `write_parquet` (partitioned by shard and task) writes the records files and the predictions
+   files into a staging directory beside `--out`; when the write has finished, each shard's files
+   are renamed into place, task after task (`<out>/<shard>.records.pq`, then
+   `<out>/<shard>.parquet`; with several tasks under `<out>/<task>/`).
 
 A shard is read whole by one task, not split into row-group blocks by `read_parquet`: MEDS keeps a
 subject's events in one shard, and blocks would need a shuffle of every event to put a record's
@@ -47,6 +49,7 @@ import pyarrow.parquet as pq
 from medtpe.batch.job import (
     Job,
     MedsShards,
+    PrefixReuse,
     ShardPlan,
     ShardPreparer,
     answer_all,
@@ -58,18 +61,25 @@ from medtpe.batch.job import (
     run_figures,
     run_ledger,
     summarise,
+    task_dir,
     write_atomically,
-    write_shard,
+    write_tasks,
 )
 from medtpe.batch.ledger_rows import RunLedger
 from medtpe.batch.rows import RecordRow, predictions_table, records_table
 from medtpe.core.ray_cluster import LOCAL, ray_session
 from medtpe.inference.engines.factories import start_vllm
+from medtpe.inference.engines.protocol import EngineFactory
 from medtpe.inference.model import ModelConfig, load_model
 from medtpe.ledger.settings import LedgerSettings
 
 SHARD = "shard"
 """Partition column: the shard's index among the run's pending plans."""
+TASK = "task"
+"""Partition column: the task's index among the job's tasks."""
+PROMPT_TOKENS = "prompt_tokens"
+CACHED_TOKENS = "cached_tokens"
+"""The answers' `Answered` figures, summed into the run's `PrefixReuse`, never written."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +109,7 @@ class PrepareShard:
     def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         """One row per record: its shard, position and pickled (request, prepared or failure)."""
         plan: ShardPlan = pickle.loads(row["plan"])
-        items = self._prepare(self.predictor, self.job.task, plan)
+        items = self._prepare(self.predictor, self.job.tasks, plan)
         return [
             {SHARD: row[SHARD], "record": request.record, "item": pickle.dumps((request, item))}
             for request, item in items
@@ -109,30 +119,46 @@ class PrepareShard:
 class GenerateAnswers:
     """Generation actor: one engine, answering batches of prepared records."""
 
-    def __init__(self, config: ModelConfig, job: Job, ledger: RunLedger) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        job: Job,
+        ledger: RunLedger,
+        engine_factory: EngineFactory = start_vllm,
+    ) -> None:
         model = load_model(config)
         self.predictor = model.predictor
         self.job = job
         self.loop = asyncio.new_event_loop()
         self.recorder = ledger.open(model)
-        self.engine = start_vllm(model.engine_config)
+        self.engine = engine_factory(model.engine_config)
         if self.recorder is not None:
             self.recorder.engine = self.engine
 
     def __call__(self, batch: dict[str, Any]) -> pa.Table:
-        """The records file rows of a batch, with their shard; the batch's ledger rows
-        committed first."""
+        """The records file rows of a batch, each task's, with their shard, task and prefix
+        figures; the batch's ledger rows committed first."""
         items = [pickle.loads(item) for item in batch["item"]]
-        rows = self.loop.run_until_complete(
+        answered = self.loop.run_until_complete(
             answer_all(self.engine, self.predictor, self.job, items, recorder=self.recorder)
         )
         if self.recorder is not None:
             self.recorder.commit()
-        table = records_table(rows)
-        shards = dict(zip(batch["record"].tolist(), batch[SHARD].tolist(), strict=True))
-        return table.append_column(
-            SHARD, pa.array([shards[o] for o in table["record"].to_pylist()])
-        )
+        shard_of = dict(zip(batch["record"].tolist(), batch[SHARD].tolist(), strict=True))
+        parts = []
+        for index in range(len(self.job.tasks)):
+            results = sorted((record[index] for record in answered), key=lambda a: a.row.record)
+            columns = {
+                SHARD: pa.array([shard_of[a.row.record] for a in results], pa.int64()),
+                TASK: pa.array([index] * len(results), pa.int64()),
+                PROMPT_TOKENS: pa.array([a.prompt_tokens for a in results], pa.int64()),
+                CACHED_TOKENS: pa.array([a.cached_tokens for a in results], pa.int64()),
+            }
+            table = records_table([a.row for a in results])
+            for name, column in columns.items():
+                table = table.append_column(name, column)
+            parts.append(table)
+        return pa.concat_tables(parts)
 
     def __del__(self) -> None:
         self.engine.shutdown()
@@ -141,18 +167,34 @@ class GenerateAnswers:
 
 
 def _predictions(batch: pa.Table, job: Job) -> pa.Table:
-    """The predictions rows of a block of records rows (one or more whole shards)."""
+    """The predictions rows of a block of records rows (one or more whole shards, each task's)."""
     parts = []
-    for shard in sorted(set(batch[SHARD].to_pylist())):
-        rows = batch.filter(pc.equal(batch[SHARD], shard)).drop_columns([SHARD])
+    keys = sorted(set(zip(batch[SHARD].to_pylist(), batch[TASK].to_pylist(), strict=True)))
+    for shard, task in keys:
+        mine = pc.and_(pc.equal(batch[SHARD], shard), pc.equal(batch[TASK], task))
+        rows = batch.filter(mine).drop_columns([SHARD, TASK])
         records = [RecordRow.from_row(r) for r in rows.to_pylist()]
-        table = predictions_table(job.task, records, job.labels is not None)
-        parts.append(table.append_column(SHARD, pa.array([shard] * table.num_rows, pa.int64())))
+        table = predictions_table(job.tasks[task], records, job.labels is not None)
+        table = table.append_column(SHARD, pa.array([shard] * table.num_rows, pa.int64()))
+        parts.append(table.append_column(TASK, pa.array([task] * table.num_rows, pa.int64())))
     return pa.concat_tables(parts)
 
 
 def _sorted(batch: pa.Table) -> pa.Table:
-    return batch.sort_by([(SHARD, "ascending"), ("record", "ascending")])
+    order = [(SHARD, "ascending"), (TASK, "ascending"), ("record", "ascending")]
+    return batch.sort_by(order)
+
+
+def _prefix_reuse(answers: pa.Table) -> PrefixReuse:
+    """The `PrefixReuse` of the answers' prefix figures (`PROMPT_TOKENS`, `CACHED_TOKENS`)."""
+    given = pc.greater(answers[PROMPT_TOKENS], 0)
+    cached = answers[CACHED_TOKENS]
+    return PrefixReuse(
+        answers=pc.sum(given.cast(pa.int64())).as_py() or 0,
+        reusing=pc.sum(pc.and_(given, pc.greater(cached, 0)).cast(pa.int64())).as_py() or 0,
+        prompt_tokens=pc.sum(answers[PROMPT_TOKENS]).as_py() or 0,
+        cached_tokens=pc.sum(cached).as_py() or 0,
+    )
 
 
 def run_ray(
@@ -163,30 +205,35 @@ def run_ray(
     shards: tuple[Sequence[ShardPlan], ShardPreparer] | None = None,
     settings: dict[str, Any] | None = None,
     ledger: LedgerSettings | None = None,
+    engine_factory: EngineFactory = start_vllm,
 ) -> dict[str, Any]:
     """Score every pending shard on Ray Data (see the module docstring), each answer recorded in
-    `ledger` (default: the `MEDTPE_LEDGER_*` environment's); returns (and writes) the summary.
-    `shards`: other plans than the MEDS dataset's and their preparer (the job's settings in the
-    summary updated by `settings`)."""
+    `ledger` (default: the `MEDTPE_LEDGER_*` environment's), each generation actor's engine
+    started by `engine_factory`; returns (and writes) the summary. `shards`: other plans than
+    the MEDS dataset's and their preparer (the job's settings in the summary updated by
+    `settings`)."""
     if shards is None:
         assert job.meds_dir is not None, "a MEDS job, or its shards"
         shards = plan_shards(job), MedsShards(job.meds_dir)
     plans, prepare = shards
-    todo = pending(plans, out_dir)
+    todo = pending(plans, out_dir, job.tasks)
     model = load_model(config)  # the prepared files checked once, here
     start = time.perf_counter()
     with_records = [p for p in todo if p.requests]
     for plan in todo:
         if not plan.requests:
-            write_shard(out_dir, plan.name, job.task, [], job.labels is not None)
+            write_tasks(out_dir, plan.name, job.tasks, [], job.labels is not None)
+    reuse = PrefixReuse()
     if with_records:
         recording = run_ledger(job, model, out_dir, prepare, ledger)
         checked = recording.open(model)  # fail closed before any actor starts
         if checked is not None:
             checked.close()
         with ray_session(resources.address, resources.num_cpus):
-            _run_pipeline(config, job, out_dir, with_records, resources, prepare, recording)
-    run = run_figures("ray", plans, todo, start, start, time.perf_counter())
+            reuse = _run_pipeline(
+                config, job, out_dir, with_records, resources, prepare, recording, engine_factory
+            )
+    run = run_figures("ray", plans, todo, start, start, time.perf_counter(), reuse)
     run["engine_start_s"] = None  # the actors start their engines inside the pipeline's time
     run["ray"] = {
         "address": resources.address,
@@ -196,7 +243,7 @@ def run_ray(
         "engine_cpus": resources.engine_cpus,
         "engine_gpus": resources.engine_gpus,
     }
-    return summarise(out_dir, {**run, **job_settings(job, model), **(settings or {})})
+    return summarise(out_dir, {**run, **job_settings(job, model), **(settings or {})}, job.tasks)
 
 
 def _run_pipeline(
@@ -207,7 +254,10 @@ def _run_pipeline(
     resources: RayResources,
     prepare: ShardPreparer,
     ledger: RunLedger,
-) -> None:
+    engine_factory: EngineFactory,
+) -> PrefixReuse:
+    """Run the pipeline of the module docstring over `plans` and move each shard's files into
+    place; what the engines' prefix caches spared."""
     import ray
 
     shards = [{SHARD: i, "plan": pickle.dumps(plan)} for i, plan in enumerate(plans)]
@@ -221,7 +271,12 @@ def _run_pipeline(
         )
         .map_batches(
             GenerateAnswers,
-            fn_constructor_kwargs={"config": config, "job": job, "ledger": ledger},
+            fn_constructor_kwargs={
+                "config": config,
+                "job": job,
+                "ledger": ledger,
+                "engine_factory": engine_factory,
+            },
             batch_size=None,  # a whole block: one shard's records, as the local job streams them
             batch_format="numpy",
             concurrency=resources.engines,
@@ -232,24 +287,33 @@ def _run_pipeline(
         .map_batches(_sorted, batch_size=None, batch_format="pyarrow")
         .materialize()
     )
+    reuse = _prefix_reuse(
+        pa.concat_tables(
+            ray.get(records.select_columns([PROMPT_TOKENS, CACHED_TOKENS]).to_arrow_refs())
+        )
+    )
+    records = records.drop_columns([PROMPT_TOKENS, CACHED_TOKENS])
     staging = Path(out_dir).parent / f".{Path(out_dir).name}.ray-{uuid.uuid4().hex[:8]}"
     try:
-        records.write_parquet(str(staging / "records"), partition_cols=[SHARD])
+        records.write_parquet(str(staging / "records"), partition_cols=[SHARD, TASK])
         records.map_batches(
             _predictions, fn_kwargs={"job": job}, batch_size=None, batch_format="pyarrow"
-        ).write_parquet(str(staging / "predictions"), partition_cols=[SHARD])
+        ).write_parquet(str(staging / "predictions"), partition_cols=[SHARD, TASK])
         no_records = records_table([])
-        no_predictions = predictions_table(job.task, [], job.labels is not None)
         for index, plan in enumerate(plans):
-            partition = f"{SHARD}={index}"
-            _move(staging / "records" / partition, records_path(out_dir, plan.name), no_records)
-            _move(
-                staging / "predictions" / partition,
-                predictions_path(out_dir, plan.name),
-                no_predictions,
-            )
+            for number, task in enumerate(job.tasks):
+                partition = Path(f"{SHARD}={index}") / f"{TASK}={number}"
+                where = task_dir(out_dir, job.tasks, task)
+                no_predictions = predictions_table(task, [], job.labels is not None)
+                _move(staging / "records" / partition, records_path(where, plan.name), no_records)
+                _move(
+                    staging / "predictions" / partition,
+                    predictions_path(where, plan.name),
+                    no_predictions,
+                )
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    return reuse
 
 
 def _move(partition: Path, path: Path, empty: pa.Table) -> None:

@@ -36,7 +36,7 @@ import httpx
 
 from medtpe.batch.bulk_client import ServerAccess
 from medtpe.batch.fhir_http import FhirServerError, HttpSettings, check_secure, fetch
-from medtpe.batch.job import records_path
+from medtpe.batch.job import records_path, task_dir
 from medtpe.batch.rows import RecordRow, read_records
 from medtpe.batch.smart_backend import ClientKey, SmartBackendAuth
 from medtpe.core.tasks import Task, get_task, list_tasks
@@ -277,14 +277,16 @@ def job_model(artefact_dir: Path, run: Mapping[str, Any], card_url: str | None) 
 def fhir_job_items(
     source: FhirInput, job: Job, out_dir: Path, ledger: Ledger
 ) -> Iterator[WrittenPrediction]:
-    """The answered records a FHIR job (`medtpe.batch.fhir_job.run_fhir`) wrote under `out_dir`,
-    with
-    their patients (the job's plans, from its partition) and their rows in `ledger`."""
+    """The answered records a FHIR job (`medtpe.batch.fhir_job.run_fhir`) wrote under `out_dir`
+    for each of its tasks (`task_dir`), with their patients (the job's plans, from its
+    partition) and their rows in `ledger`."""
     from medtpe.batch.fhir_job import partitioned, plan_buckets
 
     partition, _ = partitioned(source, out_dir, progress=False)
     plans = plan_buckets(partition, job)
-    return fhir_job_predictions(out_dir, plans, job.task, ledger.recorded)
+    for task in job.tasks:
+        where = task_dir(out_dir, job.tasks, task)
+        yield from fhir_job_predictions(where, plans, task, ledger.recorded)
 
 
 def write_back(

@@ -64,6 +64,31 @@ TASK = TaskName()
 """The type of an option naming a registered task."""
 
 
+class TaskNames(TaskName):
+    """Comma-separated names of tasks `known` lists (`a,b,c`), each once: an unknown name or one
+    named twice is a usage error (the unknown one naming the known tasks)."""
+
+    name = "tasks"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[str, ...]:
+        """The names of `value`, in its order, once each names a known task and none repeats."""
+        if isinstance(value, tuple):
+            return value
+        names = [name.strip() for name in str(value).split(",")]
+        for name in names:
+            super().convert(name, param, ctx)
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            self.fail(f"{', '.join(map(repr, repeated))} named more than once", param, ctx)
+        return tuple(names)
+
+
+TASK_NAMES = TaskNames()
+"""The type of an option naming one or more registered tasks (`a,b,c`)."""
+
+
 class HoldingPath(click.Path):
     """An existing path; a directory given must hold the file `holds` (then `what` it is)."""
 
@@ -165,6 +190,18 @@ TASK_OPTION = click.option(
     help="Task name (e.g. icu_mortality); MEDS-DEV's model.yaml gives it as the variable.",
 )
 """`--task NAME` of the commands that score a task (MEDS-DEV sets $MEDTPE_TASK)."""
+TASKS_OPTION = click.option(
+    "--task",
+    "task_names",
+    required=True,
+    type=TASK_NAMES,
+    envvar="MEDTPE_TASK",
+    show_envvar=True,
+    help="Task name (e.g. icu_mortality), or several comma-separated (icu_mortality,"
+    "readmission_30d): each record is read and rendered once for all of them, and each task "
+    "gets its predictions under <out>/<task>/. MEDS-DEV's model.yaml gives it as the variable.",
+)
+"""`--task NAME[,NAME...]` of the commands that score one or more tasks per record."""
 
 
 def split_option(default: str, note: str = "") -> Callable[[F], F]:

@@ -11,6 +11,7 @@ The engine (vLLM, torch) and Ray are imported inside the command, so loading the
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -290,13 +291,14 @@ def fhir_source(fhir: dict[str, Any], out_dir: Path) -> Any:
     help=f"Without labels: score every subject at this time (ISO date-time, or '{LAST_EVENT}': "
     "one minute after the subject's last event); repeat for several.",
 )
-@options.TASK_OPTION
+@options.TASKS_OPTION
 @click.option(
     "--out",
     "out_dir",
     required=True,
     type=click.Path(file_okay=False, path_type=Path),
-    help="Output directory: <shard>.parquet predictions, <shard>.records.pq, summary.json.",
+    help="Output directory: <shard>.parquet predictions, <shard>.records.pq (with several "
+    "tasks, in <task>/), summary.json.",
 )
 @options.split_option(options.ALL_SPLITS)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="First N records.")
@@ -318,7 +320,7 @@ def predict(
     meds_dir: Path,
     labels_path: Path | None,
     times: tuple[str, ...],
-    task_name: str,
+    task_names: tuple[str, ...],
     out_dir: Path,
     split: str,
     limit: int | None,
@@ -347,7 +349,8 @@ def predict(
     **fhir: Any,
 ) -> None:
     """Score every record of a MEDS dataset or a FHIR Bulk Data export into meds-evaluation
-    predictions, shard by shard (resumable: shards already written are skipped)."""
+    predictions, shard by shard (resumable: shards already written are skipped); with several
+    tasks, each record is read and rendered once and asked each of them."""
     from medtpe.batch.job import Job
     from medtpe.core.tasks import get_task
     from medtpe.inference.model import ModelConfig
@@ -355,10 +358,13 @@ def predict(
     ledger = _check_inputs(
         labels_path, times, meds_dir, split, partition, ray_address, ray_cpus, fhir
     )
-    task = get_task(task_name)
+    if labels_path is not None and len(task_names) > 1:
+        raise click.UsageError("a label file labels one task: with several --task, give --times")
+    task, *more_tasks = [get_task(name) for name in task_names]
     job = Job(
         meds_dir=meds_dir,
         task=task,
+        more_tasks=tuple(more_tasks),
         labels=labels_path,
         times=tuple(_prediction_time(t) for t in times) or (None,),
         split=options.split_name(split),
@@ -389,7 +395,7 @@ def predict(
         "engine_gpus": engine_gpus,
     }
     summary, source = _run_job(config, job, fhir, out_dir, ray_address, ray, ledger)
-    _echo_summary(task.title, summary, out_dir)
+    _echo_summary(job.tasks, summary, out_dir)
     if fhir["write_back"]:
         _write_back(fhir, config, job, source, out_dir, summary["this_run"], ledger)
 
@@ -480,15 +486,24 @@ def _run_job(
     return summary, source
 
 
-def _echo_summary(title: str, summary: dict[str, Any], out_dir: Path) -> None:
-    """Print what the job scored, what it could not, and what the FHIR export held."""
+def _echo_summary(tasks: Sequence[Any], summary: dict[str, Any], out_dir: Path) -> None:
+    """Print what the job scored, what it could not (per task), what the engine's prefix cache
+    spared, and what the FHIR export held."""
+    from medtpe.batch.job import PrefixReuse
+
     run = summary["this_run"]
-    click.echo(
-        f"{title}: {run['records']} records scored in {run['shards_written']} shards "
-        f"({run['shards_skipped']} already written); {summary['records']} records in {out_dir}, "
-        f"{summary['failures']} not scored, compression {summary['compression_rate']}"
-    )
-    click.echo(json.dumps(summary["failure_kinds"]))
+    per_task = summary.get("tasks", {tasks[0].name: summary})
+    for task in tasks:
+        figures = per_task[task.name]
+        where = out_dir if len(tasks) == 1 else Path(out_dir) / task.name
+        click.echo(
+            f"{task.title}: {run['records']} records scored in {run['shards_written']} shards "
+            f"({run['shards_skipped']} already written); {figures['records']} records in "
+            f"{where}, {figures['failures']} not scored, compression "
+            f"{figures['compression_rate']}"
+        )
+        click.echo(json.dumps(figures["failure_kinds"]))
+    click.echo(PrefixReuse.of(run["prefix_cache"]).line())
     export = run.get("fhir_export")
     if export:
         click.echo(

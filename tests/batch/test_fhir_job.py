@@ -314,10 +314,11 @@ def test_shared_demo_stays_from_the_export_get_the_prompt_of_their_meds_events(
     predictor = load_model(config).predictor
     for point in points:
         patient = by_subject[point.subject_id]
-        prepared, subject = prepare_patient(
-            predictor, TASK, mapping, patient, grouped[patient], point.prediction_time
+        found, subject = prepare_patient(
+            predictor, [TASK], mapping, patient, grouped[patient], point.prediction_time
         )
         by_meds = predictor.prepare(TASK, dataset.events(point.subject_id), point.prediction_time)
-        assert prepared is not None and subject == point.subject_id
+        assert found is not None and subject == point.subject_id
+        (prepared,) = found
         assert prepared.prompt.text == by_meds.prompt.text, point
         assert prepared.segmentation == by_meds.segmentation, point

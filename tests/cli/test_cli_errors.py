@@ -1,7 +1,8 @@
 """Every error a user can cause with the `medtpe` command is one line naming what to change,
 never a traceback. Each command and subcommand of the group (enumerated from it: a new command
 is covered as it is added) is run with an unknown option, then with each option it has given a
-wrong value of its kind: a name from no list (a choice, a task), a path that does not exist, a
+wrong value of its kind: a name from no list (a choice, a task; in a list of tasks, one
+named twice too), a path that does not exist, a
 directory that is not what the option reads, a malformed URL or Ray address, a number out of its
 range or no number at all, a date that is none. Each is a usage error (exit status 2) raised as
 the command line is read, before any dataset, model or engine loads: the command's usage, the
@@ -21,7 +22,7 @@ from click.testing import CliRunner, Result
 
 from medtpe.cli.command_line import medtpe_command
 from medtpe.cli.main import cli
-from medtpe.cli.options import HoldingPath, TaskName, Url
+from medtpe.cli.options import HoldingPath, TaskName, TaskNames, Url
 from medtpe.cli.ray_option import RayAddress
 from medtpe.core.tasks import list_tasks
 
@@ -52,6 +53,8 @@ def commands(
 def wrong_kinds(param: click.Parameter) -> list[str]:
     """The kinds of wrong value `param` can be given (`wrong_value`)."""
     kind = param.type
+    if isinstance(kind, TaskNames):
+        return ["unknown task", "repeated task"]
     if isinstance(kind, TaskName):
         return ["unknown task"]
     if isinstance(kind, click.Choice):
@@ -83,6 +86,7 @@ def wrong_value(param: click.Parameter, kind: str, tmp_path: Path) -> str:
         return str(tmp_path)
     values = {
         "unknown task": "no_such_task",
+        "repeated task": "icu_mortality,icu_mortality",
         "unknown choice": "no-such-choice",
         "missing path": str(tmp_path / "no-such-path"),
         "malformed URL": f"ftp://user:{SECRET}@host/x",
@@ -145,6 +149,8 @@ def test_a_wrong_value_is_a_one_line_usage_error_naming_the_option(
     if kind == "unknown task":
         known = list(param.type.known())  # type: ignore[attr-defined]
         assert known and all(task in line for task in known)
+    if kind == "repeated task":
+        assert "'icu_mortality' named more than once" in line
 
 
 @pytest.mark.parametrize("words", [words for words, _ in commands()], ids=" ".join)
@@ -164,6 +170,7 @@ def test_every_value_checked_is_met_and_every_other_is_free() -> None:
     kinds = {kind for _, _, kind in (case.values for case in CASES)}
     assert kinds == {
         "unknown task",
+        "repeated task",
         "unknown choice",
         "missing path",
         "directory holding nothing",
@@ -178,6 +185,8 @@ def test_every_value_checked_is_met_and_every_other_is_free() -> None:
         ("predict",),
         ("render",),
     }
+    lists = {words for words, _, kind in (case.values for case in CASES) if kind == "repeated task"}
+    assert lists == {("predict",)}
 
 
 def test_an_unknown_command_is_a_one_line_usage_error() -> None:

@@ -52,13 +52,14 @@ def test_the_service_settings_default_to_the_declared_model() -> None:
         (
             predict,
             {"mode", "max_input_tokens", "max_new_tokens", "max_num_seqs", "kv_cache_gib"}
-            | {"enforce_eager", "dtype", "seed", "model_dir", "artefact_dir", "export_dir"},
+            | {"enforce_eager", "dtype", "seed", "model_dir", "artefact_dir", "export_dir"}
+            | {"prompt_layout"},
         ),
         (
             evaluate,
             {"max_input_tokens", "max_new_tokens", "window_policy", "window_grid_hours"}
             | {"kv_cache_gib", "seed", "dtype", "enforce_eager", "model_dir", "artefact_dir"}
-            | {"export_dir"},
+            | {"export_dir", "prompt_layout"},
         ),
         (render, {"max_input_tokens"}),
     ],

@@ -178,7 +178,9 @@ def mapping_speed(export: Path, meds: Path, labels: Path, budget: int, work: Pat
     for point in wanted:
         patient = by_subject[point.subject_id]
         start = time.perf_counter()
-        prepare_patient(predictor, task, mapping, patient, grouped[patient], point.prediction_time)
+        prepare_patient(
+            predictor, [task], mapping, patient, grouped[patient], point.prediction_time
+        )
         seconds += time.perf_counter() - start
         resources += len(grouped[patient].lines)
     return {
