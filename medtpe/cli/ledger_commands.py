@@ -389,11 +389,12 @@ def rederive(
     dtype: str | None = None,
 ) -> Derivation:
     """Re-derive the prediction of `row`: the model configured as the receipt says (mode,
-    budget, windowing, dtype unless `dtype` is given, answer length), the record read from
-    `source`, prepared and answered with the receipt's decoding settings (`start_engine`: vLLM
-    unless given; `run`: the event loop's runner, one loop for every row where one engine
-    serves several); what the answer derives from as the doors hash it
-    (`medtpe.ledger.answers.ReceiptBasis.of`), its `dtype` the one the engine ran in."""
+    budget, windowing, dtype unless `dtype` is given, answer length) on an eager engine (no
+    torch.compile), the record read from `source`, prepared and answered with the receipt's
+    decoding settings (`start_engine`: vLLM unless given; `run`: the event loop's runner, one
+    loop for every row where one engine serves several); what the answer derives from as the
+    doors hash it (`medtpe.ledger.answers.ReceiptBasis.of`), its `dtype` the one the engine ran
+    in."""
     from medtpe.core.fhir import load_site_mapping
     from medtpe.core.meds.readers import MedsDataset
     from medtpe.core.prompt.layout import LEGACY_LAYOUT, PromptLayout
@@ -415,6 +416,9 @@ def rederive(
         window_grid_hours=rendering["window_grid_hours"],
         max_new_tokens=receipt.decoding["max_new_tokens"],
         dtype=dtype or receipt.dtype,
+        # one answer to re-derive: torch.compile's warm-up (about 2 minutes on a CPU, more than
+        # the engine's other start-up) would not pay back; eager gives the same p(yes)
+        enforce_eager=True,
     )
     prepare_model_files(config)
     loaded = load_model(config)

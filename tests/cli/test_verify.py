@@ -22,7 +22,7 @@ from medtpe.cli.main import cli
 from medtpe.core.meds.readers import MedsDataset
 from medtpe.core.tasks import get_task
 from medtpe.inference.engines.instant import InstantEngine
-from medtpe.inference.engines.protocol import Engine
+from medtpe.inference.engines.protocol import Engine, EngineConfig
 from medtpe.inference.model import LoadedModel, ModelConfig, load_model
 from medtpe.inference.predictor import Answer, PreparedRecord
 from medtpe.inference.receipt_facts import answer_facts
@@ -153,6 +153,18 @@ def test_a_receipt_that_says_auto_still_verifies(
     checks = {check.part: check for check in compare(named, again)}
     assert not checks["dtype"].ok
     assert checks["dtype"].detail == "dtype changed: re-run in float16, the receipt's float32"
+
+
+def test_the_rerun_engine_is_eager(recorded: PredictionRow, model_files: dict) -> None:
+    """One answer to re-derive: its engine skips torch.compile (minutes on a CPU)."""
+    started = []
+
+    def start(config: EngineConfig) -> InstantEngine:
+        started.append(config)
+        return InstantEngine.factory()(config)
+
+    rederive(recorded, Receipt.from_text(recorded.receipt), RecordSource(), model_files, start)
+    assert [config.options.enforce_eager for config in started] == [True]
 
 
 def test_the_command_line_names_an_edited_row(
