@@ -286,17 +286,22 @@ def test_the_command_refuses_a_task_list_it_cannot_ask(
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")  # one local Ray cluster at a time
-def test_on_ray_several_tasks_are_the_local_job_file_for_file(
-    service_files: tuple[Path, Path], meds: Path, tmp_path: Path, settings: LedgerSettings
+@pytest.mark.parametrize("names", [NAMES, NAMES[:1]], ids=["three tasks", "one task"])
+def test_on_ray_the_tasks_are_the_local_job_file_for_file(
+    service_files: tuple[Path, Path],
+    meds: Path,
+    tmp_path: Path,
+    settings: LedgerSettings,
+    names: tuple[str, ...],
 ) -> None:
     from medtpe.batch.ray_job import RayResources, run_ray
 
     config = engine_test_config(service_files, meds, max_new_tokens=8)
     local, on_ray = tmp_path / "local", tmp_path / "ray"
-    run_local(config, job(meds), local, Engines(), settings)
+    run_local(config, job(meds, names), local, Engines(), settings)
     summary = run_ray(
         config,
-        job(meds),
+        job(meds, names),
         on_ray,
         RayResources(num_cpus=2),
         ledger=settings,
@@ -310,7 +315,16 @@ def test_on_ray_several_tasks_are_the_local_job_file_for_file(
             assert ours.equals(pq.read_table(on_ray / name).drop_columns(drop)), name
         elif name.endswith(".parquet"):
             assert pq.read_table(local / name).equals(pq.read_table(on_ray / name)), name
+    assert files(local) == sorted(
+        ["summary.json"]
+        + [
+            f"{name}/train/{shard}{suffix}" if len(names) > 1 else f"train/{shard}{suffix}"
+            for name in names
+            for shard in (0, 1)
+            for suffix in (".parquet", ".records.pq")
+        ]
+    )
     reuse = summary["this_run"]["prefix_cache"]
-    assert reuse["answers"] == len(SUBJECTS) * len(NAMES) and reuse["cached_tokens"] > 0
-    ids = [r["prediction_id"] for name in NAMES for r in records(on_ray / name)]
-    assert len(set(ids)) == len(ids) == len(SUBJECTS) * len(NAMES)
+    assert reuse["answers"] == len(SUBJECTS) * len(names) and reuse["cached_tokens"] > 0
+    ids = [r["prediction_id"] for r in records(on_ray)]
+    assert len(set(ids)) == len(ids) == len(SUBJECTS) * len(names)
