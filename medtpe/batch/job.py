@@ -125,6 +125,10 @@ class Job:
     more_tasks: tuple[Task, ...] = ()
     """Further tasks asked about each record with `task`, from one read and render of it."""
 
+    def __post_init__(self) -> None:
+        if self.labels is not None and self.more_tasks:
+            raise ValueError("a label file labels one task: score several tasks at given times")
+
     @property
     def tasks(self) -> tuple[Task, ...]:
         """Every task the job asks about each record, `task` first."""

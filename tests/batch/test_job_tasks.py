@@ -284,6 +284,12 @@ def test_the_command_refuses_a_task_list_it_cannot_ask(
     assert not (tmp_path / "out").exists()
 
 
+def test_a_job_refuses_a_label_file_for_several_tasks(meds: Path) -> None:
+    labels = meds / "labels" / "icu_mortality.parquet"
+    with pytest.raises(ValueError, match="a label file labels one task"):
+        Job(meds, TASKS[0], labels=labels, more_tasks=TASKS[1:])
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")  # one local Ray cluster at a time
 @pytest.mark.parametrize("names", [NAMES, NAMES[:1]], ids=["three tasks", "one task"])
