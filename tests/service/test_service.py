@@ -108,6 +108,21 @@ def assert_same_answer(single: dict, other: dict) -> None:
     assert (other["prediction"], other["format_ok"]) == (single["prediction"], single["format_ok"])
 
 
+def test_several_tasks_match_single_requests(api: Api) -> None:
+    """A short record (every task's prompt holds it whole) asked two tasks at once: each answer
+    is the one its task gets alone; the second task reads the record from the prefix cache."""
+    tasks = ["icu_mortality", "readmission_30d"]
+    body = record(40, 12, tasks=tasks)
+    del body["task"]
+    several = post(api, "/predict", body)
+    assert several.status_code == 200, several.text
+    results = several.json()["results"]
+    assert [r["task"] for r in results] == tasks
+    assert results[1]["cached_tokens"] > 0
+    for task, result in zip(tasks, results, strict=True):
+        assert_same_answer(post(api, "/predict", record(40, 12, task=task)).json(), result)
+
+
 def test_sixteen_concurrent_requests(api: Api) -> None:
     # short records: what is tested is sixteen requests in the engine at once, not their length
     records = [record(100 + i, 6) for i in range(16)]
