@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from medtpe.core.meds import MedsEvent, SubjectEvents
-from medtpe.core.prompt import ChatTemplate
+from medtpe.core.prompt import ChatTemplate, PromptLayout
 from medtpe.core.tasks import get_task
 from medtpe.inference.predictor import (
     Answer,
@@ -84,7 +84,19 @@ def test_prepare_feeds_the_mode_s_ids(mode: str, events: SubjectEvents) -> None:
     seg = record.segmentation
     assert len(seg.original_ids) == record.prompt.n_tokens_original <= 512
     assert seg.original_ids == tokenizer.base_encode(record.prompt.text, special_tokens=True)
-    assert seg.medtpe_ids == tokenizer.encode(record.prompt.text, special_tokens=True)
+    # record-first (the default): the head and record merged, the task's text left unmerged
+    shared = seg.n_shared_original
+    assert shared == len(record.prompt.head_ids) + len(record.prompt.record_ids)
+    assert seg.medtpe_ids == tokenizer.encode_ids(seg.original_ids[:shared]) + (
+        tokenizer.encode_ids(seg.original_ids[shared:], merge=False)
+    )
+    assert seg.medtpe_ids[: seg.n_shared_medtpe] == tokenizer.encode_ids(seg.original_ids[:shared])
+    task_first = predictor.with_layout(PromptLayout.TASK_FIRST).prepare(
+        get_task("icu_mortality"), events, None
+    )
+    assert task_first.segmentation.medtpe_ids == tokenizer.encode(
+        task_first.prompt.text, special_tokens=True
+    )
     assert len(seg.medtpe_ids) < len(seg.original_ids)
     assert record.ids(mode) == (seg.medtpe_ids if mode == "medtpe" else seg.original_ids)
     assert predictor.decode(record.ids(mode)) == record.prompt.text
