@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 import time
 import uuid
@@ -251,10 +252,13 @@ async def engine_phase(
     try:
         first = predictor.prepare(tasks[0], windows[0].events, windows[0].prediction_time)
         await engine.warm_up(first.ids(predictor.mode))
-        return [
-            await measure_record(engine, predictor, tasks, window, args)
-            for window in tqdm(windows, desc="engine", unit="record", file=sys.stdout)
-        ]
+        records = []
+        for window in tqdm(windows, desc="engine", unit="record", file=sys.stdout):
+            record = await measure_record(engine, predictor, tasks, window, args)
+            seconds = {k: record[k] for k in ("one_s", "four_s", "old_four_s")}
+            print(window.subject_id, seconds, compare(record["single"], record["four"]))
+            records.append(record)
+        return records
     finally:
         engine.shutdown()
 
@@ -304,16 +308,21 @@ async def stock_answers(
 
 
 def stock_phase(
-    loaded: LoadedModel, tasks: Sequence[Task], records: list[dict[str, Any]], args: Namespace
+    loaded: LoadedModel,
+    tasks: Sequence[Task],
+    texts: list[dict[str, list[str]]],
+    args: Namespace,
 ) -> dict[str, Any]:
-    """Stock vLLM's OpenAI server of the base model: each record's four texts in the old layout
-    (together) and the new one (first alone), answers against our four-task call's."""
+    """Stock vLLM's OpenAI server of the base model: each record's four texts (`texts`: per
+    record, `old` and `new` layout) in the old layout together and in the new one the first
+    alone, then the rest together; wall seconds and answer rows."""
     base = loaded.predictor.tokenizer.base
     args.stock_stop_ids = sorted(answer_end_ids(base.tokens, base.vocab_size))
     server = Namespace(
         max_model_len=loaded.engine_config.max_model_len,
         max_num_seqs=loaded.engine_config.options.max_num_seqs,
-        kv_cache_gib=loaded.engine_config.options.kv_cache_gib,
+        # vLLM's CPU KV cache space is whole GiB
+        kv_cache_gib=math.ceil(loaded.engine_config.options.kv_cache_gib or 4),
     )
     flags = ["--dtype", "float32", "--enable-prefix-caching"]
     process, port = start_server(default_model_dir(), server, args.logs / "stock.log", flags)
@@ -322,12 +331,12 @@ def stock_phase(
 
     async def run() -> None:
         async with httpx.AsyncClient() as client:
-            warm = records[0]["stock_texts"]["old"]
-            await stock_answers(client, url, tasks, warm, args, together=True)
-            for record in tqdm(records, desc="stock", unit="record", file=sys.stdout):
+            await stock_answers(client, url, tasks, texts[0]["old"], args, together=True)
+            for record in tqdm(texts, desc="stock", unit="record", file=sys.stdout):
                 for layout, together in (("old", True), ("new", False)):
-                    texts = record["stock_texts"][layout]
-                    seconds, rows = await stock_answers(client, url, tasks, texts, args, together)
+                    seconds, rows = await stock_answers(
+                        client, url, tasks, record[layout], args, together
+                    )
                     out[f"{layout}_four_s"].append(round(seconds, 3))
                     out[layout].append(rows)
 
@@ -418,22 +427,23 @@ def main() -> None:
             f"only {len(windows)} held-out windows fill {FILL:.0%} of {args.budget} tokens"
         )
     records = asyncio.run(engine_phase(loaded, tasks, windows, args))
-    stock = stock_phase(loaded, tasks, records, args) if args.stock else None
-    for record in records:
-        del record["stock_texts"]
+    texts = [record.pop("stock_texts") for record in records]
+    command = "python -m tools.benchmarks.bench_record_once " + " ".join(sys.argv[1:])
     results = {
         "budget": loaded.predictor.max_input_tokens,
         "tasks": list(TASKS),
         "mode": loaded.identity.mode,
         "artefact_id": loaded.identity.artefact_id,
-        "summary": summarize(records, stock),
+        "summary": summarize(records, None),
         "records": records,
-        "stock": stock,
     }
+    write_results(args.out, command, results)  # kept should the stock server fail
+    if args.stock:
+        results["stock"] = stock_phase(loaded, tasks, texts, args)
+        results["summary"] = summarize(records, results["stock"])
+        write_results(args.out, command, results)
     for key, value in results["summary"].items():
         print(key, value)
-    command = "python -m tools.benchmarks.bench_record_once " + " ".join(sys.argv[1:])
-    write_results(args.out, command, results)
 
 
 if __name__ == "__main__":
