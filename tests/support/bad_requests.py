@@ -109,6 +109,7 @@ API_BODIES = {
         {
             "text": st.text(max_size=40),
             "task": st.sampled_from(list_tasks()),
+            "tasks": st.lists(st.sampled_from([*list_tasks(), "x"]), max_size=4),
             "events": st.lists(EVENT, max_size=5),
             "prediction_time": st.just("2150-01-02T00:00:00"),
             "max_input_tokens": st.integers(-1, 10**6),

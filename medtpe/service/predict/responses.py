@@ -21,7 +21,15 @@ from medtpe.service.predict.schemas import (
     TokenCounts,
     Vote,
 )
-from medtpe.service.predict.tokenize_schemas import MergedToken, TokenizeResponse, TokenList
+from medtpe.service.predict.tokenize_schemas import (
+    MergedToken,
+    PromptTokens,
+    TaskTokens,
+    TokenizeResponse,
+    TokenizeTasksResponse,
+    TokenList,
+    TokenSpan,
+)
 
 
 def predict_response(
@@ -96,16 +104,12 @@ def _event_counts(record: PreparedRecord) -> dict[str, int]:
     return {"total": record.prompt.n_events_total, "kept": record.prompt.n_events_kept}
 
 
-def tokenize_response(
-    tokenizer: MedTPETokenizer, seg: Segmentation, record: PreparedRecord | None = None
-) -> TokenizeResponse:
-    """Both segmentations, ids with their readable token strings, each MedTPE token's pair;
-    for a `record`, its event counts and input budget."""
-    base = tokenizer.base
-    return TokenizeResponse(
+def token_span(tokenizer: MedTPETokenizer, seg: Segmentation) -> TokenSpan:
+    """Both segmentations, ids with their readable token strings, each MedTPE token's pair."""
+    return TokenSpan(
         original=TokenList(
             ids=seg.original_ids,
-            tokens=base.tokens(seg.original_ids),
+            tokens=tokenizer.base.tokens(seg.original_ids),
             count=len(seg.original_ids),
         ),
         medtpe=TokenList(
@@ -115,8 +119,49 @@ def tokenize_response(
         ),
         compression_rate=seg.compression_rate,
         merged=merged_tokens(tokenizer, seg.medtpe_ids),
+    )
+
+
+def tokenize_response(
+    tokenizer: MedTPETokenizer, seg: Segmentation, record: PreparedRecord | None = None
+) -> TokenizeResponse:
+    """Both segmentations (`token_span`); for a `record`, its event counts and input budget."""
+    return TokenizeResponse(
+        **dict(token_span(tokenizer, seg)),
         events=_event_counts(record) if record is not None else None,
         max_input_tokens=record.max_input_tokens if record is not None else None,
+    )
+
+
+def tokenize_tasks_response(
+    tokenizer: MedTPETokenizer, prepared: Sequence[PreparedRecord]
+) -> TokenizeTasksResponse:
+    """Several tasks' prompts about one record (`Predictor.prepare_all`): the leading ids they
+    share once, then each task's tail past them, its whole prompt's counts and its events."""
+    seg = prepared[0].segmentation
+    n_original, n_medtpe = seg.n_shared_original, seg.n_shared_medtpe
+    shared = Segmentation(seg.original_ids[:n_original], seg.medtpe_ids[:n_medtpe])
+    results = []
+    for record in prepared:
+        whole = record.segmentation
+        tail = Segmentation(whole.original_ids[n_original:], whole.medtpe_ids[n_medtpe:])
+        total = PromptTokens(
+            original=len(whole.original_ids),
+            medtpe=len(whole.medtpe_ids),
+            compression_rate=whole.compression_rate,
+        )
+        results.append(
+            TaskTokens(
+                task=record.task.name,
+                tail=token_span(tokenizer, tail),
+                total=total,
+                events=_event_counts(record),
+            )
+        )
+    return TokenizeTasksResponse(
+        shared=token_span(tokenizer, shared),
+        results=results,
+        max_input_tokens=prepared[0].max_input_tokens,
     )
 
 

@@ -45,7 +45,12 @@ from medtpe.service.plumbing.serving import (
 )
 from medtpe.service.plumbing.shadow import ShadowJob
 from medtpe.service.plumbing.state import ServiceState
-from medtpe.service.predict.responses import predict_response, tasks_response, tokenize_response
+from medtpe.service.predict.responses import (
+    predict_response,
+    tasks_response,
+    tokenize_response,
+    tokenize_tasks_response,
+)
 from medtpe.service.predict.schemas import (
     BUDGET,
     ERROR_RESPONSES,
@@ -55,7 +60,11 @@ from medtpe.service.predict.schemas import (
     PredictRequest,
     PredictResponse,
 )
-from medtpe.service.predict.tokenize_schemas import TokenizeRequest, TokenizeResponse
+from medtpe.service.predict.tokenize_schemas import (
+    TokenizeAnswer,
+    TokenizeRequest,
+    TokenizeTasksResponse,
+)
 
 T = TypeVar("T")
 
@@ -254,11 +263,14 @@ def _within_capacity(
         raise _invalid(state, loc, f"at most {limit} {what}", "too_long")
 
 
-@router.post("/tokenize", response_model=TokenizeResponse)
-async def tokenize(body: TokenizeRequest, state: StateDep) -> TokenizeResponse:
+@router.post("/tokenize", response_model=TokenizeAnswer)
+async def tokenize(body: TokenizeRequest, state: StateDep) -> TokenizeAnswer:
     """Both segmentations of a text, or of the full prompt of a record and task (with its event
-    counts and input budget); each MedTPE token with the pair it merges."""
+    counts and input budget), or of a record's prompts for several `tasks` (the record rendered
+    once, the part they share given once); each MedTPE token with the pair it merges."""
     model = state.loaded(need_engine=False)
+    if body.tasks is not None:
+        return await _tokenize_tasks(state, model, body, body.tasks)
     task = _task(state, body.task, ["body", "task"]) if body.task is not None else None
     if body.text is not None:
         limit = state.settings.max_tokenize_text_bytes
@@ -275,6 +287,19 @@ async def tokenize(body: TokenizeRequest, state: StateDep) -> TokenizeResponse:
         record = MedsRecord(body.events, body.prediction_time)
         prepared = await prepare(predictor, task, record)
         return tokenize_response(model.predictor.tokenizer, prepared.segmentation, prepared)
+
+
+async def _tokenize_tasks(
+    state: ServiceState, model: LoadedModel, body: TokenizeRequest, names: Sequence[str]
+) -> TokenizeTasksResponse:
+    """`/tokenize` of a record's prompts for several tasks (`TokenizeTasksResponse`)."""
+    tasks = [_task(state, name, ["body", "tasks", i]) for i, name in enumerate(names)]
+    predictor = _at_budget(state, model, body.max_input_tokens, ["body", BUDGET])
+    assert body.events is not None  # the request model refuses `tasks` without events
+    async with served(state, "tokenize", _label(tasks), 1):
+        record = MedsRecord(body.events, body.prediction_time)
+        prepared = await prepare_all(predictor, tasks, record)
+        return tokenize_tasks_response(model.predictor.tokenizer, prepared)
 
 
 class _Asked:

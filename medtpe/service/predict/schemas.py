@@ -62,11 +62,25 @@ def optional_task(schema: dict[str, Any]) -> None:
     schema.update(_TASK_FIELD)
 
 
-def _task_list(schema: dict[str, Any]) -> None:
+def task_list(schema: dict[str, Any]) -> None:
     """JSON schema of an optional `tasks`: left out when unused, distinct task names."""
     left_out_not_null(schema)
     schema["uniqueItems"] = True
     schema["items"].update(_TASK_FIELD)
+
+
+TaskNames = Annotated[
+    list[Annotated[str, Field(max_length=MAX_TASK_CHARS)]],
+    Field(min_length=1, max_length=MAX_TASKS_PER_RECORD),
+]
+"""`tasks`: 1 to `MAX_TASKS_PER_RECORD` task names (each once: `check_task_choice`)."""
+TASK_OR_TASKS: dict[str, Any] = {
+    "anyOf": [
+        {"required": ["task"], "not": {"required": ["tasks"]}},
+        {"required": ["tasks"], "not": {"required": ["task"]}},
+    ]
+}
+"""JSON schema of a body that names `task` or `tasks`, not both."""
 
 
 def left_out(data: object, names: tuple[str, ...]) -> object:
@@ -235,6 +249,21 @@ def _located(
     return ValidationError.from_exception_data("PredictRequest", [detail])
 
 
+def check_task_choice(task: str | None, tasks: list[str] | None) -> None:
+    """One of `task` and `tasks`, the latter without a name twice; else a request model's error
+    at the field (`[..., 'tasks', i]` for the second of two equal names)."""
+    if task is None and tasks is None:
+        raise _located(("task",), "missing", "give `task` or `tasks`", None)
+    if task is not None and tasks is not None:
+        raise _located(("tasks",), "task_and_tasks", "give `task` or `tasks`, not both", None)
+    first: dict[str, int] = {}
+    for i, name in enumerate(tasks or ()):
+        if name in first:
+            message = f"`tasks` names this task twice (also at {first[name]})"
+            raise _located(("tasks", i), "duplicate_task", message, name)
+        first[name] = i
+
+
 class PredictRequest(StrictBody):
     """One record, as MEDS `events` or as a FHIR R4 `bundle`, and the task to predict (`task`)
     or the tasks (`tasks`: the record read once for all of them)."""
@@ -246,10 +275,7 @@ class PredictRequest(StrictBody):
                 {"required": ["events"], "not": {"required": ["bundle"]}},
                 {"required": ["bundle"], "not": {"required": ["events"]}},
             ],
-            "anyOf": [
-                {"required": ["task"], "not": {"required": ["tasks"]}},
-                {"required": ["tasks"], "not": {"required": ["task"]}},
-            ],
+            **TASK_OR_TASKS,
         },
     )
 
@@ -259,16 +285,14 @@ class PredictRequest(StrictBody):
         max_length=MAX_TASK_CHARS,
         json_schema_extra=optional_task,
     )
-    tasks: list[Annotated[str, Field(max_length=MAX_TASK_CHARS)]] | None = Field(
+    tasks: TaskNames | None = Field(
         None,
-        min_length=1,
-        max_length=MAX_TASKS_PER_RECORD,
         description="Several task names, each once (at most `MAX_TASKS_PER_RECORD`, 8), in "
         "place of `task`: the record is read and rendered once, within what the longest of "
         "their texts leaves of the input budget, and each prompt starts with the same ids up "
         "to the end of the record, which the engine computes once (its prefix cache). The "
         "answer is `PredictTasksResponse`: one result per task, in this order.",
-        json_schema_extra=_task_list,
+        json_schema_extra=task_list,
     )
     events: Events | None = Field(
         None,
@@ -299,18 +323,8 @@ class PredictRequest(StrictBody):
 
     @model_validator(mode="after")
     def _task_or_tasks(self) -> PredictRequest:
-        """One of `task` and `tasks`, the latter without a name twice; else an error at the
-        field (`[..., 'tasks', i]` for the second of two equal names)."""
-        if self.task is None and self.tasks is None:
-            raise _located(("task",), "missing", "give `task` or `tasks`", None)
-        if self.task is not None and self.tasks is not None:
-            raise _located(("tasks",), "task_and_tasks", "give `task` or `tasks`, not both", None)
-        first: dict[str, int] = {}
-        for i, name in enumerate(self.tasks or ()):
-            if name in first:
-                message = f"`tasks` names this task twice (also at {first[name]})"
-                raise _located(("tasks", i), "duplicate_task", message, name)
-            first[name] = i
+        """One of `task` and `tasks` (`check_task_choice`)."""
+        check_task_choice(self.task, self.tasks)
         return self
 
     @property

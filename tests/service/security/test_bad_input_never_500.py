@@ -39,6 +39,7 @@ from tests.support.service_support import (
     instant_settings,
     metric_value,
     record,
+    synthetic_events,
 )
 
 BASE = "http://testserver"
@@ -69,7 +70,11 @@ FHIR_RECORD = {"task": "icu_mortality", "bundle": load_bundle()}
 VALID_BODIES = {
     "/predict": [record(5, 8), FHIR_RECORD],
     "/predict/batch": [{"records": [record(5, 8), FHIR_RECORD]}],
-    "/tokenize": [{"text": "Heart rate 87 bpm"}, record(5, 8, prediction_time="2150-01-01")],
+    "/tokenize": [
+        {"text": "Heart rate 87 bpm"},
+        record(5, 8, prediction_time="2150-01-01"),
+        {"tasks": ["phenotyping", "icu_mortality"], "events": synthetic_events(5, 8)},
+    ],
 }
 """Requests each route answers; the property tests break them at any depth."""
 
