@@ -11,6 +11,7 @@ from typing import Any
 from selenium import webdriver
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -67,7 +68,7 @@ def chromium(width: int = 1400, height: int = 1000) -> Iterator[webdriver.Chrome
 
 
 class UiPage:
-    """The page as its user works it: key, example, task, budget, the buttons, what it shows."""
+    """The page as its user works it: key, example, tasks, budget, the buttons, what it shows."""
 
     def __init__(self, driver: webdriver.Chrome, base_url: str) -> None:
         self.driver = driver
@@ -86,11 +87,22 @@ class UiPage:
         self.driver.get(self.base_url + path)
         self.wait(lambda _: " mode " in self.element("service-status").text)
         self.wait(lambda _: len(self.select("example").options) > 1)
-        self.wait(lambda _: len(self.select("task").options) > 0)
+        self.wait(lambda _: len(self.task_boxes()) > 0)
 
     def select(self, element_id: str) -> Select:
         """A drop-down of the page."""
         return Select(self.element(element_id))
+
+    def task_boxes(self) -> list[WebElement]:
+        """The task check boxes, in the service's order."""
+        return self.driver.find_elements(By.CSS_SELECTOR, '#task-choices input[name="task"]')
+
+    def choose_tasks(self, names: list[str]) -> None:
+        """Tick exactly the tasks `names`, from the keyboard (focus, then the space bar)."""
+        for box in self.task_boxes():
+            if box.is_selected() != (box.get_attribute("value") in names):
+                self.driver.execute_script("arguments[0].focus();", box)
+                self.driver.switch_to.active_element.send_keys(Keys.SPACE)
 
     def enter_key(self, key: str) -> None:
         """Type the API key into its field."""

@@ -169,6 +169,51 @@ def test_the_page_shows_both_modes_and_a_missing_key(comparing_url: str) -> None
     assert modes == ["original", "medtpe"]
 
 
+@pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
+def test_the_page_shows_a_record_read_once_for_several_tasks(comparing_url: str) -> None:
+    """Three tasks ticked from the keyboard: the shared head and record's tokens once, each
+    task's tail under its name, as `/tokenize` with `tasks` gives them; then one answer each."""
+    tasks = ["icu_mortality", "phenotyping", "readmission_30d"]
+    example = EXAMPLES["examples"][0]
+    body = {"tasks": tasks, "events": example["events"]}
+    if "prediction_time" in example:
+        body["prediction_time"] = example["prediction_time"]
+    with httpx.Client(base_url=comparing_url, timeout=300) as api:
+        out = post(api, "/tokenize", body).json()
+    shared, results = out["shared"], out["results"]
+    with chromium() as driver:
+        page = UiPage(driver, comparing_url)
+        page.open("/ui")
+        page.enter_key(SERVICE_API_KEY)
+        page.pick_example(0)
+        page.choose_tasks(tasks)
+        page.tokenize()
+        assert not page.error_shown(), page.element("error").text
+        for side in ("original", "medtpe"):
+            assert page.count(side) == shared[side]["count"]
+        blocks = driver.find_elements(By.CSS_SELECTOR, "#task-tails .task-tail")
+        assert [block.get_attribute("data-task") for block in blocks] == tasks
+        for block, result in zip(blocks, results, strict=True):
+            for side in ("original", "medtpe"):
+                spans = block.find_elements(By.CSS_SELECTOR, f".{side}-tail span.tok")
+                assert [s.get_attribute("textContent") for s in spans] == [
+                    t.replace("\n", "↵\n") for t in result["tail"][side]["tokens"]
+                ]
+        tails = sorted(r["tail"]["medtpe"]["count"] for r in results)
+        each = f"{tails[0]:,}" if tails[0] == tails[-1] else f"{tails[0]:,}–{tails[-1]:,}"
+        assert page.element("tasks-note").text.startswith(
+            f"3 tasks: the record's {shared['medtpe']['count']:,} MedTPE tokens read once, "
+            f"then {each} tokens per task"
+        )
+        first_tail = blocks[0].find_element(By.CSS_SELECTOR, ".medtpe-tail span.tok")
+        assert f"MedTPE token {shared['medtpe']['count'] + 1} ·" in page.hover(first_tail)
+
+        page.predict()
+        assert not page.error_shown(), page.element("error").text
+        first_row = driver.find_elements(By.CSS_SELECTOR, "#prediction-table tr")[0]
+        assert [cell.text for cell in first_row.find_elements(By.CSS_SELECTOR, "td")] == tasks
+
+
 def test_comparing_modes_needs_one_api_process() -> None:
     with pytest.raises(ValueError, match="MEDTPE_API_WORKERS=1"):
         ServiceSettings(compare_modes=True, api_workers=2)

@@ -6,7 +6,8 @@
 const PALETTE = 6; // token colours, taken in turn (ui.css: .c0 ... .c5)
 const NEWLINE_MARK = "\u21b5"; // shown before each newline inside a token
 
-const state = { apiKey: "", examples: [], served: null, tokenized: null };
+// `views`: each token view shown, with the token list it shows (for the hover box)
+const state = { apiKey: "", examples: [], served: null, views: new WeakMap() };
 const $ = (id) => document.getElementById(id);
 
 /** A problem found by the page itself, before any request. */
@@ -99,8 +100,30 @@ async function loadTasks() {
     if (!(error instanceof ApiError) || !error.body) throw error;
     ready = error.body; // not ready yet: its answer names the tasks all the same
   }
-  const tasks = ready.tasks;
-  $("task").replaceChildren(...tasks.map((task) => new Option(task, task)));
+  $("task-choices").replaceChildren(
+    ...ready.tasks.map((task, i) => {
+      const label = document.createElement("label");
+      label.className = "inline";
+      const box = document.createElement("input");
+      box.type = "checkbox";
+      box.name = "task";
+      box.value = task;
+      box.checked = i === 0; // one task by default
+      label.append(box, task);
+      return label;
+    }),
+  );
+}
+
+function taskBoxes() {
+  return [...document.querySelectorAll('#task-choices input[name="task"]')];
+}
+
+/** The tasks ticked, in the service's order. */
+function chosenTasks() {
+  return taskBoxes()
+    .filter((box) => box.checked)
+    .map((box) => box.value);
 }
 
 async function loadExamples() {
@@ -115,7 +138,7 @@ async function loadExamples() {
 function useExample() {
   const example = state.examples.find((e) => e.id === $("example").value);
   if (!example) return;
-  $("task").value = example.task;
+  for (const box of taskBoxes()) box.checked = box.value === example.task;
   const record = { events: example.events };
   if (example.prediction_time) record.prediction_time = example.prediction_time;
   $("record").value = formatRecord(record);
@@ -152,22 +175,35 @@ function budget() {
   return value ? Number(value) : undefined;
 }
 
+/** The record with the tasks ticked: `task` for one, `tasks` for several (the page's choice
+ * replaces any `task` or `tasks` of a pasted object). */
+function withTasks(record) {
+  const { task, tasks, ...rest } = record;
+  const chosen = chosenTasks();
+  if (chosen.length === 0) throw new PageError("Tick at least one task.");
+  return chosen.length === 1 ? { ...rest, task: chosen[0] } : { ...rest, tasks: chosen };
+}
+
 async function tokenize() {
-  const body = { ...readRecord(), task: $("task").value };
+  const body = withTasks(readRecord());
   if (budget() !== undefined) body.max_input_tokens = budget();
   const out = await callApi("tokenize", body);
-  state.tokenized = out;
-  renderTokens(out);
+  if (out.results) renderTaskTokens(out);
+  else renderTokens(out);
 }
 
 async function predict() {
-  const record = readRecord();
+  const record = withTasks(readRecord());
   const options = { ...(record.options || {}), return_probabilities: true };
   if (budget() !== undefined) options.max_input_tokens = budget();
   if ($("both-modes").checked && !$("both-modes-choice").hidden) options.both_modes = true;
-  const out = await callApi("predict", { ...record, task: $("task").value, options });
-  const answers = out.other_mode ? [out, out.other_mode] : [out];
-  renderPrediction(answers.sort((a, b) => (a.model.mode === "original" ? -1 : 1)));
+  const out = await callApi("predict", { ...record, options });
+  const byMode = (a, b) => (a.model.mode === "original" ? -1 : 1);
+  // one column per answer: each task's, its modes side by side
+  const answers = (out.results || [out]).flatMap((answer) =>
+    (answer.other_mode ? [answer, answer.other_mode] : [answer]).sort(byMode),
+  );
+  renderPrediction(answers, out.results ? out.results.length : 1);
 }
 
 /** Run one action with the buttons disabled; any error is shown, never a blank page. */
@@ -236,26 +272,122 @@ function percent(x, digits = 1) {
   return `${(100 * x).toFixed(digits)} %`;
 }
 
+function count(n) {
+  return n.toLocaleString("en-US");
+}
+
+/** A text, or one task's prompt: both segmentations. */
 function renderTokens(out) {
   const merged = new Map(out.merged.map((m) => [m.id, m]));
-  fillTokenView($("original-tokens"), out.original, null);
-  fillTokenView($("medtpe-tokens"), out.medtpe, merged);
-  $("original-count").textContent = `(${out.original.count})`;
-  $("medtpe-count").textContent = `(${out.medtpe.count})`;
-  const budgetTokens = out.max_input_tokens;
+  showPanes(out, merged, "");
   const facts = [
     ["original tokens", out.original.count, "original-total"],
     ["MedTPE tokens", out.medtpe.count, "medtpe-total"],
     ["compression", percent(out.compression_rate), "compression"],
     ["merged tokens used", merged.size, "merged-kinds"],
   ];
+  renderSummary(facts, out.original.count, out.medtpe.count, out.max_input_tokens);
+  renderEventsNote([out.events], out.max_input_tokens);
+  $("tasks-note").hidden = true;
+  $("task-tails").hidden = true;
+  $("task-tails").replaceChildren();
+  $("tokens").hidden = false;
+}
+
+/** Several tasks' prompts about one record: the part they share once (head and record), then
+ * each task's tail under its name. */
+function renderTaskTokens(out) {
+  const shared = out.shared;
+  const results = out.results;
+  const merged = new Map(shared.merged.map((m) => [m.id, m]));
+  for (const r of results) for (const m of r.tail.merged) merged.set(m.id, m);
+  showPanes(shared, merged, "Read once, head and record: ");
+  const longest = (side) => Math.max(...results.map((r) => r.total[side]));
+  const facts = [
+    ["tasks", results.length, "task-total"],
+    ["original tokens read once", count(shared.original.count), "original-total"],
+    ["MedTPE tokens read once", count(shared.medtpe.count), "medtpe-total"],
+    ["compression", percent(shared.compression_rate), "compression"],
+    ["merged tokens used", merged.size, "merged-kinds"],
+  ];
+  renderSummary(facts, longest("original"), longest("medtpe"), out.max_input_tokens);
+  renderEventsNote(
+    results.map((r) => r.events),
+    out.max_input_tokens,
+  );
+  const tails = results.map((r) => r.tail.medtpe.count);
+  const low = Math.min(...tails);
+  const high = Math.max(...tails);
+  const each = low === high ? count(low) : `${count(low)}–${count(high)}`;
+  const whole = results.reduce((sum, r) => sum + r.total.medtpe, 0);
+  const note = $("tasks-note");
+  note.textContent =
+    `${results.length} tasks: the record's ${count(shared.medtpe.count)} MedTPE tokens read ` +
+    `once, then ${each} tokens per task (${count(whole)} if each prompt were read whole).`;
+  note.hidden = false;
+  const holder = $("task-tails");
+  holder.replaceChildren(...results.map((r) => taskTail(r, shared, merged)));
+  holder.hidden = false;
+  $("tokens").hidden = false;
+}
+
+/** The shared panes (`original-tokens`, `medtpe-tokens`) with `part`'s tokens; `title` before
+ * their headings. */
+function showPanes(part, merged, title) {
+  fillTokenView($("original-tokens"), "original", part.original, null, 0);
+  fillTokenView($("medtpe-tokens"), "medtpe", part.medtpe, merged, 0);
+  $("original-count").textContent = `(${part.original.count})`;
+  $("medtpe-count").textContent = `(${part.medtpe.count})`;
+  for (const heading of document.querySelectorAll("#tokens .panes .part-title")) {
+    heading.textContent = title;
+  }
+}
+
+/** One task's tail: its name, what it adds and its whole prompt, both segmentations. */
+function taskTail(result, shared, merged) {
+  const block = document.createElement("section");
+  block.className = "task-tail";
+  block.dataset.task = result.task;
+  const heading = document.createElement("h3");
+  const tail = result.tail;
+  heading.append(
+    result.task,
+    Object.assign(document.createElement("span"), {
+      className: "count",
+      textContent:
+        ` +${count(tail.original.count)} original → +${count(tail.medtpe.count)} MedTPE tokens` +
+        ` · whole prompt ${count(result.total.original)} → ${count(result.total.medtpe)}`,
+    }),
+  );
+  const panes = document.createElement("div");
+  panes.className = "panes";
+  for (const [side, label, tokenMerges] of [
+    ["original", "Original tokens", null],
+    ["medtpe", "MedTPE tokens", merged],
+  ]) {
+    const pane = document.createElement("div");
+    pane.className = "pane";
+    const title = document.createElement("h4");
+    title.textContent = label;
+    const view = document.createElement("pre");
+    view.className = `token-view ${side}-tail`;
+    fillTokenView(view, side, tail[side], tokenMerges, shared[side].count);
+    pane.append(title, view);
+    panes.append(pane);
+  }
+  block.append(heading, panes);
+  return block;
+}
+
+/** The figures above the tokens; the budget's share is the longest prompt's. */
+function renderSummary(facts, originalTokens, medtpeTokens, budgetTokens) {
   if (budgetTokens) {
     facts.push([
       `budget used (of ${budgetTokens})`,
-      percent(out.original.count / budgetTokens),
+      percent(originalTokens / budgetTokens),
       "budget-used",
     ]);
-    facts.push(["MedTPE share of budget", percent(out.medtpe.count / budgetTokens), "medtpe-share"]);
+    facts.push(["MedTPE share of budget", percent(medtpeTokens / budgetTokens), "medtpe-share"]);
   }
   $("summary").replaceChildren(
     ...facts.map(([label, value, id]) => {
@@ -269,24 +401,36 @@ function renderTokens(out) {
       return div;
     }),
   );
-  const note = $("events-note");
-  const events = out.events;
-  note.classList.toggle("cut", Boolean(events && events.kept < events.total));
-  if (!events) {
-    note.textContent = "";
-  } else if (events.kept < events.total) {
-    const left = events.total - events.kept;
-    note.textContent =
-      `The window left out ${left} older event${left === 1 ? "" : "s"}: ${events.kept} of ` +
-      `${events.total} events fit the ${budgetTokens}-token budget (the prompt says so).`;
-  } else {
-    note.textContent = `All ${events.total} events fit the ${budgetTokens}-token budget.`;
-  }
-  $("tokens").hidden = false;
 }
 
-/** One coloured span per token (newlines marked), in a fragment, then swapped in at once. */
-function fillTokenView(view, list, merged) {
+/** What the window kept of the record: one line when every prompt kept the same events (one
+ * task, or a record rendered once), else each task's. */
+function renderEventsNote(counts, budgetTokens) {
+  const note = $("events-note");
+  const first = counts[0];
+  const cut = counts.some((events) => events && events.kept < events.total);
+  note.classList.toggle("cut", cut);
+  const same = counts.every((e) => e && e.kept === first.kept && e.total === first.total);
+  if (!first) {
+    note.textContent = "";
+  } else if (!same) {
+    note.textContent = `Events kept within the ${budgetTokens}-token budget: ` +
+      counts.map((e) => `${e.kept} of ${e.total}`).join(", ") + " (in the order of the tasks).";
+  } else if (first.kept < first.total) {
+    const left = first.total - first.kept;
+    note.textContent =
+      `The window left out ${left} older event${left === 1 ? "" : "s"}: ${first.kept} of ` +
+      `${first.total} events fit the ${budgetTokens}-token budget (the prompt says so).`;
+  } else {
+    note.textContent = `All ${first.total} events fit the ${budgetTokens}-token budget.`;
+  }
+}
+
+/** One coloured span per token (newlines marked), in a fragment, then swapped in at once; the
+ * view keeps its list, merged tokens and the prompt position of its first token (`offset`) for
+ * the hover box. */
+function fillTokenView(view, side, list, merged, offset) {
+  state.views.set(view, { side, list, merged, offset });
   const fragment = document.createDocumentFragment();
   list.tokens.forEach((text, i) => {
     const span = document.createElement("span");
@@ -303,17 +447,18 @@ function fillTokenView(view, list, merged) {
 function showHover(event) {
   const span = event.target.closest(".tok");
   const box = $("hover");
-  if (!span || !state.tokenized || !span.dataset.index) {
+  const view = span ? state.views.get(span.parentElement) : undefined;
+  if (!view || !span.dataset.index) {
     box.hidden = true;
     return;
   }
-  const side = span.parentElement.id === "medtpe-tokens" ? "medtpe" : "original";
-  const list = state.tokenized[side];
+  const { side, list } = view;
   const i = Number(span.dataset.index);
   const id = list.ids[i];
-  const lines = [[`${side === "medtpe" ? "MedTPE" : "original"} token ${i + 1} · id ${id}`]];
+  const where = view.offset + i + 1;
+  const lines = [[`${side === "medtpe" ? "MedTPE" : "original"} token ${where} · id ${id}`]];
   lines.push(["text ", code(list.tokens[i])]);
-  const merged = side === "medtpe" ? state.tokenized.merged.find((m) => m.id === id) : null;
+  const merged = view.merged ? view.merged.get(id) : undefined;
   if (merged) {
     lines.push([
       "replaces the pair ",
@@ -358,8 +503,8 @@ function ms(x) {
   return `${x.toFixed(1)} ms`;
 }
 
-/** One column per answer (one per mode). */
-function renderPrediction(answers) {
+/** One column per answer (one per mode; with several tasks, per task and mode). */
+function renderPrediction(answers, nTasks) {
   const rows = [
     ["mode", (a) => a.model.mode],
     ["answer", (a) => answerText(a.prediction), "answer"],
@@ -374,6 +519,11 @@ function renderPrediction(answers) {
     ["total", (a) => ms(a.latency_ms.total), "latency-total"],
     ["model", (a) => `${a.model.name} · artefact ${a.model.artefact_id}`],
   ];
+  if (nTasks > 1) {
+    rows.unshift(["task", (a) => a.task, "task"]);
+    const cached = (a) => (a.cached_tokens === undefined ? "—" : String(a.cached_tokens));
+    rows.splice(rows.length - 1, 0, ["read from the prefix cache", cached, "cached"]);
+  }
   const table = $("prediction-table");
   table.replaceChildren(
     ...rows.map(([label, cell, cls]) => {
@@ -403,10 +553,9 @@ function start() {
   $("example").addEventListener("change", useExample);
   $("tokenize").addEventListener("click", () => run(tokenize));
   $("predict").addEventListener("click", () => run(predict));
-  for (const view of [$("original-tokens"), $("medtpe-tokens")]) {
-    view.addEventListener("mousemove", showHover);
-    view.addEventListener("mouseleave", () => ($("hover").hidden = true));
-  }
+  // the tokens section holds every token view (the shared panes and each task's tail)
+  $("tokens").addEventListener("mousemove", showHover);
+  $("tokens").addEventListener("mouseleave", () => ($("hover").hidden = true));
   loadServiceInfo();
   Promise.all([loadTasks(), loadExamples()]).catch(showError);
 }
