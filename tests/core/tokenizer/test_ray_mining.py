@@ -85,6 +85,12 @@ def test_build_tokenizer_ray_starts_a_local_cluster_and_writes_the_same_artefact
     for doc in docs.values():
         doc["corpus_stats"].pop("build_seconds")
     assert docs["ray"] == docs["in-process"] == docs["workers"]
+    # the default artefact's selection: re-counted merges of runs longer than pairs
+    longer = ("--method", "bpe", "--max-n", "6")
+    bpe = _build_tokenizer(tokenizer_file, meds_dir, tmp_path / "bpe", *longer)
+    bpe_ray = _build_tokenizer(tokenizer_file, meds_dir, tmp_path / "bpe-ray", *longer, "--ray")
+    assert bpe.artefact_id == bpe_ray.artefact_id != one.artefact_id
+    assert max(len(t.constituents) for t in bpe.new_tokens) > 3
 
 
 def test_ray_option_errors_are_named(meds_dir: Path, tokenizer_file: Path, tmp_path: Path) -> None:
