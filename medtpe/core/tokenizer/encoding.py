@@ -50,53 +50,115 @@ class PairMerger:
     In each pass every adjacent pair found in the merge table is a candidate; within a run of
     overlapping candidates the 1st, 3rd, 5th... are merged (what a left-to-right scan does).
     A pass can only create pairs of the next level, so the work is O(n × merge depth).
+
+    A pair is looked up in one probe of a row-displacement table (int32, small enough to stay
+    in cache): the merges of left id `a` sit at `offset[a] + b` for each right id `b`, where
+    `owner` holds `a`. After the first pass
+    only the pairs next to a token the previous pass made are looked up: any other pair was
+    looked up already and either was no merge or lost its left or right to a merge next to it.
     """
 
     def __init__(self, merges: Sequence[tuple[int, int, int]], vocab_size: int) -> None:
-        self._stride = np.int64(vocab_size)
-        keys = np.array([a * vocab_size + b for a, b, _ in merges], dtype=np.int64)
-        order = np.argsort(keys)
-        self._keys = keys[order]
-        self._new_ids = np.array([m[2] for m in merges], dtype=np.int64)[order]
-        self._is_left = np.zeros(vocab_size, dtype=bool)
-        self._is_right = np.zeros(vocab_size, dtype=bool)
-        for a, b, _ in merges:
-            self._is_left[a] = True
-            self._is_right[b] = True
-        self._max_passes = merge_depth(merges) + 1
+        self._offset, self._owner, self._new_id = _displacement_table(merges, vocab_size)
+        self._in_pair = np.zeros(vocab_size, dtype=bool)
+        self._in_pair[np.array([m[:2] for m in merges], dtype=np.int64).ravel()] = True
+        self._max_passes = merge_depth(merges) + 1 if merges else 0
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
-        """The merged id array."""
-        if not len(self._keys):
-            return ids
+        """The merged ids, as int32 (the input is never written to)."""
+        ids = ids.astype(np.int32)  # half the memory traffic of int64 in every gather
+        at = None  # the first pass looks up every adjacent pair
         for _ in range(self._max_passes):
-            if ids.size < 2:
+            ids, made = self._merge_pass(ids, at)
+            if not made.size or not self._in_pair[ids[made]].any():
                 break
-            left, right = ids[:-1], ids[1:]
-            cand = np.flatnonzero(self._is_left[left] & self._is_right[right])
-            if not cand.size:
-                break
-            query = left[cand] * self._stride + right[cand]
-            slot = np.searchsorted(self._keys, query)
-            slot[slot == len(self._keys)] = 0
-            hit = self._keys[slot] == query
-            pos = cand[hit]
-            if not pos.size:
-                break
-            new_ids = self._new_ids[slot[hit]]
-            # index of each candidate inside its run of consecutive candidate positions
-            run_start = np.ones(pos.size, dtype=bool)
-            run_start[1:] = pos[1:] != pos[:-1] + 1
-            idx = np.arange(pos.size)
-            first = np.maximum.accumulate(np.where(run_start, idx, 0))
-            take = ((idx - first) & 1) == 0
-            sel = pos[take]
-            out = ids.copy()
-            out[sel] = new_ids[take]
-            keep = np.ones(ids.size, dtype=bool)
-            keep[sel + 1] = False
-            ids = out[keep]
+            at = _pairs_around(made, ids.size)
         return ids
+
+    def _merge_pass(self, ids: np.ndarray, at: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """One pass over the pairs starting at `at` (None: every pair), sorted and distinct:
+        the new ids and where the tokens it made are in them."""
+        left, right = (ids[:-1], ids[1:]) if at is None else (ids[at], ids[at + 1])
+        slot = self._offset[left] + right
+        hit = np.flatnonzero(self._owner[slot] == left)
+        pos = hit if at is None else at[hit]
+        if not pos.size:
+            return ids, pos
+        take = _run_starts_every_other(pos)
+        sel = pos[take]
+        keep = np.ones(ids.size, dtype=bool)
+        keep[sel + 1] = False
+        out = ids[keep]
+        made = sel - np.arange(sel.size)  # each merge before it removed one id
+        out[made] = self._new_id[slot[hit[take]]]
+        return out, made
+
+
+def _run_starts_every_other(pos: np.ndarray) -> np.ndarray:
+    """Mask of the 1st, 3rd, 5th... position of each run of consecutive ones in sorted `pos`."""
+    start = np.ones(pos.size, dtype=bool)
+    start[1:] = pos[1:] != pos[:-1] + 1
+    run_start = np.maximum.accumulate(np.where(start, pos, 0))
+    return ((pos - run_start) & 1) == 0
+
+
+def _pairs_around(made: np.ndarray, size: int) -> np.ndarray:
+    """Sorted distinct pair positions (0 .. size - 2) with the token at `made` (sorted) on
+    their left or right."""
+    at = np.empty(2 * made.size, dtype=np.int64)
+    at[0::2] = made - 1
+    at[1::2] = made
+    distinct = np.ones(at.size, dtype=bool)
+    distinct[1:] = at[1:] != at[:-1]
+    at = at[distinct]
+    return at[(at >= 0) & (at < size - 1)]
+
+
+def _displacement_table(
+    merges: Sequence[tuple[int, int, int]], size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(offset, owner, new id) of a row-displacement table of `merges` over ids < `size`: the
+    merge (a, b, new) at slot offset[a] + b, owner[slot] = a, no two merges in one slot.
+
+    Rows of several merges go first, largest first, each at the first offset where it fits from
+    the previous row's on; rows of one merge are appended after the others' slots, one each."""
+    rows: dict[int, list[int]] = {}
+    for a, b, _ in merges:
+        rows.setdefault(a, []).append(b)
+    wide = sorted((a for a in rows if len(rows[a]) > 1), key=lambda a: (-len(rows[a]), a))
+    singles = [a for a in rows if len(rows[a]) == 1]
+    offset = np.zeros(size, dtype=np.int32)
+    used = np.zeros(3 * size, dtype=bool)
+    at = 0
+    for a in wide:
+        right = np.array(rows[a], dtype=np.int64)
+        at, used = _first_fit(used, right, size, at)
+        offset[a] = at
+        used[offset[a] + right] = True
+    end = max(int(np.flatnonzero(used).max(initial=-1)) + 1, size)
+    offset[singles] = end + np.arange(len(singles)) - [rows[a][0] for a in singles]
+    table = np.array(merges, dtype=np.int64).reshape(-1, 3)
+    slot = offset[table[:, 0]] + table[:, 1]
+    owner = np.full(int(offset.max(initial=0)) + size, size, dtype=np.int32)  # no id is `size`
+    owner[slot] = table[:, 0]
+    new_id = np.zeros(owner.size, dtype=np.int32)
+    new_id[slot] = table[:, 2]
+    return offset, owner, new_id
+
+
+def _first_fit(
+    used: np.ndarray, right: np.ndarray, size: int, start: int
+) -> tuple[int, np.ndarray]:
+    """The smallest offset o >= `start` with no `used[o + b]` for b in `right` (all < `size`),
+    and `used`, extended when the search went past its end."""
+    block = 64
+    while True:
+        if start + block + size > used.size:
+            used = np.concatenate((used, np.zeros(start + block + size, dtype=bool)))
+        clash = used[np.arange(start, start + block)[:, None] + right].any(axis=1)
+        if not clash.all():
+            return start + int(np.argmin(clash)), used
+        start += block
 
 
 def merge_depth(merges: Sequence[tuple[int, int, int]]) -> int:
@@ -151,6 +213,14 @@ class ByteFallback:
         self.fallback = dict(fallback)
         self._ids = {**byte_ids, **self.fallback}
         self.pattern = utf8_char_pattern(self.fallback)
+        self._bytes = [bytes([b]) for b in sorted(self.fallback)]
+
+    def occurs_in(self, text: str) -> bool:
+        """Whether `pattern` matches somewhere in `text`: whether its UTF-8 bytes (surrogates,
+        which have none, left out) hold a fallback byte; a byte search per fallback byte, many
+        times faster than the regex."""
+        data = text.encode("utf-8", "ignore")
+        return any(b in data for b in self._bytes)
 
     def ids(self, chars: str) -> list[int]:
         """The ids of a run of characters matched by `pattern`."""

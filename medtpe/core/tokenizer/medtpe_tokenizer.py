@@ -198,8 +198,9 @@ class MedTPETokenizer:
         return frozenset(self.byte_fallback.values())
 
     def needs_fallback(self, text: str) -> bool:
-        """Whether `text` holds a character the base vocabulary cannot spell (one regex search)."""
-        return self._fallback_re is not None and self._fallback_re.search(text) is not None
+        """Whether `text` holds a character the base vocabulary cannot spell (a byte search per
+        fallback byte)."""
+        return self._fallback is not None and self._fallback.occurs_in(text)
 
     def encode(
         self, text: str, special_tokens: bool = False, plain_tail: int | None = None
