@@ -317,9 +317,10 @@ def build_artefact(
     from medtpe.core.ray_cluster import RayUnavailableError, check_ray_installed
     from medtpe.core.tasks import UnknownTaskError, get_task
     from medtpe.training.base_model import BaseModelError
-    from medtpe.training.build_artefact import ArtefactBuild, BuildStateError, FidelityGateError
+    from medtpe.training.build_artefact import ArtefactBuild, FidelityGateError
     from medtpe.training.build_config import BuildConfigError, build_config
     from medtpe.training.build_report import summary_lines
+    from medtpe.training.build_state import BuildStateError
 
     try:
         config = build_config(config_file, overrides | {"keep_work": keep_work or None})

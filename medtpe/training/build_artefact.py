@@ -24,7 +24,6 @@ artefact.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections import Counter
@@ -66,6 +65,7 @@ from medtpe.training.build_data import (
     write_label_file,
 )
 from medtpe.training.build_report import REPORT_FILE, compression
+from medtpe.training.build_state import STATE_FILE, BuildState
 from medtpe.training.distill_config import DistillConfig, long_stage
 from medtpe.training.embedding_init import NewRows
 from medtpe.training.pseudo_labels import BUILD_KV_CACHE_GIB
@@ -74,7 +74,6 @@ from medtpe.training.ssft_pipeline import SUMMARY_FILE, cached_examples, example
 from medtpe.training.token_distillation import HISTORY_FILE as DISTILL_HISTORY
 from medtpe.training.token_distillation import DistillResult, distill, summary
 
-STATE_FILE = "state.json"
 TOKENIZER_DIR = "tokenizer"
 EXAMPLES_DIR = "examples"
 WINDOWS_FILE = "windows.json"
@@ -84,49 +83,8 @@ DISTILL_RUNS = ("distill", "distill-long")
 """The distillation's run directories under `runs/`: the snippets' stage, the long windows'."""
 
 
-class BuildStateError(ValueError):
-    """The work directory holds a build with other settings."""
-
-
 class FidelityGateError(RuntimeError):
     """The MedTPE model does not answer as the original does at a serving budget."""
-
-
-class BuildState:
-    """The finished steps of a build and their results (`<work>/state.json`)."""
-
-    def __init__(self, path: Path, identity: dict[str, Any]):
-        self.path = path
-        self.steps: dict[str, Any] = {}
-        if path.is_file():
-            saved = json.loads(path.read_text())
-            if saved["identity"] != identity:
-                changed = sorted(
-                    k
-                    for k in saved["identity"].keys() | identity.keys()
-                    if saved["identity"].get(k) != identity.get(k)
-                )
-                raise BuildStateError(
-                    f"{path.parent} holds a build with other settings ({', '.join(changed)}): "
-                    "restart it (--restart) or choose another output directory"
-                )
-            self.steps = saved["steps"]
-        self.identity = identity
-
-    def done(self, name: str) -> bool:
-        """Whether step `name` has finished."""
-        return name in self.steps
-
-    def finish(self, name: str, result: Any, seconds: float) -> None:
-        """Record step `name`'s result (written atomically)."""
-        self.steps[name] = {"result": result, "seconds": round(seconds, 1)}
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"identity": self.identity, "steps": self.steps}, indent=1))
-        os.replace(tmp, self.path)
-
-    def result(self, name: str) -> Any:
-        """Step `name`'s recorded result."""
-        return self.steps[name]["result"]
 
 
 def gate_model(config: BuildConfig, artefact_dir: Path, export_dir: Path) -> ModelConfig:
