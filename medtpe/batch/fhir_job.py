@@ -38,7 +38,6 @@ from typing import IO, Any
 from medtpe.batch.defaults import DEFAULT_BUCKET_MIB
 from medtpe.batch.fhir_export import ISSUES_FILE, export_files, fingerprint, partition_export
 from medtpe.batch.job import (
-    RECORDS_SUFFIX,
     Job,
     Prepared,
     Request,
@@ -56,6 +55,7 @@ from medtpe.batch.patient_buckets import (
     load_partition,
     partition_fingerprint,
 )
+from medtpe.batch.task_outputs import RECORDS_SUFFIX
 from medtpe.core.fhir import FhirInputError, FhirWarning, SiteMapping, load_site_mapping
 from medtpe.core.meds import read_labels
 from medtpe.core.tasks import Task

@@ -56,17 +56,19 @@ from medtpe.batch.job import (
     job_settings,
     pending,
     plan_shards,
-    predictions_path,
-    records_path,
     run_figures,
     run_ledger,
+)
+from medtpe.batch.ledger_rows import RunLedger
+from medtpe.batch.rows import RecordRow, predictions_table, records_table
+from medtpe.batch.task_outputs import (
+    predictions_path,
+    records_path,
     summarise,
     task_dir,
     write_atomically,
     write_tasks,
 )
-from medtpe.batch.ledger_rows import RunLedger
-from medtpe.batch.rows import RecordRow, predictions_table, records_table
 from medtpe.core.ray_cluster import LOCAL, ray_session
 from medtpe.inference.engines.factories import start_vllm
 from medtpe.inference.engines.protocol import EngineFactory

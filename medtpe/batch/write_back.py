@@ -36,9 +36,9 @@ import httpx
 
 from medtpe.batch.bulk_client import ServerAccess
 from medtpe.batch.fhir_http import FhirServerError, HttpSettings, check_secure, fetch
-from medtpe.batch.job import records_path, task_dir
 from medtpe.batch.rows import RecordRow, read_records
 from medtpe.batch.smart_backend import ClientKey, SmartBackendAuth
+from medtpe.batch.task_outputs import records_path, task_dir
 from medtpe.core.tasks import Task, get_task, list_tasks
 from medtpe.core.tokenizer.artefact_manifest import ArtefactBundle
 from medtpe.fhir_resources.bundles import (

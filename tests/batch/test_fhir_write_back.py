@@ -25,9 +25,10 @@ from fhir.resources.R4B.riskassessment import RiskAssessment
 
 from medtpe.batch.fhir_http import FhirServerError, HttpSettings
 from medtpe.batch.fhir_job import FhirShardPlan
-from medtpe.batch.job import Request, records_path
+from medtpe.batch.job import Request
 from medtpe.batch.rows import RecordRow, records_table
 from medtpe.batch.smart_backend import ClientKey, public_jwks
+from medtpe.batch.task_outputs import records_path
 from medtpe.batch.write_back import (
     WRITE_BACK_SCOPE,
     FhirWriter,

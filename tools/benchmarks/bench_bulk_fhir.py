@@ -37,7 +37,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from medtpe.batch.job import SUMMARY_FILE
+from medtpe.batch.task_outputs import SUMMARY_FILE
 from tools.benchmarks.bench_predict import agreement, run_command, run_records, run_system
 from tools.benchmarks.results_file import write_results
 

@@ -36,8 +36,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from medtpe.batch.job import RECORDS_SUFFIX, SUMMARY_FILE
 from medtpe.batch.rows import read_records
+from medtpe.batch.task_outputs import RECORDS_SUFFIX, SUMMARY_FILE
 from medtpe.cli.command_line import medtpe_command
 from tools.benchmarks.bench_tokenizer_data import SUBJECT_OFFSET, write_shards
 from tools.benchmarks.process_tree import TreeSampler
