@@ -17,7 +17,7 @@ from medtpe.fhir_resources.bundles import ModelRef
 from medtpe.model_card.card import build_model_card
 from medtpe.model_card.xml import model_card_xml
 from medtpe.service.plumbing.state import ServiceState
-from medtpe.service.predict.schemas import TASK_NAMES
+from medtpe.service.predict.task_choice import TASK_NAMES
 
 CARD_PATH = "/model-card.xml"
 NOT_LOADED = {

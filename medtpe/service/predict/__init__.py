@@ -2,6 +2,7 @@
 response models, response builders).
 
 Its `routes.attach(app)` serves it; `medtpe.service.app` attaches every door. Its request models
-(`schemas`) give the other doors the task names and the API key schemes."""
+(`schemas`) give the other doors the API key schemes, and its task choice (`task_choice`) the
+task names."""
 
-__all__ = ["routes", "schemas"]
+__all__ = ["routes", "schemas", "task_choice"]

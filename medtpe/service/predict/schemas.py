@@ -30,57 +30,26 @@ from medtpe.core.meds.events import (
     MedsEvent,
     SubjectEvents,
 )
-from medtpe.core.tasks import Prediction, list_tasks
+from medtpe.core.tasks import Prediction
 from medtpe.inference.model import ModelIdentity
 from medtpe.inference.sampling import Sampling
 from medtpe.service.plumbing.receipts import SignedReceipt
+from medtpe.service.predict.task_choice import (
+    MAX_TASK_CHARS,
+    TASK_OR_TASKS,
+    TaskNames,
+    check_task_choice,
+    left_out_not_null,
+    optional_task,
+    task_list,
+)
 
-TASK_NAMES = list_tasks()
-MAX_TASK_CHARS = 64
-"""Longest task name accepted (`task`, each of `tasks`); the names themselves are shorter."""
-MAX_TASKS_PER_RECORD = 8
-"""Most task names one record's `tasks` may hold (each at most once)."""
 MAX_EVENT_CODE_BYTES = 1024
 """Longest event `code`, in UTF-8 bytes."""
 MAX_EVENT_TEXT_BYTES = 64 * 1024
 """Longest event `text_value`, in UTF-8 bytes."""
 BUDGET = "max_input_tokens"
 """The name of the per-request input budget field (`PredictOptions`, `TokenizeRequest`)."""
-_TASK_FIELD = {"enum": TASK_NAMES}
-
-
-def left_out_not_null(schema: dict[str, Any]) -> None:
-    """JSON schema of an optional field that is left out when unused, never sent as null."""
-    branches = [b for b in schema.pop("anyOf", []) if b.get("type") != "null"]
-    if branches:
-        schema.update(branches[0])
-
-
-def optional_task(schema: dict[str, Any]) -> None:
-    """JSON schema of an optional `task`: left out when unused, one of the task names."""
-    left_out_not_null(schema)
-    schema.update(_TASK_FIELD)
-
-
-def task_list(schema: dict[str, Any]) -> None:
-    """JSON schema of an optional `tasks`: left out when unused, distinct task names."""
-    left_out_not_null(schema)
-    schema["uniqueItems"] = True
-    schema["items"].update(_TASK_FIELD)
-
-
-TaskNames = Annotated[
-    list[Annotated[str, Field(max_length=MAX_TASK_CHARS)]],
-    Field(min_length=1, max_length=MAX_TASKS_PER_RECORD),
-]
-"""`tasks`: 1 to `MAX_TASKS_PER_RECORD` task names (each once: `check_task_choice`)."""
-TASK_OR_TASKS: dict[str, Any] = {
-    "anyOf": [
-        {"required": ["task"], "not": {"required": ["tasks"]}},
-        {"required": ["tasks"], "not": {"required": ["task"]}},
-    ]
-}
-"""JSON schema of a body that names `task` or `tasks`, not both."""
 
 
 def left_out(data: object, names: tuple[str, ...]) -> object:
@@ -238,30 +207,6 @@ class PredictOptions(StrictBody):
             probabilities=self.return_probabilities,
             constrained=self.constrained,
         )
-
-
-def _located(
-    loc: tuple[str | int, ...], type_: str, message: str, value: object
-) -> ValidationError:
-    """A request model's error at `loc` (below the model), with `type_` and `message`."""
-    error = PydanticCustomError(type_, message)
-    detail = InitErrorDetails(type=error, loc=loc, input=value)
-    return ValidationError.from_exception_data("PredictRequest", [detail])
-
-
-def check_task_choice(task: str | None, tasks: list[str] | None) -> None:
-    """One of `task` and `tasks`, the latter without a name twice; else a request model's error
-    at the field (`[..., 'tasks', i]` for the second of two equal names)."""
-    if task is None and tasks is None:
-        raise _located(("task",), "missing", "give `task` or `tasks`", None)
-    if task is not None and tasks is not None:
-        raise _located(("tasks",), "task_and_tasks", "give `task` or `tasks`, not both", None)
-    first: dict[str, int] = {}
-    for i, name in enumerate(tasks or ()):
-        if name in first:
-            message = f"`tasks` names this task twice (also at {first[name]})"
-            raise _located(("tasks", i), "duplicate_task", message, name)
-        first[name] = i
 
 
 class PredictRequest(StrictBody):

@@ -1,23 +1,18 @@
 """Request and response bodies of `/tokenize`: a text, or a record's full prompt for a task (or for
 several, the part they share given once), segmented by both tokenizers (pydantic v2; a record's
-fields, `task` and `tasks` as `/predict` takes them, from `schemas`)."""
+fields from `schemas`, `task` and `tasks` as `/predict` takes them from `task_choice`)."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from medtpe.core.meds.events import IsoTime
-from medtpe.service.predict.schemas import (
-    BUDGET,
-    BUDGET_HELP,
+from medtpe.service.predict.schemas import BUDGET, BUDGET_HELP, Budget, Events, StrictBody, left_out
+from medtpe.service.predict.task_choice import (
     MAX_TASK_CHARS,
     TASK_OR_TASKS,
-    Budget,
-    Events,
-    StrictBody,
     TaskNames,
     check_task_choice,
-    left_out,
     left_out_not_null,
     optional_task,
     task_list,

@@ -12,12 +12,8 @@ from fastapi.responses import JSONResponse, Response
 
 from medtpe.service.plumbing.state import ServiceState
 from medtpe.service.predict.routes import caller_key
-from medtpe.service.predict.schemas import (
-    HEALTH_RESPONSES,
-    METRICS_RESPONSES,
-    READY_RESPONSES,
-    TASK_NAMES,
-)
+from medtpe.service.predict.schemas import HEALTH_RESPONSES, METRICS_RESPONSES, READY_RESPONSES
+from medtpe.service.predict.task_choice import TASK_NAMES
 
 _UNHEALTHY = ("failed", "engine_dead")
 

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from medtpe.core.tasks import list_tasks
 from medtpe.inference.engines.instant import PREFIX_BLOCK_TOKENS
 from medtpe.service.plumbing.limits import tasks_cost
-from medtpe.service.predict.schemas import MAX_TASKS_PER_RECORD
+from medtpe.service.predict.task_choice import MAX_TASKS_PER_RECORD
 from tests.service.test_ledger_doors import recorded_row
 from tests.support.service_support import (
     AUTH,

@@ -15,7 +15,8 @@ from fastapi.testclient import TestClient
 from medtpe.core.tasks import get_task, list_tasks
 from medtpe.inference.record import MedsRecord
 from medtpe.ledger.receipt import prompt_ids_digest
-from medtpe.service.predict.schemas import MAX_TASKS_PER_RECORD, PredictRequest
+from medtpe.service.predict.schemas import PredictRequest
+from medtpe.service.predict.task_choice import MAX_TASKS_PER_RECORD
 from tests.support.service_support import instant_client, instant_settings, post, synthetic_events
 
 pytestmark = [pytest.mark.timeout(300)]

@@ -24,11 +24,8 @@ from starlette.testclient import TestClient
 from medtpe.inference.engines.instant import InstantEngine
 from medtpe.service.app import create_app
 from medtpe.service.plumbing.limits import MAX_LENGTH_DIGITS
-from medtpe.service.predict.schemas import (
-    MAX_EVENT_CODE_BYTES,
-    MAX_EVENT_TEXT_BYTES,
-    MAX_TASK_CHARS,
-)
+from medtpe.service.predict.schemas import MAX_EVENT_CODE_BYTES, MAX_EVENT_TEXT_BYTES
+from medtpe.service.predict.task_choice import MAX_TASK_CHARS
 from medtpe.service.settings import ServiceSettings
 from tests.support.bad_requests import HEADER_BYTES
 from tests.support.properties import examples
