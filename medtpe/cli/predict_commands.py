@@ -24,6 +24,7 @@ from medtpe.cli import options
 from medtpe.cli.ledger_commands import ledger_settings
 from medtpe.cli.ray_option import ray_option
 from medtpe.core.ray_cluster import LOCAL, RayUnavailableError, check_ray_installed
+from medtpe.core.tasks import Task, get_task
 
 LAST_EVENT = "last"
 """`--times` value: one minute after each subject's last event (the service's default)."""
@@ -352,15 +353,12 @@ def predict(
     predictions, shard by shard (resumable: shards already written are skipped); with several
     tasks, each record is read and rendered once and asked each of them."""
     from medtpe.batch.job import Job
-    from medtpe.core.tasks import get_task
     from medtpe.inference.model import ModelConfig
 
     ledger = _check_inputs(
         labels_path, times, meds_dir, split, partition, ray_address, ray_cpus, fhir
     )
-    if labels_path is not None and len(task_names) > 1:
-        raise click.UsageError("a label file labels one task: with several --task, give --times")
-    task, *more_tasks = [get_task(name) for name in task_names]
+    task, *more_tasks = _tasks(task_names, labels_path)
     job = Job(
         meds_dir=meds_dir,
         task=task,
@@ -398,6 +396,13 @@ def predict(
     _echo_summary(job.tasks, summary, out_dir)
     if fhir["write_back"]:
         _write_back(fhir, config, job, source, out_dir, summary["this_run"], ledger)
+
+
+def _tasks(task_names: tuple[str, ...], labels_path: Path | None) -> list[Task]:
+    """The tasks `--task` names; a usage error for several with a label file (it labels one)."""
+    if labels_path is not None and len(task_names) > 1:
+        raise click.UsageError("a label file labels one task: with several --task, give --times")
+    return [get_task(name) for name in task_names]
 
 
 def _check_inputs(
