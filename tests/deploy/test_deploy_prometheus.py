@@ -267,8 +267,15 @@ def test_dashboard_queries_answer_from_the_real_metrics(
             result = prometheus.query(substitute_grafana_macros(target["expr"]))
             if any(name in target["expr"] for name in failures_only):
                 continue  # no series until something fails: the query only has to run
-            values = [float(series["value"][1]) for series in result]
-            assert values and all(math.isfinite(v) for v in values), (panel["title"], result)
+            # a series of another task (or door) that other tests fed earlier has no requests in
+            # the window: its quantiles are NaN, as the dashboard shows them; the predicted ones
+            # must have values
+            ours = [
+                float(series["value"][1])
+                for series in result
+                if all(series["metric"].get(k, v) == v for k, v in predicted.items())
+            ]
+            assert ours and all(math.isfinite(v) for v in ours), (panel["title"], result)
             if "tokenizer" in target["legendFormat"]:
                 tokenizers = {series["metric"]["tokenizer"] for series in result}
                 assert tokenizers == {"original", "medtpe"}, panel["title"]

@@ -158,6 +158,14 @@ def predict(client: httpx.Client, key: str, events: list[dict], when: datetime) 
     }
 
 
+def record_tokens(client: httpx.Client, events: list[dict], when: datetime) -> int:
+    """The MedTPE ids of the prompt's head and record at `when` (`/tokenize`'s shared part)."""
+    body = {"tasks": [TASK], "events": events, "prediction_time": when.isoformat()}
+    response = client.post("/tokenize", json=body, headers=HEADERS)
+    assert response.status_code == 200, response.text
+    return response.json()["shared"]["medtpe"]["count"]
+
+
 def test_vllm_metrics_are_exposed(server: ServiceProcess) -> None:
     text = httpx.get(server.url + "/metrics", headers=HEADERS, timeout=30).text
     for family in (QUERIES, HITS, "vllm:time_to_first_token_seconds_bucket"):
@@ -173,14 +181,16 @@ def test_growing_record_rescored_hourly_hits_the_prefix_cache(
     times = [last - timedelta(hours=h) for h in range(6, -1, -1)]
     with httpx.Client(base_url=server.url, timeout=300) as client:
         results = [predict(client, KEYS[0], events, when) for when in times]
+        shared = [record_tokens(client, events, when) for when in times]
     assert all(r["tokens"]["original"] <= 1024 for r in results)
     # the window's start moves about once per 6 hours: most re-scores reuse all of the previous
-    # prompt but its end: its plain tail (the artefact's last ids stay unmerged and merge once
-    # more text follows, `tests.support.prefix_stability`), a few ids before it, and the last
-    # partly filled block (vLLM caches whole blocks, `BLOCK_TOKENS`); the one
-    # re-score after the start's jump hits nothing
+    # prompt's head and record but its end: its plain tail (the artefact's last ids stay unmerged
+    # and merge once more text follows, `tests.support.prefix_stability`), a few ids before it,
+    # and the last partly filled block (vLLM caches whole blocks, `BLOCK_TOKENS`); the task's
+    # text after the record changes with the prediction time; the one re-score after the
+    # start's jump hits nothing
     tail = MedTPETokenizer.load(service_files[0]).plain_tail
-    stable = [r["tokens"]["medtpe"] - tail - 16 for r in results]  # 16: the merges' reach
+    stable = [n - tail - 16 for n in shared]  # 16: the merges' reach
     reusable = [n // BLOCK_TOKENS * BLOCK_TOKENS for n in stable]
     kept = [after["hits"] >= n > 0 for n, after in zip(reusable, results[1:], strict=False)]
     assert sum(kept) >= 4, [(r["hits"], r["queries"], r["tokens"]["medtpe"]) for r in results]
