@@ -16,8 +16,6 @@ import pytest
 
 from medtpe.batch.fhir_job import FhirInput, run_fhir
 from medtpe.batch.job import Job, run_local
-from medtpe.core.fhir.from_meds import fhir_bundle_from_meds
-from medtpe.core.meds import MedsDataset
 from medtpe.core.tasks import get_task
 from medtpe.inference.engines.instant import InstantEngine
 from medtpe.inference.sampling import Sampling
@@ -25,10 +23,9 @@ from medtpe.ledger.receipt import Receipt
 from medtpe.ledger.settings import LedgerSettings
 from medtpe.ledger.signing import parse_private_key, verify_signature
 from medtpe.ledger.store import Ledger, LedgerUnavailable
-from tests.support.bulk_server import resources_by_type, write_export
 from tests.support.ledger_rows import RFC8037_SEED_B64 as SEED
 from tests.support.meds_fixtures import write_meds_dataset
-from tests.support.mimic_fhir_fixture import FIXTURE
+from tests.support.mimic_fhir_fixture import fixture_bundles, fixture_export
 from tests.support.service_support import engine_test_config, free_port, instant_settings
 
 TASK = get_task("icu_mortality")
@@ -149,9 +146,8 @@ def test_a_record_twice_in_a_run_is_one_prediction(
 def test_a_fhir_run_records_each_patient_by_its_fhir_id(
     service_files: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    dataset = MedsDataset.load(FIXTURE)
-    bundles = [fhir_bundle_from_meds(dataset.events(s)) for s in dataset.subject_ids]
-    export = write_export(resources_by_type(bundles), tmp_path / "export", files_per_type=2)
+    bundles = fixture_bundles()
+    export = fixture_export(tmp_path / "export", bundles)
     url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
     monkeypatch.setenv("MEDTPE_LEDGER_URL", url)
     monkeypatch.setenv("MEDTPE_LEDGER_SIGNING_KEY", SEED)

@@ -20,7 +20,6 @@ from medtpe.batch import fhir_job
 from medtpe.batch.job import Job, run_local
 from medtpe.batch.ledger_rows import run_identity
 from medtpe.cli.predict_commands import predict
-from medtpe.core.fhir.from_meds import fhir_bundle_from_meds
 from medtpe.core.meds import MedsDataset
 from medtpe.core.tasks import get_task
 from medtpe.inference.engines.instant import InstantEngine
@@ -29,10 +28,9 @@ from medtpe.inference.model import load_model
 from medtpe.inference.sampling import Sampling
 from medtpe.ledger.settings import LedgerSettings
 from medtpe.ledger.store import Ledger
-from tests.support.bulk_server import resources_by_type, write_export
 from tests.support.ledger_rows import RFC8037_SEED_B64 as SEED
 from tests.support.meds_fixtures import write_meds_dataset
-from tests.support.mimic_fhir_fixture import FIXTURE
+from tests.support.mimic_fhir_fixture import FIXTURE, fixture_export
 from tests.support.service_support import TEST_SIGNING_KEY, engine_test_config
 
 NAMES = ("icu_mortality", "readmission_30d", "pancreatic_cancer_1y")
@@ -237,9 +235,7 @@ def test_a_run_stopped_after_a_shard_goes_on_without_a_row_twice_or_a_record_los
 def test_the_command_asks_several_tasks_of_a_fhir_export(
     service_files: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    dataset = MedsDataset.load(FIXTURE)
-    bundles = [fhir_bundle_from_meds(dataset.events(s)) for s in dataset.subject_ids]
-    export = write_export(resources_by_type(bundles), tmp_path / "export", files_per_type=2)
+    export = fixture_export(tmp_path / "export")
     url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
     monkeypatch.setenv("MEDTPE_LEDGER_URL", url)
     monkeypatch.setenv("MEDTPE_LEDGER_SIGNING_KEY", TEST_SIGNING_KEY)
@@ -254,7 +250,7 @@ def test_the_command_asks_several_tasks_of_a_fhir_export(
     ]
     result = CliRunner().invoke(predict, arguments)
     assert result.exit_code == 0, result.output
-    n = len(bundles)
+    n = len(MedsDataset.load(FIXTURE).subject_ids)
     for name in NAMES[:2]:
         title = get_task(name).title
         assert f"{title}: {n} records scored" in result.output

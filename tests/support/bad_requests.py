@@ -16,6 +16,18 @@ from medtpe.core.cds.services import SERVICES, CdsService
 from medtpe.core.fhir.parsing import BUNDLE_TYPES
 from medtpe.core.tasks import list_tasks
 
+TASK_NAMES = list_tasks()
+BAD_TASK_CHOICES = [
+    ({"task": "icu_mortality", "tasks": ["phenotyping"]}, ["body", "tasks"], "task_and_tasks"),
+    ({"tasks": []}, ["body", "tasks"], "too_short"),
+    ({"tasks": [*TASK_NAMES[:2], TASK_NAMES[0]]}, ["body", "tasks", 2], "duplicate_task"),
+    ({"tasks": [TASK_NAMES[0], "no_such_task"]}, ["body", "tasks", 1], "unknown_task"),
+    ({"tasks": TASK_NAMES * 3}, ["body", "tasks"], "too_long"),
+    ({"tasks": None}, ["body"], "value_error"),
+    ({"tasks": TASK_NAMES[0]}, ["body", "tasks"], "list_type"),
+]
+"""Bad `task`/`tasks` choices of a record body, as (fields changed, the error's `loc`, its
+`type`): `/predict`, `/predict/batch` and `/tokenize` answer each with a 422 there."""
 DEEP = 10_000
 """Nesting depth of the deep bodies: far past any JSON decoder's recursion limit."""
 LOCATED = {401, 413, 422}

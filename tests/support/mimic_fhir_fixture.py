@@ -22,7 +22,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from medtpe.core.meds import read_labels
+from medtpe.core.fhir.from_meds import fhir_bundle_from_meds
+from medtpe.core.meds import MedsDataset, read_labels
+from tests.support.bulk_server import resources_by_type, write_export
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "fhir" / "mimic-demo-stays"
 """The committed fixture (a MEDS dataset directory with its ICU-mortality labels)."""
@@ -30,6 +32,18 @@ RECENT_HOURS = 6
 FREQUENT = ("LAB//", "INFUSION_", "SUBJECT_", "MEDICATION//")
 """Code prefixes kept only in the recent hours (they make up nearly all events)."""
 STAYS = 3
+
+
+def fixture_bundles() -> list[dict]:
+    """The fixture's stays as FHIR bundles, one per subject."""
+    dataset = MedsDataset.load(FIXTURE)
+    return [fhir_bundle_from_meds(dataset.events(s)) for s in dataset.subject_ids]
+
+
+def fixture_export(out: Path, bundles: list[dict] | None = None, files_per_type: int = 2) -> Path:
+    """`bundles` (default: `fixture_bundles()`) as a FHIR bulk export in `out`."""
+    bundles = fixture_bundles() if bundles is None else bundles
+    return write_export(resources_by_type(bundles), out, files_per_type=files_per_type)
 
 
 def make(meds_root: Path, out: Path, n_stays: int = STAYS) -> None:

@@ -21,6 +21,7 @@ from medtpe.inference.engines.instant import PREFIX_BLOCK_TOKENS
 from medtpe.service.plumbing.limits import tasks_cost
 from medtpe.service.predict.task_choice import MAX_TASKS_PER_RECORD
 from tests.service.test_ledger_doors import recorded_row
+from tests.support.bad_requests import BAD_TASK_CHOICES
 from tests.support.service_support import (
     AUTH,
     instant_client,
@@ -142,18 +143,7 @@ def test_the_metrics_count_the_reused_tokens_and_which_part_was_shared(
     assert metric_value(text, latency, endpoint="predict", task="mixed") >= 1
 
 
-@pytest.mark.parametrize(
-    ("change", "loc", "error"),
-    [
-        ({"task": "icu_mortality", "tasks": ["phenotyping"]}, ["body", "tasks"], "task_and_tasks"),
-        ({"tasks": []}, ["body", "tasks"], "too_short"),
-        ({"tasks": [*TASKS[:2], TASKS[0]]}, ["body", "tasks", 2], "duplicate_task"),
-        ({"tasks": [TASKS[0], "no_such_task"]}, ["body", "tasks", 1], "unknown_task"),
-        ({"tasks": TASKS * 3}, ["body", "tasks"], "too_long"),
-        ({"tasks": None}, ["body"], "value_error"),
-        ({"tasks": TASKS[0]}, ["body", "tasks"], "list_type"),
-    ],
-)
+@pytest.mark.parametrize(("change", "loc", "error"), BAD_TASK_CHOICES)
 def test_bad_tasks_are_422_naming_the_field(
     client: TestClient, change: dict, loc: list, error: str
 ) -> None:

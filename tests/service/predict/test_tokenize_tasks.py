@@ -17,6 +17,7 @@ from medtpe.inference.record import MedsRecord
 from medtpe.ledger.receipt import prompt_ids_digest
 from medtpe.service.predict.schemas import PredictRequest
 from medtpe.service.predict.task_choice import MAX_TASKS_PER_RECORD
+from tests.support.bad_requests import BAD_TASK_CHOICES
 from tests.support.service_support import instant_client, instant_settings, post, synthetic_events
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -109,13 +110,7 @@ def test_a_record_cut_to_the_budget_is_rendered_once_for_every_task(client: Test
 @pytest.mark.parametrize(
     ("change", "loc", "error"),
     [
-        ({"task": "icu_mortality", "tasks": ["phenotyping"]}, ["body", "tasks"], "task_and_tasks"),
-        ({"tasks": []}, ["body", "tasks"], "too_short"),
-        ({"tasks": [*TASKS[:2], TASKS[0]]}, ["body", "tasks", 2], "duplicate_task"),
-        ({"tasks": [TASKS[0], "no_such_task"]}, ["body", "tasks", 1], "unknown_task"),
-        ({"tasks": TASKS * 3}, ["body", "tasks"], "too_long"),
-        ({"tasks": None}, ["body"], "value_error"),
-        ({"tasks": TASKS[0]}, ["body", "tasks"], "list_type"),
+        *BAD_TASK_CHOICES,
         ({}, ["body", "task"], "missing"),
         ({"tasks": TASKS[:2], "max_input_tokens": 1025}, ["body", "max_input_tokens"], None),
     ],
