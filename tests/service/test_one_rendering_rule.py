@@ -3,7 +3,10 @@ code descriptions first, then the site's table for the codes the artefact does n
 patient through `/predict` (MEDS events and a Bundle), a CDS hook, `medtpe predict --meds` and
 `--fhir`, with a site table that describes codes the artefact does not and redescribes one it
 does, gets one prompt (the engine ids each instant engine got); `codes_replace` is the explicit
-full replacement, named in `/readyz` and the job's summary."""
+full replacement, named in `/readyz` and the job's summary. Asked several tasks at every door
+(`/predict`'s `tasks`, a CDS service given several by `MEDTPE_CDS_SERVICE_TASKS`, the batch job's
+further tasks), the patient gets one prompt per task, the record rendered once for all of them:
+the tasks' ids agree up to the end of the record, the same shared part at every door."""
 
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from medtpe.core.cds.services import get_service
 from medtpe.core.fhir.from_meds import fhir_bundle_from_meds
 from medtpe.core.meds import MedsDataset
 from medtpe.core.meds.readers import read_code_descriptions, write_code_descriptions
-from medtpe.core.tasks import get_task
+from medtpe.core.tasks import Task, get_task
 from medtpe.core.tokenizer.artefact_manifest import ArtefactBundle
 from medtpe.inference.model import load_model
 from medtpe.inference.sampling import Sampling
@@ -41,6 +44,9 @@ from tests.support.service_support import (
 
 ICU = get_service("medtpe-icu-mortality-patient-view")
 TASK = get_task("icu_mortality")
+SEVERAL = get_service("medtpe-icu-mortality-encounter-start")
+"""The CDS service configured with `TASKS` (`ICU` keeps its own task)."""
+TASKS = (TASK, get_task("readmission_30d"), get_task("pancreatic_cancer_1y"))
 BASE = "http://testserver"
 AUTH = {"Authorization": f"Bearer {SERVICE_API_KEY}"}
 
@@ -72,6 +78,7 @@ def settings(service_files: tuple[Path, Path], ehr: Ehr, site: Path) -> ServiceS
         service_files,
         codes_dir=site,
         max_request_bytes=32 * 1024 * 1024,
+        cds_service_tasks={SEVERAL.id: [task.name for task in TASKS]},
         **ehr.service_settings(BASE),
     )
 
@@ -98,8 +105,17 @@ def meds_events(dataset: MedsDataset, subject: int) -> list[dict[str, Any]]:
     ]
 
 
-def job(meds_dir: Path) -> Job:
-    return Job(meds_dir=meds_dir, task=TASK, times=(None,), sampling=Sampling(max_new_tokens=8))
+def job(meds_dir: Path, tasks: tuple[Task, ...] = (TASK,)) -> Job:
+    """`tasks` asked about every subject of `meds_dir` at its last event, one record in the
+    engine at a time (the engine's prompts in record order, each record's in task order)."""
+    return Job(
+        meds_dir=meds_dir,
+        task=tasks[0],
+        more_tasks=tasks[1:],
+        times=(None,),
+        sampling=Sampling(max_new_tokens=8),
+        concurrency=1,
+    )
 
 
 def test_one_patient_gets_one_prompt_through_every_door(
@@ -157,6 +173,87 @@ def test_one_patient_gets_one_prompt_through_every_door(
     text = base.decode(prompts["--meds"])
     assert "site's own" in text  # the site's table describes what the artefact does not
     assert "the site's other words" not in text  # never in place of the artefact's
+
+
+def leading_agreement(prompts: list[list[int]]) -> int:
+    """How many leading ids all of `prompts` share."""
+    return next(
+        (i for i, ids in enumerate(zip(*prompts, strict=False)) if len(set(ids)) > 1),
+        min(map(len, prompts)),
+    )
+
+
+def test_several_tasks_get_one_prompt_each_through_every_door(
+    client: TestClient, settings: ServiceSettings, ehr: Ehr, site: Path, tmp_path: Path
+) -> None:
+    dataset = MedsDataset.load(site)
+    subject = dataset.subject_ids[0]
+    bundle = fhir_bundle_from_meds(dataset.events(subject))
+    names = [task.name for task in TASKS]
+    app_engine = client.app.state.service.engine
+    prompts: dict[str, list[list[int]]] = {}
+    stated: dict[str, int] = {}  # /predict's shared tokens, in the engine's (MedTPE) ids
+    predictor = client.app.state.service.model.predictor
+    assert predictor.mode == "medtpe"
+
+    def asked(door: str, url: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
+        before = len(app_engine.prompts)
+        answer = client.post(url, json=body, headers=headers)
+        assert answer.status_code == 200, answer.text
+        prompts[door] = app_engine.prompts[before:]  # each task's, in the order asked
+        assert len(prompts[door]) == len(TASKS), door
+        return answer.json()
+
+    for door, record in (
+        ("/predict events", {"events": meds_events(dataset, subject)}),
+        ("/predict Bundle", {"bundle": bundle}),
+    ):
+        answer = asked(door, "/predict", {"tasks": names, **record}, AUTH)
+        assert [result["task"] for result in answer["results"]] == names
+        stated[door] = answer["shared_tokens"]["medtpe"]
+    patient = patient_id(bundle)
+    url = f"/cds-services/{SEVERAL.id}"
+    body = hook_request(SEVERAL, patient, prefetch=prefetch_of(SEVERAL, bundle, patient))
+    cards = asked("hook", url, body, ehr.authorization(BASE + url))["cards"]
+    assert [card["summary"].partition(": ")[0] for card in cards] == [t.title for t in TASKS]
+
+    config = replace(settings.model(), codes_dir=site)  # as `medtpe predict --meds site` sets it
+    RecordingEngine.made.clear()
+    run_local(config, job(site, TASKS), tmp_path / "meds-out", engine_factory=RecordingEngine)
+    subjects = [row["subject_id"] for row in records(tmp_path / "meds-out" / TASK.name)]
+    (engine,) = RecordingEngine.made
+    n = len(TASKS)
+    per_record = [engine.prompts[i : i + n] for i in range(0, len(engine.prompts), n)]
+    prompts["--meds"] = dict(zip(subjects, per_record, strict=True))[subject]
+
+    export = write_export(resources_by_type([bundle]), tmp_path / "export")
+    RecordingEngine.made.clear()
+    run_fhir(
+        config,
+        job(tmp_path, TASKS),
+        FhirInput((export,)),
+        tmp_path / "fhir-out",
+        engine_factory=RecordingEngine,
+    )
+    (engine,) = RecordingEngine.made
+    prompts["--fhir"] = engine.prompts
+
+    for i, task in enumerate(TASKS):  # each task one prompt, whatever the door
+        by_door = {door: ids[i] for door, ids in prompts.items()}
+        assert len({tuple(ids) for ids in by_door.values()}) == 1, (
+            task.name,
+            {door: len(ids) for door, ids in by_door.items()},
+        )
+    # the record rendered once for all the tasks: their ids agree up to its end at every door
+    record = predictor.prepare_all(TASKS, dataset.events(subject), None)[0].prompt
+    shared = record.shared_medtpe_ids(predictor.tokenizer)  # the head and the record
+    assert predictor.tokenizer.decode(shared).endswith(record.record_text)
+    assert stated == {door: len(shared) for door in stated}
+    agreement = {door: leading_agreement(ids) for door, ids in prompts.items()}
+    assert len(set(agreement.values())) == 1, agreement
+    for door, ids in prompts.items():
+        assert all(one[: len(shared)] == shared for one in ids), door
+        assert agreement[door] < min(map(len, ids)), door  # the tasks' own texts differ
 
 
 def test_a_full_replacement_is_explicit_and_named(settings: ServiceSettings, site: Path) -> None:
