@@ -47,7 +47,8 @@ def test_predict_command_parses_as_medtpe_predict(monkeypatch: pytest.MonkeyPatc
     # parse only: resilient parsing does not check that the paths exist
     context = predict.make_context("predict", argv[2:], resilient_parsing=True)
     params = context.params
-    assert params["task_names"] == ("icu_mortality",)  # MEDS-DEV passes no task: the environment does
+    # MEDS-DEV passes no task: the environment does
+    assert params["task_names"] == ("icu_mortality",)
     labels = argv.index("--labels")  # (not converted here: resilient parsing checks no path)
     assert argv[labels + 1] == "/data/labels/mortality"
     assert str(params["out_dir"]) == "/runs/medtpe"
