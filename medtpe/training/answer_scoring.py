@@ -82,9 +82,10 @@ class RowsModel:
     def set_rows(
         self, new_ids: Sequence[int], rows: NewRows | None, output: OutputSide = "tied"
     ) -> None:
-        """Serve `rows` at `new_ids` (None: the base model). `output="tied"` writes the input
-        rows into the LM head too (a tied model's export), or an untied model's output rows;
-        `"base"` keeps the base head rows there."""
+        """Serve `rows` at `new_ids` (None: the base model). `output="tied"` serves them as the
+        export does: the input rows in the LM head too (a tied model's), or an untied model's
+        output rows, or the base head rows where those are the output side
+        (`NewRows.output_base`); `"base"` keeps the base head rows there."""
         embedding = self.model.get_input_embeddings().weight
         head = self.model.get_output_embeddings().weight
         with torch.no_grad():
@@ -95,7 +96,7 @@ class RowsModel:
                 return
             ids = torch.tensor(self.new_ids, dtype=torch.long, device=self.device)
             embedding[ids] = rows.input.to(embedding)
-            if output == "tied":
+            if output == "tied" and not rows.output_base:
                 head[ids] = (rows.input if rows.output is None else rows.output).to(head)
 
     def set_rope_stretch(self, stretch: float | None) -> None:

@@ -16,7 +16,7 @@ measurable; at 4,096 tokens they raise it (docs/benchmarks.md, Fidelity).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -38,11 +38,19 @@ class NewRows:
     `output` is None for tied models (the input rows serve the output head too).
     `rope_stretch`: the RoPE stretch the rows were trained to be read at
     (`medtpe.core.rope_stretch`; the export writes it into the model's config), None: plain RoPE.
+    `output_base`: the output side is the base head's own rows of these (reused) ids, held by
+    the base model rather than here (`output` is None; token distillation's `output: base`):
+    the export unties a tied head and keeps them; `with_output_rows` reads them.
     """
 
     input: torch.Tensor
     output: torch.Tensor | None = None
     rope_stretch: float | None = None
+    output_base: bool = False
+
+    def __post_init__(self) -> None:
+        if self.output_base and self.output is not None:
+            raise ValueError("rows whose output side is the base head's hold no output rows")
 
 
 def mean_row_norm(weight: torch.Tensor) -> torch.Tensor:
@@ -66,6 +74,17 @@ def has_tied_embeddings(model: PreTrainedModel) -> bool:
     """True when the output head shares the input embedding matrix."""
     output = model.get_output_embeddings()
     return output is None or output.weight is model.get_input_embeddings().weight
+
+
+def with_output_rows(rows: NewRows, model: PreTrainedModel, ids: Sequence[int]) -> NewRows:
+    """`rows` with an output side marked as the base head's (`NewRows.output_base`) read from
+    `model`'s unmodified head at `ids` (float32 copies); other rows as they are."""
+    if not rows.output_base:
+        return rows
+    head = model.get_output_embeddings().weight
+    if max(ids, default=-1) >= head.shape[0]:
+        raise ValueError("the base head has no rows for fresh ids (an extension artefact's)")
+    return replace(rows, output=head.detach().float()[list(ids)].clone(), output_base=False)
 
 
 def init_new_rows(

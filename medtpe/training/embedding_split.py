@@ -73,6 +73,8 @@ def apply_split(
     (replacement artefacts): `ValueError` for an extension artefact's fresh ids.
     """
     tied = has_tied_embeddings(model)
+    if rows.output_base:
+        raise ValueError("the rows' output side is the base head's: read it (`with_output_rows`)")
     if tied != (rows.output is None):
         raise ValueError("tied models take one set of rows, untied models two")
     embedding = model.get_input_embeddings()

@@ -2,7 +2,9 @@
 
 `embeddings.safetensors` holds `new_rows` [M, hidden] float32, row i for `new_tokens[i].id`
 (untied models also `new_rows_output`), with the base model's fingerprint in its metadata; an
-extension artefact's file also holds its byte-fallback ids' rows, after those (`row_ids`).
+extension artefact's file also holds its byte-fallback ids' rows, after those (`row_ids`). An
+output side that is the base head's own rows of the reused ids (`NewRows.output_base`) is not
+stored: metadata `output_rows: base` says so, and the export reads them from the base model.
 `export_checkpoint` writes a plain Hugging Face checkpoint: the base weights with the reused
 rows overwritten (same config, same shapes; rows trained at a RoPE stretch, metadata
 `rope_stretch`, get it as the config's `rope_parameters`) plus the artefact's tokenizer files, so
@@ -42,6 +44,9 @@ logger = logging.getLogger(__name__)
 EMBEDDINGS_FILE = "embeddings.safetensors"
 FINGERPRINT_KEY = "base_model_fingerprint"
 ROPE_STRETCH_KEY = "rope_stretch"
+OUTPUT_ROWS_KEY = "output_rows"
+BASE_OUTPUT = "base"
+"""`OUTPUT_ROWS_KEY`'s value: the output side is the base head's rows (`NewRows.output_base`)."""
 # Tokenizer files an export takes from the artefact (tokenizer.json is required), else the base.
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -77,6 +82,8 @@ def save_rows(artefact_dir: Path, rows: NewRows, base_fingerprint: str) -> Path:
     metadata = {FINGERPRINT_KEY: base_fingerprint}
     if rows.rope_stretch is not None:
         metadata[ROPE_STRETCH_KEY] = repr(float(rows.rope_stretch))
+    if rows.output_base:
+        metadata[OUTPUT_ROWS_KEY] = BASE_OUTPUT
     path = Path(artefact_dir) / EMBEDDINGS_FILE
     save_file(tensors, str(path), metadata=metadata)
     return path
@@ -92,11 +99,15 @@ def load_rows_file(path: Path) -> tuple[NewRows, str]:
     with safe_open(str(path), framework="pt") as handle:
         metadata = handle.metadata() or {}
     stretch = metadata.get(ROPE_STRETCH_KEY)
+    output_rows = metadata.get(OUTPUT_ROWS_KEY)
+    if output_rows not in (None, BASE_OUTPUT):
+        raise ValueError(f"{path}: {OUTPUT_ROWS_KEY} {output_rows!r}, expected {BASE_OUTPUT!r}")
     tensors = load_file(str(path))
     rows = NewRows(
         tensors["new_rows"],
         tensors.get("new_rows_output"),
         None if stretch is None else float(stretch),
+        output_base=output_rows == BASE_OUTPUT,
     )
     return rows, metadata.get(FINGERPRINT_KEY, "")
 
@@ -139,11 +150,13 @@ def untie_head(model: PreTrainedModel) -> None:
 def write_rows_into(model: PreTrainedModel, new_ids: list[int], rows: NewRows) -> None:
     """Overwrite the rows of `new_ids` (reused or fresh) of `model`'s embedding and untied head.
     Rows with an output side for a tied model (token distillation's `output: base`) untie its
-    head first (`untie_head`)."""
+    head first (`untie_head`); an output side that is the base head's (`NewRows.output_base`)
+    is left as the head holds it (a tied head's copy is taken before the input rows change)."""
     tied = has_tied_embeddings(model)
-    if not tied and rows.output is None:
+    two_sided = rows.output is not None or rows.output_base
+    if not tied and not two_sided:
         raise ValueError("untied models take two sets of rows (input and output)")
-    if tied and rows.output is not None:
+    if tied and two_sided:
         untie_head(model)
     if len(new_ids) != len(rows.input):
         raise ValueError(f"{len(rows.input)} rows for {len(new_ids)} ids")
@@ -172,6 +185,8 @@ def export_checkpoint(base_dir: Path, artefact_dir: Path, out_dir: Path) -> Path
     ids = row_ids(tokenizer)
     if not set(range(rows_before, tokenizer.vocab_size)) <= set(ids):
         raise ValueError(f"{artefact_dir}: some fresh ids have no row")
+    if rows.output_base and max(ids, default=-1) >= rows_before:
+        raise ValueError(f"{artefact_dir}: fresh ids have no base head rows ({OUTPUT_ROWS_KEY})")
     write_rows_into(model, ids, rows)
     if rows.rope_stretch is not None:  # the rows were trained to be read stretched
         model.config.rope_parameters = stretched_rope(

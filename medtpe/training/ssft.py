@@ -24,7 +24,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm.auto import tqdm
 
-from medtpe.training.embedding_init import NewRows, has_tied_embeddings, init_new_rows
+from medtpe.training.embedding_init import (
+    NewRows,
+    has_tied_embeddings,
+    init_new_rows,
+    with_output_rows,
+)
 from medtpe.training.embedding_split import apply_split, split_rows
 from medtpe.training.examples import IGNORE_INDEX, Example, collate
 from medtpe.training.export import load_rows_file
@@ -113,11 +118,12 @@ def load_split_model(
     init: str = "mean",
 ) -> tuple[PreTrainedModel, list[torch.nn.Parameter]]:
     """The base model (in `weights_dtype`) with embedding-split modules holding float32 new
-    rows: `initial`, else freshly initialised from the float32 weights by `init`
-    (`medtpe.training.embedding_init.INIT_METHODS`)."""
+    rows: `initial` (an output side that is the base head's read from the float32 weights),
+    else freshly initialised from them by `init` (`medtpe.training.embedding_init.INIT_METHODS`)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    new_ids = [t.id for t in tokenizer.new_tokens]
     rows = init_new_rows(model, tokenizer.new_tokens, method=init)
     if has_tied_embeddings(model):  # one tied set of rows is trained (`last` keeps a head side)
         rows = NewRows(rows.input)
@@ -127,9 +133,9 @@ def load_split_model(
                 f"initial rows of shape {tuple(initial.input.shape)}, this artefact's new "
                 f"tokens need {tuple(rows.input.shape)}"
             )
-        rows = initial
+        rows = with_output_rows(initial, model, new_ids)
     model = model.to(device=device, dtype=weights_dtype(device))
-    params = apply_split(model, [t.id for t in tokenizer.new_tokens], rows)
+    params = apply_split(model, new_ids, rows)
     return model, params
 
 

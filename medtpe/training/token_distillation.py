@@ -376,7 +376,7 @@ def distill(
         _log(run_dir, row)
     bar.close()
     return DistillResult(
-        _result_rows(model, tokenizer, state["best_rows"], config),
+        _result_rows(state["best_rows"], config),
         state["initial"],
         state["best"],
         state["step"],
@@ -407,17 +407,10 @@ def _log(run_dir: Path, row: dict[str, Any]) -> None:
         handle.write(json.dumps(row) + "\n")
 
 
-def _result_rows(
-    model: PreTrainedModel, tokenizer: MedTPETokenizer, best: torch.Tensor, config: DistillConfig
-) -> NewRows:
+def _result_rows(best: torch.Tensor, config: DistillConfig) -> NewRows:
     """The rows best on `val` with the output side `config.output` asks for (`base`: the base
-    head's rows of the reused ids)."""
-    rows = NewRows(best, rope_stretch=config.rope_stretch)
-    if config.output == "base":
-        ids = torch.tensor([t.id for t in tokenizer.new_tokens], dtype=torch.long)
-        head = model.get_output_embeddings().weight[ids].detach().float().cpu()
-        rows = NewRows(rows.input, head, config.rope_stretch)
-    return rows
+    head's rows of the reused ids, `NewRows.output_base`)."""
+    return NewRows(best, rope_stretch=config.rope_stretch, output_base=config.output == "base")
 
 
 @torch.no_grad()

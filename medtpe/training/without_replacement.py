@@ -19,7 +19,7 @@ import torch
 
 from medtpe.core.tokenizer import MedTPETokenizer
 from medtpe.core.tokenizer.without_replacement import extension_twin
-from medtpe.training.embedding_init import NewRows
+from medtpe.training.embedding_init import NewRows, with_output_rows
 from medtpe.training.export import EMBEDDINGS_FILE, check_fingerprint, load_rows, save_rows
 
 
@@ -38,21 +38,22 @@ def write_extension_artefact(
     (out_dir / EMBEDDINGS_FILE).unlink(missing_ok=True)
     if (source_dir / EMBEDDINGS_FILE).is_file():
         rows, fingerprint = load_rows(source_dir)
-        if source.byte_fallback:
-            rows = _with_fallback_rows(source, rows, fingerprint, source_dir, base_dir)
+        if source.byte_fallback or rows.output_base:
+            rows = _twin_rows(source, rows, fingerprint, source_dir, base_dir)
         save_rows(out_dir, rows, fingerprint)
     return twin
 
 
-def _with_fallback_rows(
+def _twin_rows(
     source: MedTPETokenizer,
     rows: NewRows,
     fingerprint: str,
     source_dir: Path,
     base_dir: Path | None,
 ) -> NewRows:
-    """`rows` followed by the base model's rows (input, and untied head) at `source`'s
-    byte-fallback ids, in byte order."""
+    """`rows` with an output side that is the base head's (`NewRows.output_base`) read from the
+    base model (the twin's fresh ids have no base rows of their own), followed by the base
+    model's rows (input, and untied head) at `source`'s byte-fallback ids, in byte order."""
     from transformers import AutoModelForCausalLM
 
     if base_dir is None:
@@ -61,6 +62,7 @@ def _with_fallback_rows(
         base_dir = prepare_default_model()
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype="auto")
     check_fingerprint(model, fingerprint, source_dir)
+    rows = with_output_rows(rows, model, [token.id for token in source.new_tokens])
     ids = torch.tensor(list(source.byte_fallback.values()), dtype=torch.long)
 
     def extended(new: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

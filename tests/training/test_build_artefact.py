@@ -368,7 +368,7 @@ def test_distilled_build_needs_no_pseudo_labels(
     assert MedTPETokenizer.load(out).plain_tail == 24
     assert report["pick"]["loss"] == "distill" and engine.calls == []
     rows, _ = load_rows(out)
-    assert rows.output is not None  # `output: base` (the default): the base head's rows
+    assert rows.output_base  # `output: base` (the default): the base head's rows, not stored
     for stage in ("distill", "distill-long"):  # each stage's curve, its last line its last step
         history = (out / f"{stage}-history.jsonl").read_text().splitlines()
         assert json.loads(history[-1])["step"] == (6 if stage == "distill" else 3)

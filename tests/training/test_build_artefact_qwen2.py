@@ -85,7 +85,8 @@ def test_qwen2_build_export_serve_predict(tmp_path: Path) -> None:
     tokenizer = MedTPETokenizer.load(out)
     assert tokenizer.artefact_id == report["artefact_id"] and len(tokenizer.new_tokens) == 64
     rows, _ = load_rows(out)
-    assert rows.input.shape == rows.output.shape == (64, 128)  # untied: input and output rows
+    assert rows.input.shape == (64, 128)  # untied: the output side is the base head's rows
+    assert rows.output_base and rows.output is None
     assert rows.rope_stretch == 1.5
 
     exported = runner.invoke(

@@ -1,9 +1,9 @@
 """Token-level distillation (`medtpe.training.token_distillation`) on a tiny Llama with the real
 SmolLM2 tokenizer: the forward stops at the layer matched, only the new rows train and the held-out
 loss falls, a re-run resumes (teacher cache and checkpoint), the KL over every aligned position
-adds to the loss and trains, the `base` output side keeps the
-base head's rows, its export unties the head, and a student read with a RoPE stretch learns
-against the plain teacher."""
+adds to the loss and trains, the `base` output side keeps the base head's rows, its export
+unties the head (the same checkpoint whether the rows file holds those rows or marks them as the
+base head's), and a student read with a RoPE stretch learns against the plain teacher."""
 
 from __future__ import annotations
 
@@ -15,12 +15,17 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from safetensors import safe_open  # noqa: E402
+
 from medtpe.core.tokenizer import MedTPETokenizer  # noqa: E402
 from medtpe.core.tokenizer.build import build_tokenizer  # noqa: E402
 from medtpe.core.tokenizer.snippets import cut  # noqa: E402
 from medtpe.training.distill_config import DistillConfig, long_stage, matched_layers  # noqa: E402
-from medtpe.training.embedding_init import init_new_rows  # noqa: E402
+from medtpe.training.embedding_init import NewRows, init_new_rows, with_output_rows  # noqa: E402
 from medtpe.training.export import (  # noqa: E402
+    BASE_OUTPUT,
+    EMBEDDINGS_FILE,
+    OUTPUT_ROWS_KEY,
     export_checkpoint,
     load_rows,
     model_fingerprint,
@@ -106,10 +111,10 @@ def test_distillation_trains_only_the_new_rows_and_resumes(
     mean = init_new_rows(model, tokenizer.new_tokens)
     assert not torch.allclose(result.rows.input, mean.input)
     ids = [t.id for t in tokenizer.new_tokens]
-    if output == "base":  # the reused ids keep the base head's rows
-        torch.testing.assert_close(result.rows.output, model.lm_head.weight[ids].detach())
-    else:
-        assert result.rows.output is None
+    assert result.rows.output is None and result.rows.output_base == (output == "base")
+    if output == "base":  # the reused ids keep the base head's rows, read from the base model
+        resolved = with_output_rows(result.rows, model, ids)
+        assert torch.equal(resolved.output, model.lm_head.weight[ids].detach())
     again = distill(base_dir, tokenizer, train, val, run, config, device="cpu")
     assert again.steps == result.steps and again.seconds["train"] < 1.0  # resumed: nothing left
     torch.testing.assert_close(again.rows.input, result.rows.input)
@@ -207,3 +212,36 @@ def test_export_of_base_output_rows_unties_the_head(
     torch.testing.assert_close(head[ids], base_head)
     others = [i for i in range(100) if i not in ids]
     torch.testing.assert_close(head[others], model.lm_head.weight[others])
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_base_output_rows_marked_not_stored_export_the_same_checkpoint(
+    base_dir: Path, tokenizer: MedTPETokenizer, tmp_path: Path, tie: bool
+) -> None:
+    """A rows file whose output side is marked as the base head's (`output_rows: base`, no
+    `new_rows_output`) exports byte for byte the checkpoint of one holding those rows."""
+    base = base_dir if tie else tiny_llama(tmp_path / "untied-base", tie=False)
+    model = transformers.AutoModelForCausalLM.from_pretrained(base)
+    ids = [t.id for t in tokenizer.new_tokens]
+    trained = init_new_rows(model, tokenizer.new_tokens).input * 3
+    marked = NewRows(trained, rope_stretch=1.5, output_base=True)
+    explicit = with_output_rows(marked, model, ids)
+    assert torch.equal(explicit.output, model.get_output_embeddings().weight[ids].detach())
+    exports = {}
+    for name, rows in (("marked", marked), ("explicit", explicit)):
+        artefact = tmp_path / name
+        tokenizer.save(artefact)
+        save_rows(artefact, rows, model_fingerprint(model))
+        exports[name] = export_checkpoint(base, artefact, tmp_path / f"{name}-export")
+    with safe_open(str(tmp_path / "marked" / EMBEDDINGS_FILE), framework="pt") as handle:
+        assert list(handle.keys()) == ["new_rows"]
+        assert handle.metadata()[OUTPUT_ROWS_KEY] == BASE_OUTPUT
+    loaded = load_rows(tmp_path / "marked")[0]
+    assert loaded.output_base and loaded.output is None and torch.equal(loaded.input, trained)
+    for name in ("model.safetensors", "config.json"):
+        marked_bytes = (exports["marked"] / name).read_bytes()
+        assert marked_bytes == (exports["explicit"] / name).read_bytes(), name
+    exported = transformers.AutoModelForCausalLM.from_pretrained(exports["marked"])
+    assert exported.config.tie_word_embeddings is False
+    assert torch.equal(exported.get_input_embeddings().weight[ids], trained)
+    assert torch.equal(exported.get_output_embeddings().weight[ids], explicit.output)

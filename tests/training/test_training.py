@@ -1,6 +1,7 @@
 """Training layer on a tiny Llama (SmolLM2's family: tied embeddings) with the real SmolLM2
 tokenizer and a MedTPE tokenizer built in the test: initialisation, embedding split, SSFT
-(only the new rows change), checkpoint/resume, export and reload, the extension twin's export."""
+(only the new rows change), checkpoint/resume, export and reload, the extension twin's export,
+rows whose output side is the base head's."""
 
 from __future__ import annotations
 
@@ -20,7 +21,12 @@ from medtpe.core.tokenizer import MedTPETokenizer  # noqa: E402
 from medtpe.core.tokenizer.build import build_tokenizer  # noqa: E402
 from medtpe.core.tokenizer.without_replacement import extension_twin  # noqa: E402
 from medtpe.training import ssft as ssft_module  # noqa: E402
-from medtpe.training.embedding_init import DEFAULT_ALPHA, init_new_rows, mean_row_norm  # noqa: E402
+from medtpe.training.embedding_init import (  # noqa: E402
+    DEFAULT_ALPHA,
+    NewRows,
+    init_new_rows,
+    mean_row_norm,
+)
 from medtpe.training.embedding_split import apply_split, split_rows  # noqa: E402
 from medtpe.training.examples import Example, collate  # noqa: E402
 from medtpe.training.export import (  # noqa: E402
@@ -32,6 +38,7 @@ from medtpe.training.export import (  # noqa: E402
 from medtpe.training.losses import DensePositions, final_hidden, teacher_hidden  # noqa: E402
 from medtpe.training.ssft import SSFTConfig, train_ssft  # noqa: E402
 from medtpe.training.ssft_pipeline import run_ssft, split_by_subject  # noqa: E402
+from medtpe.training.without_replacement import write_extension_artefact  # noqa: E402
 from tests.support.model_fixtures import tiny_llama, tiny_llama_model  # noqa: E402
 
 CORPUS = [
@@ -405,3 +412,29 @@ def test_bfloat16_weights_train_float32_rows(
         optimizer.zero_grad()
     after = ssft_module.validation_losses(model, examples, 2, keep, cpu)
     assert after["ce"] < before["ce"] and set(after) == {"ce", "kl"}
+
+
+def test_rows_marked_as_the_base_heads_get_it_where_held_rows_are_needed(
+    tokenizer: MedTPETokenizer, base_dir: Path, tmp_path: Path
+) -> None:
+    """Rows whose output side is the base head's (`output_rows: base`, not stored): SSFT of an
+    untied model starts its output rows there, a tied model refuses them as it refuses held
+    output rows, and the extension twin (fresh ids: no base rows of their own) stores them."""
+    untied_dir = tiny_llama(tmp_path / "untied-base", tie=False)
+    untied = transformers.AutoModelForCausalLM.from_pretrained(untied_dir)
+    ids = [t.id for t in tokenizer.new_tokens]
+    head = untied.get_output_embeddings().weight.detach()[ids]
+    marked = NewRows(init_new_rows(untied, tokenizer.new_tokens).input, output_base=True)
+    model, params = ssft_module.load_split_model(untied_dir, tokenizer, torch.device("cpu"), marked)
+    assert len(params) == 2 and torch.equal(split_rows(model).output, head)
+    with pytest.raises(ValueError, match="one set of rows"):
+        ssft_module.load_split_model(base_dir, tokenizer, torch.device("cpu"), marked)
+    source, twin_dir = tmp_path / "artefact", tmp_path / "twin"
+    tokenizer.save(source)
+    save_rows(source, marked, model_fingerprint(untied))
+    write_extension_artefact(source, twin_dir, untied_dir)
+    twin_rows = load_rows(twin_dir)[0]
+    fallback = untied.get_output_embeddings().weight.detach()[
+        list(tokenizer.byte_fallback.values())
+    ]
+    assert not twin_rows.output_base and torch.equal(twin_rows.output, torch.cat([head, fallback]))

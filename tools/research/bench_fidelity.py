@@ -153,7 +153,7 @@ def _rows(spec: str, tokenizer: MedTPETokenizer, model: RowsModel) -> tuple[str,
     path, _, output = where.partition(":")
     rows = load_rows(Path(path))[0]
     if output == "tied":  # the trained input rows on both sides, whatever output rows are stored
-        rows = dataclasses.replace(rows, output=None)
+        rows = dataclasses.replace(rows, output=None, output_base=False)
     return name, rows, output or "tied"
 
 
