@@ -288,15 +288,13 @@ def test_a_job_refuses_a_label_file_for_several_tasks(meds: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")  # one local Ray cluster at a time
-@pytest.mark.parametrize("names", [NAMES, NAMES[:1]], ids=["three tasks", "one task"])
 def test_on_ray_the_tasks_are_the_local_job_file_for_file(
-    service_files: tuple[Path, Path],
-    meds: Path,
-    tmp_path: Path,
-    settings: LedgerSettings,
-    names: tuple[str, ...],
+    service_files: tuple[Path, Path], meds: Path, tmp_path: Path, settings: LedgerSettings
 ) -> None:
+    """Several tasks (one task on Ray against local: tests/batch/test_job_engine.py)."""
     from medtpe.batch.ray_job import RayResources, run_ray
+
+    names = NAMES
 
     config = engine_test_config(service_files, meds, max_new_tokens=8)
     local, on_ray = tmp_path / "local", tmp_path / "ray"
@@ -320,7 +318,7 @@ def test_on_ray_the_tasks_are_the_local_job_file_for_file(
     assert files(local) == sorted(
         ["summary.json"]
         + [
-            f"{name}/train/{shard}{suffix}" if len(names) > 1 else f"train/{shard}{suffix}"
+            f"{name}/train/{shard}{suffix}"
             for name in names
             for shard in (0, 1)
             for suffix in (".parquet", ".records.pq")
