@@ -14,7 +14,9 @@ the default model in `medtpe` mode, float32, prefix caching on, one engine:
   its cache (`Answer.cached_tokens`). Each task's answer is compared with its own single-task
   answer (cold) at the same record reserve (`shell_tokens` of the four-task prompt, so both read
   the same record text): answers equal, max |Δp| over the answer options. The one-task call is
-  that reserve's `icu_mortality` prompt (the same record the four-task call reads);
+  that reserve's `icu_mortality` prompt (the same record the four-task call reads). Each task's
+  own call is timed too (`alone_s`): the four-task call over the slowest of them (the least a
+  call that answers every task can take) and over their sum (the four asked one after another);
 - the same four tasks in the `task-first` layout (each prompt its own prefill, the four sent
   together): wall latency, the ratio new / old, the answers of both layouts compared;
 - CPU off the engine per call, one task against four: `render_s + tokenize_s` of the prepared
@@ -226,6 +228,7 @@ async def measure_record(
         "shell_tokens": shell,
         "shared_tokens": four_prepared[0].segmentation.n_shared(mode),
         "one_s": round(one_s, 3),
+        "alone_s": [round(seconds, 3) for seconds, _, _ in calls],
         "four_s": round(four_s, 3),
         "old_four_s": round(old_s, 3),
         "single": references,
@@ -377,6 +380,16 @@ def summarize(records: list[dict[str, Any]], stock: dict[str, Any] | None) -> di
         "one_task": one,
         "four_tasks": four,
         "four_over_one": ratio(four, one),
+        "each_alone_p50_s": {
+            name: round(float(np.median([r["alone_s"][i] for r in records])), 3)
+            for i, name in enumerate(TASKS)
+        },
+        "four_over_slowest_alone_p50": round(
+            float(np.median([r["four_s"] / max(r["alone_s"]) for r in records])), 3
+        ),
+        "four_over_sum_alone_p50": round(
+            float(np.median([r["four_s"] / sum(r["alone_s"]) for r in records])), 3
+        ),
         "four_vs_single_answers": compare([a for r in records for a in r["single"]], four_rows),
         "per_task": per_task,
         "old_layout_four": old,

@@ -303,6 +303,8 @@ def vllm_serve_args(prompts: OriginalPrompts, settings: Any) -> list[str]:
         command += ["--kv-cache-memory-bytes", str(int(settings.kv_cache_gib * GIB))]
     if settings.enforce_eager:
         command.append("--enforce-eager")
+    if settings.dtype != "auto":  # `MEDTPE_DTYPE` as the service reads it, on both sides
+        command += ["--dtype", str(settings.dtype)]
     return command
 
 
