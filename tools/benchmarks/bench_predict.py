@@ -17,6 +17,18 @@ systems answered identically.
 renumbered and its numbers' digits rotated, so no prompt repeats and the prefix cache cannot help;
 each copy one shard, as the mining benchmarks make them), with the labels of `--labels` repeated
 to match, to show the job's memory does not grow with the records.
+
+`--several-tasks a,b,c,d` measures the night job asked several tasks per record instead: the
+local command on the held-out subjects with `--times last` (no labels: a label file labels one
+task), for the first task alone, then for every task (each record read and rendered once,
+`medtpe predict --task a,b,c,d`), one after the other on the same records; their wall and
+scoring times, the ratio, and how often the first task's answers agree (the several-task run
+renders the record within what the longest task's text leaves, so a long record may start later
+there).
+
+    .venv/bin/python -m tools.benchmarks.bench_predict --meds ../shared/data/mimic-iv-demo-meds \
+        --several-tasks icu_mortality,phenotyping,readmission_30d,pancreatic_cancer_1y \
+        --max-input-tokens 8192 --out tools/benchmarks/results/predict_tasks.json
 """
 
 from __future__ import annotations
@@ -75,6 +87,38 @@ def run_system(
     if system == "ray":
         command += ["--ray", "--ray-cpus", str(args.ray_cpus)]
     return run_command(command, out)
+
+
+def run_tasks(tasks: str, meds: Path, out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One local `medtpe predict --task TASKS --times last --split held_out` run; its figures."""
+    command = medtpe_command(
+        "predict",
+        meds=meds,
+        task=tasks,
+        times="last",
+        split="held_out",
+        out=out,
+        max_input_tokens=args.max_input_tokens,
+        kv_cache_gib=args.kv_cache_gib,
+    )
+    return run_command(command, out)
+
+
+def several_tasks(meds: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The first of `--several-tasks` alone against all of them, on the same records."""
+    first = args.several_tasks.split(",")[0]
+    one = run_tasks(first, meds, work / "one", args)
+    print("one task", json.dumps(one, indent=1))
+    several = run_tasks(args.several_tasks, meds, work / "several", args)
+    print("several tasks", json.dumps(several, indent=1))
+    return {
+        "tasks": args.several_tasks.split(","),
+        "one_task": one,
+        "several_tasks": several,
+        "several_over_one_wall": round(several["wall_s"] / one["wall_s"], 3),
+        "several_over_one_scoring": round(several["scoring_s"] / one["scoring_s"], 3),
+        "first_task_agreement": agreement(work / "one", work / "several" / first),
+    }
 
 
 def run_command(command: list[str], out: Path) -> dict[str, Any]:
@@ -144,7 +188,7 @@ def agreement(first: Path, second: Path) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--meds", type=Path, required=True)
-    parser.add_argument("--labels", type=Path, required=True)
+    parser.add_argument("--labels", type=Path, help="required without --several-tasks")
     parser.add_argument("--task", default="icu_mortality")
     parser.add_argument("--max-input-tokens", type=int, default=1024)
     parser.add_argument("--kv-cache-gib", type=float, default=4.0)
@@ -153,9 +197,19 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="K copies of the input (see above)")
     parser.add_argument("--work-dir", type=Path, default=None, help="Keep outputs here.")
     parser.add_argument("--out", type=Path, default=None, help="Results JSON.")
+    parser.add_argument("--several-tasks", help="a,b,c: the night job asked several tasks")
     args = parser.parse_args()
 
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench_predict_"))
+    command = shlex.join(
+        [".venv/bin/python", "-m", "tools.benchmarks.bench_predict", *sys.argv[1:]]
+    )
+    if args.several_tasks:
+        compared = several_tasks(args.meds, work, args)
+        write_results(args.out, command, {"max_input_tokens": args.max_input_tokens, **compared})
+        return
+    if args.labels is None:
+        parser.error("--labels is required without --several-tasks")
     meds, labels = args.meds, args.labels
     if args.repeat > 1:
         meds, labels = repeated_dataset(labels, args.repeat, work / "dataset")
@@ -171,9 +225,6 @@ def main() -> None:
     if len(args.systems) == 2:
         results["agreement"] = agreement(work / args.systems[0], work / args.systems[1])
         print("agreement", results["agreement"])
-    command = shlex.join(
-        [".venv/bin/python", "-m", "tools.benchmarks.bench_predict", *sys.argv[1:]]
-    )
     write_results(args.out, command, results)
 
 
