@@ -118,12 +118,17 @@ def job(meds_dir: Path, tasks: tuple[Task, ...] = (TASK,)) -> Job:
     )
 
 
+def first_patient(site: Path) -> tuple[MedsDataset, int, dict[str, Any]]:
+    """The site dataset, its first subject and that subject's record as a FHIR Bundle."""
+    dataset = MedsDataset.load(site)
+    subject = dataset.subject_ids[0]
+    return dataset, subject, fhir_bundle_from_meds(dataset.events(subject))
+
+
 def test_one_patient_gets_one_prompt_through_every_door(
     client: TestClient, settings: ServiceSettings, ehr: Ehr, site: Path, tmp_path: Path
 ) -> None:
-    dataset = MedsDataset.load(site)
-    subject = dataset.subject_ids[0]
-    bundle = fhir_bundle_from_meds(dataset.events(subject))
+    dataset, subject, bundle = first_patient(site)
     app_engine = client.app.state.service.engine
     prompts = {}
 
@@ -186,9 +191,7 @@ def leading_agreement(prompts: list[list[int]]) -> int:
 def test_several_tasks_get_one_prompt_each_through_every_door(
     client: TestClient, settings: ServiceSettings, ehr: Ehr, site: Path, tmp_path: Path
 ) -> None:
-    dataset = MedsDataset.load(site)
-    subject = dataset.subject_ids[0]
-    bundle = fhir_bundle_from_meds(dataset.events(subject))
+    dataset, subject, bundle = first_patient(site)
     names = [task.name for task in TASKS]
     app_engine = client.app.state.service.engine
     prompts: dict[str, list[list[int]]] = {}
