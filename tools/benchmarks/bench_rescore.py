@@ -12,6 +12,9 @@ prediction time, at each budget, under both window policies (`medtpe.core.prompt
   cold, the prefix-cache hit rate from vLLM's own `vllm:prefix_cache_*` counters, and answers
   and p(yes) of the stable window against the sliding one.
 
+`--prompt-layout task-first.v1` builds the prompts in the other layout (the prompts' figures of
+both layouts side by side: run it once each without `--engine-stays`).
+
     nice -n 10 .venv/bin/python -m tools.benchmarks.bench_rescore \
         --meds ../shared/data/mimic-iv-demo-meds --engine-stays 4096=4 --engine-stays 8192=1 \
         --out tools/benchmarks/results/rescore.json
@@ -34,6 +37,7 @@ from prometheus_client import REGISTRY
 from tqdm import tqdm
 
 from medtpe.core.meds import MedsDataset, SubjectEvents, read_labels
+from medtpe.core.prompt.layout import PromptLayout
 from medtpe.core.prompt.windowing import DEFAULT_GRID_HOURS, Windowing, WindowPolicy
 from medtpe.core.tasks import get_task
 from medtpe.inference.engines.protocol import EngineOptions
@@ -64,10 +68,13 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def predictors(loaded: LoadedModel, budget: int, grid_hours: int) -> dict[str, Predictor]:
-    """One predictor per policy at `budget`, sharing the loaded tokenizer."""
+def predictors(
+    loaded: LoadedModel, budget: int, grid_hours: int, layout: PromptLayout | None = None
+) -> dict[str, Predictor]:
+    """One predictor per policy at `budget`, sharing the loaded tokenizer, in `layout` (None:
+    the default one)."""
     base = loaded.predictor
-    return {
+    out = {
         policy.value: Predictor(
             base.tokenizer,
             base.chat_template,
@@ -78,6 +85,7 @@ def predictors(loaded: LoadedModel, budget: int, grid_hours: int) -> dict[str, P
         )
         for policy in WindowPolicy
     }
+    return {k: v.with_layout(layout) for k, v in out.items()} if layout else out
 
 
 def prepare_stay(
@@ -91,11 +99,10 @@ def prepare_stay(
 def prompt_figures(chains: list[list[PreparedRecord]]) -> dict[str, Any]:
     """Events kept and the share of each re-score's prompt repeating the previous one."""
     kept = [r.prompt.n_events_kept for chain in chains for r in chain]
-    shared = [
-        common_prefix(prev.ids("medtpe"), cur.ids("medtpe")) / len(cur.ids("medtpe"))
-        for chain in chains
-        for prev, cur in itertools.pairwise(chain)
-    ]
+    pairs = [pair for chain in chains for pair in itertools.pairwise(chain)]
+    common = [common_prefix(prev.ids("medtpe"), cur.ids("medtpe")) for prev, cur in pairs]
+    shared = [n / len(cur.ids("medtpe")) for n, (_, cur) in zip(common, pairs, strict=True)]
+    not_reused = [len(prev.ids("medtpe")) - n for n, (prev, _) in zip(common, pairs, strict=True)]
     truncated = [
         r.prompt.n_events_kept < r.prompt.n_events_total for chain in chains for r in chain
     ]
@@ -106,6 +113,7 @@ def prompt_figures(chains: list[list[PreparedRecord]]) -> dict[str, Any]:
         "shared_prefix_share_median": round(statistics.median(shared), 4),
         "shared_prefix_share_mean": round(statistics.mean(shared), 4),
         "rescores_sharing_90pct": sum(s >= 0.9 for s in shared),
+        "previous_ids_not_reused_median": statistics.median(not_reused),
         "rescores": len(shared),
     }
 
@@ -247,6 +255,11 @@ def main() -> None:
         "sliding one, at the prediction time of the first --sweep-stays stays (nothing else runs)",
     )
     parser.add_argument("--sweep-stays", type=int, default=30)
+    parser.add_argument(
+        "--prompt-layout",
+        choices=[layout.value for layout in PromptLayout],
+        help="the prompts' layout (default: the service's)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="results JSON file")
     args = parser.parse_args()
     budgets = args.budget or [8192, 4096]
@@ -283,8 +296,9 @@ def main() -> None:
     }
     engine_chains: dict[str, dict[str, list[list[PreparedRecord]]]] = {}
     for budget in budgets:
+        layout = PromptLayout(args.prompt_layout) if args.prompt_layout else None
         by_policy = predictors(
-            loaded, min(budget, loaded.predictor.max_input_tokens), args.grid_hours
+            loaded, min(budget, loaded.predictor.max_input_tokens), args.grid_hours, layout
         )
         figures: dict[str, Any] = {}
         for policy, predictor in by_policy.items():
