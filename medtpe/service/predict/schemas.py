@@ -35,13 +35,11 @@ from medtpe.inference.model import ModelIdentity
 from medtpe.inference.sampling import Sampling
 from medtpe.service.plumbing.receipts import SignedReceipt
 from medtpe.service.predict.task_choice import (
-    MAX_TASK_CHARS,
     TASK_OR_TASKS,
-    TaskNames,
+    OptionalTask,
+    OptionalTasks,
     check_task_choice,
     left_out_not_null,
-    optional_task,
-    task_list,
 )
 
 MAX_EVENT_CODE_BYTES = 1024
@@ -224,20 +222,14 @@ class PredictRequest(StrictBody):
         },
     )
 
-    task: str | None = Field(
-        None,
-        description="Task name; give it or `tasks`, not both.",
-        max_length=MAX_TASK_CHARS,
-        json_schema_extra=optional_task,
-    )
-    tasks: TaskNames | None = Field(
+    task: OptionalTask = Field(None, description="Task name; give it or `tasks`, not both.")
+    tasks: OptionalTasks = Field(
         None,
         description="Several task names, each once (at most `MAX_TASKS_PER_RECORD`, 8), in "
         "place of `task`: the record is read and rendered once, within what the longest of "
         "their texts leaves of the input budget, and each prompt starts with the same ids up "
         "to the end of the record, which the engine computes once (its prefix cache). The "
         "answer is `PredictTasksResponse`: one result per task, in this order.",
-        json_schema_extra=task_list,
     )
     events: Events | None = Field(
         None,

@@ -46,6 +46,12 @@ TaskNames = Annotated[
     Field(min_length=1, max_length=MAX_TASKS_PER_RECORD),
 ]
 """`tasks`: 1 to `MAX_TASKS_PER_RECORD` task names (each once: `check_task_choice`)."""
+OptionalTask = Annotated[
+    str | None, Field(max_length=MAX_TASK_CHARS, json_schema_extra=optional_task)
+]
+"""A body's optional `task` (give it the default None and a description)."""
+OptionalTasks = Annotated[TaskNames | None, Field(json_schema_extra=task_list)]
+"""A body's optional `tasks` in place of `task` (give it the default None and a description)."""
 TASK_OR_TASKS: dict[str, Any] = {
     "anyOf": [
         {"required": ["task"], "not": {"required": ["tasks"]}},

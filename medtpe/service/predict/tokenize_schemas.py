@@ -9,13 +9,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from medtpe.core.meds.events import IsoTime
 from medtpe.service.predict.schemas import BUDGET, BUDGET_HELP, Budget, Events, StrictBody, left_out
 from medtpe.service.predict.task_choice import (
-    MAX_TASK_CHARS,
     TASK_OR_TASKS,
-    TaskNames,
+    OptionalTask,
+    OptionalTasks,
     check_task_choice,
     left_out_not_null,
-    optional_task,
-    task_list,
 )
 
 
@@ -48,18 +46,13 @@ class TokenizeRequest(StrictBody):
         "(64 KiB by default; 422 beyond).",
         json_schema_extra=left_out_not_null,
     )
-    task: str | None = Field(
-        None,
-        max_length=MAX_TASK_CHARS,
-        json_schema_extra=optional_task,
-    )
-    tasks: TaskNames | None = Field(
+    task: OptionalTask = None
+    tasks: OptionalTasks = Field(
         None,
         description="Only with `events`, in place of `task`: several task names, each once (at "
         "most `MAX_TASKS_PER_RECORD`, 8), as `/predict` takes them. The record is rendered once "
         "for all of them; the answer is `TokenizeTasksResponse`: the leading tokens every "
         "task's prompt shares (the prompt's head and the record), then each task's own tail.",
-        json_schema_extra=task_list,
     )
     events: Events | None = Field(None, json_schema_extra=left_out_not_null)
     prediction_time: IsoTime | None = None
