@@ -291,7 +291,9 @@ def test_a_job_refuses_a_label_file_for_several_tasks(meds: Path) -> None:
 def test_on_ray_the_tasks_are_the_local_job_file_for_file(
     service_files: tuple[Path, Path], meds: Path, tmp_path: Path, settings: LedgerSettings
 ) -> None:
-    """Several tasks (one task on Ray against local: tests/batch/test_job_engine.py)."""
+    """Local against Ray, row for row and file for file, with several tasks (on the real
+    engine, tests/batch/test_job_engine.py checks one task's Ray run and `medtpe verify`
+    re-derives one of its rows locally)."""
     from medtpe.batch.ray_job import RayResources, run_ray
 
     names = NAMES
