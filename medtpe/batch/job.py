@@ -266,7 +266,7 @@ def prepare_shard(
 class PrefixReuse:
     """What the engine's prefix cache spared a run: of the prompts it was given (`answers`),
     how many found a prefix computed before (`reusing`: in the `record-first` layout, the record
-    another task was asked about first), and their tokens, given and read from the cache."""
+    prefilled once for the tasks asked of it), and their tokens, given and read from the cache."""
 
     answers: int = 0
     reusing: int = 0
@@ -308,10 +308,10 @@ async def answer_record(
     prepared: Sequence[PreparedRecord],
     recorder: RunRecorder | None = None,
 ) -> list[Answered]:
-    """The record's answer to each task through `Predictor.answer_all` (the first task alone,
-    then the others on the record the engine has cached) with the job's sampling, each answer's
-    ledger row kept by `recorder` (None: the ledger off); a generation error other than a dead
-    engine becomes the record's failure for every task."""
+    """The record's answer to each task through `Predictor.answer_all` (the record prefilled
+    once, then every task together on the record the engine has cached) with the job's
+    sampling, each answer's ledger row kept by `recorder` (None: the ledger off); a generation
+    error other than a dead engine becomes the record's failure for every task."""
     start = time.perf_counter()
     try:
         answers = await predictor.answer_all(engine, prepared, job.sampling)

@@ -441,13 +441,19 @@ class Predictor:
         *,
         cache_salt: str | None = None,
     ) -> list[Answer]:
-        """`answer` for each of several tasks' prompts about one record (`prepare_all`): the
-        first alone, then the others together, so an engine with prefix caching computes the
-        shared record once and reads it from its cache for the others (`Answer.cached_tokens`)."""
-        if not prepared:
-            return []
-        first = await self.answer(engine, prepared[0], sampling, cache_salt=cache_salt)
-        rest = await asyncio.gather(
-            *(self.answer(engine, p, sampling, cache_salt=cache_salt) for p in prepared[1:])
+        """`answer` for each of several tasks' prompts about one record (`prepare_all`): the part
+        they share (the head and the record) prefilled once into the engine's prefix cache
+        (`Engine.prefill`), then every task asked at once, each reading that part from the
+        cache (`Answer.cached_tokens`) and decoding beside the others. Each answer's
+        `generate_s` counts the shared prefill: the time its caller waited for it."""
+        if len(prepared) < 2:
+            return [await self.answer(engine, p, sampling, cache_salt=cache_salt) for p in prepared]
+        start = time.perf_counter()
+        n_shared = prepared[0].segmentation.n_shared(self.mode)
+        if n_shared:
+            await engine.prefill(prepared[0].ids(self.mode)[:n_shared], cache_salt=cache_salt)
+        shared_s = time.perf_counter() - start
+        answers = await asyncio.gather(
+            *(self.answer(engine, p, sampling, cache_salt=cache_salt) for p in prepared)
         )
-        return [first, *rest]
+        return [replace(a, generate_s=a.generate_s + shared_s) for a in answers]

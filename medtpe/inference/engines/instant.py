@@ -109,6 +109,8 @@ class InstantEngine:
         self.constraints: list[AnswerConstraint | None] = []
         """The answer constraint of each generation, in order."""
         self.prefix_cache = PrefixCache()
+        self.prefills: list[list[int]] = []
+        """The ids of each `prefill`, in order (not answers: not in `prompts`)."""
         self._dead = False
         self._released = threading.Event()
 
@@ -178,6 +180,14 @@ class InstantEngine:
             await self.generate(prompt_ids, GenerationParams(max_new_tokens=2))
         finally:
             self.delay_s = delay
+
+    async def prefill(self, prompt_ids: Sequence[int], cache_salt: str | None = None) -> None:
+        """Remember the prompt's full blocks in the prefix cache, at once, recorded in
+        `prefills`."""
+        if self._dead:
+            raise EngineDead("the engine is dead")
+        self.prefills.append(list(prompt_ids))
+        self.prefix_cache.admit(prompt_ids, cache_salt)
 
     def shutdown(self) -> None:
         """Nothing to stop."""

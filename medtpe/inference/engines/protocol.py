@@ -204,6 +204,11 @@ class Engine(Protocol):
         """One short generation, so the first real request does not pay the start-up costs."""
         ...
 
+    async def prefill(self, prompt_ids: Sequence[int], cache_salt: str | None = None) -> None:
+        """Compute `prompt_ids` into the prefix cache (under `cache_salt`), answering nothing:
+        the part several prompts share, computed once before they are asked together."""
+        ...
+
     def shutdown(self) -> None:
         """Stop the engine."""
         ...

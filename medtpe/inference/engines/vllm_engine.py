@@ -234,6 +234,13 @@ class VllmEngine:
         """One short generation, so the first real request does not pay the start-up costs."""
         await self.generate(prompt_ids, GenerationParams(max_new_tokens=2))
 
+    async def prefill(self, prompt_ids: Sequence[int], cache_salt: str | None = None) -> None:
+        """A one-token generation of `prompt_ids`: vLLM keeps its full blocks in the prefix
+        cache (nothing when prefix caching is off)."""
+        if self.config.options.enable_prefix_caching is not False:
+            params = GenerationParams(max_new_tokens=1, cache_salt=cache_salt)
+            await self.generate(prompt_ids, params)
+
     def shutdown(self) -> None:
         """Stop the engine process (again: nothing)."""
         self._llm.shutdown()

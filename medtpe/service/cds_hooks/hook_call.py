@@ -16,8 +16,8 @@ the client left out is fetched from its FHIR server), then each task's score:
   before;
 - else from the model through the path every door shares
   (`medtpe.service.plumbing.serving.predict_all`, on the async engine: the event loop never waits
-  on it; the first task alone, then the others, whose prompts share the record with it, so an
-  engine with prefix caching computes the record once: `medtpe_prefill_reused_tokens_total`);
+  on it; the record, which every task's prompt shares, prefilled once, then every task
+  together, each reading it from the engine's prefix cache: `medtpe_prefill_reused_tokens_total`);
   each card is built from the inference layer's answer (`RecordAnswer`), never from `/predict`'s
   response.
 

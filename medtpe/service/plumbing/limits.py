@@ -7,8 +7,8 @@ slot. Beyond that the request is refused at once (503 + Retry-After) instead of 
 A record counts as the prefill of one prompt. A record asked several tasks at once counts what
 the engine computes for them (`tasks_cost`): its first task's prompt whole, then of each further
 task's prompt only the part past the record (the head and the record all of them share are read
-from the engine's prefix cache). Its tasks generate in one slot: the first, then the others
-together.
+from the engine's prefix cache). Its tasks generate in one slot: the record prefilled once,
+then every task together.
 """
 
 from __future__ import annotations

@@ -50,18 +50,17 @@ API_SITE = "api"
 MIXED_TASKS = "mixed"
 """The `task` label of a request's latency when it asks several tasks."""
 
-Prefix = Literal["alone", "first", "reused"]
+Prefix = Literal["alone", "reused"]
 """The `prefix` label of the generation latency: a task's prompt answered `alone`, or one of
-several tasks' prompts about one record, the `first` (it computes the part they share: the head
-and the record) or a later one (`reused`: that part read from the engine's prefix cache)."""
+several tasks' prompts about one record (`reused`: the part they share, the head and the record,
+prefilled once for all of them and read from the engine's prefix cache; each task's latency
+counts that prefill)."""
 
 
-def prefix_part(index: int, n_tasks: int) -> Prefix:
-    """The `prefix` label of the `index`-th of `n_tasks` prompts about one record answered
-    together (`Predictor.answer_all`: the first alone, then the others)."""
-    if n_tasks == 1:
-        return "alone"
-    return "first" if index == 0 else "reused"
+def prefix_part(n_tasks: int) -> Prefix:
+    """The `prefix` label of each of `n_tasks` prompts about one record answered together
+    (`Predictor.answer_all`)."""
+    return "alone" if n_tasks == 1 else "reused"
 
 
 ENGINE_METRIC_PREFIX = "vllm:"
@@ -131,8 +130,8 @@ class ServiceMetrics:
         self.generation_latency = Histogram(
             "medtpe_generation_latency_seconds",
             "Engine generation latency per record, by the part of its prompt it shared with "
-            "other tasks' about the same record (alone, first: computed it, reused: read it "
-            "from the prefix cache).",
+            "other tasks' about the same record (alone; reused: the record prefilled once for "
+            "every task and read from the prefix cache, that prefill counted in each).",
             ["task", "mode", "prefix"],
             buckets=LATENCY_BUCKETS,
             registry=reg,

@@ -102,8 +102,8 @@ async def predict_all(
     site: str = API_SITE,
 ) -> list[RecordAnswer]:
     """`predict_record` for several tasks' prompts about one record (`prepare_all`), answered
-    by `Predictor.answer_all` within one concurrency slot (the first alone, then the others,
-    which read the record from the engine's prefix cache); each answer observed under its own
+    by `Predictor.answer_all` within one concurrency slot (the record prefilled once, then
+    every task reading it from the engine's prefix cache); each answer observed under its own
     task and the part of its prompt it shared (`prefix_part`)."""
     start = time.perf_counter() if start is None else start
     predictor = model.predictor
@@ -114,8 +114,8 @@ async def predict_all(
             sampling,
             cache_salt=salt,
         )
-    for i, (record, answer) in enumerate(zip(records, answers, strict=True)):
-        prefix = prefix_part(i, len(records))
+    prefix = prefix_part(len(records))
+    for record, answer in zip(records, answers, strict=True):
         seg = record.segmentation
         state.metrics.observe_answer(record.task.name, predictor.mode, seg, answer, prefix)
         if model is not state.other_model:  # the record's figures, once per record

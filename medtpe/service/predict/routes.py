@@ -8,9 +8,9 @@ line with endpoint, task, status, record count and time — never record content
 `medtpe.service.predict.responses` turns answers into response bodies.
 
 A record asked several `tasks` is read and rendered once for all of them and answered by
-`Predictor.answer_all` (the first task alone, then the others, which read the record from the
-engine's prefix cache); admission counts what that costs (`tasks_cost`), once the prompts are
-known.
+`Predictor.answer_all` (the record prefilled once, then every task together, each reading the
+record from the engine's prefix cache); admission counts what that costs (`tasks_cost`), once
+the prompts are known.
 """
 
 from __future__ import annotations

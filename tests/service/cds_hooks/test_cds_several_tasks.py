@@ -94,12 +94,14 @@ def test_two_tasks_are_two_cards_from_one_read_of_the_record(
     assert first["summary"].startswith(get_task(TASKS[0]).title + ": ")
     assert second["summary"].startswith(get_task(TASKS[1]).title + ": ")
     assert first["uuid"] != second["uuid"]
-    # the second task's prompt read the record the first computed from the engine's cache
+    # the record prefilled once (up to where the two prompts part), then read by both tasks
     one, two = engine.prompts[-2:]
     shared = next(i for i, (a, b) in enumerate(zip(one, two, strict=False)) if a != b)
+    prefilled = engine.prefills[-1]
+    assert 128 <= len(prefilled) <= shared and one[: len(prefilled)] == prefilled
     metrics = client.get("/metrics", headers=API_KEY).text
     reused = metric_value(metrics, REUSED, door="cds-hooks") - reused_before
-    assert 0 < reused <= shared and reused % 128 == 0
+    assert reused == 2 * (len(prefilled) // 128 * 128)
     # one call, timed once, under the label of a request of several tasks
     assert metric_value(metrics, LATENCY, endpoint="cds_hook", task="mixed") == calls_before + 1
     assert engine.cache_salts[-1] == engine.cache_salts[-2]

@@ -68,8 +68,10 @@ def answer_of(result: dict) -> tuple:
 def test_four_tasks_answer_as_each_alone_with_the_record_read_once(
     client: TestClient, ledger_file: str
 ) -> None:
+    engine = client.app.state.service.engine
     answer = post(client, "/predict", asked(21, TASKS, n_events=SHORT))
     assert answer.status_code == 200, answer.text
+    prefilled = list(engine.prefills)
     body = answer.json()
     results = body["results"]
     assert [r["task"] for r in results] == TASKS
@@ -83,13 +85,14 @@ def test_four_tasks_answer_as_each_alone_with_the_record_read_once(
     # the whole record fits either way: each task's prompt is the one it gets asked alone
     assert all(r["events"] == a["events"] for r, a in zip(results, alone, strict=True))
     assert [answer_of(r) for r in results] == [answer_of(a) for a in alone]
-    # the record and what precedes it, computed by the first task, read by the others
+    # the record and what precedes it prefilled once (a single task prefills nothing), then
+    # read from the cache by every task
     shared = body["shared_tokens"]["medtpe"]
     assert 0 < shared < min(r["tokens"]["medtpe"] for r in results)
+    assert engine.prefills == prefilled and len(prefilled[-1]) == shared
     reusable = shared // PREFIX_BLOCK_TOKENS * PREFIX_BLOCK_TOKENS
     assert reusable > 0
-    assert results[0]["cached_tokens"] < reusable  # the first computes the record
-    assert [r["cached_tokens"] for r in results[1:]] == [reusable] * 3
+    assert [r["cached_tokens"] for r in results] == [reusable] * 4
     # each task its own row, signed, on the record whose digest the answer names once
     rows = [recorded_row(client, ledger_file, result) for result in results]
     assert len({row.prediction_id for row in rows}) == 4
@@ -129,7 +132,7 @@ def test_the_metrics_count_the_reused_tokens_and_which_part_was_shared(
         count = "medtpe_generation_latency_seconds_count"
         return (
             metric_value(text, "medtpe_prefill_reused_tokens_total", door="predict"),
-            metric_value(text, count, task="phenotyping", prefix="first"),
+            metric_value(text, count, task="phenotyping", prefix="reused"),
             metric_value(text, count, task="icu_mortality", prefix="reused"),
         )
 
