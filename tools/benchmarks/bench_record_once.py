@@ -2,8 +2,8 @@
 
 In the `record-first` prompt layout (`medtpe.core.prompt.layout`) every task asked of one record
 shares the ids up to the end of the record; `Predictor.prepare_all` renders and tokenizes the
-record once, `Predictor.answer_all` answers the first task alone and the others together, so
-vLLM's prefix cache computes the record once. Measured side by side in one run, on the first
+record once, `Predictor.answer_all` prefills the part the prompts share once and then answers
+every task together, so vLLM's prefix cache computes the record once. Measured side by side in one run, on the first
 `--records` held-out ICU windows whose prompt fills at least 90 % of `--budget` (the default
 artefact's build: its ICU windows, 6-120 h after admission, of the subjects its split holds out),
 the default model in `medtpe` mode, float32, prefix caching on, one engine:
@@ -215,7 +215,7 @@ async def measure_record(
     calls = [
         await timed_call(engine, single, [task], window, sampling, together=False) for task in tasks
     ]
-    one_s = calls[0][0]  # the first task alone: the one-task call
+    one_s = calls[0][0]  # the first task (mortality) alone: the one-task call
     references = [answer_row(prepared[0], answers[0], mode) for _, prepared, answers in calls]
     old = predictor.with_layout(PromptLayout.TASK_FIRST)
     old_s, old_prepared, old_answers = await timed_call(
