@@ -22,6 +22,7 @@ quotients are exact), a cache over the model's whole context.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -54,3 +55,29 @@ def stretched_rope(
         "beta_fast": YARN_BETA_FAST * span,
         "beta_slow": YARN_BETA_SLOW * span,
     }
+
+
+TRANSFORMERS_ROPE_LOGGER = "transformers.modeling_rope_utils"
+STRETCH_WARNINGS = (
+    "`rope_parameters`'s factor field must be a float or int >= 1, got 0.",
+    "The explicitly set RoPE scaling factor (config.rope_parameters['factor'] = 0.",
+)
+"""What transformers warns of a stretched entry at every load of its config: a YaRN factor below
+1, and an original length that does not imply it; both stated so on purpose (module docstring),
+and read as stated by transformers and vLLM."""
+
+
+class StretchWarningFilter(logging.Filter):
+    """Drops transformers' warnings about a stretched entry's factor below 1 (`STRETCH_WARNINGS`);
+    a factor of 1 or more, and every other warning, pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False for a stretch warning."""
+        return not record.getMessage().startswith(STRETCH_WARNINGS)
+
+
+def quiet_stretch_warnings() -> None:
+    """Install `StretchWarningFilter` on transformers' RoPE logger (once per process)."""
+    logger = logging.getLogger(TRANSFORMERS_ROPE_LOGGER)
+    if not any(isinstance(f, StretchWarningFilter) for f in logger.filters):
+        logger.addFilter(StretchWarningFilter())

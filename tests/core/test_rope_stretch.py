@@ -1,10 +1,19 @@
-"""`medtpe.core.rope_stretch`: the config.json entry of a stretched RoPE, and what it refuses."""
+"""`medtpe.core.rope_stretch`: the config.json entry of a stretched RoPE, what it refuses, and
+transformers' warnings about it silenced."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
-from medtpe.core.rope_stretch import stretched_rope
+from medtpe.core.rope_stretch import (
+    STRETCH_WARNINGS,
+    TRANSFORMERS_ROPE_LOGGER,
+    StretchWarningFilter,
+    quiet_stretch_warnings,
+    stretched_rope,
+)
 
 PLAIN = {"rope_theta": 100000.0, "rope_type": "default"}
 
@@ -31,3 +40,27 @@ def test_a_stretch_must_lengthen(stretch: float) -> None:
 def test_an_already_scaled_rope_is_refused() -> None:
     with pytest.raises(ValueError, match="already 'llama3'"):
         stretched_rope({**PLAIN, "rope_type": "llama3", "factor": 8.0}, 131072, 1.5)
+
+
+def test_transformers_stretch_warnings_are_dropped_and_no_other() -> None:
+    """transformers warns twice of a stretched entry at every config load (a factor below 1, an
+    original length that does not imply it); the filter drops those two, nothing else."""
+    from transformers import LlamaConfig
+
+    logger = logging.getLogger(TRANSFORMERS_ROPE_LOGGER)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    try:
+        LlamaConfig(max_position_embeddings=8192, rope_parameters=stretched_rope(PLAIN, 8192, 2.2))
+    finally:
+        logger.removeHandler(handler)
+    stretch_filter = StretchWarningFilter()
+    assert len(records) == len(STRETCH_WARNINGS)
+    assert not any(stretch_filter.filter(record) for record in records)
+    other = logging.LogRecord(TRANSFORMERS_ROPE_LOGGER, logging.WARNING, "", 0, "got 2.0", (), None)
+    assert stretch_filter.filter(other)
+    quiet_stretch_warnings()
+    quiet_stretch_warnings()
+    assert [type(f) for f in logger.filters].count(StretchWarningFilter) == 1
