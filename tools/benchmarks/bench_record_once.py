@@ -3,10 +3,11 @@
 In the `record-first` prompt layout (`medtpe.core.prompt.layout`) every task asked of one record
 shares the ids up to the end of the record; `Predictor.prepare_all` renders and tokenizes the
 record once, `Predictor.answer_all` prefills the part the prompts share once and then answers
-every task together, so vLLM's prefix cache computes the record once. Measured side by side in one run, on the first
-`--records` held-out ICU windows whose prompt fills at least 90 % of `--budget` (the default
-artefact's build: its ICU windows, 6-120 h after admission, of the subjects its split holds out),
-the default model in `medtpe` mode, float32, prefix caching on, one engine:
+every task together, so vLLM's prefix cache computes the record once. Measured side by side in
+one run, on the first `--records` held-out ICU windows whose prompt fills at least 90 % of
+`--budget` (the default artefact's build: its ICU windows, 6-120 h after admission, of the
+subjects its split holds out), the default model in `medtpe` mode, float32, prefix caching on,
+one engine:
 
 - one task (`icu_mortality`) alone, cold (a fresh cache salt per call), against the four tasks
   (`TASKS`) in one `prepare_all` + `answer_all` call (one fresh salt per record): wall latency per
