@@ -51,11 +51,20 @@ def test_transformers_stretch_warnings_are_dropped_and_no_other() -> None:
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
+    # what transformers emits, whatever this process set before (the vLLM plugin's filter, a
+    # verbosity)
+    installed, level = list(logger.filters), logger.level
+    for installed_filter in installed:
+        logger.removeFilter(installed_filter)
+    logger.setLevel(logging.WARNING)
     logger.addHandler(handler)
     try:
         LlamaConfig(max_position_embeddings=8192, rope_parameters=stretched_rope(PLAIN, 8192, 2.2))
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(level)
+        for installed_filter in installed:
+            logger.addFilter(installed_filter)
     stretch_filter = StretchWarningFilter()
     assert len(records) == len(STRETCH_WARNINGS)
     assert not any(stretch_filter.filter(record) for record in records)
@@ -64,3 +73,6 @@ def test_transformers_stretch_warnings_are_dropped_and_no_other() -> None:
     quiet_stretch_warnings()
     quiet_stretch_warnings()
     assert [type(f) for f in logger.filters].count(StretchWarningFilter) == 1
+    registered = logger.filters[-1]
+    if registered not in installed:  # leave the process as it was
+        logger.removeFilter(registered)

@@ -402,8 +402,8 @@ class TaskPrediction(PredictResponse):
 
     cached_tokens: int = Field(
         description="Prompt tokens (in the mode's ids) the engine reused from its prefix cache "
-        "instead of computing them: for the tasks after the first, the record the first one's "
-        "prompt computed (whole cache blocks)."
+        "instead of computing them: the record, prefilled once for every task asked of it "
+        "(whole cache blocks)."
     )
 
 
