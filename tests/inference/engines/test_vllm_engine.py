@@ -6,7 +6,14 @@ p_yes from one short synthetic record through
 the evaluation path (`evaluate_mode` -> `Predictor.answer` -> first-token logprobs); the model
 computed in the engine core, on every allowed core; then its engine process is killed and the
 engine must report death and refuse to generate (what the service maps to 503 and red
-readiness): that test runs last."""
+readiness): that test runs last.
+
+Beside it, stock `vllm.LLM` offline on the same export, text prompts in: the MedTPE plugin
+(found by its entry point, the model picked by its `medtpe.json`) encodes and decodes them, and
+a general-text question gets the answer the module's engine (the service's wrapper) gives its
+MedTPE ids, greedy, in the same dtype. Not the base model's answer: the export reads every
+prompt with its RoPE stretch (`medtpe/core/rope_stretch.py`), so a question whose first answer
+token the base model nearly ties may be answered otherwise (docs/serving.md)."""
 
 from __future__ import annotations
 
@@ -19,7 +26,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from medtpe.core.prompt import ChatTemplate
 from medtpe.core.tasks import Task, get_task
+from medtpe.core.tokenizer import MedTPETokenizer
 from medtpe.evaluation.figures import build_report
 from medtpe.evaluation.record_result import RecordResult
 from medtpe.evaluation.records import EvalRecord, load_records
@@ -41,6 +50,14 @@ MORTALITY = get_task("icu_mortality")
 SAMPLING = Sampling(n_samples=2, temperature=0.7, max_new_tokens=32, constrained=True)
 CASES = (("icu_mortality", True), ("icu_mortality", False), ("phenotyping", True))
 """(task, answer prefill): a regex after the prefill, a JSON schema without it, a list answer."""
+PLAIN_PROMPT = (
+    "".join(  # longer than the default artefact's plain tail (its last 256 ids unmerged)
+        f"Heart Rate: {90 + m} bpm\nNon Invasive Blood Pressure systolic: {110 + m} mmHg\n"
+        for m in range(16)
+    )
+    + "The patient"
+)
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @dataclass(frozen=True)
@@ -114,6 +131,43 @@ def test_a_shared_prefix_is_served_from_the_cache(run: EngineRun) -> None:
     model = PrefixCache()
     assert cached == [model.admit(prompt, params.cache_salt) for prompt in prompts]
     assert cached[0] == 0 < cached[1] <= len(prefix)
+
+
+def test_text_prompts_through_vllm_llm(
+    run: EngineRun, service_files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stock `vllm.LLM` on the module engine's export, then shut down (its engine core is gone
+    before the last test kills the module's)."""
+    from vllm import LLM, SamplingParams
+
+    export = service_files[1]
+    assert run.engine.config.model_dir == export
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    medtpe = MedTPETokenizer.load(export)
+    question = ChatTemplate.from_model_dir(export).render(QUESTION, add_generation_prompt=True)
+    llm = LLM(
+        model=str(export), max_model_len=2048, enforce_eager=True, seed=0, dtype=run.engine.dtype
+    )
+    try:  # one prompt per call: each answer computed alone, as the reference's is
+        [record] = llm.generate(PLAIN_PROMPT, SamplingParams(max_tokens=16, temperature=0))
+        [answered] = llm.generate(question, SamplingParams(max_tokens=24, temperature=0))
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    ids = medtpe.encode(PLAIN_PROMPT, special_tokens=True)
+    assert record.prompt_token_ids == ids
+    assert len(ids) < len(medtpe.base_encode(PLAIN_PROMPT))
+    [answer] = record.outputs
+    assert answer.text and answer.text == medtpe.decode(answer.token_ids)
+
+    ids = medtpe.encode(question, special_tokens=True)
+    assert answered.prompt_token_ids == ids
+    assert len(ids) <= len(medtpe.base_encode(question, special_tokens=True))
+    params = GenerationParams(max_new_tokens=24, cache_salt="vllm-llm-reference")
+    [reference] = run.loop.run_until_complete(run.engine.generate(ids, params))
+    [answer] = answered.outputs
+    ended = answer.finish_reason == "stop"  # on the model's end id, which the wrapper drops
+    assert list(answer.token_ids)[: -1 if ended else None] == reference.ids
+    assert answer.text.strip() and answer.text == medtpe.decode(reference.ids)
 
 
 def test_p_yes_is_a_probability(run: EngineRun) -> None:
