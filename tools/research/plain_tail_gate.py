@@ -63,14 +63,17 @@ async def answer(artefact: Path, tails: list[int], tolerance: float) -> dict[str
     task = get_task(TASK)
     own = model.predictor.tokenizer.plain_tail
     results: dict[str, Any] = {}
+    answers = {budget: stored_answers(report, budget) for budget in report["gate"]}
+    keys = sorted({key for stored in answers.values() for key in stored})
+    [records] = gate_records(config.meds, [point(key) for key in keys]).values()  # read once
+    by_key = {record.key: record for record in records}
     try:
-        for budget in report["gate"]:
-            stored = stored_answers(report, budget)
-            [records] = gate_records(config.meds, [point(k) for k in stored]).values()
+        for budget, stored in answers.items():
+            windows = [by_key[key] for key in stored]
             for k in tails:
                 predictor = model.predictor.at_budget(int(budget))
                 predictor.tokenizer = predictor.tokenizer.with_settings(plain_tail=k)
-                rows = await evaluate_mode(engine, predictor, task, records, SERVICE_SAMPLING)
+                rows = await evaluate_mode(engine, predictor, task, windows, SERVICE_SAMPLING)
                 pairs = [(stored[r.key], r) for r in rows]
                 deltas = [abs(r.p_yes - original) for (original, _), r in pairs]
                 results[f"{budget} tail {k}"] = {

@@ -32,44 +32,47 @@ from tools.benchmarks.results_file import write_results
 TASK = "icu_mortality"
 
 
-def served_rates(artefact: Path, tails: list[int], held_out: bool) -> dict[str, dict]:
-    """Per tail: original and MedTPE tokens over the build's windows of the training patients
-    (`held_out`: of the held-out ones), the task's text unmerged (as served) or merged apart."""
+def served_rates(artefact: Path, tails: list[int]) -> dict[str, dict[str, dict]]:
+    """Per set of the build's windows (training patients, held-out ones) and per tail: original
+    and MedTPE tokens, the task's text unmerged (as served) or merged apart. The artefact, its
+    model and the dataset are loaded once for both sets."""
     config = build_config(artefact / "build.yaml", {"base": str(default_model_dir())})
-    report = json.loads((artefact / "build_report.json").read_text())
-    held = set(report["held_out_subjects"])
-    points = [(s, t) for s, t in prediction_times(config) if (s in held) == held_out]
-    model = load_model(ModelConfig(artefact_dir=artefact))
-    predictor = model.predictor
+    held = set(json.loads((artefact / "build_report.json").read_text())["held_out_subjects"])
+    predictor = load_model(ModelConfig(artefact_dir=artefact)).predictor
     tokenizers = {k: predictor.tokenizer.with_settings(plain_tail=k) for k in tails}
-    own = predictor.tokenizer.plain_tail
     dataset = MedsDataset.load(Path(config.meds))
     task = get_task(TASK)
-    original = 0
-    served = dict.fromkeys(tails, 0)
-    tail_merged = dict.fromkeys(tails, 0)
-    for subject, when in tqdm(points, desc="held-out" if held_out else "training", unit="window"):
-        prepared = predictor.prepare(task, dataset.events(subject), when)
-        prompt = prepared.prompt
-        original += len(prompt.shared_ids) + len(prompt.tail_ids)
-        assert original and len(prepared.segmentation.medtpe_ids) == len(
-            prompt.medtpe_ids(tokenizers.get(own, predictor.tokenizer))
-        )  # the artefact's own tail gives the served prompt
-        for k, tok in tokenizers.items():
-            shared = prompt.shared_medtpe_ids(tok)
-            served[k] += len(shared) + len(prompt.tail_ids)
-            tail_merged[k] += len(shared) + len(tok.encode_ids(prompt.tail_ids, plain_tail=0))
-    return {
-        str(k): {
-            "windows": len(points),
-            "budget": predictor.max_input_tokens,
-            "original_tokens": original,
-            "served_tokens": served[k],
-            "shorter_served": round(1 - served[k] / original, 4),
-            "shorter_task_text_merged": round(1 - tail_merged[k] / original, 4),
+    points = prediction_times(config)
+    results = {}
+    for name, held_out in (("training windows", False), ("held-out windows", True)):
+        chosen = [(s, t) for s, t in points if (s in held) == held_out]
+        original = 0
+        served = dict.fromkeys(tails, 0)
+        tail_merged = dict.fromkeys(tails, 0)
+        for subject, when in tqdm(chosen, desc=name, unit="window"):
+            prepared = predictor.prepare(task, dataset.events(subject), when)
+            prompt = prepared.prompt
+            original += len(prompt.shared_ids) + len(prompt.tail_ids)
+            # the artefact's own tail gives the served prompt
+            assert len(prepared.segmentation.medtpe_ids) == len(
+                prompt.medtpe_ids(predictor.tokenizer)
+            )
+            for k, tok in tokenizers.items():
+                shared = prompt.shared_medtpe_ids(tok)
+                served[k] += len(shared) + len(prompt.tail_ids)
+                tail_merged[k] += len(shared) + len(tok.encode_ids(prompt.tail_ids, plain_tail=0))
+        results[name] = {
+            str(k): {
+                "windows": len(chosen),
+                "budget": predictor.max_input_tokens,
+                "original_tokens": original,
+                "served_tokens": served[k],
+                "shorter_served": round(1 - served[k] / original, 4),
+                "shorter_task_text_merged": round(1 - tail_merged[k] / original, 4),
+            }
+            for k in tails
         }
-        for k in tails
-    }
+    return results
 
 
 def main() -> None:
@@ -80,10 +83,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     tails = [int(k) for k in args.tails.split(",")]
-    results = {
-        "training windows": served_rates(args.artefact, tails, held_out=False),
-        "held-out windows": served_rates(args.artefact, tails, held_out=True),
-    }
+    results = served_rates(args.artefact, tails)
     for name, rows in results.items():
         for k, row in rows.items():
             print(name, "tail", k, row, flush=True)
