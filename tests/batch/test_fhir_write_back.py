@@ -62,7 +62,7 @@ FAST = HttpSettings(default_wait_s=0.01, max_wait_s=0.05, retries=1)
 MODEL = ModelRef(
     name="smollm2-135m-instruct",
     mode="medtpe",
-    artefact_id="d73682609dc0",
+    artefact_id="5e6ed2d8381e",
     product_version="0.1.0",
     card_digest="c" * 64,
     card_url="https://cds.example.org/model-card.xml",
@@ -306,7 +306,7 @@ def test_the_card_written_is_the_served_models_card() -> None:
     assert (model.name, model.mode, model.artefact_id) == (
         "smollm2-135m-instruct",
         "medtpe",
-        "d73682609dc0",
+        "5e6ed2d8381e",
     )
     (written,) = transaction_bundles(predictions(1), model)
     device, document = (e["resource"] for e in written["entry"][:2])

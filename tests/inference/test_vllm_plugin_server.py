@@ -27,7 +27,7 @@ openai = pytest.importorskip("openai")
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
 
 MODEL = "medtpe-smollm2"
-RECORD = "".join(  # longer than the default artefact's plain tail (its last 256 ids unmerged)
+RECORD = "".join(  # longer than the default artefact's plain tail (its last 128 ids unmerged)
     f"[08:{m:02d}] Heart Rate: {90 + m} bpm\nNon Invasive Blood Pressure systolic: {110 + m} mmHg\n"
     "Respiratory Rate: 18 insp/min\nO2 saturation pulseoxymetry: 97 %\n"
     for m in range(8)

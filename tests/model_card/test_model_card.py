@@ -76,7 +76,7 @@ def test_the_card_comes_from_the_artefact_and_its_reports(bundle: ArtefactBundle
     ]
     facts = card["facts"]
     manifest = json.loads((ARTEFACT / "manifest.json").read_text())
-    assert facts["artefact_id"] == manifest["artefact_id"] == "d73682609dc0"
+    assert facts["artefact_id"] == manifest["artefact_id"] == "5e6ed2d8381e"
     assert facts["content_digest"] == manifest["content_digest"]
     assert facts["validated_budgets"] == [4096, 8192] and facts["budget_validated"]
     assert [t["name"] for t in facts["tasks"]] == list_tasks()

@@ -70,7 +70,7 @@ def test_predict_long_record_is_cut_to_the_budget(api: Api) -> None:
 
 
 def test_tokenize_text_both_segmentations(api: Api) -> None:
-    # longer than the default artefact's plain tail (its last 256 ids stay unmerged)
+    # longer than the default artefact's plain tail (its last 128 ids stay unmerged)
     text = "\n".join(f"[2150-01-01 08:{m:02d}] Heart Rate: {80 + m} bpm" for m in range(40))
     out = post(api, "/tokenize", {"text": text}).json()
     for side in ("original", "medtpe"):

@@ -51,7 +51,7 @@ SAMPLING = Sampling(n_samples=2, temperature=0.7, max_new_tokens=32, constrained
 CASES = (("icu_mortality", True), ("icu_mortality", False), ("phenotyping", True))
 """(task, answer prefill): a regex after the prefill, a JSON schema without it, a list answer."""
 PLAIN_PROMPT = (
-    "".join(  # longer than the default artefact's plain tail (its last 256 ids unmerged)
+    "".join(  # longer than the default artefact's plain tail (its last 128 ids unmerged)
         f"Heart Rate: {90 + m} bpm\nNon Invasive Blood Pressure systolic: {110 + m} mmHg\n"
         for m in range(16)
     )
