@@ -9,7 +9,7 @@ import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -56,6 +56,9 @@ lr: 0.01
 max_new_tokens: 8
 device: cpu
 """
+# the same settings with one SSFT run: its rows are trained ones (a KL run on this tiny model
+# may keep its starting rows), and one run is all a build needs to reach its gate
+CE_ONLY = SETTINGS.replace("losses: [ce, kl]", "losses: [ce]")
 
 
 @pytest.fixture(scope="module")
@@ -93,10 +96,9 @@ class FixedAnswers:
         return [list(self.answer) for _ in prompts]
 
 
-@pytest.fixture
-def engine(base_dir: Path, monkeypatch: pytest.MonkeyPatch) -> FixedAnswers:
+def _fixed_engine(base_dir: Path, monkeypatch: pytest.MonkeyPatch) -> FixedAnswers:
     """Fixed pseudo-labels, and the gate's answers from an engine that answers at once (both
-    modes the same: the gate passes)."""
+    modes the same: the gate passes), patched in with `monkeypatch`."""
     from medtpe.core.tokenizer import BaseTokenizer
 
     base = BaseTokenizer.load(base_dir)
@@ -105,6 +107,12 @@ def engine(base_dir: Path, monkeypatch: pytest.MonkeyPatch) -> FixedAnswers:
     monkeypatch.setattr(medtpe.training.pseudo_labels, "greedy_generate", fake)
     monkeypatch.setattr(build_module, "start_vllm", InstantEngine.factory())
     return fake
+
+
+@pytest.fixture
+def engine(base_dir: Path, monkeypatch: pytest.MonkeyPatch) -> FixedAnswers:
+    """`_fixed_engine` for one test."""
+    return _fixed_engine(base_dir, monkeypatch)
 
 
 def _build(*args: str):
@@ -116,13 +124,33 @@ def _args(config_file: Path, base_dir: Path, meds_dir: Path, out: Path) -> list[
     return [part for option, path in paths.items() for part in (option, str(path))]
 
 
-@pytest.mark.slow
-def test_build_writes_a_trained_artefact_and_its_report(
-    config_file: Path, base_dir: Path, meds_dir: Path, tmp_path: Path, engine: FixedAnswers
-) -> None:
-    out = tmp_path / "artefact"
-    result = _build(*_args(config_file, base_dir, meds_dir, out), "--workers", "2")
+class Built(NamedTuple):
+    """A finished build of `SETTINGS`: its output directory, what the command printed and the
+    prompt counts the fixed engine was asked to label."""
+
+    out: Path
+    output: str
+    engine_calls: list[int]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, base_dir: Path, meds_dir: Path) -> Built:
+    """One build of `SETTINGS` from scratch (two mining workers), with the fixed engine; the
+    tests that need a finished artefact read it or build again into a copy of it."""
+    tmp = tmp_path_factory.mktemp("built")
+    config_file = tmp / "build.yaml"
+    config_file.write_text(SETTINGS)
+    out = tmp / "artefact"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        fake = _fixed_engine(base_dir, monkeypatch)
+        result = _build(*_args(config_file, base_dir, meds_dir, out), "--workers", "2")
     assert result.exit_code == 0, result.output
+    return Built(out, result.output, fake.calls)
+
+
+@pytest.mark.slow
+def test_build_writes_a_trained_artefact_and_its_report(built: Built, meds_dir: Path) -> None:
+    out, output = built.out, built.output
     report = json.loads((out / "build_report.json").read_text())
     tokenizer = MedTPETokenizer.load(out)
     assert report["artefact_id"] == tokenizer.artefact_id and len(tokenizer.new_tokens) == 24
@@ -143,7 +171,7 @@ def test_build_writes_a_trained_artefact_and_its_report(
         assert gated["dtype"] == "float32"  # the rows' own error, whatever the machine serves
         assert figures["n_records"] == 3 and figures["same_answer"]["value"] == 1.0
         assert figures["same_stop"] == 1.0 and gated["failures"] == []
-    assert engine.calls == [9]  # one engine labels train and val; the gate answers on the engine
+    assert built.engine_calls == [9]  # one engine labels train and val; the gate answers on it
     manifest = ArtefactBundle.from_pretrained(out)
     assert manifest.validated_budgets == (600, 700)
     assert manifest.artefact_id == tokenizer.artefact_id
@@ -158,10 +186,10 @@ def test_build_writes_a_trained_artefact_and_its_report(
     for name in ("training_curve_ce.csv", "training_curve_kl.csv", "tokenizer_config.json"):
         assert (out / name).is_file()
     assert not (out / ".build").exists()  # work dir removed once written
-    assert f"MedTPE artefact {tokenizer.artefact_id}" in result.output
-    assert "held-out compression" in result.output and "SSFT kl" in result.output
+    assert f"MedTPE artefact {tokenizer.artefact_id}" in output
+    assert "held-out compression" in output and "SSFT kl" in output
     gate_line = "fidelity gate at 700 tokens (3 held-out windows, float32): same answer 100.0%"
-    assert gate_line in result.output
+    assert gate_line in output
 
 
 @pytest.mark.slow
@@ -201,35 +229,60 @@ def test_interrupted_build_resumes_from_its_last_step(
     assert set(report["ssft"]) == {"ce", "kl"}
 
 
+class Rebuilt(NamedTuple):
+    """`Built`'s artefact built over again (`CE_ONLY`, --restart, --budget 30): its directory,
+    the manifest it held before, and the command's output and exit status."""
+
+    out: Path
+    first_manifest: dict[str, Any]
+    output: str
+    exit_code: int
+
+
+@pytest.fixture(scope="module")
+def rebuilt(
+    built: Built, tmp_path_factory: pytest.TempPathFactory, base_dir: Path, meds_dir: Path
+) -> Rebuilt:
+    """A copy of `built`'s artefact directory built into again with other settings: CE only
+    (its rows trained ones) and a budget of 30 new tokens, with the fixed engine."""
+    tmp = tmp_path_factory.mktemp("rebuilt")
+    config_file = tmp / "build.yaml"
+    config_file.write_text(CE_ONLY)
+    out = tmp / "artefact"
+    shutil.copytree(built.out, out)  # the artefact a build of `SETTINGS` wrote
+    first = json.loads((out / MANIFEST_FILE).read_text())
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _fixed_engine(base_dir, monkeypatch)
+        again = _build(*_args(config_file, base_dir, meds_dir, out), "--restart", "--budget", "30")
+    return Rebuilt(out, first, again.output, again.exit_code)
+
+
 @pytest.mark.slow
-def test_a_rebuild_into_an_artefact_replaces_its_manifest(
-    config_file: Path, base_dir: Path, meds_dir: Path, tmp_path: Path, engine: FixedAnswers
-) -> None:
+def test_a_rebuild_into_an_artefact_replaces_its_manifest(rebuilt: Rebuilt) -> None:
     """Building again into a directory that holds an artefact (other settings, --restart) writes
     a manifest for the new files instead of tripping over the earlier one's."""
-    out = tmp_path / "artefact"
-    args = _args(config_file, base_dir, meds_dir, out)
-    assert _build(*args).exit_code == 0
-    first = json.loads((out / MANIFEST_FILE).read_text())
-    again = _build(*args, "--restart", "--budget", "30")
-    assert again.exit_code == 0, again.output
-    second = json.loads((out / MANIFEST_FILE).read_text())
-    assert second["content_digest"] != first["content_digest"]
-    bundle = ArtefactBundle.from_pretrained(out)  # refuses a manifest that does not match
+    assert rebuilt.exit_code == 0, rebuilt.output
+    second = json.loads((rebuilt.out / MANIFEST_FILE).read_text())
+    assert second["content_digest"] != rebuilt.first_manifest["content_digest"]
+    bundle = ArtefactBundle.from_pretrained(rebuilt.out)  # refuses a manifest that does not match
     assert bundle.digest() == second["content_digest"]
     assert bundle.validated_budgets == (600, 700)
+    assert len(MedTPETokenizer.load(rebuilt.out).new_tokens) == 30  # the new settings
 
 
 @pytest.mark.slow
 def test_a_second_stage_continues_from_an_artefact(
-    config_file: Path, base_dir: Path, meds_dir: Path, tmp_path: Path, engine: FixedAnswers
+    rebuilt: Rebuilt,
+    config_file: Path,
+    base_dir: Path,
+    meds_dir: Path,
+    tmp_path: Path,
+    engine: FixedAnswers,
 ) -> None:
-    """`init_from`: the earlier stage's merges (no mining) and its rows as SSFT's start."""
-    first = tmp_path / "stage1"
-    # stage 1 trains CE only, so the rows it keeps are trained ones (a KL run on this tiny model
-    # may keep its starting rows)
-    config_file.write_text(SETTINGS.replace("losses: [ce, kl]", "losses: [ce]"))
-    assert _build(*_args(config_file, base_dir, meds_dir, first)).exit_code == 0
+    """`init_from`: the earlier stage's merges (no mining) and its rows as SSFT's start. Stage 1
+    is `rebuilt`'s artefact: CE only, so the rows it keeps are trained ones."""
+    assert rebuilt.exit_code == 0, rebuilt.output
+    first = rebuilt.out
     config_file.write_text(SETTINGS + f"init_from: {first}\n")
     second = tmp_path / "stage2"
     result = _build(*_args(config_file, base_dir, meds_dir, second))
@@ -270,6 +323,7 @@ def test_a_build_that_fails_its_fidelity_gate_writes_nothing(
                 self.answer_ids = MedTPETokenizer.load(model_dir).encode('no"}')
 
     monkeypatch.setattr(build_module, "start_vllm", Contrary.factory())
+    config_file.write_text(CE_ONLY)
     out = tmp_path / "artefact"
     args = _args(config_file, base_dir, meds_dir, out)
     failed = _build(*args)
