@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -33,6 +33,9 @@ API_PROCESSES = 4
 CLIENTS = 8
 READY_TIMEOUT_S = 40
 AUTH = {"Authorization": f"Bearer {SERVICE_API_KEY}"}
+PHASE_TIMEOUT_S = 60
+"""How long a phase of the run (before the kill, after it, the outage, after it) may wait for
+its events: a client's answers, or PostgreSQL's refusals."""
 PAUSE_S = 0.05
 """A client's pause after a refusal or a dead process, as a client that backs off would: clients
 retrying at once kept the worker's core so busy that PostgreSQL took over a minute to start
@@ -82,6 +85,15 @@ def api_processes(
             log.close()
 
 
+def _until(condition: Callable[[], bool], what: str) -> None:
+    """Wait for `condition` (what the clients have received so far), failing after
+    `PHASE_TIMEOUT_S`: each phase of the run lasts until its events happened, not a fixed time."""
+    deadline = time.monotonic() + PHASE_TIMEOUT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {PHASE_TIMEOUT_S} s"
+        time.sleep(0.05)
+
+
 def _ready(client: httpx.Client, base: str) -> bool:
     try:
         return client.get(base + "/readyz").status_code == 200
@@ -123,15 +135,16 @@ def test_every_answer_received_has_exactly_one_row_through_a_kill_and_an_outage(
     for thread in threads:
         thread.start()
     try:
-        time.sleep(1.5)
+        _until(lambda: len(received) >= CLIENTS, "answers before the kill")
+        killed_at = len(received)
         processes[1].send_signal(signal.SIGKILL)  # one API process of the first replica
-        time.sleep(1.0)
+        _until(lambda: len(received) >= killed_at + CLIENTS, "answers after the kill")
         before_outage = len(received)
         postgres_server.stop()
-        time.sleep(1.5)
+        _until(lambda: refused.count("ledger_unavailable") >= CLIENTS, "refusals in the outage")
         during_outage = len(received)
         postgres_server.start()
-        time.sleep(2.0)
+        _until(lambda: len(received) >= during_outage + CLIENTS, "answers after the outage")
     finally:
         stop.set()
         for thread in threads:
