@@ -32,8 +32,8 @@ CHAI_XSD = ROOT / "tests" / "fixtures" / "chai" / "schema-v0.2.xsd"
 DSIG = "http://www.w3.org/2000/09/xmldsig#"
 DSIG_XSD = Path(xmlschema.__file__).parent / "schemas" / "DSIG" / "xmldsig-core-schema.xsd"
 EVALUATION_RUNS = [
-    (Path("tools/benchmarks/results/eval_all_stays_1024_record_first_rescored.json"), "2026-11-28"),
-    (Path("tools/benchmarks/results/eval_held_out_4096_rescored.json"), "2026-11-28"),
+    (Path("tools/benchmarks/results/eval_all_stays_1024_record_first_rescored.json"), "2026-11-29"),
+    (Path("tools/benchmarks/results/eval_held_out_4096_rescored.json"), "2026-11-29"),
 ]
 """The stored runs the default artefact's evaluation report is written from, with their dates
 (docs/benchmarks.md, Evaluation: clinical metrics)."""
@@ -88,13 +88,13 @@ def test_the_card_comes_from_the_artefact_and_its_reports(bundle: ArtefactBundle
     # the gate's figures with their records, at each validated budget
     safety = card["card"]["KeyMetrics"]["SafetyReliability"]["Results"]["MetricResult"]
     labels = [r["Label"] for r in safety]
-    assert any("8192 tokens (15 answered windows, 2026-11-28)" in label for label in labels)
+    assert any("8192 tokens (15 answered windows, 2026-11-29)" in label for label in labels)
     delta = json.loads(safety[1]["ValueJson"])
     assert delta["kind"] == "estimate_ci"
     assert delta["estimate"] == round(manifest["validated"]["4096"]["delta_p_mean"]["value"], 4)
     # the same inputs give the same card (its digest identifies it)
     assert card_digest(card) == card_digest(card_of(bundle))
-    assert card["card"]["ReleaseInfo"]["ReleaseDate"] == "2026-11-28"
+    assert card["card"]["ReleaseInfo"]["ReleaseDate"] == "2026-11-29"
 
 
 def test_the_default_model_is_said_not_to_discriminate_with_its_figures(
@@ -103,7 +103,7 @@ def test_the_default_model_is_said_not_to_discriminate_with_its_figures(
     risks = card_of(bundle)["card"]["Warnings"]["KnownRisksAndLimitations"]
     assert (
         "**smollm2-135m-instruct does not discriminate icu_mortality** (original mode): AUROC "
-        "0.51 [0.27, 0.74] on 93 records of 63 patients (9 positive), 2026-11-28"
+        "0.51 [0.27, 0.74] on 93 records of 63 patients (9 positive), 2026-11-29"
     ) in risks
     useful = card_of(bundle)["card"]["KeyMetrics"]["UsefulnessUsabilityEfficacy"]
     assert "93 records of 63 patients (9 positive)" in useful["TestingDataDescription"]
@@ -139,7 +139,7 @@ def test_the_xml_is_valid_against_chais_schema(
 
 def test_the_committed_evaluation_report_is_the_one_the_stored_runs_give(tmp_path: Path) -> None:
     runs = [(ROOT / path, date) for path, date in EVALUATION_RUNS]
-    written = write_evaluation_report(tmp_path, "2026-11-28", runs)
+    written = write_evaluation_report(tmp_path, "2026-11-29", runs)
     regenerated = json.loads(written.read_text())
     for entry in regenerated["evaluations"]:
         entry["source"] = Path(entry["source"]).relative_to(ROOT).as_posix()
