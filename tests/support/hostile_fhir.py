@@ -21,8 +21,10 @@ import pytest
 
 from tests.support.http_thread import serving_in_thread
 
-STREAM_SEND_BUFFER = 32 * 1024
-"""Socket send buffer of a streamed answer: a client that stops reading stops the sending soon."""
+STREAM_SEND_BUFFER = 256 * 1024
+"""Socket send buffer of a streamed answer: a client that stops reading stops the sending soon.
+Above a loopback segment (64 KiB), so that more than one is in flight: with one, each waits for
+the reader's delayed acknowledgement, and 16 MiB took seconds instead of a tenth of one."""
 
 
 @dataclass(frozen=True)
