@@ -33,9 +33,12 @@ API_PROCESSES = 4
 CLIENTS = 8
 READY_TIMEOUT_S = 40
 AUTH = {"Authorization": f"Bearer {SERVICE_API_KEY}"}
+PHASE_ANSWERS = 100
+"""Answers each phase of the run waits for (before the kill, after it, after the outage): a few
+hundred in all from the eight clients."""
 PHASE_TIMEOUT_S = 60
 """How long a phase of the run (before the kill, after it, the outage, after it) may wait for
-its events: a client's answers, or PostgreSQL's refusals."""
+its events: answers, or the ledger's refusals (one per client) in the outage."""
 PAUSE_S = 0.05
 """A client's pause after a refusal or a dead process, as a client that backs off would: clients
 retrying at once kept the worker's core so busy that PostgreSQL took over a minute to start
@@ -135,16 +138,16 @@ def test_every_answer_received_has_exactly_one_row_through_a_kill_and_an_outage(
     for thread in threads:
         thread.start()
     try:
-        _until(lambda: len(received) >= CLIENTS, "answers before the kill")
+        _until(lambda: len(received) >= PHASE_ANSWERS, "answers before the kill")
         killed_at = len(received)
         processes[1].send_signal(signal.SIGKILL)  # one API process of the first replica
-        _until(lambda: len(received) >= killed_at + CLIENTS, "answers after the kill")
+        _until(lambda: len(received) >= killed_at + PHASE_ANSWERS, "answers after the kill")
         before_outage = len(received)
         postgres_server.stop()
         _until(lambda: refused.count("ledger_unavailable") >= CLIENTS, "refusals in the outage")
         during_outage = len(received)
         postgres_server.start()
-        _until(lambda: len(received) >= during_outage + CLIENTS, "answers after the outage")
+        _until(lambda: len(received) >= during_outage + PHASE_ANSWERS, "answers after the outage")
     finally:
         stop.set()
         for thread in threads:
