@@ -51,6 +51,7 @@ from medtpe.fhir_resources.bundles import (
 from medtpe.model_card.card import build_model_card, card_digest
 from medtpe.model_card.xml import model_card_xml
 from tests.support.bulk_server import pem, server_access
+from tests.support.paths import DEFAULT_ARTEFACT_ID
 from tests.support.transaction_server import TransactionServer, serving_transactions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,7 +63,7 @@ FAST = HttpSettings(default_wait_s=0.01, max_wait_s=0.05, retries=1)
 MODEL = ModelRef(
     name="smollm2-135m-instruct",
     mode="medtpe",
-    artefact_id="5e6ed2d8381e",
+    artefact_id=DEFAULT_ARTEFACT_ID,
     product_version="0.1.0",
     card_digest="c" * 64,
     card_url="https://cds.example.org/model-card.xml",
@@ -306,7 +307,7 @@ def test_the_card_written_is_the_served_models_card() -> None:
     assert (model.name, model.mode, model.artefact_id) == (
         "smollm2-135m-instruct",
         "medtpe",
-        "5e6ed2d8381e",
+        DEFAULT_ARTEFACT_ID,
     )
     (written,) = transaction_bundles(predictions(1), model)
     device, document = (e["resource"] for e in written["entry"][:2])

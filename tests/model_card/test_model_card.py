@@ -25,6 +25,7 @@ from medtpe.model_card.card import (
 )
 from medtpe.model_card.xml import model_card_xml
 from medtpe.service.model_card.routes import router
+from tests.support.paths import DEFAULT_ARTEFACT_ID
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTEFACT = ROOT / "artefacts" / "smollm2-135m-icu"
@@ -76,7 +77,7 @@ def test_the_card_comes_from_the_artefact_and_its_reports(bundle: ArtefactBundle
     ]
     facts = card["facts"]
     manifest = json.loads((ARTEFACT / "manifest.json").read_text())
-    assert facts["artefact_id"] == manifest["artefact_id"] == "5e6ed2d8381e"
+    assert facts["artefact_id"] == manifest["artefact_id"] == DEFAULT_ARTEFACT_ID
     assert facts["content_digest"] == manifest["content_digest"]
     assert facts["validated_budgets"] == [4096, 8192] and facts["budget_validated"]
     assert [t["name"] for t in facts["tasks"]] == list_tasks()

@@ -26,9 +26,7 @@ from medtpe.core.tokenizer.artefact_manifest import (
     content_digest,
     descriptions_digest,
 )
-
-DEFAULT_ID = "5e6ed2d8381e"
-"""The default artefact's id: its merges, unchanged by the table added beside them."""
+from tests.support.paths import DEFAULT_ARTEFACT_ID
 
 
 @pytest.fixture
@@ -44,7 +42,7 @@ def artefact(tmp_path: Path) -> Path:
 def test_the_default_artefact_records_the_text_it_was_built_on() -> None:
     bundle = ArtefactBundle.from_pretrained(default_artefact_dir())
     manifest = json.loads((default_artefact_dir() / MANIFEST_FILE).read_text())
-    assert bundle.artefact_id == manifest["artefact_id"] == DEFAULT_ID
+    assert bundle.artefact_id == manifest["artefact_id"] == DEFAULT_ARTEFACT_ID
     assert manifest["content_digest"] == content_digest(default_artefact_dir())
     assert bundle.rendering == Rendering.of(bundle.descriptions)
     assert bundle.rendering.render_version == RENDER_VERSION
@@ -123,7 +121,9 @@ def test_saving_no_descriptions_removes_the_table(artefact: Path) -> None:
     manifest = json.loads((artefact / MANIFEST_FILE).read_text())
     assert manifest["rendering"]["descriptions_file"] is None
     assert manifest["rendering"]["n_descriptions"] == 0
-    assert bundle.artefact_id == DEFAULT_ID and bundle.digest() == manifest["content_digest"]
+    assert (
+        bundle.artefact_id == DEFAULT_ARTEFACT_ID and bundle.digest() == manifest["content_digest"]
+    )
 
 
 def test_another_prompt_layout_does_not_match(artefact: Path) -> None:
