@@ -1,8 +1,8 @@
 """The default artefact's rows read with a shorter plain tail: its fidelity gate's ICU-mortality
 windows (the ones with a probability) answered again in MedTPE mode with the last `k` ids of the
 record unmerged, against the original model's answers the gate stored (`build_report.json`).
-The rows stay as built (distilled with the 256-token tail): what serving them with another tail
-does, before a build trains rows for it.
+The rows stay as built (distilled with the artefact's own tail): what serving them with another
+tail does, before a build trains rows for it.
 
     .venv/bin/python -m tools.research.plain_tail_gate --tails 256,128,0 \\
         --out tools/research/results/plain_tail_gate.json
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from medtpe.core.meds import PredictionPoint
+from medtpe.core.meds.prediction_point import subject_of
 from medtpe.core.paths import default_artefact_dir, default_export_dir, default_model_dir
 from medtpe.core.tasks import get_task
 from medtpe.evaluation.runner import evaluate_mode, measured
@@ -47,9 +48,10 @@ def stored_answers(report: dict[str, Any], budget: str) -> dict[str, tuple[float
 
 
 def point(key: str) -> PredictionPoint:
-    """The gate window of a record key (`subject@time`)."""
-    subject, when = key.split("@")
-    return PredictionPoint(int(subject), datetime.fromisoformat(when), task=TASK)
+    """The gate window of a record key (`record_key`: `subject@time`)."""
+    return PredictionPoint(
+        subject_of(key), datetime.fromisoformat(key.partition("@")[2]), task=TASK
+    )
 
 
 async def answer(artefact: Path, tails: list[int], tolerance: float) -> dict[str, Any]:
