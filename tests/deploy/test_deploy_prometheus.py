@@ -18,8 +18,7 @@ import json
 import math
 import socket
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ import pytest
 import yaml
 
 from tests.support.deploy_support import DEPLOY, require_tool, substitute_grafana_macros
+from tests.support.polling import wait_for
 from tests.support.service_support import (
     SERVICE_API_KEY,
     ServiceProcess,
@@ -50,20 +50,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def wait_for(what: str, probe: Callable[[], Any], timeout_s: float, log: Path | None = None) -> Any:
-    """Poll `probe` until it returns a truthy value; fail after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        with contextlib.suppress(httpx.TransportError):
-            value = probe()
-            if value:
-                return value
-        if time.monotonic() > deadline:
-            tail = log.read_text()[-3000:] if log and log.exists() else ""
-            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}\n{tail}")
-        time.sleep(0.25)
 
 
 @dataclass

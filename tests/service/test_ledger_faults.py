@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -23,6 +23,7 @@ import pytest
 from medtpe.ledger.store import Ledger
 from tests.support.ledger_rows import RFC8037_SEED_B64 as SEED
 from tests.support.paths import ROOT
+from tests.support.polling import wait_for
 from tests.support.postgres import PostgresServer
 from tests.support.server_fixtures import fresh_database
 from tests.support.service_support import SERVICE_API_KEY, free_port, record, service_env
@@ -39,6 +40,8 @@ hundred in all from the eight clients."""
 PHASE_TIMEOUT_S = 60
 """How long a phase of the run (before the kill, after it, the outage, after it) may wait for
 its events: answers, or the ledger's refusals (one per client) in the outage."""
+PHASE_POLL_S = 0.05
+"""How often a phase looks at what the clients have received."""
 PAUSE_S = 0.05
 """A client's pause after a refusal or a dead process, as a client that backs off would: clients
 retrying at once kept the worker's core so busy that PostgreSQL took over a minute to start
@@ -88,15 +91,6 @@ def api_processes(
             log.close()
 
 
-def _until(condition: Callable[[], bool], what: str) -> None:
-    """Wait for `condition` (what the clients have received so far), failing after
-    `PHASE_TIMEOUT_S`: each phase of the run lasts until its events happened, not a fixed time."""
-    deadline = time.monotonic() + PHASE_TIMEOUT_S
-    while not condition():
-        assert time.monotonic() < deadline, f"no {what} within {PHASE_TIMEOUT_S} s"
-        time.sleep(0.05)
-
-
 def _ready(client: httpx.Client, base: str) -> bool:
     try:
         return client.get(base + "/readyz").status_code == 200
@@ -138,16 +132,36 @@ def test_every_answer_received_has_exactly_one_row_through_a_kill_and_an_outage(
     for thread in threads:
         thread.start()
     try:
-        _until(lambda: len(received) >= PHASE_ANSWERS, "answers before the kill")
+        wait_for(
+            "answers before the kill",
+            lambda: len(received) >= PHASE_ANSWERS,
+            PHASE_TIMEOUT_S,
+            poll_s=PHASE_POLL_S,
+        )
         killed_at = len(received)
         processes[1].send_signal(signal.SIGKILL)  # one API process of the first replica
-        _until(lambda: len(received) >= killed_at + PHASE_ANSWERS, "answers after the kill")
+        wait_for(
+            "answers after the kill",
+            lambda: len(received) >= killed_at + PHASE_ANSWERS,
+            PHASE_TIMEOUT_S,
+            poll_s=PHASE_POLL_S,
+        )
         before_outage = len(received)
         postgres_server.stop()
-        _until(lambda: refused.count("ledger_unavailable") >= CLIENTS, "refusals in the outage")
+        wait_for(
+            "refusals in the outage",
+            lambda: refused.count("ledger_unavailable") >= CLIENTS,
+            PHASE_TIMEOUT_S,
+            poll_s=PHASE_POLL_S,
+        )
         during_outage = len(received)
         postgres_server.start()
-        _until(lambda: len(received) >= during_outage + PHASE_ANSWERS, "answers after the outage")
+        wait_for(
+            "answers after the outage",
+            lambda: len(received) >= during_outage + PHASE_ANSWERS,
+            PHASE_TIMEOUT_S,
+            poll_s=PHASE_POLL_S,
+        )
     finally:
         stop.set()
         for thread in threads:
