@@ -4,10 +4,10 @@ In the `record-first` prompt layout (`medtpe.core.prompt.layout`) every task ask
 shares the ids up to the end of the record; `Predictor.prepare_all` renders and tokenizes the
 record once, `Predictor.answer_all` prefills the part the prompts share once and then answers
 every task together, so vLLM's prefix cache computes the record once. Measured side by side in
-one run, on the first `--records` held-out ICU windows whose prompt fills at least 90 % of
-`--budget` (the default artefact's build: its ICU windows, 6-120 h after admission, of the
-subjects its split holds out), the default model in `medtpe` mode, float32, prefix caching on,
-one engine:
+one run, on `--records` held-out ICU windows whose prompt fills at least 90 % of `--budget`, taken
+across patients (each held-out subject's first such window, then each one's second, ...: the
+default artefact's build's ICU windows, 6-120 h after admission, of the subjects its split holds
+out), the default model in `medtpe` mode, float32, prefix caching on, one engine:
 
 - one task (`icu_mortality`) alone, cold (a fresh cache salt per call), against the four tasks
   (`TASKS`) in one `prepare_all` + `answer_all` call (one fresh salt per record): wall latency per
@@ -22,11 +22,14 @@ one engine:
   together): wall latency, the ratio new / old, the answers of both layouts compared;
 - CPU off the engine per call, one task against four: `render_s + tokenize_s` of the prepared
   records and the process's CPU time around `prepare_all` (the least of `--cpu-repeats` calls);
-- with `--stock`: stock vLLM's OpenAI server of the base model (float32, prefix caching on), the
-  four tasks' texts in each layout per record (old: the four together; new: the first alone,
-  then the rest together), answers compared with the MedTPE four-task call's.
+- with `--stock`: stock vLLM's OpenAI server of the base model (float32, prefix caching on),
+  running beside the engine and asked each record's four texts in each layout (old: the four
+  together; new: the first alone, then the rest together) right before or after that record's
+  MedTPE calls (alternately, so drift on the machine falls on both sides alike); answers compared
+  with the MedTPE four-task call's, and the four-task call over stock's old-layout four per
+  record (median, least, most) besides the ratio of the medians.
 
-    nice -n 10 .venv/bin/python -m tools.benchmarks.bench_record_once --records 8 --stock \
+    nice -n 10 .venv/bin/python -m tools.benchmarks.bench_record_once --records 13 --stock \
         --out tools/benchmarks/results/record_once.json
 """
 
@@ -39,7 +42,7 @@ import sys
 import time
 import uuid
 from argparse import Namespace
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -94,6 +97,20 @@ def held_out_windows(build_file: Path) -> tuple[Path, list[tuple[int, datetime]]
     return Path(config.meds), [(s, t) for s, t in times if s in held]
 
 
+def across_subjects(points: Sequence[tuple[int, datetime]]) -> list[tuple[int, datetime]]:
+    """`points` taken across subjects: each subject's first window (subjects in their first
+    window's order), then each one's second, and so on.
+
+    >>> across_subjects([(1, "a"), (1, "b"), (2, "c")])
+    [(1, 'a'), (2, 'c'), (1, 'b')]
+    """
+    by_subject: dict[int, list[tuple[int, datetime]]] = {}
+    for point in points:
+        by_subject.setdefault(point[0], []).append(point)
+    rounds = max((len(windows) for windows in by_subject.values()), default=0)
+    return [ws[i] for i in range(rounds) for ws in by_subject.values() if i < len(ws)]
+
+
 def select_windows(
     predictor: Predictor,
     tasks: Sequence[Task],
@@ -101,11 +118,12 @@ def select_windows(
     points: Sequence[tuple[int, datetime]],
     n: int,
 ) -> list[Window]:
-    """The first `n` windows whose first task's four-task prompt fills `FILL` of the budget
-    (fewer when fewer do)."""
+    """The first `n` windows, taken `across_subjects`, whose first task's four-task prompt
+    fills `FILL` of the budget (fewer when fewer do)."""
     dataset = MedsDataset.load(meds)
     out = []
-    for subject, when in tqdm(points, desc="select records", unit="window", file=sys.stdout):
+    ordered = across_subjects(points)
+    for subject, when in tqdm(ordered, desc="select records", unit="window", file=sys.stdout):
         events = dataset.events(subject)
         prompt = predictor.prepare_all(tasks, events, when)[0].prompt
         if prompt.n_tokens_original >= FILL * predictor.max_input_tokens:
@@ -239,41 +257,49 @@ async def measure_record(
         ],
         "cpu_one": prepare_cpu(single, tasks[:1], window, args.cpu_repeats),
         "cpu_four": prepare_cpu(predictor, tasks, window, args.cpu_repeats),
-        "stock_texts": {
-            "old": [p.prompt.text for p in old_prepared],
-            "new": [p.prompt.text for p in four_prepared],
-        },
     }
 
 
-async def engine_phase(
-    loaded: LoadedModel, tasks: Sequence[Task], windows: Sequence[Window], args: Namespace
-) -> list[dict[str, Any]]:
-    """Every record's calls on one engine (warmed up on the first record's first prompt, under
-    no salt, so no measured call reads its blocks)."""
-    predictor = loaded.predictor
-    engine = await asyncio.to_thread(start_vllm, loaded.engine_config)
-    try:
-        first = predictor.prepare(tasks[0], windows[0].events, windows[0].prediction_time)
-        await engine.warm_up(first.ids(predictor.mode))
-        records = []
-        for window in tqdm(windows, desc="engine", unit="record", file=sys.stdout):
-            record = await measure_record(engine, predictor, tasks, window, args)
-            seconds = {k: record[k] for k in ("one_s", "four_s", "old_four_s")}
-            print(window.subject_id, seconds, compare(record["single"], record["four"]))
-            records.append(record)
-        return records
-    finally:
-        engine.shutdown()
+@dataclass(frozen=True)
+class Stock:
+    """Stock vLLM's OpenAI server of the base model, and what each request to it carries."""
+
+    client: httpx.AsyncClient
+    url: str
+    stop_ids: list[int]
+    max_new_tokens: int
+
+
+def start_stock(loaded: LoadedModel, args: Namespace) -> tuple[Any, str]:
+    """Stock vLLM's OpenAI server of the base model (float32, prefix caching on, the engine's
+    context, batch and KV cache): its process and completions URL."""
+    server = Namespace(
+        max_model_len=loaded.engine_config.max_model_len,
+        max_num_seqs=loaded.engine_config.options.max_num_seqs,
+        # vLLM's CPU KV cache space is whole GiB
+        kv_cache_gib=math.ceil(loaded.engine_config.options.kv_cache_gib or 4),
+    )
+    flags = ["--dtype", "float32", "--enable-prefix-caching"]
+    process, port = start_server(default_model_dir(), server, args.logs / "stock.log", flags)
+    return process, f"http://127.0.0.1:{port}/v1/completions"
+
+
+def layout_texts(
+    predictor: Predictor, tasks: Sequence[Task], window: Window
+) -> dict[str, list[str]]:
+    """The four tasks' prompt texts of one record in each layout (`old`: task-first; `new`:
+    the predictor's record-first), as stock vLLM is sent them."""
+    old = predictor.with_layout(PromptLayout.TASK_FIRST)
+    return {
+        layout: [
+            p.prompt.text for p in which.prepare_all(tasks, window.events, window.prediction_time)
+        ]
+        for layout, which in (("old", old), ("new", predictor))
+    }
 
 
 async def stock_answers(
-    client: httpx.AsyncClient,
-    url: str,
-    tasks: Sequence[Task],
-    texts: list[str],
-    args: Namespace,
-    together: bool,
+    stock: Stock, tasks: Sequence[Task], texts: list[str], together: bool
 ) -> tuple[float, list[dict[str, Any]]]:
     """The four texts to the stock server under one fresh salt, all at once (`together`) or the
     first alone then the rest together: wall seconds and answer rows."""
@@ -283,15 +309,15 @@ async def stock_answers(
         body = {
             "model": "model",
             "prompt": text,
-            "max_tokens": args.max_new_tokens,
+            "max_tokens": stock.max_new_tokens,
             "temperature": 0,
-            "stop_token_ids": args.stock_stop_ids,
+            "stop_token_ids": stock.stop_ids,
             "include_stop_str_in_output": True,
             "cache_salt": salt,
         }
         if task.answer_options:
             body["logprobs"] = 20
-        response = await client.post(url, json=body, timeout=600)
+        response = await stock.client.post(stock.url, json=body, timeout=600)
         response.raise_for_status()
         choice = response.json()["choices"][0]
         parsed = task.parse_answer(task.response_prefix + choice["text"])
@@ -311,50 +337,84 @@ async def stock_answers(
     return time.perf_counter() - started, rows
 
 
-def stock_phase(
+async def measure_stock(
+    stock: Stock, tasks: Sequence[Task], texts: dict[str, list[str]]
+) -> dict[str, Any]:
+    """One record's four texts to stock vLLM: the old layout together, the new one the first
+    alone then the rest together; wall seconds and answer rows of each."""
+    old_s, old = await stock_answers(stock, tasks, texts["old"], together=True)
+    new_s, new = await stock_answers(stock, tasks, texts["new"], together=False)
+    return {"old_four_s": round(old_s, 3), "new_four_s": round(new_s, 3), "old": old, "new": new}
+
+
+async def run_records(
     loaded: LoadedModel,
     tasks: Sequence[Task],
-    texts: list[dict[str, list[str]]],
+    windows: Sequence[Window],
+    stock_url: str | None,
+    args: Namespace,
+    save: Callable[[list[dict[str, Any]]], None],
+) -> list[dict[str, Any]]:
+    """Every record's calls on one engine (warmed up on the first record's first prompt, under
+    no salt, so no measured call reads its blocks) and, with `stock_url`, on the stock server
+    beside it (warmed up on the first record's old-layout texts), the two sides in turn first;
+    `save(records)` after each record."""
+    predictor = loaded.predictor
+    engine = await asyncio.to_thread(start_vllm, loaded.engine_config)
+    base = predictor.tokenizer.base
+    stop_ids = sorted(answer_end_ids(base.tokens, base.vocab_size))
+    try:
+        first = predictor.prepare(tasks[0], windows[0].events, windows[0].prediction_time)
+        await engine.warm_up(first.ids(predictor.mode))
+        async with httpx.AsyncClient() as client:
+            stock = None
+            if stock_url is not None:
+                stock = Stock(client, stock_url, stop_ids, args.max_new_tokens)
+                warm = layout_texts(predictor, tasks, windows[0])["old"]
+                await stock_answers(stock, tasks, warm, together=True)
+            records: list[dict[str, Any]] = []
+            for i, window in enumerate(
+                tqdm(windows, desc="records", unit="record", file=sys.stdout)
+            ):
+                record = await measure_both(
+                    engine, predictor, tasks, window, stock, i % 2 == 1, args
+                )
+                seconds = {k: record[k] for k in ("one_s", "four_s", "old_four_s")}
+                if "stock" in record:
+                    seconds["stock_old_four_s"] = record["stock"]["old_four_s"]
+                print(window.subject_id, seconds, compare(record["single"], record["four"]))
+                records.append(record)
+                save(records)
+            return records
+    finally:
+        engine.shutdown()
+
+
+async def measure_both(
+    engine: Engine,
+    predictor: Predictor,
+    tasks: Sequence[Task],
+    window: Window,
+    stock: Stock | None,
+    stock_first: bool,
     args: Namespace,
 ) -> dict[str, Any]:
-    """Stock vLLM's OpenAI server of the base model: each record's four texts (`texts`: per
-    record, `old` and `new` layout) in the old layout together and in the new one the first
-    alone, then the rest together; wall seconds and answer rows."""
-    base = loaded.predictor.tokenizer.base
-    args.stock_stop_ids = sorted(answer_end_ids(base.tokens, base.vocab_size))
-    server = Namespace(
-        max_model_len=loaded.engine_config.max_model_len,
-        max_num_seqs=loaded.engine_config.options.max_num_seqs,
-        # vLLM's CPU KV cache space is whole GiB
-        kv_cache_gib=math.ceil(loaded.engine_config.options.kv_cache_gib or 4),
-    )
-    flags = ["--dtype", "float32", "--enable-prefix-caching"]
-    process, port = start_server(default_model_dir(), server, args.logs / "stock.log", flags)
-    url = f"http://127.0.0.1:{port}/v1/completions"
-    out: dict[str, Any] = {"old_four_s": [], "new_four_s": [], "old": [], "new": []}
-
-    async def run() -> None:
-        async with httpx.AsyncClient() as client:
-            await stock_answers(client, url, tasks, texts[0]["old"], args, together=True)
-            for record in tqdm(texts, desc="stock", unit="record", file=sys.stdout):
-                for layout, together in (("old", True), ("new", False)):
-                    seconds, rows = await stock_answers(
-                        client, url, tasks, record[layout], args, together
-                    )
-                    out[f"{layout}_four_s"].append(round(seconds, 3))
-                    out[layout].append(rows)
-
-    try:
-        asyncio.run(run())
-    finally:
-        process.terminate()
-        process.wait(120)
-    return out
+    """`measure_record`, and with `stock` its texts to stock vLLM (`record["stock"]`), stock's
+    calls before the record's (`stock_first`) or after them."""
+    if stock is None:
+        return await measure_record(engine, predictor, tasks, window, args)
+    texts = layout_texts(predictor, tasks, window)
+    stock_part = await measure_stock(stock, tasks, texts) if stock_first else None
+    record = await measure_record(engine, predictor, tasks, window, args)
+    if stock_part is None:
+        stock_part = await measure_stock(stock, tasks, texts)
+    record["stock"] = {"first": stock_first, **stock_part}
+    return record
 
 
-def summarize(records: list[dict[str, Any]], stock: dict[str, Any] | None) -> dict[str, Any]:
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The figures over every record: latencies and their ratios, each with its answers
-    compared; cached tokens per task; CPU per call."""
+    compared; cached tokens per task; CPU per call; stock vLLM's when the records have it."""
     one = latency([r["one_s"] for r in records])
     four = latency([r["four_s"] for r in records])
     old = latency([r["old_four_s"] for r in records])
@@ -398,14 +458,21 @@ def summarize(records: list[dict[str, Any]], stock: dict[str, Any] | None) -> di
         "old_vs_new_answers": compare([a for r in records for a in r["old_four"]], four_rows),
         "cpu_per_call": cpu,
     }
-    if stock is not None:
-        stock_old, stock_new = latency(stock["old_four_s"]), latency(stock["new_four_s"])
+    stock = [r["stock"] for r in records if "stock" in r]
+    if stock:
+        stock_old = latency([s["old_four_s"] for s in stock])
+        per_record = [r["four_s"] / r["stock"]["old_four_s"] for r in records]
         out["stock"] = {
             "old_layout_four": stock_old,
-            "new_layout_four": stock_new,
+            "new_layout_four": latency([s["new_four_s"] for s in stock]),
             "ours_four_over_stock_old_four": ratio(four, stock_old),
-            "stock_old_vs_ours": compare([a for rows in stock["old"] for a in rows], four_rows),
-            "stock_new_vs_ours": compare([a for rows in stock["new"] for a in rows], four_rows),
+            "ours_four_over_stock_old_four_per_record": {
+                "p50": round(float(np.median(per_record)), 3),
+                "min": round(min(per_record), 3),
+                "max": round(max(per_record), 3),
+            },
+            "stock_old_vs_ours": compare([a for s in stock for a in s["old"]], four_rows),
+            "stock_new_vs_ours": compare([a for s in stock for a in s["new"]], four_rows),
         }
     return out
 
@@ -440,22 +507,27 @@ def main() -> None:
         raise SystemExit(
             f"only {len(windows)} held-out windows fill {FILL:.0%} of {args.budget} tokens"
         )
-    records = asyncio.run(engine_phase(loaded, tasks, windows, args))
-    texts = [record.pop("stock_texts") for record in records]
+    stock_process, stock_url = start_stock(loaded, args) if args.stock else (None, None)
     command = "python -m tools.benchmarks.bench_record_once " + " ".join(sys.argv[1:])
-    results = {
-        "budget": loaded.predictor.max_input_tokens,
-        "tasks": list(TASKS),
-        "mode": loaded.identity.mode,
-        "artefact_id": loaded.identity.artefact_id,
-        "summary": summarize(records, None),
-        "records": records,
-    }
-    write_results(args.out, command, results)  # kept should the stock server fail
-    if args.stock:
-        results["stock"] = stock_phase(loaded, tasks, texts, args)
-        results["summary"] = summarize(records, results["stock"])
+    results: dict[str, Any] = {}
+
+    def save(records: list[dict[str, Any]]) -> None:
+        results.update(
+            budget=loaded.predictor.max_input_tokens,
+            tasks=list(TASKS),
+            mode=loaded.identity.mode,
+            artefact_id=loaded.identity.artefact_id,
+            summary=summarize(records),
+            records=records,
+        )
         write_results(args.out, command, results)
+
+    try:
+        asyncio.run(run_records(loaded, tasks, windows, stock_url, args, save))
+    finally:
+        if stock_process is not None:
+            stock_process.terminate()
+            stock_process.wait(120)
     for key, value in results["summary"].items():
         print(key, value)
 

@@ -1,4 +1,5 @@
-"""The record-once benchmark's figures: answers compared pair by pair, latencies and ratios."""
+"""The record-once benchmark's figures: answers compared pair by pair, latencies and ratios;
+its windows taken across patients."""
 
 from __future__ import annotations
 
@@ -6,7 +7,13 @@ from typing import Any
 
 import pytest
 
-from tools.benchmarks.bench_record_once import compare, latency, max_abs_dp, ratio
+from tools.benchmarks.bench_record_once import (
+    across_subjects,
+    compare,
+    latency,
+    max_abs_dp,
+    ratio,
+)
 
 
 def row(prediction: Any, probabilities: dict[str, float] | None) -> dict[str, Any]:
@@ -38,3 +45,9 @@ def test_latency_and_ratio_of_medians() -> None:
     assert one == {"p50_s": 2.0, "p95_s": 2.9}
     assert four == {"p50_s": 2.0, "p95_s": 2.0}
     assert ratio(four, one) == 1.0
+
+
+def test_windows_are_taken_across_subjects_before_a_subjects_second() -> None:
+    points = [(7, 1), (7, 2), (7, 3), (3, 1), (9, 1), (9, 2)]
+    assert across_subjects(points) == [(7, 1), (3, 1), (9, 1), (7, 2), (9, 2), (7, 3)]
+    assert across_subjects([]) == []
