@@ -13,6 +13,7 @@ from tools.benchmarks.bench_record_once import (
     latency,
     max_abs_dp,
     ratio,
+    spread,
 )
 
 
@@ -45,6 +46,7 @@ def test_latency_and_ratio_of_medians() -> None:
     assert one == {"p50_s": 2.0, "p95_s": 2.9}
     assert four == {"p50_s": 2.0, "p95_s": 2.0}
     assert ratio(four, one) == 1.0
+    assert spread([0.2, 0.1, 0.15]) == {"p50": 0.15, "min": 0.1, "max": 0.2}
 
 
 def test_windows_are_taken_across_subjects_before_a_subjects_second() -> None:
