@@ -122,12 +122,13 @@ def select_windows(
     """`n` of the windows whose first task's four-task prompt fills `FILL` of the budget, taken
     `across_subjects` (fewer when fewer fill it)."""
     dataset = MedsDataset.load(meds)
+    events = {subject: dataset.events(subject) for subject, _ in points}
     full = []
     for subject, when in tqdm(points, desc="select records", unit="window", file=sys.stdout):
-        prompt = predictor.prepare_all(tasks, dataset.events(subject), when)[0].prompt
+        prompt = predictor.prepare_all(tasks, events[subject], when)[0].prompt
         if prompt.n_tokens_original >= FILL * predictor.max_input_tokens:
             full.append((subject, when))
-    return [Window(s, t, dataset.events(s)) for s, t in across_subjects(full)[:n]]
+    return [Window(s, t, events[s]) for s, t in across_subjects(full)[:n]]
 
 
 def answer_row(prepared: PreparedRecord, answer: Answer, mode: Mode) -> dict[str, Any]:
